@@ -1,0 +1,59 @@
+#pragma once
+#include <cstdint>
+#include <optional>
+
+#include "selfattn/context.h"
+#include "selfattn/tensor.h"
+#include "selfattn/types.h"
+
+namespace selfattn {
+
+struct AttentionOptions {
+  Path path = Path::automatic;
+  Causal causal = Causal::none;            // see Causal in types.h for which rows see which keys
+  std::optional<float> scale;              // default 1/sqrt(head_dim)
+  // Device memory, int32 [batch]: batch b uses keys [0, key_lengths[b]) only (padding). Values are
+  // clamped to [0, seq_k]. A length of 0 gives output rows of 0 and LSE -inf.
+  const int32_t* key_lengths = nullptr;
+  // Device memory, fp32 [batch, heads, seq_q] contiguous: log(sum_j exp(scale * q.k_j)) per row
+  // (natural log), -inf for a row that sees no key. Not written when null.
+  float* lse = nullptr;
+};
+
+// out = softmax(scale * q k^T + mask) v, per (batch, head).
+//   q:   [batch, heads,    seq_q, head_dim]
+//   k,v: [batch, kv_heads, seq_k, head_dim]  kv_heads divides heads (GQA/MQA: head h reads kv head h / (heads/kv_heads))
+//   out: [batch, heads,    seq_q, head_dim]  same dtype as q
+// q, k, v, out share one dtype; head_dim's stride must be 1; out must not overlap an input.
+// Runs on the context's stream (asynchronously on cuda). Throws InvalidArgument / NotAvailable /
+// WorkspaceTooSmall / BackendError; on a throw, out is untouched.
+void attention(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options = {});
+
+// Variable-length batches, packed without padding (FlashAttention's varlen layout): q and out are
+// [1, heads, total_q, head_dim], k and v [1, kv_heads, total_k, head_dim]; sequence b owns query
+// rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
+// cu_seqlens_* are device int32 arrays of batch+1 entries starting at 0; max_seqlen_* bound the
+// per-sequence lengths. options.key_lengths must be null; options.lse, when set, is [heads, total_q].
+void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
+                      int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});
+
+// The path `automatic` would pick for this call (throws as attention() would for bad arguments).
+Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                  const AttentionOptions& options = {});
+// Whether this build and backend provide `path` at all.
+bool path_available(const Context& ctx, Path path);
+
+// The seed's whole picture, for users who start from embeddings:
+//   Q = X W^Q, K = X W^K, V = X W^V (per token), split into heads, then attention().
+//   x:  [batch, 1, seq, d_model]  (a TensorView with heads = 1)
+//   wq: [d_model, heads * head_dim]; wk, wv: [d_model, kv_heads * head_dim] (kv_heads from their width)
+//   out: [batch, heads, seq, head_dim] without wo; with wo ([heads * head_dim, d_out]) out is
+//        [batch, 1, seq, d_out] = concat_heads(attention) W^O.
+// Intermediate Q, K, V live in the context's workspace.
+void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, const MatrixView& wk,
+                    const MatrixView& wv, int heads, const TensorView& out, const AttentionOptions& options = {},
+                    const MatrixView* wo = nullptr);
+
+}  // namespace selfattn

@@ -1,0 +1,10 @@
+#pragma once
+// The whole public API.
+#include "selfattn/attention.h"
+#include "selfattn/buffer.h"
+#include "selfattn/context.h"
+#include "selfattn/error.h"
+#include "selfattn/reference.h"
+#include "selfattn/tensor.h"
+#include "selfattn/types.h"
+#include "selfattn/version.h"

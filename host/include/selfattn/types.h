@@ -1,0 +1,32 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace selfattn {
+
+enum class DType : uint8_t { f32, f16, bf16 };
+size_t dtype_size(DType dtype);
+const char* to_string(DType dtype);
+
+// Where kernels run: a real GPU, or the CPU simulator that executes the same kernel source.
+enum class Backend : uint8_t { cuda, sim };
+const char* to_string(Backend backend);
+
+// Which implementation computes attention.
+//   automatic: the fastest built path that supports the case
+//   naive:     three kernels (tiled Q K^T, fused scale+mask+softmax, tiled P V), S and P in workspace
+//   cublas:    cuBLAS batched GEMMs with our softmax kernel between them
+//   fused:     one flash-style kernel; the score matrix never reaches memory
+enum class Path : uint8_t { automatic, naive, cublas, fused };
+const char* to_string(Path path);
+
+// Causal masking. Query row i (0-based) of a sequence with seq_q queries and len_k keys sees key j when
+//   none:         always
+//   top_left:     j <= i                          (row 0 sees key 0; aligned at the first key)
+//   bottom_right: j <= i + (len_k - seq_q)        (the last row sees every key; aligned at the last key)
+// They agree when seq_q == len_k. len_k is the batch's key length when key lengths are given, else seq_k.
+// A row that sees no key outputs 0 (and LSE -inf).
+enum class Causal : uint8_t { none, top_left, bottom_right };
+const char* to_string(Causal causal);
+
+}  // namespace selfattn

@@ -1,0 +1,50 @@
+#pragma once
+// The runtime interface: everything the library does to a device goes through one Device.
+// Two implementations: cuda (device_cuda.cu: cudaMalloc, cuBLAS, real launches) and sim
+// (device_sim.cpp: host memory with guard zones, the sim's SIMT engine, a CPU batched GEMM).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "selfattn/types.h"
+#include "../../kernels/launch.h"
+
+namespace selfattn::detail {
+
+// One strided-batched GEMM with cuBLAS's exact conventions: column-major, C = alpha op(A) op(B) + beta C
+// for each of batch_count problems, op(X) = X or X^T, fp32 compute. The sim implements the same
+// conventions so the cublas path's argument logic runs on the CPU.
+struct GemmBatch {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  float alpha = 1, beta = 0;
+  const void* a = nullptr; DType a_type = DType::f32; int64_t lda = 0; int64_t stride_a = 0;
+  const void* b = nullptr; DType b_type = DType::f32; int64_t ldb = 0; int64_t stride_b = 0;
+  void* c = nullptr;       DType c_type = DType::f32; int64_t ldc = 0; int64_t stride_c = 0;
+  int batch_count = 1;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual Backend backend() const = 0;
+  virtual std::string name() const = 0;
+  virtual void* stream() const = 0;
+
+  virtual void* allocate(size_t bytes, const char* label) = 0;  // throws BackendError
+  virtual void deallocate(void* ptr) noexcept = 0;
+  // Any direction (host<->device, device<->device); async queues on the stream.
+  virtual void copy(void* dst, const void* src, size_t bytes, bool async) = 0;
+  virtual void fill(void* dst, unsigned char byte, size_t bytes) = 0;  // async on the stream
+  virtual void synchronize() = 0;
+
+  virtual void launch(const kernels::KernelRef& kernel, const kernels::LaunchShape& shape, const void* params) = 0;
+  virtual void gemm_strided_batched(const GemmBatch& gemm) = 0;
+};
+
+std::shared_ptr<Device> make_sim_device();
+// Throws NotAvailable with the reason (no CUDA in this build, no device, driver too old...).
+std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream);
+
+}  // namespace selfattn::detail

@@ -1,0 +1,15 @@
+#pragma once
+// Host-side view of the kernel instances: one lookup per kernel family, declared for both builds
+// of the kernel source. Host code includes this (never a .cuh) and picks sim_target:: or
+// cuda_target:: by the context's backend; the cuda_target definitions exist only when nvcc built them.
+#include "launch.h"
+#include "params.h"
+
+namespace selfattn::kernels {
+namespace sim_target {
+#include "registry.inc"
+}
+namespace cuda_target {
+#include "registry.inc"
+}
+}  // namespace selfattn::kernels

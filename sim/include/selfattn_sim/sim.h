@@ -1,0 +1,97 @@
+#pragma once
+// The sim: runs CUDA kernel source on the CPU. Each CUDA thread is a fiber; a block's fibers run
+// on one OS thread, cooperatively, switching only at barriers and warp collectives. Between two
+// such points, a block's threads run one after another in an order drawn from a seeded random
+// permutation, so a missing barrier changes the result instead of hiding.
+//
+// CONTRACT (written before the implementation; keep the names, extend freely):
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <vector_types.h>
+
+namespace selfattn::sim {
+
+// Everything the sim reports (divergent barrier, guard-zone violation, bad launch) is a sim::Error
+// whose message names the kernel, the block and the thread (or the buffer and the offset).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LaunchConfig {
+  const char* kernel_name = "kernel";
+  dim3 grid;
+  dim3 block;
+  size_t dynamic_smem_bytes = 0;  // up to 227 KB (H200's opt-in limit)
+};
+
+// Runs `body(params)` once per CUDA thread of every block of the grid; returns when all are done.
+// Blocks may run on several worker OS threads. Checks every device allocation's guard zones after
+// the launch. Throws sim::Error.
+void launch(const LaunchConfig& config, void (*body)(const void* params), const void* params);
+
+struct Options {
+  uint64_t seed = 1;        // scheduling permutation seed; env SELFATTN_SIM_SEED overrides at start-up
+  int worker_threads = 0;   // 0: hardware concurrency; env SELFATTN_SIM_THREADS
+};
+Options options();
+void set_options(const Options& options);
+
+// One pending cp.async: the copy happens when its group is waited for, not before.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  uint32_t bytes;     // bytes to copy from src
+  uint32_t zero_fill; // bytes after them to zero (cp.async's src-size < cp-size form)
+};
+
+// Per-CUDA-thread state, valid inside a launch.
+struct ThreadContext {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+  unsigned linear_tid;  // x + y*bx + z*bx*by
+  unsigned lane;        // linear_tid % 32
+  unsigned warp;        // linear_tid / 32
+  unsigned char* dynamic_smem;  // this block's dynamic shared memory, NaN-filled at block start
+  size_t dynamic_smem_bytes;
+  std::vector<std::vector<AsyncCopy>> async_groups;  // committed groups, oldest first
+  std::vector<AsyncCopy> async_open;                 // issued, not yet committed
+};
+ThreadContext& current_thread();
+
+void syncthreads();
+void syncwarp(unsigned mask);
+
+// Warp-synchronous collective. Every lane named in `mask` calls it (with the same mask); when the
+// last one arrives, `combine` runs once as combine(ins, outs), where ins[lane] / outs[lane] point at
+// each participating lane's `in` / `out` (nullptr for lanes outside the mask); then all continue.
+// A lane of the mask that exits or waits elsewhere is reported as divergence.
+using CollectiveFn = void (*)(const void* const* ins, void* const* outs, void* combine);
+void warp_collective_erased(unsigned mask, const void* in, void* out, CollectiveFn fn, void* combine);
+
+template <class In, class Out, class Combine>
+void warp_collective(unsigned mask, const In& in, Out& out, Combine&& combine) {
+  using C = std::remove_reference_t<Combine>;
+  warp_collective_erased(
+      mask, &in, &out,
+      [](const void* const* ins, void* const* outs, void* fn) {
+        (*static_cast<C*>(fn))(reinterpret_cast<const In* const*>(ins), reinterpret_cast<Out* const*>(outs));
+      },
+      const_cast<void*>(static_cast<const void*>(&combine)));
+}
+
+// Device memory. Each allocation has guard zones before and after it, checked after every launch
+// (and on free); a violation names the allocation's label and the offset. Large allocations are
+// reserved lazily (mmap, no commit), so offsets past 2^31 elements can be tested cheaply.
+void* device_alloc(size_t bytes, const char* label);
+void device_free(void* ptr);
+void check_guards(const char* after_what);
+
+}  // namespace selfattn::sim

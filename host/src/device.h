@@ -44,6 +44,8 @@ class Device {
 };
 
 std::shared_ptr<Device> make_sim_device();
+// The sim's GEMM (gemm_sim.cpp), used by the sim Device.
+void sim_gemm_strided_batched(const GemmBatch& gemm);
 // Throws NotAvailable with the reason (no CUDA in this build, no device, driver too old...).
 std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream);
 

@@ -1,0 +1,219 @@
+#include "attention_harness.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace selfattn::testing {
+
+const char* to_string(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+
+std::string AttentionCase::name() const {
+  std::ostringstream s;
+  s << selfattn::to_string(dtype) << " b" << batch << " h" << heads << "/" << kv_heads << " q" << seq_q << " k" << seq_k
+    << " d" << head_dim << " causal=" << selfattn::to_string(causal);
+  if (!key_lengths.empty()) {
+    s << " keys=[";
+    for (size_t i = 0; i < key_lengths.size(); ++i) s << (i ? "," : "") << key_lengths[i];
+    s << "]";
+  }
+  s << " " << to_string(layout) << (with_lse ? " lse" : "") << " " << selfattn::to_string(path);
+  if (scale) s << " scale=" << *scale;
+  return s.str();
+}
+
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 1e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1e-2;
+  }
+  return 0;
+}
+
+double lse_tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-4; }
+
+uint64_t input_seed(const AttentionCase& c) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the name: each case its own inputs
+  for (char ch : c.name()) h = (h ^ uint8_t(ch)) * 1099511628211ull;
+  const char* env = std::getenv("SELFATTN_SIM_SEED");
+  const uint64_t run_seed = env ? std::strtoull(env, nullptr, 10) : 1;
+  return h ^ (run_seed * 0x9E3779B97F4A7C15ull);
+}
+
+uint16_t float_to_half_bits(float x) {
+  return __half_raw(__float2half_rn(x)).x;
+}
+uint16_t float_to_bf16_bits(float x) {
+  return __nv_bfloat16_raw(__float2bfloat16_rn(x)).x;
+}
+float half_bits_to_float(uint16_t bits) {
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+float bf16_bits_to_float(uint16_t bits) {
+  __nv_bfloat16_raw raw;
+  raw.x = bits;
+  return __bfloat162float(__nv_bfloat16(raw));
+}
+
+void store_element(void* bytes, DType dtype, size_t index, float value) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(bytes)[index] = value; return;
+    case DType::f16: static_cast<uint16_t*>(bytes)[index] = float_to_half_bits(value); return;
+    case DType::bf16: static_cast<uint16_t*>(bytes)[index] = float_to_bf16_bits(value); return;
+  }
+}
+
+float load_element(const void* bytes, DType dtype, size_t index) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(bytes)[index];
+    case DType::f16: return half_bits_to_float(static_cast<const uint16_t*>(bytes)[index]);
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(bytes)[index]);
+  }
+  return 0;
+}
+
+float round_to(DType dtype, float value) {
+  switch (dtype) {
+    case DType::f32: return value;
+    case DType::f16: return half_bits_to_float(float_to_half_bits(value));
+    case DType::bf16: return bf16_bits_to_float(float_to_bf16_bits(value));
+  }
+  return value;
+}
+
+namespace {
+
+TensorView make_view(void* data, DType dtype, Layout layout, int batch, int heads, int seq, int head_dim) {
+  return layout == Layout::bhsd ? TensorView::bhsd(data, dtype, batch, heads, seq, head_dim)
+                                : TensorView::bshd(data, dtype, batch, heads, seq, head_dim);
+}
+
+// One tensor of the case: logical values (rounded to the dtype, as double for the reference) and
+// their device copy laid out as the view says.
+struct Operand {
+  std::vector<double> logical;  // [b, h, s, d] contiguous
+  DeviceBuffer<unsigned char> device;
+  TensorView view;
+};
+
+Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, std::mt19937_64& rng, const char* label) {
+  Operand op;
+  const size_t count = size_t(c.batch) * heads * seq * c.head_dim;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(c.dtype));
+  op.device = DeviceBuffer<unsigned char>(ctx, host.size(), label);
+  op.view = make_view(op.device.data(), c.dtype, c.layout, c.batch, heads, seq, c.head_dim);
+  op.logical.resize(count);
+  size_t i = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < seq; ++s)
+        for (int d = 0; d < c.head_dim; ++d, ++i) {
+          const float value = round_to(c.dtype, normal(rng));
+          op.logical[i] = value;
+          store_element(host.data(), c.dtype, size_t(op.view.offset(b, h, s, d)), value);
+        }
+  op.device.copy_from_host(host);
+  return op;
+}
+
+}  // namespace
+
+::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured) {
+  std::mt19937_64 rng(input_seed(c));
+  Operand q = make_operand(ctx, c, c.heads, c.seq_q, rng, "test q");
+  Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k");
+  Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v");
+
+  const size_t out_count = size_t(c.batch) * c.heads * c.seq_q * c.head_dim;
+  const size_t lse_count = size_t(c.batch) * c.heads * c.seq_q;
+  DeviceBuffer<unsigned char> out_buffer(ctx, std::max<size_t>(out_count, 1) * dtype_size(c.dtype), "test out");
+  DeviceBuffer<float> lse_buffer(ctx, std::max<size_t>(lse_count, 1), "test lse");
+  // NaN bytes: 0xFF.. is a NaN in f32, f16 and bf16 alike, so an unwritten element cannot pass.
+  out_buffer.fill_bytes(0xFF);
+  lse_buffer.fill_bytes(0xFF);
+  const TensorView out = make_view(out_buffer.data(), c.dtype, c.layout, c.batch, c.heads, c.seq_q, c.head_dim);
+
+  DeviceBuffer<int32_t> key_lengths;
+  AttentionOptions options;
+  options.path = c.path;
+  options.causal = c.causal;
+  options.scale = c.scale;
+  if (!c.key_lengths.empty()) {
+    key_lengths = DeviceBuffer<int32_t>(ctx, c.key_lengths.size(), "test key_lengths");
+    key_lengths.copy_from_host(c.key_lengths);
+    options.key_lengths = key_lengths.data();
+  }
+  if (c.with_lse) options.lse = lse_buffer.data();
+
+  try {
+    attention(ctx, q.view, k.view, v.view, out, options);
+    ctx.synchronize();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << c.name() << ": attention threw: " << e.what();
+  }
+
+  reference::Problem problem;
+  problem.batch = c.batch;
+  problem.heads = c.heads;
+  problem.kv_heads = c.kv_heads;
+  problem.seq_q = c.seq_q;
+  problem.seq_k = c.seq_k;
+  problem.head_dim = c.head_dim;
+  problem.causal = c.causal;
+  problem.scale = c.scale ? double(*c.scale) : 0.0;
+  problem.key_lengths = c.key_lengths;
+  const reference::Result ref = reference::attention(problem, q.logical, k.logical, v.logical);
+
+  std::vector<unsigned char> out_host = out_buffer.to_host();
+  double diff2 = 0, ref2 = 0, out2 = 0;
+  size_t i = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < c.heads; ++h)
+      for (int s = 0; s < c.seq_q; ++s)
+        for (int d = 0; d < c.head_dim; ++d, ++i) {
+          const double got = load_element(out_host.data(), c.dtype, size_t(out.offset(b, h, s, d)));
+          if (std::isnan(got) || std::isinf(got))
+            return ::testing::AssertionFailure() << c.name() << ": out[" << b << "," << h << "," << s << "," << d
+                                                 << "] is " << got << " (unwritten or not finite)";
+          diff2 += (got - ref.out[i]) * (got - ref.out[i]);
+          ref2 += ref.out[i] * ref.out[i];
+          out2 += got * got;
+        }
+  Measured m;
+  m.out_rel_error = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(out2);
+  if (ref2 > 0 && out2 == 0) return ::testing::AssertionFailure() << c.name() << ": out is all zeros";
+  if (!(m.out_rel_error <= tolerance(c.dtype)))
+    return ::testing::AssertionFailure() << c.name() << ": out relative error " << m.out_rel_error << " > "
+                                         << tolerance(c.dtype);
+
+  if (c.with_lse) {
+    std::vector<float> lse_host = lse_buffer.to_host();
+    for (size_t r = 0; r < lse_count; ++r) {
+      const double expected = ref.lse[r];
+      const double got = lse_host[r];
+      if (std::isnan(got)) return ::testing::AssertionFailure() << c.name() << ": lse[" << r << "] is NaN (unwritten?)";
+      if (std::isinf(expected) || std::isinf(got)) {
+        if (got != expected)
+          return ::testing::AssertionFailure() << c.name() << ": lse[" << r << "] is " << got << ", expected " << expected;
+        continue;
+      }
+      const double error = std::abs(got - expected) / std::max(1.0, std::abs(expected));
+      m.lse_max_error = std::max(m.lse_max_error, error);
+    }
+    if (!(m.lse_max_error <= lse_tolerance(c.dtype)))
+      return ::testing::AssertionFailure() << c.name() << ": lse error " << m.lse_max_error << " > "
+                                           << lse_tolerance(c.dtype);
+  }
+  if (measured) *measured = m;
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace selfattn::testing

@@ -1,0 +1,73 @@
+#pragma once
+// The shared attention test harness. One AttentionCase describes a call; check_attention() makes
+// fresh random inputs, uploads them in the case's dtype, poisons out and lse with NaN bytes, runs
+// selfattn::attention, and compares with selfattn::reference fed the *rounded* inputs, so only the
+// computation's own error is measured:
+//   - every element of out (and lse) was written and none is NaN;
+//   - ||out - ref|| / ||ref|| <= tolerance(dtype)   (ref all zero: out must be exactly zero);
+//   - out is not all zeros when ref is not;
+//   - lse: -inf exactly where the reference says a row sees no key, else within lse_tolerance.
+//
+//   TEST(Naive, Sweep) {
+//     selfattn::Context ctx;
+//     for (const auto& c : cases) EXPECT_TRUE(selfattn::testing::check_attention(ctx, c)) << c.name();
+//   }
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "selfattn/selfattn.h"
+
+namespace selfattn::testing {
+
+// Where heads sit in memory: [b, h, s, d] contiguous, or [b, s, h, d] (a projection's output).
+enum class Layout : uint8_t { bhsd, bshd };
+const char* to_string(Layout layout);
+
+struct AttentionCase {
+  DType dtype = DType::f32;
+  int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
+  Causal causal = Causal::none;
+  std::vector<int32_t> key_lengths;  // empty: no key_lengths argument; else [batch]
+  Layout layout = Layout::bhsd;
+  bool with_lse = false;
+  Path path = Path::automatic;
+  std::optional<float> scale;  // unset: the library's default 1/sqrt(head_dim)
+
+  // "f16 b2 h4/2 q113 k64 d32 causal=top_left keys=[0,64] bshd lse naive": names a failing case.
+  std::string name() const;
+};
+
+// Tolerated relative error of out by dtype: f32 1e-5, f16 2e-3, bf16 1e-2.
+double tolerance(DType dtype);
+// Tolerated |lse - ref| / max(1, |ref|): LSE comes from fp32 scores in every path.
+double lse_tolerance(DType dtype);
+
+// The seed of a case's random inputs: a hash of its name mixed with SELFATTN_SIM_SEED (so the two
+// seeded runs of a sim test also see different inputs).
+uint64_t input_seed(const AttentionCase& c);
+
+struct Measured {
+  double out_rel_error = 0;  // ||out - ref|| / ||ref|| (or ||out|| when ref is all zero)
+  double lse_max_error = 0;  // max over finite rows of |lse - ref| / max(1, |ref|)
+};
+
+// Runs the case on ctx and checks it; the failure message says what was wrong and where.
+// `measured`, when given, receives the errors (for reports and tolerance studies).
+::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured = nullptr);
+
+// Host conversions used to round inputs to the device dtype (round to nearest even).
+uint16_t float_to_half_bits(float x);
+uint16_t float_to_bf16_bits(float x);
+float half_bits_to_float(uint16_t bits);
+float bf16_bits_to_float(uint16_t bits);
+// Stores value (already representable) into an element of `dtype` at bytes[index].
+void store_element(void* bytes, DType dtype, size_t index, float value);
+float load_element(const void* bytes, DType dtype, size_t index);
+// The value the device sees when `value` is stored in `dtype`.
+float round_to(DType dtype, float value);
+
+}  // namespace selfattn::testing

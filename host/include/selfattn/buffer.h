@@ -1,9 +1,11 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "selfattn/context.h"
+#include "selfattn/error.h"
 #include "selfattn/tensor.h"
 
 namespace selfattn {
@@ -65,7 +67,14 @@ class DeviceBuffer {
   void fill_bytes(unsigned char byte) { raw_.fill_bytes(byte); }
 
  private:
-  void checked(size_t count, size_t offset) const;  // throws InvalidArgument past the end
+  // Throws InvalidArgument for a copy that would run past the end.
+  void checked(size_t count, size_t offset) const {
+    if (offset > size_ || count > size_ - offset) {
+      throw InvalidArgument("DeviceBuffer copy: elements [" + std::to_string(offset) + ", " +
+                            std::to_string(offset) + " + " + std::to_string(count) + ") expected within the buffer's " +
+                            std::to_string(size_) + " elements");
+    }
+  }
   detail::RawBuffer raw_;
   size_t size_ = 0;
 };

@@ -1,0 +1,123 @@
+// Context: backend choice, the device runtime, the workspace.
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "context_state.h"
+#include "selfattn/context.h"
+#include "selfattn/error.h"
+
+namespace selfattn {
+namespace {
+
+std::optional<Backend> backend_from_environment() {
+  const char* value = std::getenv("SELFATTN_BACKEND");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string name = value;
+  if (name == "cuda") return Backend::cuda;
+  if (name == "sim") return Backend::sim;
+  throw InvalidArgument("environment variable SELFATTN_BACKEND: expected 'cuda' or 'sim', got '" + name + "'");
+}
+
+std::shared_ptr<detail::Device> make_device(const ContextOptions& options) {
+  std::optional<Backend> wanted = options.backend;
+  if (!wanted) wanted = backend_from_environment();
+  if (wanted == Backend::sim) return detail::make_sim_device();
+  if (wanted == Backend::cuda) return detail::make_cuda_device(options.device, options.stream);  // throws NotAvailable
+  // Nothing asked for: a usable GPU if there is one, else the simulator.
+  try {
+    return detail::make_cuda_device(options.device, options.stream);
+  } catch (const NotAvailable&) {
+    return detail::make_sim_device();
+  }
+}
+
+}  // namespace
+
+Context::Context(ContextOptions options)
+    : state_(std::make_unique<detail::ContextState>(make_device(options), options.workspace_limit)) {}
+
+Context::Context(Backend backend) : Context([&] {
+        ContextOptions options;
+        options.backend = backend;
+        return options;
+      }()) {}
+
+Context::~Context() = default;
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
+
+detail::ContextState& Context::state() {
+  if (!state_) throw InvalidArgument("Context: used after being moved from");
+  return *state_;
+}
+
+Backend Context::backend() const { return const_cast<Context*>(this)->state().device->backend(); }
+std::string Context::device_name() const { return const_cast<Context*>(this)->state().device->name(); }
+void* Context::stream() const { return const_cast<Context*>(this)->state().device->stream(); }
+void Context::synchronize() { state().device->synchronize(); }
+
+size_t Context::workspace_limit() const { return const_cast<Context*>(this)->state().workspace.limit(); }
+void Context::set_workspace_limit(size_t bytes) { state().workspace.set_limit(bytes); }
+size_t Context::workspace_bytes() const { return const_cast<Context*>(this)->state().workspace.bytes(); }
+
+namespace detail {
+
+Workspace::Workspace(std::shared_ptr<Device> device, size_t limit) : device_(std::move(device)), limit_(limit) {}
+
+Workspace::~Workspace() { release(); }
+
+size_t Workspace::bytes() const {
+  size_t total = 0;
+  for (const Region& region : regions_) total += region.bytes;
+  return total;
+}
+
+void Workspace::release() {
+  bool any = false;
+  for (const Region& region : regions_) any = any || region.data != nullptr;
+  if (!any) return;
+  // Kernels queued on the stream may still read the old allocation.
+  try {
+    device_->synchronize();
+  } catch (...) {
+  }
+  for (Region& region : regions_) {
+    if (region.data) device_->deallocate(region.data);
+    region = Region{};
+  }
+}
+
+void* Workspace::reserve(size_t bytes, const char* what, WorkspaceSlot slot) {
+  constexpr size_t kAlignment = 256;
+  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  Region& region = regions_[static_cast<int>(slot)];
+  if (bytes <= region.bytes) return region.data;
+
+  const size_t others = this->bytes() - region.bytes;
+  if (others + bytes > limit_) {
+    throw WorkspaceTooSmall(std::string("workspace: ") + what + " needs " + std::to_string(bytes) +
+                            " bytes (with " + std::to_string(others) + " held for other uses) but the limit is " +
+                            std::to_string(limit_) +
+                            " bytes; raise ContextOptions::workspace_limit or Context::set_workspace_limit");
+  }
+  // Grow geometrically (capped by the limit) so a slowly growing shape does not reallocate each call.
+  const size_t grown = std::min(std::max(bytes, region.bytes * 2), limit_ - others);
+  if (region.data) {
+    device_->synchronize();
+    device_->deallocate(region.data);
+    region = Region{};
+  }
+  region.data = device_->allocate(grown, what);
+  region.bytes = grown;
+  return region.data;
+}
+
+void Workspace::set_limit(size_t bytes) {
+  limit_ = bytes;
+  if (this->bytes() > limit_) release();
+}
+
+}  // namespace detail
+}  // namespace selfattn

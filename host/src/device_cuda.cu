@@ -1,0 +1,187 @@
+// The cuda backend's runtime: one device, one stream (the context's own or the user's), stream-
+// ordered allocation where the device supports it, launches through cudaLaunchKernel and GEMMs
+// through a lazily created cuBLAS handle bound to the stream. Every failure becomes a BackendError
+// naming the call.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <map>
+#include <string>
+
+#include "device.h"
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+namespace {
+
+void check(cudaError_t status, const std::string& call) {
+  if (status != cudaSuccess) {
+    throw BackendError(call + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+  }
+}
+
+void check(cublasStatus_t status, const std::string& call) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw BackendError(call + ": " + cublasGetStatusName(status) + " (" + cublasGetStatusString(status) + ")");
+  }
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f16: return CUDA_R_16F;
+    case DType::bf16: return CUDA_R_16BF;
+  }
+  throw InvalidArgument("gemm dtype: expected f32, f16 or bf16");
+}
+
+// The largest dynamic shared memory a kernel may ask for without opting in.
+constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, cudaStream_t user_stream) : ordinal_(ordinal) {
+    check(cudaSetDevice(ordinal_), "cudaSetDevice(" + std::to_string(ordinal_) + ")");
+    cudaDeviceProp properties{};
+    check(cudaGetDeviceProperties(&properties, ordinal_), "cudaGetDeviceProperties");
+    name_ = properties.name;
+    int pools = 0;
+    check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_),
+          "cudaDeviceGetAttribute(cudaDevAttrMemoryPoolsSupported)");
+    stream_ordered_allocation_ = pools != 0;
+    if (user_stream) {
+      stream_ = user_stream;
+    } else {
+      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      owns_stream_ = true;
+    }
+  }
+
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (owns_stream_) cudaStreamDestroy(stream_);
+  }
+
+  Backend backend() const override { return Backend::cuda; }
+  std::string name() const override { return name_; }
+  void* stream() const override { return stream_; }
+
+  void* allocate(size_t bytes, const char* label) override {
+    if (bytes == 0) return nullptr;
+    use_device();
+    void* ptr = nullptr;
+    const std::string what = std::string("(") + std::to_string(bytes) + " bytes for '" + label + "')";
+    if (stream_ordered_allocation_) {
+      check(cudaMallocAsync(&ptr, bytes, stream_), "cudaMallocAsync" + what);
+    } else {
+      check(cudaMalloc(&ptr, bytes), "cudaMalloc" + what);
+    }
+    return ptr;
+  }
+
+  void deallocate(void* ptr) noexcept override {
+    if (ptr == nullptr) return;
+    cudaSetDevice(ordinal_);
+    if (stream_ordered_allocation_) {
+      cudaFreeAsync(ptr, stream_);
+    } else {
+      cudaFree(ptr);
+    }
+  }
+
+  void copy(void* dst, const void* src, size_t bytes, bool async) override {
+    if (bytes == 0) return;
+    use_device();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+    if (!async) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after cudaMemcpyAsync)");
+  }
+
+  void fill(void* dst, unsigned char byte, size_t bytes) override {
+    if (bytes == 0) return;
+    use_device();
+    check(cudaMemsetAsync(dst, byte, bytes, stream_), "cudaMemsetAsync");
+  }
+
+  void synchronize() override {
+    use_device();
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  void launch(const kernels::KernelRef& kernel, const kernels::LaunchShape& shape, const void* params) override {
+    const std::string name = kernel.name ? kernel.name : "kernel";
+    if (kernel.device_entry == nullptr) {
+      throw NotAvailable("cuda launch: kernel '" + name + "' has no device build (a sim_target KernelRef given to the cuda backend?)");
+    }
+    use_device();
+    if (shape.dynamic_smem_bytes > kDefaultDynamicSmemLimit) opt_in_shared_memory(kernel, shape.dynamic_smem_bytes);
+    void* args[] = {const_cast<void*>(params)};
+    check(cudaLaunchKernel(kernel.device_entry, shape.grid, shape.block, args, shape.dynamic_smem_bytes, stream_),
+          "cudaLaunchKernel(" + name + ")");
+  }
+
+  void gemm_strided_batched(const GemmBatch& g) override {
+    use_device();
+    cublasHandle_t handle = cublas();
+    // Tensor cores for f16/bf16 inputs; fp32 inputs stay true fp32 (no TF32 rounding).
+    check(cublasGemmStridedBatchedEx(handle, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     g.m, g.n, g.k, &g.alpha, g.a, cuda_type(g.a_type), int(g.lda), g.stride_a, g.b,
+                                     cuda_type(g.b_type), int(g.ldb), g.stride_b, &g.beta, g.c, cuda_type(g.c_type),
+                                     int(g.ldc), g.stride_c, g.batch_count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx");
+  }
+
+ private:
+  void use_device() { check(cudaSetDevice(ordinal_), "cudaSetDevice(" + std::to_string(ordinal_) + ")"); }
+
+  cublasHandle_t cublas() {
+    if (!cublas_) {
+      check(cublasCreate(&cublas_), "cublasCreate");
+      check(cublasSetStream(cublas_, stream_), "cublasSetStream");
+      check(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    }
+    return cublas_;
+  }
+
+  void opt_in_shared_memory(const kernels::KernelRef& kernel, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // The attribute is per kernel and sticky: set it once per kernel, raising it when a launch needs more.
+    size_t& opted_in = smem_opted_in_[kernel.device_entry];
+    if (opted_in >= bytes) return;
+    check(cudaFuncSetAttribute(kernel.device_entry, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+          std::string("cudaFuncSetAttribute(") + (kernel.name ? kernel.name : "kernel") +
+              ", MaxDynamicSharedMemorySize, " + std::to_string(bytes) + ")");
+    opted_in = bytes;
+  }
+
+  int ordinal_ = 0;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = false;
+  bool stream_ordered_allocation_ = false;
+  cublasHandle_t cublas_ = nullptr;
+  std::mutex mutex_;
+  std::map<const void*, size_t> smem_opted_in_;  // kernel entry -> dynamic shared memory bytes allowed
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // so a later cudaGetLastError() does not report this failure again
+    throw NotAvailable(std::string("cuda backend: no usable GPU: cudaGetDeviceCount failed: ") +
+                       cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+  }
+  if (count == 0) throw NotAvailable("cuda backend: no usable GPU: cudaGetDeviceCount found 0 devices");
+  if (ordinal < 0 || ordinal >= count) {
+    throw NotAvailable("cuda backend: ContextOptions::device expected in [0, " + std::to_string(count) + "), got " +
+                       std::to_string(ordinal));
+  }
+  return std::make_shared<CudaDevice>(ordinal, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace selfattn::detail

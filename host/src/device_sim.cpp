@@ -1,0 +1,79 @@
+// The sim backend's runtime: device memory is host memory with guard zones (sim::device_alloc),
+// launches run the kernel's sim build on the SIMT engine, GEMMs run on the CPU. Everything is
+// synchronous, so "async" work is already done when the call returns.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include <selfattn_sim/sim.h>
+
+#include "device.h"
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+namespace {
+
+class SimDevice final : public Device {
+ public:
+  Backend backend() const override { return Backend::sim; }
+
+  std::string name() const override {
+    int workers = sim::options().worker_threads;
+    if (workers <= 0) workers = int(std::max(1u, std::thread::hardware_concurrency()));
+    return "sim (CPU, " + std::to_string(workers) + " worker threads)";
+  }
+
+  void* stream() const override { return nullptr; }
+
+  void* allocate(size_t bytes, const char* label) override {
+    if (bytes == 0) return nullptr;
+    try {
+      return sim::device_alloc(bytes, label);
+    } catch (const std::exception& e) {
+      throw BackendError(std::string("sim::device_alloc(") + std::to_string(bytes) + " bytes, '" + label +
+                         "'): " + e.what());
+    }
+  }
+
+  void deallocate(void* ptr) noexcept override {
+    if (ptr == nullptr) return;
+    try {
+      sim::device_free(ptr);
+    } catch (...) {
+      // A guard-zone violation found at free time was already reported by the launch that caused it.
+    }
+  }
+
+  void copy(void* dst, const void* src, size_t bytes, bool) override {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+  }
+
+  void fill(void* dst, unsigned char byte, size_t bytes) override {
+    if (bytes > 0) std::memset(dst, byte, bytes);
+  }
+
+  void synchronize() override {}
+
+  void launch(const kernels::KernelRef& kernel, const kernels::LaunchShape& shape, const void* params) override {
+    if (kernel.sim_entry == nullptr) {
+      throw NotAvailable(std::string("sim launch: kernel '") + (kernel.name ? kernel.name : "?") +
+                         "' has no sim build (a cuda_target KernelRef given to the sim backend?)");
+    }
+    const sim::LaunchConfig config{kernel.name ? kernel.name : "kernel", shape.grid, shape.block,
+                                   shape.dynamic_smem_bytes};
+    try {
+      sim::launch(config, kernel.sim_entry, params);
+    } catch (const sim::Error& e) {
+      throw BackendError(std::string("sim::launch(") + config.kernel_name + "): " + e.what());
+    }
+  }
+
+  void gemm_strided_batched(const GemmBatch& gemm) override { sim_gemm_strided_batched(gemm); }
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_sim_device() { return std::make_shared<SimDevice>(); }
+
+}  // namespace selfattn::detail

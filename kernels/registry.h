@@ -3,6 +3,7 @@
 // of the kernel source. Host code includes this (never a .cuh) and picks sim_target:: or
 // cuda_target:: by the context's backend; the cuda_target definitions exist only when nvcc built them.
 #include "launch.h"
+#include "naive_params.h"
 #include "params.h"
 
 namespace selfattn::kernels {

@@ -1,0 +1,24 @@
+#pragma once
+// Which (batch, head) a block of the naive-path kernels works on, and where that head's rows start.
+#include <cstdint>
+
+#include "common/compat.h"
+#include "naive_params.h"
+
+SELFATTN_KERNELS_BEGIN
+
+// The flat pair index bh = batch * heads + head, and the kv head GQA maps the head to.
+struct HeadOf {
+  int batch, head, kv_head;
+};
+__host__ __device__ inline HeadOf head_of(int bh, int heads, int heads_per_kv) {
+  const int head = bh % heads;
+  return {bh / heads, head, head / heads_per_kv};
+}
+
+template <class T>
+__host__ __device__ inline const T* head_rows(const HeadsView& view, int batch, int head) {
+  return static_cast<const T*>(view.data) + batch * view.stride_batch + head * view.stride_head;
+}
+
+SELFATTN_KERNELS_END

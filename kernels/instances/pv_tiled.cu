@@ -1,0 +1,25 @@
+// Instances of pv_tiled.cuh: the SIMT kernel for each dtype.
+#include "../pv_tiled.cuh"
+#include "../registry.h"
+
+SELFATTN_KERNELS_BEGIN
+
+namespace {
+template <class T>
+TiledKernel simt_pv(const char* name) {
+  using Tile = SimtTileTraits;
+  return {make_kernel_ref<PvParams, pv_tiled_simt_kernel<T>>(name), Tile::kTileM, Tile::kTileN, Tile::kThreads,
+          Tile::kSmemBytes};
+}
+}  // namespace
+
+TiledKernel pv_tiled_instance(Element elem, int /*head_dim*/) {
+  switch (elem) {
+    case Element::f32: return simt_pv<float>("pv_tiled_simt_kernel<f32>");
+    case Element::f16: return simt_pv<__half>("pv_tiled_simt_kernel<f16>");
+    case Element::bf16: return simt_pv<__nv_bfloat16>("pv_tiled_simt_kernel<bf16>");
+  }
+  return {};
+}
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,80 @@
+#pragma once
+// Parameters of the three kernels of the naive path (Q K^T, scale+mask+softmax, P V); the cublas
+// path shares the softmax. Plain data: the same layout for nvcc and the host compiler.
+//
+// All three see one CHUNK of the problem: `bh_count` consecutive (batch, head) pairs starting at flat
+// index bh_begin (= batch * heads + head), and `rows` consecutive query rows starting at row_begin.
+// S and P are the chunk's fp32 scores / probabilities in the workspace:
+//   S[bh - bh_begin][row - row_begin][key], row stride s_row_stride, pair stride s_bh_stride.
+// Strides of q/k/v/out are in elements (64-bit, from TensorView); head_dim's stride is 1.
+#include <cstdint>
+
+#include "launch.h"
+#include "params.h"
+
+namespace selfattn::kernels {
+
+// Q/K/V/out of one call, shared by the kernels that read or write them.
+struct HeadsView {
+  const void* data;
+  int64_t stride_batch, stride_head, stride_seq;
+};
+
+// S = Q K^T (unscaled) for the chunk.
+struct QkParams {
+  HeadsView q, k;
+  float* s;
+  int64_t s_bh_stride, s_row_stride;
+  int heads;            // query heads; (batch, head) = divmod(bh, heads)
+  int heads_per_kv;     // GQA: query head h reads kv head h / heads_per_kv
+  int bh_begin, row_begin, rows;
+  int seq_k, head_dim;
+};
+
+enum class CausalMask : uint8_t { none, top_left, bottom_right };  // as selfattn::Causal
+
+// P = softmax(scale * S + mask) per row, written over S (p == s) or to a separate buffer; the row's
+// natural-log LSE when lse != nullptr. P's element type is the kernel's template argument.
+struct SoftmaxParams {
+  const float* s;
+  void* p;
+  int64_t s_bh_stride, s_row_stride;
+  int64_t p_bh_stride, p_row_stride;  // elements of P's type
+  float* lse;                         // [batch, heads, seq_q] contiguous, or null
+  const int32_t* key_lengths;         // [batch] or null
+  float scale;
+  CausalMask causal;
+  int heads;
+  int bh_begin, row_begin, rows;
+  int seq_q, seq_k;
+};
+
+// O = P V for the chunk, O in the output dtype and strides. P is fp32.
+struct PvParams {
+  const float* p;
+  int64_t p_bh_stride, p_row_stride;
+  HeadsView v;
+  void* out;
+  int64_t out_stride_batch, out_stride_head, out_stride_seq;
+  int heads, heads_per_kv;
+  int bh_begin, row_begin, rows;
+  int seq_k, head_dim;
+};
+
+// What the registry hands the host for a naive-path kernel: the instance and its launch geometry
+// (taken from the kernel's traits, so the host never repeats a tile size).
+struct TiledKernel {
+  KernelRef kernel;
+  int tile_rows = 0;  // output rows per block (grid y)
+  int tile_cols = 0;  // output columns per block (grid x): keys for Q K^T, head_dim for P V
+  int threads = 0;
+  size_t smem_bytes = 0;
+};
+struct SoftmaxKernel {
+  KernelRef kernel;
+  int rows_per_block = 0;  // grid x = ceil(rows / rows_per_block), grid y = (batch, head) pairs
+  int threads = 0;
+  size_t smem_bytes = 0;
+};
+
+}  // namespace selfattn::kernels

@@ -1,0 +1,51 @@
+#pragma once
+// O = P V per (batch, head) of a chunk: P fp32 from the workspace (see PvParams), V and O in the
+// call's dtype and strides. Grid: x = head_dim tiles, y = query-row tiles, z = (batch, head) pairs.
+//
+// pv_tiled_simt_kernel<T>: any dtype and head_dim; P stays fp32 and the sums are fp32 FMAs, so the
+// only rounding beyond fp32 is the final store of O in T.
+#include <cstdint>
+
+#include "attention_heads.cuh"
+#include "common/compat.h"
+#include "common/primitives.cuh"
+#include "naive_params.h"
+#include "simt_tile.cuh"
+
+SELFATTN_KERNELS_BEGIN
+
+template <class T>
+__global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel(const PvParams p) {
+  using Tile = SimtTileTraits;
+  float* a_tile = dynamic_smem<float>();
+  float* b_tile = a_tile + Tile::kTileK * Tile::kLd;
+
+  const HeadOf at = head_of(p.bh_begin + int(blockIdx.z), p.heads, p.heads_per_kv);
+  const float* probs = p.p + int64_t(blockIdx.z) * p.p_bh_stride;
+  const T* v = head_rows<T>(p.v, at.batch, at.kv_head);
+  const int row0 = int(blockIdx.y) * Tile::kTileM;
+  const int col0 = int(blockIdx.x) * Tile::kTileN;
+
+  float acc[Tile::kPerThread][Tile::kPerThread] = {};
+  for (int j0 = 0; j0 < p.seq_k; j0 += Tile::kTileK) {
+    stage_k_contiguous(a_tile, probs, p.p_row_stride, row0, p.rows, j0, p.seq_k);
+    stage_n_contiguous(b_tile, v, p.v.stride_seq, j0, p.seq_k, col0, p.head_dim);
+    __syncthreads();
+    simt_tile_multiply(a_tile, b_tile, acc);
+    __syncthreads();  // the next slice overwrites what this one read
+  }
+
+  T* out = static_cast<T*>(p.out) + at.batch * p.out_stride_batch + at.head * p.out_stride_head +
+           int64_t(p.row_begin) * p.out_stride_seq;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int i = 0; i < Tile::kPerThread; ++i) {
+    const int row = row0 + ty + 16 * i;
+    if (row >= p.rows) continue;
+    for (int j = 0; j < Tile::kPerThread; ++j) {
+      const int col = col0 + tx + 16 * j;
+      if (col < p.head_dim) out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[i][j]);
+    }
+  }
+}
+
+SELFATTN_KERNELS_END

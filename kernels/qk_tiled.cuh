@@ -1,0 +1,49 @@
+#pragma once
+// S = Q K^T per (batch, head) of a chunk, unscaled, fp32, into the workspace (see QkParams).
+// Grid: x = key tiles, y = query-row tiles, z = (batch, head) pairs of the chunk.
+//
+// qk_tiled_simt_kernel<T>: any dtype, any head_dim >= 1 (K slices zero-padded), fp32 FMA.
+#include <cstdint>
+
+#include "common/compat.h"
+#include "common/primitives.cuh"
+#include "attention_heads.cuh"
+#include "naive_params.h"
+#include "simt_tile.cuh"
+
+SELFATTN_KERNELS_BEGIN
+
+template <class T>
+__global__ void __launch_bounds__(SimtTileTraits::kThreads) qk_tiled_simt_kernel(const QkParams p) {
+  using Tile = SimtTileTraits;
+  float* a_tile = dynamic_smem<float>();
+  float* b_tile = a_tile + Tile::kTileK * Tile::kLd;
+
+  const HeadOf at = head_of(p.bh_begin + int(blockIdx.z), p.heads, p.heads_per_kv);
+  const T* q = head_rows<T>(p.q, at.batch, at.head) + int64_t(p.row_begin) * p.q.stride_seq;
+  const T* k = head_rows<T>(p.k, at.batch, at.kv_head);
+  const int row0 = int(blockIdx.y) * Tile::kTileM;
+  const int key0 = int(blockIdx.x) * Tile::kTileN;
+
+  float acc[Tile::kPerThread][Tile::kPerThread] = {};
+  for (int d0 = 0; d0 < p.head_dim; d0 += Tile::kTileK) {
+    stage_k_contiguous(a_tile, q, p.q.stride_seq, row0, p.rows, d0, p.head_dim);
+    stage_k_contiguous(b_tile, k, p.k.stride_seq, key0, p.seq_k, d0, p.head_dim);
+    __syncthreads();
+    simt_tile_multiply(a_tile, b_tile, acc);
+    __syncthreads();  // the next slice overwrites what this one read
+  }
+
+  float* s = p.s + int64_t(blockIdx.z) * p.s_bh_stride;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int i = 0; i < Tile::kPerThread; ++i) {
+    const int row = row0 + ty + 16 * i;
+    if (row >= p.rows) continue;
+    for (int j = 0; j < Tile::kPerThread; ++j) {
+      const int key = key0 + tx + 16 * j;
+      if (key < p.seq_k) s[int64_t(row) * p.s_row_stride + key] = acc[i][j];
+    }
+  }
+}
+
+SELFATTN_KERNELS_END

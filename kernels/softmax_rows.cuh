@@ -1,0 +1,136 @@
+#pragma once
+// P = softmax(scale * S + mask) row by row, plus the row's natural-log LSE; shared by the naive and
+// cublas paths (see SoftmaxParams). Query row i of a batch with len_k keys sees keys [0, visible):
+//   visible = min(len_k, i + 1)                   causal top_left
+//           = min(len_k, i + 1 + len_k - seq_q)   causal bottom_right (clamped at 0)
+//           = len_k                               no causal mask
+// Keys in [visible, seq_k) get P = 0; a row that sees no key gets P = 0 everywhere and LSE = -inf,
+// never NaN (no exp(-inf - -inf) is ever evaluated).
+//
+// A "row group" of Group threads owns one row: a warp (Group 32, 4 rows per 128-thread block) for
+// short rows, the whole block (Group 256) for long ones. Cached: the row is read once into registers
+// (Group * kCachedPerThread keys at most), max and sum are two group reductions. Not cached: one
+// streaming pass keeps an online (max, sum) per thread, merged by the group; a second pass writes P.
+// Writing P over S (p == s) is safe: each element is read and later written by the same thread.
+#include <cmath>
+#include <cstdint>
+
+#include "common/compat.h"
+#include "common/primitives.cuh"
+#include "naive_params.h"
+#include "simt_tile.cuh"
+
+SELFATTN_KERNELS_BEGIN
+
+struct SoftmaxTraits {
+  static constexpr int kCachedPerThread = 8;  // keys held in registers per thread: rows up to 8 x Group read once
+  static constexpr int kWarpRowsPerBlock = 4; // warp-per-row blocks of 128 threads: enough warps per SM, small tail
+  static constexpr int kBlockThreads = 256;   // block-per-row group: 8 warps share a long row's bandwidth
+  static constexpr size_t kSmemBytes = 32 * sizeof(float);  // one partial per warp for block reductions
+};
+
+__host__ __device__ inline int visible_keys(int row, int seq_q, int len_k, CausalMask causal) {
+  int visible = len_k;
+  if (causal == CausalMask::top_left) visible = row + 1;
+  if (causal == CausalMask::bottom_right) visible = row + 1 + len_k - seq_q;
+  return visible < 0 ? 0 : (visible < len_k ? visible : len_k);
+}
+
+// Reductions over the row group. A block-wide group passes partials through shared memory; the
+// trailing barrier lets the next reduction reuse it.
+template <int Group>
+__device__ inline float group_max(float value, float* partials) {
+  value = warp_reduce_max<32>(value);
+  if constexpr (Group == 32) {
+    return value;
+  } else {
+    if (lane_id() == 0) partials[threadIdx.x / 32] = value;
+    __syncthreads();
+    float result = partials[0];
+    for (int w = 1; w < Group / 32; ++w) result = fmaxf(result, partials[w]);
+    __syncthreads();
+    return result;
+  }
+}
+template <int Group>
+__device__ inline float group_sum(float value, float* partials) {
+  value = warp_reduce_sum<32>(value);
+  if constexpr (Group == 32) {
+    return value;
+  } else {
+    if (lane_id() == 0) partials[threadIdx.x / 32] = value;
+    __syncthreads();
+    float result = 0;
+    for (int w = 0; w < Group / 32; ++w) result += partials[w];
+    __syncthreads();
+    return result;
+  }
+}
+
+// exp(x - max) that is 0, not NaN, when the row has no visible key (max = -inf).
+__device__ inline float exp_below(float x, float max) { return max == -INFINITY ? 0.0f : expf(x - max); }
+
+template <class P, int Group, bool Cached>
+__global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPerBlock : Group)
+    softmax_rows_kernel(const SoftmaxParams p) {
+  static_assert(Group == 32 || Group == SoftmaxTraits::kBlockThreads, "a warp or the block owns a row");
+  float* partials = dynamic_smem<float>();
+  const int row = Group == 32 ? int(blockIdx.x) * SoftmaxTraits::kWarpRowsPerBlock + int(threadIdx.x / 32)
+                              : int(blockIdx.x);
+  if (row >= p.rows) return;  // uniform over the row group: whole warps leave, a block's row exists
+  const int member = int(threadIdx.x) % Group;
+
+  const int bh = p.bh_begin + int(blockIdx.y);
+  const int batch = bh / p.heads;
+  const int query = p.row_begin + row;
+  int len_k = p.seq_k;
+  if (p.key_lengths) {
+    const int given = p.key_lengths[batch];
+    len_k = given < 0 ? 0 : (given < p.seq_k ? given : p.seq_k);
+  }
+  const int visible = visible_keys(query, p.seq_q, len_k, p.causal);
+
+  const float* s = p.s + int64_t(blockIdx.y) * p.s_bh_stride + int64_t(row) * p.s_row_stride;
+  P* out = static_cast<P*>(p.p) + int64_t(blockIdx.y) * p.p_bh_stride + int64_t(row) * p.p_row_stride;
+
+  float row_max, row_sum;
+  if constexpr (Cached) {
+    float x[SoftmaxTraits::kCachedPerThread];
+    float thread_max = -INFINITY;
+    for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
+      const int key = member + c * Group;
+      x[c] = key < visible ? s[key] * p.scale : -INFINITY;
+      thread_max = fmaxf(thread_max, x[c]);
+    }
+    row_max = group_max<Group>(thread_max, partials);
+    float thread_sum = 0;
+    for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
+      x[c] = exp_below(x[c], row_max);
+      thread_sum += x[c];
+    }
+    row_sum = group_sum<Group>(thread_sum, partials);
+    const float inverse = visible > 0 ? 1.0f / row_sum : 0.0f;
+    for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
+      const int key = member + c * Group;
+      if (key < p.seq_k) out[key] = from_float<P>(x[c] * inverse);
+    }
+  } else {
+    float thread_max = -INFINITY, thread_sum = 0;
+    for (int key = member; key < visible; key += Group) {
+      const float x = s[key] * p.scale;
+      const float new_max = fmaxf(thread_max, x);
+      thread_sum = thread_sum * exp_below(thread_max, new_max) + expf(x - new_max);
+      thread_max = new_max;
+    }
+    row_max = group_max<Group>(thread_max, partials);
+    row_sum = group_sum<Group>(thread_sum * exp_below(thread_max, row_max), partials);
+    const float inverse = visible > 0 ? 1.0f / row_sum : 0.0f;
+    for (int key = member; key < p.seq_k; key += Group)
+      out[key] = from_float<P>(key < visible ? exp_below(s[key] * p.scale, row_max) * inverse : 0.0f);
+  }
+
+  if (p.lse && member == 0)
+    p.lse[int64_t(bh) * p.seq_q + query] = visible > 0 ? row_max + logf(row_sum) : -INFINITY;
+}
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,141 @@
+#include "accuracy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+
+namespace selfattn_bench {
+namespace {
+
+// Above this many multiply-adds the whole-output reference would take seconds: sample rows instead.
+constexpr double kWholeReferenceMacs = 3e7;
+// Rows compared per sampled case: first, second, middle and last of a few (batch, head) pairs plus
+// random ones, so edge rows of causal masks and both ends of the sequence are always covered.
+constexpr int kSampledHeads = 4;
+constexpr int kRandomRowsPerHead = 12;
+
+struct ErrorSums {
+  double diff2 = 0, ref2 = 0, out2 = 0, max_abs = 0;
+  void add(double out, double ref) {
+    const double d = out - ref;
+    diff2 += d * d;
+    ref2 += ref * ref;
+    out2 += out * out;
+    max_abs = std::max(max_abs, std::abs(d));
+  }
+  double relative() const { return ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(out2); }
+};
+
+// One query row of attention in double: the reference's semantics for one (batch, head, row).
+void reference_row(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                   const std::vector<float>& v, int b, int h, int row, std::vector<double>& out_row) {
+  const int d = c.head_dim;
+  const int kv_head = h / (c.heads / c.kv_heads);
+  const float* q_row = &q[((int64_t(b) * c.heads + h) * c.seq_q + row) * d];
+  const float* k_head = &k[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * d];
+  const float* v_head = &v[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * d];
+  const int visible = selfattn::reference::visible_keys(row, c.seq_q, c.seq_k, c.causal);
+  out_row.assign(d, 0.0);
+  if (visible <= 0) return;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<double> scores(visible);
+  double max_score = -INFINITY;
+  for (int j = 0; j < visible; ++j) {
+    double dot = 0;
+    for (int x = 0; x < d; ++x) dot += double(q_row[x]) * double(k_head[int64_t(j) * d + x]);
+    scores[j] = dot * scale;
+    max_score = std::max(max_score, scores[j]);
+  }
+  double sum = 0;
+  for (double& s : scores) sum += (s = std::exp(s - max_score));
+  for (int j = 0; j < visible; ++j) {
+    const double p = scores[j] / sum;
+    for (int x = 0; x < d; ++x) out_row[x] += p * double(v_head[int64_t(j) * d + x]);
+  }
+}
+
+std::string first_non_finite(const Case& c, const std::vector<float>& out, int64_t& count) {
+  count = 0;
+  int64_t first = -1;
+  for (int64_t i = 0; i < int64_t(out.size()); ++i) {
+    if (!std::isfinite(out[i])) {
+      if (first < 0) first = i;
+      ++count;
+    }
+  }
+  if (count == 0) return {};
+  const int64_t d = c.head_dim, s = c.seq_q, h = c.heads;
+  std::ostringstream where;
+  where << count << " output elements not finite (never written, or NaN/inf), first at [b=" << first / (d * s * h)
+        << ", h=" << first / (d * s) % h << ", s=" << first / d % s << ", d=" << first % d << "]";
+  return where.str();
+}
+
+}  // namespace
+
+double default_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 1e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1e-2;
+  }
+  return 1e-2;
+}
+
+AccuracyResult check_against_reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v, const std::vector<float>& out,
+                                       double tolerance) {
+  AccuracyResult result;
+  int64_t non_finite = 0;
+  result.failure = first_non_finite(c, out, non_finite);
+  ErrorSums sums;
+  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * c.head_dim;
+  if (macs <= kWholeReferenceMacs) {
+    selfattn::reference::Problem problem;
+    problem.batch = c.batch;
+    problem.heads = c.heads;
+    problem.kv_heads = c.kv_heads;
+    problem.seq_q = c.seq_q;
+    problem.seq_k = c.seq_k;
+    problem.head_dim = c.head_dim;
+    problem.causal = c.causal;
+    const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+    const selfattn::reference::Result ref = selfattn::reference::attention(problem, qd, kd, vd);
+    for (size_t i = 0; i < out.size(); ++i) sums.add(out[i], ref.out[i]);
+  } else {
+    result.sampled = true;
+    std::mt19937_64 rng(0x5eed + uint64_t(c.seq_q) * 31 + uint64_t(c.seq_k));
+    std::vector<double> ref_row;
+    for (int pick = 0; pick < kSampledHeads; ++pick) {
+      // The first and last (batch, head) always; the others random.
+      int b = 0, h = 0;
+      if (pick == 1) {
+        b = c.batch - 1;
+        h = c.heads - 1;
+      } else if (pick > 1) {
+        b = int(rng() % uint64_t(c.batch));
+        h = int(rng() % uint64_t(c.heads));
+      }
+      std::vector<int> rows = {0, std::min(1, c.seq_q - 1), c.seq_q / 2, c.seq_q - 1};
+      for (int r = 0; r < kRandomRowsPerHead; ++r) rows.push_back(int(rng() % uint64_t(c.seq_q)));
+      for (int row : rows) {
+        reference_row(c, q, k, v, b, h, row, ref_row);
+        const float* out_row = &out[((int64_t(b) * c.heads + h) * c.seq_q + row) * c.head_dim];
+        for (int x = 0; x < c.head_dim; ++x) sums.add(out_row[x], ref_row[x]);
+      }
+    }
+  }
+  result.max_abs_err = sums.max_abs;
+  result.rel_err = sums.relative();
+  if (result.failure.empty() && !(result.rel_err <= tolerance)) {  // NaN fails too
+    std::ostringstream why;
+    why << "relative error " << result.rel_err << " above tolerance " << tolerance;
+    result.failure = why.str();
+  }
+  result.passed = result.failure.empty();
+  return result;
+}
+
+}  // namespace selfattn_bench

@@ -1,0 +1,137 @@
+#pragma once
+// What selfattn-bench measures: one Case is one shape, dtype, mask, layout and path; its CaseResult
+// holds the timings, derived rates and the accuracy check. Shared by the bench's source files.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "selfattn/selfattn.h"
+
+namespace selfattn_bench {
+
+using selfattn::Backend;
+using selfattn::Causal;
+using selfattn::DType;
+using selfattn::Path;
+
+enum class Layout { bhsd, bshd };
+
+struct Case {
+  Path path = Path::fused;
+  DType dtype = DType::bf16;
+  int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
+  Causal causal = Causal::none;
+  Layout layout = Layout::bhsd;
+};
+
+// Everything the sweep needs besides the list of cases.
+struct RunSettings {
+  Backend backend = Backend::sim;
+  int warmup = 1;
+  int iters = 3;
+  bool check = false;
+  std::optional<double> tolerance;  // relative-error bound; unset: a per-dtype default
+};
+
+// Peak rates measured in the same run (cuda only); 0 where not measured.
+struct Ceilings {
+  double gemm_tflops = 0;  // a large bf16 cuBLAS GEMM, fp32 accumulate
+  double copy_gbps = 0;    // device-to-device copy, bytes read + written per second
+  std::string gemm_shape;  // e.g. "8192x8192x8192 bf16"
+  std::string copy_bytes;  // e.g. "1 GiB"
+};
+
+// ok: ran (and passed --check when asked); check_failed: ran but the output was wrong; error: the
+// library threw a BackendError or similar; skipped: the path does not support the case (note says why).
+enum class Status { ok, check_failed, error, skipped };
+
+struct CaseResult {
+  Case c;
+  Status status = Status::skipped;
+  std::string note;            // why skipped, what failed, or which path `auto` chose
+  std::string resolved_path;   // the path that ran (differs from c.path for auto)
+  double ms_median = 0, ms_min = 0, ms_max = 0;
+  double tflops = 0, gbps = 0;
+  std::optional<double> pct_of_ceiling;  // tflops / gemm ceiling, percent
+  std::optional<double> vs_cublas;       // cublas path's median / this median (>1: faster than cublas)
+  bool checked = false;                  // --check ran on this case
+  bool sampled = false;                  // the check compared sampled rows, not the whole output
+  double max_abs_err = 0, rel_err = 0;
+  int copies = 1;                        // input sets rotated while timing
+};
+
+// Names used on the command line, in the table and in JSON/CSV.
+const char* name(Path path);
+const char* name(Causal causal);
+const char* name(Layout layout);
+const char* name(DType dtype);
+const char* name(Status status);
+
+// FlashAttention's convention: 4 * b * h * d per visible (query, key) pair; masked pairs not counted.
+double attention_flops(const Case& c);
+// Bytes of q, k, v read once and out written once.
+double attention_bytes(const Case& c);
+
+// sweep.cpp: a sweep is the product of its lists; the default one depends on the backend.
+struct Shape {
+  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+};
+struct Sweep {
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  std::vector<Causal> causals;
+  std::vector<Layout> layouts;
+  std::vector<Path> paths;
+};
+Sweep default_sweep(Backend backend);
+std::vector<Case> expand(const Sweep& sweep);
+
+// measure.cpp: runs one case (check first when asked, then warm-up and timed iterations). The
+// cache keeps the last shape's inputs, so the paths of one shape share them.
+class InputCache {
+ public:
+  struct Inputs;
+  InputCache();
+  ~InputCache();
+  Inputs& get(selfattn::Context& ctx, const Case& c);
+
+ private:
+  std::unique_ptr<Inputs> inputs_;
+};
+CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings& settings, InputCache& cache);
+
+// device_timing.cpp: per-call times on the context's stream (CUDA events on cuda, wall clock on sim),
+// and the ceilings (cuda only).
+class CallTimer {
+ public:
+  explicit CallTimer(selfattn::Context& ctx);
+  ~CallTimer();
+  CallTimer(const CallTimer&) = delete;
+  CallTimer& operator=(const CallTimer&) = delete;
+  void begin();  // before a call
+  void end();    // after it
+  // Waits for the queued work, returns each begin..end interval in ms, and starts afresh.
+  std::vector<double> collect_ms();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+Ceilings measure_ceilings(selfattn::Context& ctx);
+// L2 size in bytes (0 on the sim): sizes the rotation of input copies.
+size_t device_l2_bytes(selfattn::Context& ctx);
+
+// report.cpp
+struct RunHeader {
+  std::string backend, gpu, library_version, git_commit, command_line;
+  Ceilings ceilings;
+  RunSettings settings;
+};
+void print_table(const std::vector<CaseResult>& results, const RunHeader& header);
+void write_json(const std::string& file, const std::vector<CaseResult>& results, const RunHeader& header);
+void write_csv(const std::string& file, const std::vector<CaseResult>& results);
+// Fills pct_of_ceiling and vs_cublas once all cases have run.
+void relate_results(std::vector<CaseResult>& results, const Ceilings& ceilings);
+
+}  // namespace selfattn_bench

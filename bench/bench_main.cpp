@@ -1,0 +1,215 @@
+// selfattn-bench: times attention() per path over a sweep of shapes, checks against the CPU
+// reference on request, and reports a table, JSON and CSV. See bench/README.md.
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "bench.h"
+
+namespace sb = selfattn_bench;
+
+namespace {
+
+// Command-line words for the enums; CLI11's CheckedTransformer maps them (case-insensitively).
+const std::map<std::string, sb::DType> kDTypes = {{"fp32", sb::DType::f32}, {"fp16", sb::DType::f16}, {"bf16", sb::DType::bf16}};
+const std::map<std::string, sb::Causal> kCausals = {
+    {"none", sb::Causal::none}, {"top_left", sb::Causal::top_left}, {"bottom_right", sb::Causal::bottom_right}};
+const std::map<std::string, sb::Layout> kLayouts = {{"bhsd", sb::Layout::bhsd}, {"bshd", sb::Layout::bshd}};
+const std::map<std::string, sb::Backend> kBackends = {{"cuda", sb::Backend::cuda}, {"sim", sb::Backend::sim}};
+
+std::vector<sb::Path> parse_paths(const std::vector<std::string>& words) {
+  std::vector<sb::Path> paths;
+  for (const std::string& w : words) {
+    if (w == "all") {
+      paths.insert(paths.end(), {sb::Path::naive, sb::Path::cublas, sb::Path::fused});
+    } else if (w == "auto" || w == "automatic") {
+      paths.push_back(sb::Path::automatic);
+    } else if (w == "naive") {
+      paths.push_back(sb::Path::naive);
+    } else if (w == "cublas") {
+      paths.push_back(sb::Path::cublas);
+    } else if (w == "fused") {
+      paths.push_back(sb::Path::fused);
+    } else {
+      throw CLI::ValidationError("--path", "unknown path '" + w + "' (naive, cublas, fused, all, auto)");
+    }
+  }
+  return paths;
+}
+
+std::string describe(const sb::Case& c) {
+  char text[160];
+  std::snprintf(text, sizeof text, "%s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
+                sb::name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, sb::name(c.causal),
+                sb::name(c.layout));
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "selfattn-bench: times softmax(Q K^T * scale + mask) V per path.\n"
+      "Without shape options it runs the default sweep: on cuda bf16, head_dim 128, seq 1k..16k with 16k tokens\n"
+      "per batch; on the sim a few small shapes (sim times are CPU times, not GPU times).\n"
+      "List options take comma-separated values and the sweep is their product."};
+  app.get_formatter()->column_width(34);
+
+  std::string backend_word;
+  std::vector<std::string> path_words;
+  std::vector<int> batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  std::vector<sb::DType> dtypes;
+  std::vector<sb::Causal> causals;
+  std::vector<sb::Layout> layouts;
+  sb::RunSettings settings;
+  int warmup = -1, iters = -1;
+  double tolerance = 0;
+  std::string json_file, csv_file;
+  bool no_ceilings = false;
+
+  app.add_option("--backend", backend_word, "cuda or sim (default: $SELFATTN_BACKEND, else cuda when a GPU is usable)")
+      ->check(CLI::IsMember({"cuda", "sim"}));
+  app.add_option("--path", path_words, "naive,cublas,fused (a list), all, or auto (default: all)")->delimiter(',');
+  auto sizes = [&](const char* flag, std::vector<int>& into, const char* help) {
+    return app.add_option(flag, into, help)->delimiter(',')->check(CLI::PositiveNumber)->group("Shape (comma lists)");
+  };
+  sizes("--batch", batch, "batch sizes (default 1)");
+  sizes("--heads", heads, "query heads (default 16 on cuda, 2 on sim)");
+  sizes("--kv-heads", kv_heads, "key/value heads; must divide heads (default: = heads)");
+  sizes("--seq-q", seq_q, "query lengths (default: seq-k, else 1024 on cuda, 64 on sim)");
+  sizes("--seq-k", seq_k, "key lengths (default: seq-q)");
+  sizes("--head-dim", head_dim, "head dimensions (default 128 on cuda, 64 on sim)");
+  app.add_option("--dtype", dtypes, "fp32, fp16, bf16 (default bf16)")
+      ->delimiter(',')->transform(CLI::CheckedTransformer(kDTypes, CLI::ignore_case));
+  app.add_option("--causal", causals, "none, top_left, bottom_right (default: none; default sweep: none,top_left)")
+      ->delimiter(',')->transform(CLI::CheckedTransformer(kCausals, CLI::ignore_case));
+  app.add_option("--layout", layouts, "bhsd or bshd (default bhsd)")
+      ->delimiter(',')->transform(CLI::CheckedTransformer(kLayouts, CLI::ignore_case));
+  app.add_flag("--check", settings.check,
+               "compare each case with the double-precision CPU reference (sampled rows for large shapes); "
+               "exit 1 when any check fails");
+  app.add_option("--tolerance", tolerance, "relative-error bound for --check (default: fp32 1e-5, fp16 2e-3, bf16 1e-2)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", warmup, "untimed calls per case (default 5 on cuda, 1 on sim)")->check(CLI::NonNegativeNumber);
+  app.add_option("--iters", iters, "timed calls per case (default 30 on cuda, 3 on sim)")->check(CLI::PositiveNumber);
+  app.add_option("--json", json_file, "write the results as JSON (schema: bench/README.md)");
+  app.add_option("--csv", csv_file, "write the results as CSV");
+  app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::string command_line;
+  for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+
+  std::optional<selfattn::Context> ctx;
+  try {
+    selfattn::ContextOptions options;
+    if (!backend_word.empty()) options.backend = kBackends.at(backend_word);
+    ctx.emplace(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "selfattn-bench: no backend: %s\n", e.what());
+    return 2;
+  }
+  const sb::Backend backend = ctx->backend();
+  const bool on_cuda = backend == sb::Backend::cuda;
+  settings.backend = backend;
+  settings.warmup = warmup >= 0 ? warmup : (on_cuda ? 5 : 1);
+  settings.iters = iters > 0 ? iters : (on_cuda ? 30 : 3);
+  if (app.count("--tolerance")) settings.tolerance = tolerance;
+
+  // The sweep: the default one, with any list given on the command line replacing its counterpart.
+  sb::Sweep sweep = sb::default_sweep(backend);
+  const bool custom_shape = !batch.empty() || !heads.empty() || !kv_heads.empty() || !seq_q.empty() ||
+                            !seq_k.empty() || !head_dim.empty();
+  if (custom_shape) {
+    if (batch.empty()) batch = {1};
+    if (heads.empty()) heads = {on_cuda ? 16 : 2};
+    if (seq_q.empty()) seq_q = !seq_k.empty() ? seq_k : std::vector<int>{on_cuda ? 1024 : 64};
+    if (head_dim.empty()) head_dim = {on_cuda ? 128 : 64};
+    sweep.shapes.clear();
+    for (int b : batch)
+      for (int h : heads)
+        for (int kvh : kv_heads.empty() ? std::vector<int>{h} : kv_heads)
+          for (int sq : seq_q)
+            for (int sk : seq_k.empty() ? std::vector<int>{sq} : seq_k)
+              for (int d : head_dim) sweep.shapes.push_back({b, h, kvh, sq, sk, d});
+    sweep.causals = {sb::Causal::none};
+  }
+  try {
+    if (!path_words.empty()) sweep.paths = parse_paths(path_words);
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  }
+  if (!dtypes.empty()) sweep.dtypes = dtypes;
+  if (!causals.empty()) sweep.causals = causals;
+  if (!layouts.empty()) sweep.layouts = layouts;
+  const std::vector<sb::Case> cases = sb::expand(sweep);
+
+  sb::RunHeader header;
+  header.backend = selfattn::to_string(backend);
+  header.gpu = ctx->device_name();
+  header.library_version = SELFATTN_VERSION_STRING;
+  header.git_commit = SELFATTN_GIT_COMMIT;
+  header.command_line = command_line;
+  header.settings = settings;
+  if (!on_cuda)
+    std::fprintf(stderr, "selfattn-bench: backend sim (%s): times are the CPU simulator's wall clock, not GPU times.\n",
+                 header.gpu.c_str());
+  if (on_cuda && !no_ceilings) {
+    std::fprintf(stderr, "selfattn-bench: measuring ceilings (cuBLAS bf16 GEMM, device copy)...\n");
+    try {
+      header.ceilings = sb::measure_ceilings(*ctx);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "selfattn-bench: ceilings not measured: %s\n", e.what());
+    }
+  }
+
+  std::vector<sb::CaseResult> results;
+  sb::InputCache inputs;
+  const bool tty = isatty(fileno(stderr));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::fprintf(stderr, "%s[%zu/%zu] %s ...", tty ? "\r\033[K" : "", i + 1, cases.size(), describe(cases[i]).c_str());
+    std::fflush(stderr);
+    sb::CaseResult r;
+    try {
+      r = sb::measure_case(*ctx, cases[i], settings, inputs);
+    } catch (const std::exception& e) {  // e.g. out of memory for the inputs
+      r.c = cases[i];
+      r.resolved_path = sb::name(cases[i].path);
+      r.status = sb::Status::error;
+      r.note = e.what();
+    }
+    if (r.status == sb::Status::ok || r.status == sb::Status::check_failed)
+      std::fprintf(stderr, " %.4f ms%s%s", r.ms_median, r.checked ? " check " : "",
+                   r.checked ? (r.status == sb::Status::ok ? "pass" : "FAIL") : "");
+    else
+      std::fprintf(stderr, " %s", sb::name(r.status));
+    std::fprintf(stderr, tty ? "" : "\n");
+    results.push_back(r);
+  }
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  sb::relate_results(results, header.ceilings);
+  sb::print_table(results, header);
+
+  try {
+    if (!json_file.empty()) sb::write_json(json_file, results, header);
+    if (!csv_file.empty()) sb::write_csv(csv_file, results);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "selfattn-bench: %s\n", e.what());
+    return 2;
+  }
+
+  int failed = 0, errors = 0, ran = 0;
+  for (const sb::CaseResult& r : results) {
+    failed += r.status == sb::Status::check_failed;
+    errors += r.status == sb::Status::error;
+    ran += r.status == sb::Status::ok || r.status == sb::Status::check_failed;
+  }
+  std::printf("%d of %zu cases ran, %zu skipped, %d failed the check, %d errors\n", ran, results.size(),
+              results.size() - size_t(ran) - size_t(errors), failed, errors);
+  return failed || errors ? 1 : 0;
+}

@@ -1,0 +1,275 @@
+// One case: random inputs (kept for the paths that share the shape), the checked run, warm-up and
+// the timed calls, rotating among several copies of the inputs so a repeat does not find them in L2.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "accuracy.h"
+#include "bench.h"
+
+namespace selfattn_bench {
+namespace {
+
+// Copies of the input set rotated while timing: enough that the set in use was evicted from L2 by
+// the others (twice L2 between reuses), at least 2 so the rotation is always exercised, and at
+// most 64 so tiny shapes do not allocate thousands of buffers.
+constexpr int kMinCopies = 2, kMaxCopies = 64;
+constexpr double kL2Multiple = 2.0;
+
+// Device representation of a float already rounded to the dtype (the toolkit's host conversions,
+// round to nearest even).
+uint16_t to_half_bits(float x, DType dtype) {
+  if (dtype == DType::bf16) return __nv_bfloat16_raw(__float2bfloat16_rn(x)).x;
+  return __half_raw(__float2half_rn(x)).x;
+}
+float from_half_bits(uint16_t bits, DType dtype) {
+  if (dtype == DType::bf16) {
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return __bfloat162float(__nv_bfloat16(raw));
+  }
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+float round_to(float x, DType dtype) { return dtype == DType::f32 ? x : from_half_bits(to_half_bits(x, dtype), dtype); }
+
+// Element (b, h, s, x) of a [batch, heads, seq, head_dim] tensor stored in `layout`.
+int64_t layout_offset(Layout layout, int64_t b, int64_t h, int64_t s, int64_t x, int64_t heads, int64_t seq,
+                      int64_t head_dim) {
+  return layout == Layout::bhsd ? ((b * heads + h) * seq + s) * head_dim + x : ((b * seq + s) * heads + h) * head_dim + x;
+}
+
+// splitmix64 + Box-Muller: normal(0, 1) values fast enough for 100M-element inputs.
+struct NormalSource {
+  uint64_t state;
+  bool has_spare = false;
+  float spare = 0;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float operator()() {
+    if (has_spare) {
+      has_spare = false;
+      return spare;
+    }
+    const double u1 = (double(next() >> 11) + 1.0) * 0x1.0p-53, u2 = double(next() >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)), t = 6.283185307179586 * u2;
+    spare = float(r * std::sin(t));
+    has_spare = true;
+    return float(r * std::cos(t));
+  }
+};
+
+// One tensor's device bytes in the case's layout and dtype, from host floats in BHSD order.
+std::vector<unsigned char> to_device_bytes(const std::vector<float>& bhsd, Layout layout, DType dtype, int64_t batch,
+                                           int64_t heads, int64_t seq, int64_t head_dim) {
+  const size_t elem = selfattn::dtype_size(dtype);
+  std::vector<unsigned char> bytes(bhsd.size() * elem);
+  int64_t i = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t s = 0; s < seq; ++s)
+        for (int64_t x = 0; x < head_dim; ++x, ++i) {
+          const int64_t at = layout_offset(layout, b, h, s, x, heads, seq, head_dim) * int64_t(elem);
+          if (dtype == DType::f32) {
+            std::memcpy(&bytes[at], &bhsd[i], 4);
+          } else {
+            const uint16_t bits = to_half_bits(bhsd[i], dtype);
+            std::memcpy(&bytes[at], &bits, 2);
+          }
+        }
+  return bytes;
+}
+
+std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c) {
+  const size_t elem = selfattn::dtype_size(c.dtype);
+  std::vector<float> bhsd(bytes.size() / elem);
+  int64_t i = 0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t s = 0; s < c.seq_q; ++s)
+        for (int64_t x = 0; x < c.head_dim; ++x, ++i) {
+          const int64_t at = layout_offset(c.layout, b, h, s, x, c.heads, c.seq_q, c.head_dim) * int64_t(elem);
+          if (c.dtype == DType::f32) {
+            std::memcpy(&bhsd[i], &bytes[at], 4);
+          } else {
+            uint16_t bits;
+            std::memcpy(&bits, &bytes[at], 2);
+            bhsd[i] = from_half_bits(bits, c.dtype);
+          }
+        }
+  return bhsd;
+}
+
+bool same_shape(const Case& a, const Case& b) {
+  return a.dtype == b.dtype && a.batch == b.batch && a.heads == b.heads && a.kv_heads == b.kv_heads &&
+         a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && a.layout == b.layout;
+}
+
+}  // namespace
+
+// The inputs of the last shape measured: the host values (for the check) and the device copies.
+struct InputCache::Inputs {
+  Case shape;
+  std::vector<float> q, k, v;  // BHSD, rounded to the dtype
+  struct Set {
+    selfattn::DeviceBuffer<unsigned char> q, k, v, out;
+  };
+  std::vector<Set> sets;
+};
+
+InputCache::InputCache() = default;
+InputCache::~InputCache() = default;
+
+InputCache::Inputs& InputCache::get(selfattn::Context& ctx, const Case& c) {
+  if (inputs_ && same_shape(inputs_->shape, c)) return *inputs_;
+  inputs_.reset();  // free the previous shape's device memory before allocating this one's
+  auto in = std::make_unique<Inputs>();
+  in->shape = c;
+  const int64_t q_elems = int64_t(c.batch) * c.heads * c.seq_q * c.head_dim;
+  const int64_t kv_elems = int64_t(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
+  NormalSource normal{0xA77E5710ull ^ (uint64_t(q_elems) << 20) ^ uint64_t(kv_elems)};
+  for (auto* t : {&in->q, &in->k, &in->v}) {
+    t->resize(t == &in->q ? q_elems : kv_elems);
+    for (float& x : *t) x = round_to(normal(), c.dtype);
+  }
+  const size_t elem = selfattn::dtype_size(c.dtype);
+  const size_t set_bytes = size_t(2 * q_elems + 2 * kv_elems) * elem;
+  const size_t l2 = device_l2_bytes(ctx);
+  int copies = kMinCopies;
+  if (l2 > 0) copies = int(std::clamp(std::ceil(kL2Multiple * double(l2) / double(set_bytes)), double(kMinCopies), double(kMaxCopies)));
+  const auto q_bytes = to_device_bytes(in->q, c.layout, c.dtype, c.batch, c.heads, c.seq_q, c.head_dim);
+  const auto k_bytes = to_device_bytes(in->k, c.layout, c.dtype, c.batch, c.kv_heads, c.seq_k, c.head_dim);
+  const auto v_bytes = to_device_bytes(in->v, c.layout, c.dtype, c.batch, c.kv_heads, c.seq_k, c.head_dim);
+  for (int i = 0; i < copies; ++i) {
+    Inputs::Set set{{ctx, q_bytes.size(), "bench q"}, {ctx, k_bytes.size(), "bench k"},
+                    {ctx, v_bytes.size(), "bench v"}, {ctx, q_bytes.size(), "bench out"}};
+    set.q.copy_from_host(q_bytes);
+    set.k.copy_from_host(k_bytes);
+    set.v.copy_from_host(v_bytes);
+    in->sets.push_back(std::move(set));
+  }
+  inputs_ = std::move(in);
+  return *inputs_;
+}
+
+CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings& settings, InputCache& cache) {
+  CaseResult result;
+  result.c = c;
+  result.resolved_path = name(c.path);
+  if (c.path != Path::automatic && !selfattn::path_available(ctx, c.path)) {
+    result.note = std::string("path ") + name(c.path) + " is not available in this build/backend";
+    return result;
+  }
+  if (c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
+    result.note = "kv_heads must divide heads";
+    return result;
+  }
+
+  InputCache::Inputs& in = cache.get(ctx, c);
+  result.copies = int(in.sets.size());
+  auto view = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq) {
+    return c.layout == Layout::bhsd ? selfattn::TensorView::bhsd(buffer.data(), c.dtype, c.batch, heads, seq, c.head_dim)
+                                    : selfattn::TensorView::bshd(buffer.data(), c.dtype, c.batch, heads, seq, c.head_dim);
+  };
+  selfattn::AttentionOptions options;
+  options.path = c.path;
+  options.causal = c.causal;
+  auto run = [&](int copy) {
+    InputCache::Inputs::Set& set = in.sets[size_t(copy) % in.sets.size()];
+    selfattn::attention(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
+                        view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q), options);
+  };
+
+  // The first call doubles as the probe for support and as the checked run: its output is
+  // poisoned with NaN beforehand so an element it never writes cannot pass.
+  try {
+    if (c.path == Path::automatic) {
+      InputCache::Inputs::Set& set = in.sets[0];
+      result.resolved_path = std::string("auto:") +
+          name(selfattn::resolve_path(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
+                                      view(set.v, c.kv_heads, c.seq_k), options));
+    }
+    in.sets[0].out.fill_bytes(0xFF);
+    run(0);
+    ctx.synchronize();
+  } catch (const selfattn::NotAvailable& e) {
+    result.note = e.what();
+    return result;
+  } catch (const selfattn::WorkspaceTooSmall& e) {
+    result.note = e.what();
+    return result;
+  } catch (const selfattn::InvalidArgument& e) {
+    result.note = e.what();
+    return result;
+  } catch (const std::exception& e) {
+    result.status = Status::error;
+    result.note = e.what();
+    return result;
+  }
+  if (settings.check) {
+    const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), c);
+    const double tolerance = settings.tolerance.value_or(default_tolerance(c.dtype));
+    const AccuracyResult acc = check_against_reference(c, in.q, in.k, in.v, out, tolerance);
+    result.checked = true;
+    result.sampled = acc.sampled;
+    result.max_abs_err = acc.max_abs_err;
+    result.rel_err = acc.rel_err;
+    if (!acc.passed) {
+      result.status = Status::check_failed;
+      result.note = acc.failure;
+    }
+  }
+
+  try {
+    for (int i = 0; i < settings.warmup; ++i) run(i + 1);
+    CallTimer timer(ctx);
+    for (int i = 0; i < settings.iters; ++i) {
+      timer.begin();
+      run(i);
+      timer.end();
+    }
+    std::vector<double> ms = timer.collect_ms();
+    std::sort(ms.begin(), ms.end());
+    if (!ms.empty()) {
+      result.ms_min = ms.front();
+      result.ms_max = ms.back();
+      result.ms_median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+    }
+  } catch (const std::exception& e) {
+    result.status = Status::error;
+    result.note = std::string("while timing: ") + e.what();
+    return result;
+  }
+  if (result.ms_median > 0) {
+    result.tflops = attention_flops(c) / (result.ms_median * 1e-3) / 1e12;
+    result.gbps = attention_bytes(c) / (result.ms_median * 1e-3) / 1e9;
+  }
+  if (result.status != Status::check_failed) result.status = Status::ok;
+  return result;
+}
+
+double attention_flops(const Case& c) {
+  double visible_pairs = 0;
+  for (int row = 0; row < c.seq_q; ++row)
+    visible_pairs += std::max(0, selfattn::reference::visible_keys(row, c.seq_q, c.seq_k, c.causal));
+  return 4.0 * c.batch * c.heads * c.head_dim * visible_pairs;
+}
+
+double attention_bytes(const Case& c) {
+  const double q_elems = double(c.batch) * c.heads * c.seq_q * c.head_dim;
+  const double kv_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
+  return (2 * q_elems + 2 * kv_elems) * double(selfattn::dtype_size(c.dtype));
+}
+
+}  // namespace selfattn_bench

@@ -1,0 +1,86 @@
+// Names and the default sweeps.
+#include <vector>
+
+#include "bench.h"
+
+namespace selfattn_bench {
+
+const char* name(Path path) {
+  switch (path) {
+    case Path::automatic: return "auto";
+    case Path::naive: return "naive";
+    case Path::cublas: return "cublas";
+    case Path::fused: return "fused";
+  }
+  return "?";
+}
+const char* name(Causal causal) {
+  switch (causal) {
+    case Causal::none: return "none";
+    case Causal::top_left: return "top_left";
+    case Causal::bottom_right: return "bottom_right";
+  }
+  return "?";
+}
+const char* name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+const char* name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+const char* name(Status status) {
+  switch (status) {
+    case Status::ok: return "ok";
+    case Status::check_failed: return "FAILED";
+    case Status::error: return "ERROR";
+    case Status::skipped: return "skipped";
+  }
+  return "?";
+}
+
+Sweep default_sweep(Backend backend) {
+  Sweep sweep;
+  sweep.paths = {Path::naive, Path::cublas, Path::fused};
+  sweep.causals = {Causal::none, Causal::top_left};
+  sweep.dtypes = {DType::bf16};
+  sweep.layouts = {Layout::bhsd};
+  if (backend == Backend::cuda) {
+    // FlashAttention's benchmark shape: 16k tokens per batch (batch = 16384 / seq), model width
+    // 2048 = 16 heads of 128, with and without the causal mask.
+    for (int seq : {1024, 2048, 4096, 8192, 16384}) sweep.shapes.push_back({16384 / seq, 16, 16, seq, seq, 128});
+  } else {
+    // The sim runs each CUDA thread as a fiber on the CPU: a few small shapes (one with GQA and
+    // seq_q != seq_k) so the whole sweep takes seconds. Its times say nothing about a GPU.
+    sweep.shapes = {{1, 2, 2, 64, 64, 64}, {1, 2, 1, 33, 80, 64}, {2, 2, 2, 128, 128, 64}};
+  }
+  return sweep;
+}
+
+std::vector<Case> expand(const Sweep& sweep) {
+  // Paths innermost: the paths of one shape share its inputs (InputCache keeps the last shape).
+  std::vector<Case> cases;
+  for (DType dtype : sweep.dtypes)
+    for (Layout layout : sweep.layouts)
+      for (const Shape& s : sweep.shapes)
+        for (Causal causal : sweep.causals)
+          for (Path path : sweep.paths) {
+            Case c;
+            c.path = path;
+            c.dtype = dtype;
+            c.batch = s.batch;
+            c.heads = s.heads;
+            c.kv_heads = s.kv_heads;
+            c.seq_q = s.seq_q;
+            c.seq_k = s.seq_k;
+            c.head_dim = s.head_dim;
+            c.causal = causal;
+            c.layout = layout;
+            cases.push_back(c);
+          }
+  return cases;
+}
+
+}  // namespace selfattn_bench

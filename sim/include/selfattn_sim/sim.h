@@ -68,6 +68,9 @@ ThreadContext& current_thread();
 
 void syncthreads();
 void syncwarp(unsigned mask);
+// The lanes of the calling thread's warp that exist and have not exited (the sim's __activemask:
+// it cannot see branch divergence, only absent and finished threads).
+unsigned warp_live_mask();
 
 // Warp-synchronous collective. Every lane named in `mask` calls it (with the same mask); when the
 // last one arrives, `combine` runs once as combine(ins, outs), where ins[lane] / outs[lane] point at

@@ -1,0 +1,474 @@
+// The SIMT engine: blocks on a pool of worker OS threads, each block's CUDA threads as fibers on
+// one of them, barriers and warp collectives as the only points where a fiber gives way.
+//
+// Scheduling. A block runs in rounds: each round takes the fibers that are ready, in an order
+// drawn from a random permutation (seeded by Options::seed mixed with the block's index, so a
+// block's schedule does not depend on which worker runs it), and runs each until it waits at a
+// barrier or a collective, or ends. The last arrival at a barrier or a collective releases the
+// others; they run in the next round. A round that finds no fiber ready while some have not ended
+// is a divergence (some thread waits where another never comes) and is reported, never hung.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fiber.h"
+#include "selfattn_sim/sim.h"
+
+namespace selfattn::sim {
+
+namespace {
+
+constexpr unsigned kWarpSize = 32;
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr size_t kMaxDynamicSmem = 227 * 1024;  // H200's opt-in per-block limit
+constexpr size_t kSmemGuardBytes = 1024;        // checked after each block: catches overruns
+constexpr unsigned char kSmemGuardByte = 0xA5;
+
+enum class FiberState : uint8_t { ready, at_barrier, at_collective, exited };
+
+struct Block;
+
+struct Fiber {
+  ThreadContext thread;
+  detail::FiberContext context;
+  std::unique_ptr<detail::FiberStack> stack;
+  FiberState state = FiberState::ready;
+  unsigned collective_mask = 0;  // the mask it waits with, while at_collective
+  Block* block = nullptr;
+};
+
+// One warp collective that some lanes have reached. Keyed by its mask: lanes of one warp may wait
+// at collectives with different (e.g. disjoint) masks at the same time.
+struct PendingCollective {
+  unsigned mask = 0;      // as the lanes passed it
+  unsigned expected = 0;  // mask & the warp's existing lanes
+  unsigned arrived = 0;
+  CollectiveFn fn = nullptr;
+  const void* ins[kWarpSize] = {};
+  void* outs[kWarpSize] = {};
+};
+
+struct Warp {
+  unsigned existing = 0;  // lanes that exist (the last warp of a block may be partial)
+  unsigned exited = 0;
+  std::vector<PendingCollective> pending;
+};
+
+struct Block {
+  const LaunchConfig* config = nullptr;
+  void (*body)(const void*) = nullptr;
+  const void* params = nullptr;
+  uint3 index{};
+  unsigned thread_count = 0;
+  Fiber* const* fibers = nullptr;
+  std::vector<Warp> warps;
+  unsigned at_barrier = 0;
+  unsigned exited = 0;
+  std::exception_ptr error;
+  detail::FiberContext scheduler;
+};
+
+// What each worker OS thread keeps between blocks: fibers with their stacks, shared memory.
+struct Worker {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<Fiber*> fiber_ptrs;
+  std::vector<Fiber*> order;
+  unsigned char* smem = nullptr;
+  size_t smem_capacity = 0;
+  ~Worker() { std::free(smem); }
+};
+
+thread_local Worker t_worker;
+thread_local Fiber* t_fiber = nullptr;  // the fiber running on this OS thread, if any
+
+std::string block_name(const Block& b) {
+  return "kernel '" + std::string(b.config->kernel_name) + "', block (" + std::to_string(b.index.x) + "," +
+         std::to_string(b.index.y) + "," + std::to_string(b.index.z) + ")";
+}
+
+std::string thread_name(const ThreadContext& t) {
+  return "thread (" + std::to_string(t.thread_idx.x) + "," + std::to_string(t.thread_idx.y) + "," +
+         std::to_string(t.thread_idx.z) + ")";
+}
+
+std::string hex(unsigned v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+Fiber& running_fiber(const char* what) {
+  if (!t_fiber) throw Error(std::string("sim: ") + what + " called outside a kernel launch");
+  return *t_fiber;
+}
+
+void yield_to_scheduler(Fiber& f) { detail::fiber_switch(f.context, f.block->scheduler); }
+
+void fiber_main(void* arg) {
+  Fiber& f = *static_cast<Fiber*>(arg);
+  Block& b = *f.block;
+  try {
+    b.body(b.params);
+  } catch (...) {
+    if (!b.error) b.error = std::current_exception();
+  }
+  f.state = FiberState::exited;
+  ++b.exited;
+  b.warps[f.thread.warp].exited |= 1u << f.thread.lane;
+  detail::fiber_switch(f.context, b.scheduler);
+  std::abort();  // an exited fiber is never resumed
+}
+
+// ---- divergence report ------------------------------------------------------------------------
+
+std::string wait_description(const Block& b, const Fiber& f) {
+  switch (f.state) {
+    case FiberState::exited: return "exited";
+    case FiberState::at_barrier: return "wait at __syncthreads";
+    case FiberState::at_collective: {
+      const Warp& w = b.warps[f.thread.warp];
+      for (const PendingCollective& p : w.pending) {
+        if (p.mask != f.collective_mask) continue;
+        return "wait at a warp collective (warp " + std::to_string(f.thread.warp) + ", mask " + hex(p.mask) +
+               ", lanes still missing " + hex(p.expected & ~p.arrived) + ")";
+      }
+      return "wait at a warp collective";
+    }
+    case FiberState::ready: return "ready";
+  }
+  return "?";
+}
+
+[[noreturn]] void report_divergence(const Block& b) {
+  std::string message = "sim: divergent barrier in " + block_name(b) +
+                        ": no thread can proceed (a thread exited or waits at a different barrier "
+                        "or warp collective than the others):";
+  unsigned groups = 0;
+  for (unsigned t = 0; t < b.thread_count;) {
+    const std::string what = wait_description(b, *b.fibers[t]);
+    unsigned end = t + 1;
+    while (end < b.thread_count && wait_description(b, *b.fibers[end]) == what) ++end;
+    if (++groups > 24) {
+      message += " ...";
+      break;
+    }
+    message += groups == 1 ? " " : "; ";
+    if (end - t == 1) {
+      message += thread_name(b.fibers[t]->thread) + " " + what;
+    } else {
+      message += "threads " + thread_name(b.fibers[t]->thread).substr(7) + ".." +
+                 thread_name(b.fibers[end - 1]->thread).substr(7) + " " + what;
+    }
+    t = end;
+  }
+  throw Error(message);
+}
+
+// ---- one block --------------------------------------------------------------------------------
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void prepare_shared_memory(Worker& w, size_t bytes) {
+  const size_t needed = bytes + kSmemGuardBytes;
+  if (needed > w.smem_capacity) {
+    std::free(w.smem);
+    // 1024-byte alignment: what the GPU gives dynamic shared memory (swizzled layouts rely on it).
+    w.smem = static_cast<unsigned char*>(std::aligned_alloc(1024, (needed + 1023) / 1024 * 1024));
+    if (!w.smem) throw Error("sim: cannot allocate shared memory");
+    w.smem_capacity = needed;
+  }
+  std::memset(w.smem, 0xFF, bytes);  // every float / half read before written is NaN
+  std::memset(w.smem + bytes, kSmemGuardByte, kSmemGuardBytes);
+}
+
+void check_shared_memory_guard(const Worker& w, const Block& b, size_t bytes) {
+  for (size_t i = 0; i < kSmemGuardBytes; ++i) {
+    if (w.smem[bytes + i] != kSmemGuardByte) {
+      throw Error("sim: " + block_name(b) + " wrote past the end of its dynamic shared memory (" +
+                  std::to_string(bytes) + " bytes) at offset " + std::to_string(bytes + i));
+    }
+  }
+}
+
+void run_block(const LaunchConfig& config, void (*body)(const void*), const void* params, uint64_t linear,
+               uint64_t seed) {
+  Worker& w = t_worker;
+  const dim3 bd = config.block;
+  const dim3 gd = config.grid;
+  const unsigned threads = bd.x * bd.y * bd.z;
+
+  while (w.fibers.size() < threads) {
+    auto f = std::make_unique<Fiber>();
+    f->stack = std::make_unique<detail::FiberStack>(detail::fiber_stack_bytes());
+    w.fiber_ptrs.push_back(f.get());
+    w.fibers.push_back(std::move(f));
+  }
+  prepare_shared_memory(w, config.dynamic_smem_bytes);
+
+  Block b;
+  b.config = &config;
+  b.body = body;
+  b.params = params;
+  b.index = uint3{unsigned(linear % gd.x), unsigned(linear / gd.x % gd.y), unsigned(linear / (uint64_t(gd.x) * gd.y))};
+  b.thread_count = threads;
+  b.fibers = w.fiber_ptrs.data();
+  b.warps.resize((threads + kWarpSize - 1) / kWarpSize);
+  for (unsigned i = 0; i < b.warps.size(); ++i) {
+    const unsigned lanes = std::min(kWarpSize, threads - i * kWarpSize);
+    b.warps[i].existing = lanes == kWarpSize ? ~0u : (1u << lanes) - 1;
+  }
+
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = *w.fibers[t];
+    ThreadContext& c = f.thread;
+    c.thread_idx = uint3{t % bd.x, t / bd.x % bd.y, t / (bd.x * bd.y)};
+    c.block_idx = b.index;
+    c.block_dim = bd;
+    c.grid_dim = gd;
+    c.linear_tid = t;
+    c.lane = t % kWarpSize;
+    c.warp = t / kWarpSize;
+    c.dynamic_smem = w.smem;
+    c.dynamic_smem_bytes = config.dynamic_smem_bytes;
+    c.async_groups.clear();
+    c.async_open.clear();
+    f.state = FiberState::ready;
+    f.collective_mask = 0;
+    f.block = &b;
+    detail::fiber_prepare(f.context, *f.stack, &fiber_main, &f);
+  }
+
+  uint64_t rng = seed * 0xD1B54A32D192ED03ull;
+  rng ^= splitmix64(rng) + linear;
+  splitmix64(rng);
+
+  struct ClearRunning {
+    ~ClearRunning() { t_fiber = nullptr; }
+  } clear_running;
+  for (;;) {
+    w.order.clear();
+    for (unsigned t = 0; t < threads; ++t) {
+      if (w.fibers[t]->state == FiberState::ready) w.order.push_back(w.fibers[t].get());
+    }
+    if (w.order.empty()) {
+      if (b.exited == threads) break;
+      report_divergence(b);
+    }
+    for (size_t i = w.order.size(); i > 1; --i) std::swap(w.order[i - 1], w.order[splitmix64(rng) % i]);
+    for (Fiber* f : w.order) {
+      t_fiber = f;
+      detail::fiber_switch(b.scheduler, f->context);
+      t_fiber = nullptr;
+      if (b.error) std::rethrow_exception(b.error);
+    }
+  }
+  check_shared_memory_guard(w, b, config.dynamic_smem_bytes);
+}
+
+// ---- the grid: a pool of workers --------------------------------------------------------------
+
+struct Job {
+  const LaunchConfig* config = nullptr;
+  void (*body)(const void*) = nullptr;
+  const void* params = nullptr;
+  uint64_t blocks = 0;
+  uint64_t seed = 0;
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  uint64_t error_block = ~uint64_t(0);
+  std::exception_ptr error;
+
+  void work() {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const uint64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= blocks) return;
+      try {
+        run_block(*config, body, params, i, seed);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (i < error_block) {  // report the lowest failing block: stable across worker counts
+          error_block = i;
+          error = std::current_exception();
+        }
+        failed = true;
+      }
+    }
+  }
+};
+
+class Pool {
+ public:
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    work_ready_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // Runs the job on the calling thread and `helpers` pool threads; returns when all are done.
+  void run(Job& job, unsigned helpers) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (threads_.size() < helpers) {
+        const unsigned index = unsigned(threads_.size());
+        threads_.emplace_back([this, index, seen = generation_] { thread_main(index, seen); });
+      }
+      job_ = &job;
+      wanted_ = helpers;
+      busy_ = helpers;
+      ++generation_;
+    }
+    work_ready_.notify_all();
+    job.work();
+    std::unique_lock<std::mutex> lock(mutex_);
+    all_done_.wait(lock, [this] { return busy_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void thread_main(unsigned index, uint64_t seen) {
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        if (index >= wanted_) continue;
+        job = job_;
+      }
+      job->work();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--busy_ == 0) all_done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable work_ready_, all_done_;
+  std::vector<std::thread> threads_;
+  Job* job_ = nullptr;
+  uint64_t generation_ = 0;
+  unsigned wanted_ = 0;
+  unsigned busy_ = 0;
+  bool stopping_ = false;
+};
+
+void validate(const LaunchConfig& c) {
+  const std::string name = std::string("sim: launch of kernel '") + c.kernel_name + "': ";
+  const uint64_t threads = uint64_t(c.block.x) * c.block.y * c.block.z;
+  if (c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 || threads == 0) throw Error(name + "empty grid or block");
+  if (threads > kMaxThreadsPerBlock || c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64)
+    throw Error(name + "block (" + std::to_string(c.block.x) + "," + std::to_string(c.block.y) + "," +
+                std::to_string(c.block.z) + ") exceeds the limits (1024 threads; 1024 x 1024 x 64)");
+  if (c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535)
+    throw Error(name + "grid exceeds the limits (2^31-1 x 65535 x 65535)");
+  if (c.dynamic_smem_bytes > kMaxDynamicSmem)
+    throw Error(name + std::to_string(c.dynamic_smem_bytes) + " bytes of dynamic shared memory exceed the " +
+                std::to_string(kMaxDynamicSmem) + " an H200 block may have");
+}
+
+}  // namespace
+
+// ---- public interface -------------------------------------------------------------------------
+
+void launch(const LaunchConfig& config, void (*body)(const void* params), const void* params) {
+  if (t_fiber) throw Error("sim: launch() called from inside a kernel");
+  validate(config);
+  static std::mutex launch_mutex;  // one grid at a time: the pool and the workers' fibers are shared
+  std::lock_guard<std::mutex> lock(launch_mutex);
+  static Pool pool;
+
+  const Options opts = options();
+  Job job;
+  job.config = &config;
+  job.body = body;
+  job.params = params;
+  job.blocks = uint64_t(config.grid.x) * config.grid.y * config.grid.z;
+  job.seed = opts.seed;
+  uint64_t workers = opts.worker_threads > 0 ? unsigned(opts.worker_threads)
+                                             : std::max(1u, std::thread::hardware_concurrency());
+  workers = std::min<uint64_t>(workers, job.blocks);
+  pool.run(job, unsigned(workers - 1));
+  if (job.error) std::rethrow_exception(job.error);
+  check_guards(("launch of kernel '" + std::string(config.kernel_name) + "'").c_str());
+}
+
+ThreadContext& current_thread() { return running_fiber("threadIdx/blockIdx (current_thread)").thread; }
+
+unsigned warp_live_mask() {
+  Fiber& f = running_fiber("__activemask");
+  const Warp& w = f.block->warps[f.thread.warp];
+  return w.existing & ~w.exited;
+}
+
+void syncthreads() {
+  Fiber& f = running_fiber("__syncthreads");
+  Block& b = *f.block;
+  f.state = FiberState::at_barrier;
+  if (++b.at_barrier == b.thread_count) {
+    b.at_barrier = 0;
+    for (unsigned t = 0; t < b.thread_count; ++t) b.fibers[t]->state = FiberState::ready;
+  }
+  yield_to_scheduler(f);
+}
+
+void syncwarp(unsigned mask) { warp_collective_erased(mask, nullptr, nullptr, nullptr, nullptr); }
+
+void warp_collective_erased(unsigned mask, const void* in, void* out, CollectiveFn fn, void* combine) {
+  Fiber& f = running_fiber("a warp collective");
+  Block& b = *f.block;
+  Warp& w = b.warps[f.thread.warp];
+  const unsigned lane = f.thread.lane;
+  if (!(mask >> lane & 1u)) {
+    throw Error("sim: " + block_name(b) + ", " + thread_name(f.thread) + ": warp collective with mask " + hex(mask) +
+                " that leaves out the calling lane " + std::to_string(lane));
+  }
+  PendingCollective* p = nullptr;
+  for (PendingCollective& q : w.pending) {
+    if (q.mask == mask) p = &q;
+  }
+  if (!p) {
+    w.pending.emplace_back();
+    p = &w.pending.back();
+    p->mask = mask;
+    p->expected = mask & w.existing;
+    p->fn = fn;
+  } else if (p->fn != fn) {
+    throw Error("sim: " + block_name(b) + ", " + thread_name(f.thread) + ": lanes of warp " +
+                std::to_string(f.thread.warp) + " meet at different warp collectives with mask " + hex(mask) +
+                " (e.g. a shuffle and a ballot, or __syncwarp and a shuffle)");
+  }
+  p->ins[lane] = in;
+  p->outs[lane] = out;
+  p->arrived |= 1u << lane;
+  f.state = FiberState::at_collective;
+  f.collective_mask = mask;
+  if (p->arrived == p->expected) {
+    const PendingCollective done = *p;
+    w.pending.erase(w.pending.begin() + (p - w.pending.data()));
+    for (unsigned l = 0; l < kWarpSize; ++l) {
+      if (done.expected >> l & 1u) b.fibers[f.thread.warp * kWarpSize + l]->state = FiberState::ready;
+    }
+    if (done.fn) done.fn(done.ins, done.outs, combine);
+  }
+  yield_to_scheduler(f);
+}
+
+}  // namespace selfattn::sim

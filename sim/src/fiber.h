@@ -1,0 +1,56 @@
+#pragma once
+// Fibers: one per simulated CUDA thread. A fiber runs until it switches back to its scheduler
+// (at a barrier, a warp collective or its end); nothing preempts it.
+//
+// Two switch implementations sit behind one interface:
+//   - a hand-written x86-64 switch (saves the six callee-saved registers, MXCSR and the x87
+//     control word; ~ns per switch), the default on x86-64;
+//   - ucontext (swapcontext also saves the signal mask: one sigprocmask syscall per switch),
+//     portable; chosen with SELFATTN_SIM_FIBERS=ucontext, or everywhere but x86-64.
+#include <cstddef>
+#include <cstdint>
+
+#include <ucontext.h>
+
+namespace selfattn::sim::detail {
+
+// A fiber's stack: reserved with mmap, committed by the kernel page by page as it is touched, with
+// an inaccessible guard page below it so an overflow faults instead of corrupting a neighbour.
+class FiberStack {
+ public:
+  explicit FiberStack(size_t bytes);
+  ~FiberStack();
+  FiberStack(const FiberStack&) = delete;
+  FiberStack& operator=(const FiberStack&) = delete;
+  unsigned char* base() const { return usable_; }  // lowest usable byte
+  size_t size() const { return usable_bytes_; }
+
+ private:
+  unsigned char* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
+  unsigned char* usable_ = nullptr;
+  size_t usable_bytes_ = 0;
+};
+
+// Stack bytes per fiber: 256 KB, or SELFATTN_SIM_STACK_KB.
+size_t fiber_stack_bytes();
+
+enum class SwitchKind { assembly, ucontext };
+SwitchKind switch_kind();  // fixed at start-up (SELFATTN_SIM_FIBERS=ucontext|asm)
+
+// A suspended execution: either a saved stack pointer (assembly) or a ucontext.
+struct FiberContext {
+  void* stack_pointer = nullptr;
+  ucontext_t uc;
+};
+
+using FiberEntry = void (*)(void* arg);
+
+// Prepares `fiber` so that the first switch into it calls entry(arg) on `stack`. entry must never
+// return: it ends by switching away for good.
+void fiber_prepare(FiberContext& fiber, FiberStack& stack, FiberEntry entry, void* arg);
+
+// Saves the running execution into `from` and resumes `to`.
+void fiber_switch(FiberContext& from, FiberContext& to);
+
+}  // namespace selfattn::sim::detail

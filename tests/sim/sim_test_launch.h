@@ -1,0 +1,45 @@
+#pragma once
+// Launching a kernel written in a test file straight on the sim engine, without the library.
+#include <cstddef>
+#include <vector>
+
+#include "common/compat.h"
+
+namespace selfattn::sim::testing {
+
+// Runs kernel(params) over grid x block on the sim, as the library's launch layer would.
+template <class Params, void (*Kernel)(Params)>
+void launch(const char* name, dim3 grid, dim3 block, const Params& params, size_t dynamic_smem_bytes = 0) {
+  LaunchConfig config;
+  config.kernel_name = name;
+  config.grid = grid;
+  config.block = block;
+  config.dynamic_smem_bytes = dynamic_smem_bytes;
+  sim::launch(config, [](const void* p) { Kernel(*static_cast<const Params*>(p)); }, &params);
+}
+
+// Sets the sim's options for one scope and restores the previous ones after it.
+class ScopedOptions {
+ public:
+  explicit ScopedOptions(const Options& options) : saved_(sim::options()) { set_options(options); }
+  ~ScopedOptions() { set_options(saved_); }
+  ScopedOptions(const ScopedOptions&) = delete;
+  ScopedOptions& operator=(const ScopedOptions&) = delete;
+
+ private:
+  Options saved_;
+};
+
+inline Options with_workers(int workers) {
+  Options o = options();
+  o.worker_threads = workers;
+  return o;
+}
+
+inline Options with_seed(uint64_t seed) {
+  Options o = options();
+  o.seed = seed;
+  return o;
+}
+
+}  // namespace selfattn::sim::testing

@@ -1,0 +1,160 @@
+// attention() and attention_varlen(): validate every argument once into an AttentionCall, handle
+// the calls that need no kernel (nothing to compute; no keys at all), pick a path, run it.
+//
+// Zero sizes are handled here, not by the paths:
+//   batch, heads or seq_q == 0  -> nothing is written.
+//   seq_k == 0 (varlen: total_k or max_seqlen_k == 0) -> out is zero-filled and lse set to -inf.
+// Paths therefore only see calls with at least one query row and at least one key column.
+// (Rows that see no key for other reasons - key_lengths of 0, causal masks - are the paths' job.)
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention_validation.h"
+#include "paths.h"
+#include "selfattn/attention.h"
+#include "selfattn/error.h"
+
+namespace selfattn {
+namespace {
+
+using detail::AttentionCall;
+using detail::ContextState;
+
+const char* unsupported_reason(const ContextState& state, const AttentionCall& call, Path path) {
+  switch (path) {
+    case Path::naive: return detail::naive_unsupported(state, call);
+    case Path::cublas: return detail::cublas_unsupported(state, call);
+    case Path::fused: return detail::fused_unsupported(state, call);
+    case Path::automatic: break;
+  }
+  return "not a concrete path";
+}
+
+// The order `automatic` tries: the fused kernel first; then the GEMM-based path that is fastest on
+// the backend (cuBLAS on a GPU; on the sim the naive kernels, whose own code is what is being tested).
+std::vector<Path> automatic_order(Backend backend) {
+  if (backend == Backend::cuda) return {Path::fused, Path::cublas, Path::naive};
+  return {Path::fused, Path::naive, Path::cublas};
+}
+
+Path choose_path(const ContextState& state, const AttentionCall& call, Path requested) {
+  if (requested != Path::automatic) {
+    if (const char* reason = unsupported_reason(state, call, requested)) {
+      throw NotAvailable(std::string("attention: path ") + to_string(requested) + " does not support " +
+                         detail::describe(call) + ": " + reason);
+    }
+    return requested;
+  }
+  std::string reasons;
+  for (Path path : automatic_order(state.device->backend())) {
+    const char* reason = unsupported_reason(state, call, path);
+    if (reason == nullptr) return path;
+    reasons += std::string("; ") + to_string(path) + ": " + reason;
+  }
+  throw NotAvailable("attention: no path supports " + detail::describe(call) + " on the " +
+                     to_string(state.device->backend()) + " backend" + reasons);
+}
+
+void run_path(ContextState& state, const AttentionCall& call, Path path) {
+  switch (path) {
+    case Path::naive: return detail::run_naive(state, call);
+    case Path::cublas: return detail::run_cublas(state, call);
+    case Path::fused: return detail::run_fused(state, call);
+    case Path::automatic: break;
+  }
+  throw InvalidArgument("attention: internal error: run_path(automatic)");
+}
+
+// Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
+void zero_fill(detail::Device& device, const TensorView& view) {
+  if (view.numel() == 0) return;
+  const size_t element = dtype_size(view.dtype);
+  if (detail::is_dense(view)) {
+    device.fill(view.data, 0, size_t(view.numel()) * element);
+    return;
+  }
+  for (int64_t b = 0; b < view.batch(); ++b)
+    for (int64_t h = 0; h < view.heads(); ++h)
+      for (int64_t s = 0; s < view.seq(); ++s)
+        device.fill(static_cast<unsigned char*>(view.data) + view.offset(b, h, s, 0) * element, 0,
+                    size_t(view.head_dim()) * element);
+}
+
+// The calls no path sees (see the top of this file). Returns true when the call is complete.
+bool run_without_keys(ContextState& state, const AttentionCall& call, int64_t lse_rows) {
+  if (call.batch == 0 || call.heads == 0 || call.seq_q == 0) return true;
+  const bool no_keys = call.seq_k == 0 || call.k.seq() == 0;
+  if (!no_keys) return false;
+  zero_fill(*state.device, call.out);
+  if (call.lse != nullptr && lse_rows > 0) {
+    const std::vector<float> minus_infinity(size_t(lse_rows), -std::numeric_limits<float>::infinity());
+    state.device->copy(call.lse, minus_infinity.data(), minus_infinity.size() * sizeof(float), /*async=*/false);
+  }
+  return true;
+}
+
+int64_t lse_rows(const AttentionCall& call) {
+  return call.varlen() ? int64_t(call.heads) * call.q.seq() : int64_t(call.batch) * call.heads * call.seq_q;
+}
+
+}  // namespace
+
+void attention(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options) {
+  ContextState& state = ctx.state();
+  const AttentionCall call = detail::validate_attention(q, k, v, out, options);
+  if (run_without_keys(state, call, lse_rows(call))) return;
+  run_path(state, call, choose_path(state, call, options.path));
+}
+
+void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
+                      int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options) {
+  ContextState& state = ctx.state();
+  const AttentionCall call = detail::validate_attention_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch,
+                                                               max_seqlen_q, max_seqlen_k, options);
+  if (run_without_keys(state, call, lse_rows(call))) return;
+  run_path(state, call, choose_path(state, call, options.path));
+}
+
+Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                  const AttentionOptions& options) {
+  ContextState& state = ctx.state();
+  // out only has to be valid for validation: a view shaped like q at a distinct (never used) address.
+  alignas(256) static unsigned char distinct_address[256];
+  TensorView out = TensorView::bhsd(distinct_address, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
+  AttentionOptions checked = options;
+  checked.lse = nullptr;
+  const AttentionCall call = detail::validate_attention(q, k, v, out, checked, /*check_out_overlap=*/false);
+  return choose_path(state, call, options.path);
+}
+
+bool path_available(const Context& ctx, Path path) {
+  if (path == Path::automatic) return true;
+  const ContextState& state = const_cast<Context&>(ctx).state();
+  // The path exists when it supports at least one ordinary call; the probe calls are never run.
+  alignas(256) static unsigned char probe_memory[4 * 256];
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+    for (int head_dim : {64, 128, 32, 2}) {
+      AttentionCall call;
+      call.dtype = dtype;
+      call.batch = call.heads = call.kv_heads = 1;
+      call.seq_q = call.seq_k = 128;
+      call.head_dim = head_dim;
+      call.scale = 1.0f / std::sqrt(float(head_dim));
+      call.q = TensorView::bhsd(probe_memory + 0 * 256, dtype, 1, 1, 128, head_dim);
+      call.k = TensorView::bhsd(probe_memory + 1 * 256, dtype, 1, 1, 128, head_dim);
+      call.v = TensorView::bhsd(probe_memory + 2 * 256, dtype, 1, 1, 128, head_dim);
+      call.out = TensorView::bhsd(probe_memory + 3 * 256, dtype, 1, 1, 128, head_dim);
+      if (unsupported_reason(state, call, path) == nullptr) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace selfattn

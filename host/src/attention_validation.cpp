@@ -1,0 +1,244 @@
+// Argument checking for the attention entry points (see attention_validation.h).
+#include "attention_validation.h"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
+#include <string>
+
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+namespace {
+
+constexpr std::array<const char*, 4> kDimNames{"batch", "heads", "seq", "head_dim"};
+
+[[noreturn]] void fail(const char* function, const std::string& message) {
+  throw InvalidArgument(std::string(function) + ": " + message);
+}
+
+std::string dim(const char* name, int i) {
+  return std::string(name) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
+}
+
+// `name`'s dimension i must equal `ref_name`'s dimension ref_i.
+void expect_same_dim(const char* function, const char* name, const TensorView& view, int i, const char* ref_name,
+                     const TensorView& ref, int ref_i) {
+  if (view.shape[i] != ref.shape[ref_i]) {
+    fail(function, dim(name, i) + " expected " + std::to_string(ref.shape[ref_i]) + " (" + dim(ref_name, ref_i) +
+                       "), got " + std::to_string(view.shape[i]));
+  }
+}
+
+void expect_same_dtype(const char* function, const char* name, const TensorView& view, const TensorView& q) {
+  if (view.dtype != q.dtype) {
+    fail(function, std::string(name) + ".dtype expected " + to_string(q.dtype) + " (q.dtype), got " +
+                       to_string(view.dtype));
+  }
+}
+
+void expect_disjoint(const char* function, const char* name, const ByteRange& range, const char* other_name,
+                     const ByteRange& other) {
+  if (range.overlaps(other)) {
+    fail(function, std::string(name) + " expected not to overlap " + other_name + ", but bytes [" +
+                       std::to_string(range.begin) + ", " + std::to_string(range.end) + ") and [" +
+                       std::to_string(other.begin) + ", " + std::to_string(other.end) + ") intersect");
+  }
+}
+
+// The checks shared by the padded and the varlen entry points: each view alone, then q/k/v/out
+// against each other (dtype, head_dim, heads vs kv_heads, k vs v), then out against the inputs.
+void check_common(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& out, bool check_out_overlap) {
+  check_view(function, "q", q);
+  check_view(function, "k", k);
+  check_view(function, "v", v);
+  check_view(function, "out", out);
+  expect_same_dtype(function, "k", k, q);
+  expect_same_dtype(function, "v", v, q);
+  expect_same_dtype(function, "out", out, q);
+  for (int i : {0, 3}) {
+    expect_same_dim(function, "k", k, i, "q", q, i);
+    expect_same_dim(function, "v", v, i, "q", q, i);
+    expect_same_dim(function, "out", out, i, "q", q, i);
+  }
+  expect_same_dim(function, "out", out, 1, "q", q, 1);
+  expect_same_dim(function, "out", out, 2, "q", q, 2);
+  expect_same_dim(function, "v", v, 1, "k", k, 1);
+  expect_same_dim(function, "v", v, 2, "k", k, 2);
+  const int64_t heads = q.heads(), kv_heads = k.heads();
+  if (heads > 0 && (kv_heads == 0 || heads % kv_heads != 0)) {
+    fail(function, "k.shape[1] (kv_heads) expected a divisor of q.shape[1] (heads) = " + std::to_string(heads) +
+                       ", got " + std::to_string(kv_heads));
+  }
+  if (heads > 0 && q.batch() > 0 && q.seq() > 0 && q.head_dim() == 0) {
+    fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
+  }
+  if (check_out_overlap) {
+    const ByteRange out_range = byte_range(out);
+    expect_disjoint(function, "out", out_range, "q", byte_range(q));
+    expect_disjoint(function, "out", out_range, "k", byte_range(k));
+    expect_disjoint(function, "out", out_range, "v", byte_range(v));
+  }
+}
+
+float checked_scale(const char* function, const AttentionOptions& options, int64_t head_dim) {
+  if (!options.scale) return 1.0f / std::sqrt(float(std::max<int64_t>(head_dim, 1)));
+  if (!std::isfinite(*options.scale)) {
+    fail(function, "options.scale expected a finite number, got " + std::to_string(*options.scale));
+  }
+  return *options.scale;
+}
+
+// lse must not overlap what the call reads or writes.
+void check_lse(const char* function, const AttentionOptions& options, int64_t rows, const TensorView& q,
+               const TensorView& k, const TensorView& v, const TensorView& out, bool check_out_overlap) {
+  if (options.lse == nullptr) return;
+  const ByteRange lse = byte_range(options.lse, size_t(rows) * sizeof(float));
+  expect_disjoint(function, "options.lse", lse, "q", byte_range(q));
+  expect_disjoint(function, "options.lse", lse, "k", byte_range(k));
+  expect_disjoint(function, "options.lse", lse, "v", byte_range(v));
+  if (check_out_overlap) expect_disjoint(function, "options.lse", lse, "out", byte_range(out));
+}
+
+AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const AttentionOptions& options, float scale) {
+  AttentionCall call;
+  call.q = q;
+  call.k = k;
+  call.v = v;
+  call.out = out;
+  call.dtype = q.dtype;
+  call.batch = int(q.batch());
+  call.heads = int(q.heads());
+  call.kv_heads = int(k.heads());
+  call.seq_q = int(q.seq());
+  call.seq_k = int(k.seq());
+  call.head_dim = int(q.head_dim());
+  call.causal = options.causal;
+  call.scale = scale;
+  call.key_lengths = options.key_lengths;
+  call.lse = options.lse;
+  return call;
+}
+
+void check_causal(const char* function, Causal causal) {
+  if (causal != Causal::none && causal != Causal::top_left && causal != Causal::bottom_right) {
+    fail(function, "options.causal expected none, top_left or bottom_right, got value " + std::to_string(int(causal)));
+  }
+}
+
+}  // namespace
+
+void check_view(const char* function, const char* name, const TensorView& view) {
+  if (view.dtype != DType::f32 && view.dtype != DType::f16 && view.dtype != DType::bf16) {
+    fail(function, std::string(name) + ".dtype expected f32, f16 or bf16, got value " + std::to_string(int(view.dtype)));
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (view.shape[i] < 0) fail(function, dim(name, i) + " expected >= 0, got " + std::to_string(view.shape[i]));
+    if (view.shape[i] > INT_MAX) {
+      fail(function, dim(name, i) + " expected <= " + std::to_string(INT_MAX) + ", got " + std::to_string(view.shape[i]));
+    }
+    if (view.strides[i] < 0) {
+      fail(function, std::string(name) + ".strides[" + std::to_string(i) + "] (" + kDimNames[i] +
+                         ") expected >= 0, got " + std::to_string(view.strides[i]));
+    }
+  }
+  if (view.numel() == 0) return;
+  if (view.data == nullptr) fail(function, std::string(name) + ".data expected non-null, got null");
+  if (view.strides[3] != 1) {
+    fail(function, std::string(name) + ".strides[3] (head_dim) expected 1, got " + std::to_string(view.strides[3]));
+  }
+}
+
+bool is_dense(const TensorView& view) {
+  // Dimensions of extent > 1, innermost (smallest stride) first; each stride must equal the number
+  // of elements spanned by the dimensions inside it.
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return view.strides[a] < view.strides[b]; });
+  int64_t expected = 1;
+  for (int i : order) {
+    if (view.shape[i] == 1) continue;
+    if (view.strides[i] != expected) return false;
+    expected *= view.shape[i];
+  }
+  return true;
+}
+
+ByteRange byte_range(const TensorView& view) {
+  if (view.numel() == 0 || view.data == nullptr) return {};
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) last += (view.shape[i] - 1) * view.strides[i];
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(view.data);
+  return {begin, begin + uintptr_t(last + 1) * dtype_size(view.dtype)};
+}
+
+ByteRange byte_range(const void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) return {};
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  return {begin, begin + bytes};
+}
+
+std::string describe(const AttentionCall& call) {
+  std::string text = std::string(to_string(call.dtype)) + " b" + std::to_string(call.batch) + " h" +
+                     std::to_string(call.heads) + "/" + std::to_string(call.kv_heads) + " q" +
+                     std::to_string(call.seq_q) + " k" + std::to_string(call.seq_k) + " d" +
+                     std::to_string(call.head_dim);
+  if (call.causal != Causal::none) text += std::string(" causal=") + to_string(call.causal);
+  if (call.key_lengths) text += " key_lengths";
+  if (call.lse) text += " lse";
+  if (call.varlen()) text += " varlen";
+  return text;
+}
+
+AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                 const AttentionOptions& options, bool check_out_overlap) {
+  const char* function = "attention";
+  check_common(function, q, k, v, out, check_out_overlap);
+  check_causal(function, options.causal);
+  check_lse(function, options, q.batch() * q.heads() * q.seq(), q, k, v, out, check_out_overlap);
+  return make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
+}
+
+AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& out, const int32_t* cu_seqlens_q,
+                                        const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
+                                        const AttentionOptions& options) {
+  const char* function = "attention_varlen";
+  check_common(function, q, k, v, out, true);
+  check_causal(function, options.causal);
+  // Packed sequences live in one row range per tensor: the batch dimension of every view is 1.
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView&>{"q", q}, {"k", k}, {"v", v}, {"out", out}}) {
+    if (view.batch() != 1) {
+      fail(function, dim(name, 0) + " expected 1 (sequences are packed along seq), got " + std::to_string(view.batch()));
+    }
+  }
+  if (batch < 0) fail(function, "batch expected >= 0, got " + std::to_string(batch));
+  if (max_seqlen_q < 0) fail(function, "max_seqlen_q expected >= 0, got " + std::to_string(max_seqlen_q));
+  if (max_seqlen_k < 0) fail(function, "max_seqlen_k expected >= 0, got " + std::to_string(max_seqlen_k));
+  if (max_seqlen_q > q.seq()) {
+    fail(function, "max_seqlen_q expected <= q.shape[2] (total_q) = " + std::to_string(q.seq()) + ", got " +
+                       std::to_string(max_seqlen_q));
+  }
+  if (max_seqlen_k > k.seq()) {
+    fail(function, "max_seqlen_k expected <= k.shape[2] (total_k) = " + std::to_string(k.seq()) + ", got " +
+                       std::to_string(max_seqlen_k));
+  }
+  if (batch > 0 && cu_seqlens_q == nullptr) fail(function, "cu_seqlens_q expected non-null (batch > 0), got null");
+  if (batch > 0 && cu_seqlens_k == nullptr) fail(function, "cu_seqlens_k expected non-null (batch > 0), got null");
+  if (options.key_lengths != nullptr) {
+    fail(function, "options.key_lengths expected null (varlen sequences carry their own lengths in cu_seqlens_k), got a pointer");
+  }
+  check_lse(function, options, q.heads() * q.seq(), q, k, v, out, true);
+
+  AttentionCall call = make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
+  call.batch = batch;
+  call.seq_q = max_seqlen_q;
+  call.seq_k = max_seqlen_k;
+  call.cu_seqlens_q = cu_seqlens_q;
+  call.cu_seqlens_k = cu_seqlens_k;
+  return call;
+}
+
+}  // namespace selfattn::detail

@@ -1,0 +1,37 @@
+#pragma once
+// Argument checking for attention(), attention_varlen() and self_attention(): every rule in one
+// place, each failure an InvalidArgument naming the argument, what was expected and what was given.
+#include <string>
+
+#include "paths.h"
+
+namespace selfattn::detail {
+
+// Validates a padded-batch call. check_out_overlap is false only for resolve_path(), which has no out.
+AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                 const AttentionOptions& options, bool check_out_overlap = true);
+
+AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& out, const int32_t* cu_seqlens_q,
+                                        const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
+                                        const AttentionOptions& options);
+
+// Checks one view on its own: sizes >= 0 and within int, strides >= 0, head_dim stride 1, data
+// non-null when it has elements, a known dtype.
+void check_view(const char* function, const char* name, const TensorView& view);
+
+// Whether the view's elements fill one contiguous byte range with no gaps (any order of dims).
+bool is_dense(const TensorView& view);
+
+// Byte range [begin, end) the view's elements lie in (empty for an empty view).
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+  bool overlaps(const ByteRange& other) const { return begin < other.end && other.begin < end; }
+};
+ByteRange byte_range(const TensorView& view);
+ByteRange byte_range(const void* data, size_t bytes);
+
+// "f16 b2 h4/2 q113 k64 d32 causal=top_left" (for messages).
+std::string describe(const AttentionCall& call);
+
+}  // namespace selfattn::detail

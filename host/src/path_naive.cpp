@@ -1,11 +1,105 @@
-// Path 'naive': placeholder until its kernels land (owner: the naive-path engineer).
+// Path 'naive': three kernels per chunk (score_chunks.h) -
+//   S = Q K^T       qk_tiled     fp32 scores into the workspace
+//   P = softmax(S)  softmax_rows scale + causal/key-length mask, P written over S, LSE
+//   O = P V         pv_tiled     O in the call's dtype and strides
+// Every dtype and head_dim >= 1; the kernels pick tensor cores where dtype and head_dim allow.
+#include <string>
+
+#include "../../kernels/registry.h"
 #include "paths.h"
+#include "score_chunks.h"
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
+namespace {
 
-const char* naive_unsupported(const ContextState&, const AttentionCall&) { return "the naive path is not built yet"; }
+struct NaiveKernels {
+  kernels::TiledKernel qk, pv;
+};
 
-void run_naive(ContextState&, const AttentionCall&) { throw NotAvailable("path naive: not built yet"); }
+NaiveKernels lookup(Backend backend, kernels::Element elem, int head_dim) {
+  if (backend == Backend::sim)
+    return {kernels::sim_target::qk_tiled_instance(elem, head_dim), kernels::sim_target::pv_tiled_instance(elem, head_dim)};
+#if SELFATTN_HAVE_CUDA
+  return {kernels::cuda_target::qk_tiled_instance(elem, head_dim), kernels::cuda_target::pv_tiled_instance(elem, head_dim)};
+#else
+  return {};
+#endif
+}
+
+unsigned tiles(int count, int tile) { return unsigned((count + tile - 1) / tile); }
+
+kernels::HeadsView heads_view(const TensorView& view) {
+  return {view.data, view.strides[0], view.strides[1], view.strides[2]};
+}
+
+}  // namespace
+
+const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call) {
+  if (call.varlen()) return "variable-length (packed) batches need the fused path";
+  const NaiveKernels naive = lookup(ctx.device->backend(), element_of(call.dtype), call.head_dim);
+  if (!naive.qk.kernel || !naive.pv.kernel) return "the naive kernels are not built for this backend";
+  return nullptr;
+}
+
+void run_naive(ContextState& ctx, const AttentionCall& call) {
+  const kernels::Element elem = element_of(call.dtype);
+  const NaiveKernels naive = lookup(ctx.device->backend(), elem, call.head_dim);
+  if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
+
+  // P is written over S (fp32 both): one fp32 row of seq_k per query row, padded to 16 bytes.
+  ScoreLayout layout;
+  layout.s_row_stride = (int64_t(call.seq_k) + 3) / 4 * 4;
+  layout.row_bytes = size_t(layout.s_row_stride) * sizeof(float);
+
+  for_each_chunk(ctx, call, layout, [&](const Chunk& chunk, void* workspace) {
+    float* scores = static_cast<float*>(workspace);
+    const int64_t pair_stride = layout.s_row_stride * chunk.rows;
+
+    kernels::QkParams qk{};
+    qk.q = heads_view(call.q);
+    qk.k = heads_view(call.k);
+    qk.s = scores;
+    qk.s_bh_stride = pair_stride;
+    qk.s_row_stride = layout.s_row_stride;
+    qk.heads = call.heads;
+    qk.heads_per_kv = call.heads / call.kv_heads;
+    qk.bh_begin = chunk.pair_begin;
+    qk.row_begin = chunk.row_begin;
+    qk.rows = chunk.rows;
+    qk.seq_k = call.seq_k;
+    qk.head_dim = call.head_dim;
+    kernels::LaunchShape qk_shape;
+    qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
+    qk_shape.block = dim3(unsigned(naive.qk.threads));
+    qk_shape.dynamic_smem_bytes = naive.qk.smem_bytes;
+    ctx.device->launch(naive.qk.kernel, qk_shape, &qk);
+
+    launch_softmax(ctx, call, chunk, scores, layout.s_row_stride, scores, kernels::Element::f32, layout.s_row_stride,
+                   call.scale);
+
+    kernels::PvParams pv{};
+    pv.p = scores;
+    pv.p_bh_stride = pair_stride;
+    pv.p_row_stride = layout.s_row_stride;
+    pv.v = heads_view(call.v);
+    pv.out = call.out.data;
+    pv.out_stride_batch = call.out.strides[0];
+    pv.out_stride_head = call.out.strides[1];
+    pv.out_stride_seq = call.out.strides[2];
+    pv.heads = call.heads;
+    pv.heads_per_kv = call.heads / call.kv_heads;
+    pv.bh_begin = chunk.pair_begin;
+    pv.row_begin = chunk.row_begin;
+    pv.rows = chunk.rows;
+    pv.seq_k = call.seq_k;
+    pv.head_dim = call.head_dim;
+    kernels::LaunchShape pv_shape;
+    pv_shape.grid = dim3(tiles(call.head_dim, naive.pv.tile_cols), tiles(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
+    pv_shape.block = dim3(unsigned(naive.pv.threads));
+    pv_shape.dynamic_smem_bytes = naive.pv.smem_bytes;
+    ctx.device->launch(naive.pv.kernel, pv_shape, &pv);
+  });
+}
 
 }  // namespace selfattn::detail

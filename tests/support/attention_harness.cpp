@@ -88,6 +88,76 @@ float round_to(DType dtype, float value) {
   return value;
 }
 
+AttentionCase make_case(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
+                        Causal causal, Layout layout, bool with_lse, std::vector<int32_t> key_lengths, Path path) {
+  AttentionCase c;
+  c.dtype = dtype;
+  c.batch = batch;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.seq_q = seq_q;
+  c.seq_k = seq_k;
+  c.head_dim = head_dim;
+  c.causal = causal;
+  c.layout = layout;
+  c.with_lse = with_lse;
+  c.key_lengths = std::move(key_lengths);
+  c.path = path;
+  return c;
+}
+
+std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_ok)(int)) {
+  constexpr Causal none = Causal::none, top_left = Causal::top_left, bottom_right = Causal::bottom_right;
+  constexpr Layout bhsd = Layout::bhsd, bshd = Layout::bshd;
+  constexpr DType f32 = DType::f32, f16 = DType::f16;
+  std::vector<AttentionCase> cases;
+  auto add = [&](int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim, Causal causal, Layout layout,
+                 bool lse, std::vector<int32_t> key_lengths = {}) {
+    if (head_dim_ok && !head_dim_ok(head_dim)) return;
+    cases.push_back(make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, lse,
+                              std::move(key_lengths), path));
+  };
+  // Tiny shapes, the seed example (2 tokens, head_dim 2) first.
+  add(1, 1, 1, 2, 2, 2, none, bhsd, false);
+  add(1, 1, 1, 1, 1, 1, none, bshd, true);
+  add(1, 1, 1, 1, 7, 1, top_left, bhsd, true);
+  add(1, 1, 1, 7, 1, 2, bottom_right, bshd, true);
+  add(1, 1, 1, 2, 7, 7, bottom_right, bhsd, true, {5});
+  // Each dtype gets the same axes in a different arrangement, so the three together cover more pairs.
+  if (dtype == f32) {
+    add(2, 4, 2, 64, 113, 32, none, bhsd, true);
+    add(1, 2, 1, 113, 64, 64, top_left, bshd, true);
+    add(3, 1, 1, 7, 203, 80, bottom_right, bhsd, false, {203, 0, 57});
+    add(1, 8, 2, 203, 7, 7, none, bshd, true);
+    add(2, 3, 3, 257, 64, 2, top_left, bhsd, true, {64, 1});
+    add(1, 2, 2, 64, 257, 128, bottom_right, bshd, true);
+    add(1, 6, 3, 2, 203, 32, none, bhsd, false, {0});
+    add(2, 2, 1, 113, 1, 16, top_left, bshd, true, {1, 0});
+  } else if (dtype == f16) {
+    add(2, 4, 1, 113, 64, 64, none, bhsd, true);
+    add(1, 2, 2, 64, 113, 32, top_left, bshd, true, {100});
+    add(3, 2, 1, 7, 257, 80, bottom_right, bhsd, true, {257, 3, 0});
+    add(1, 8, 8, 203, 2, 128, none, bshd, false);
+    add(1, 1, 1, 257, 203, 7, top_left, bhsd, true);
+    add(2, 4, 2, 1, 64, 1, bottom_right, bshd, true);
+    add(1, 4, 4, 64, 64, 64, top_left, bhsd, true, {0});
+  } else {
+    add(1, 4, 2, 64, 203, 64, bottom_right, bshd, true);
+    add(2, 2, 1, 113, 7, 128, top_left, bhsd, true, {7, 0});
+    add(1, 3, 1, 203, 113, 32, none, bhsd, false, {60});
+    add(3, 1, 1, 2, 64, 80, none, bshd, true);
+    add(1, 8, 4, 7, 257, 2, top_left, bshd, true);
+    add(1, 2, 2, 257, 1, 7, bottom_right, bhsd, true);
+    add(2, 2, 2, 64, 113, 128, bottom_right, bhsd, true, {113, 50});
+  }
+  (void)f16;
+  return cases;
+}
+
+void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases) {
+  for (const AttentionCase& c : cases) EXPECT_TRUE(check_attention(ctx, c));
+}
+
 namespace {
 
 TensorView make_view(void* data, DType dtype, Layout layout, int batch, int heads, int seq, int head_dim) {

@@ -41,6 +41,21 @@ struct AttentionCase {
   std::string name() const;
 };
 
+// Shorthand for a case (path last; the harness's sweeps are built from it).
+AttentionCase make_case(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
+                        Causal causal = Causal::none, Layout layout = Layout::bhsd, bool with_lse = false,
+                        std::vector<int32_t> key_lengths = {}, Path path = Path::automatic);
+
+// A chosen list of cases for one dtype that together cover every value of each axis: batch 1-3,
+// heads 1-8 with kv_heads dividing them, seq_q/seq_k from {1, 2, 7, 64, 113, 203, 257} in unequal
+// pairs, head_dim from {1, 2, 7, 32, 64, 80, 128}, the three causal modes, key lengths with 0 and
+// full, BSHD and BHSD, with and without LSE. Cases whose head_dim fails `head_dim_ok` are dropped
+// (for paths that take only some head dims).
+std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_ok)(int) = nullptr);
+
+// Runs every case on ctx; each failure is reported as a gtest failure naming the case.
+void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases);
+
 // Tolerated relative error of out by dtype: f32 1e-5, f16 2e-3, bf16 1e-2.
 double tolerance(DType dtype);
 // Tolerated |lse - ref| / max(1, |ref|): LSE comes from fp32 scores in every path.

@@ -3,6 +3,7 @@
 // primitive_test_kernels.cuh on a detail::Device (sim or cuda) and compares with plain host maths.
 // `on_sim` enables what only the sim can promise: shared memory not yet written by a pending
 // cp.async is still NaN (on a GPU that read is a race whose result is unspecified).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -52,8 +52,8 @@ enum class ShuffleMode { idx, up, down, bfly };
 
 template <ShuffleMode Mode, class T>
 T shuffle(unsigned mask, T value, int b, int width) {
-  static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8),
-                "__shfl_*_sync takes 16-, 32- or 64-bit values");
+  // (__half2 has a user-written assignment, so not is_trivially_copyable, but is plain bits.)
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "__shfl_*_sync takes 16-, 32- or 64-bit values");
   if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
     throw Error("sim: __shfl_*_sync width " + std::to_string(width) + " is not a power of two in [1, 32]");
   }
@@ -63,7 +63,7 @@ T shuffle(unsigned mask, T value, int b, int width) {
   };
   const unsigned lane = current_thread().lane;
   const In in{value, lane, unsigned(b) & 31u, Mode == ShuffleMode::up ? 0u : 31u, unsigned(32 - width) & 31u};
-  T out;
+  T out = value;  // overwritten by the combine; initialised to keep -Wmaybe-uninitialized quiet
   warp_collective(mask, in, out, [](const In* const* ins, T* const* outs) {
     for (unsigned l = 0; l < 32; ++l) {
       if (!outs[l]) continue;

@@ -151,7 +151,8 @@ inline std::string cp_async_problem(const void* dst, const void* src, unsigned c
   if (cp_size != 4 && cp_size != 8 && cp_size != 16) return "cp-size must be 4, 8 or 16 bytes";
   if (src_size > cp_size) return "src-size " + std::to_string(src_size) + " exceeds cp-size " + std::to_string(cp_size);
   if (d % cp_size != 0) return "destination is not aligned to the " + std::to_string(cp_size) + "-byte copy size";
-  if (src_size > 0 && s % cp_size != 0) return "source is not aligned to the " + std::to_string(cp_size) + "-byte copy size";
+  // Strict even when src_size is 0 (nothing read): the ISA asks both addresses to be aligned.
+  if (s % cp_size != 0) return "source is not aligned to the " + std::to_string(cp_size) + "-byte copy size";
   if (d < base || d + cp_size > base + smem_bytes) return "destination is not inside the block's dynamic shared memory";
   return "";
 }

@@ -73,6 +73,7 @@ struct Block {
   std::vector<Warp> warps;
   unsigned at_barrier = 0;
   unsigned exited = 0;
+  std::vector<Fiber*>* released = nullptr;  // made ready since the round began: the next round's fibers
   std::exception_ptr error;
   detail::FiberContext scheduler;
 };
@@ -81,14 +82,16 @@ struct Block {
 struct Worker {
   std::vector<std::unique_ptr<Fiber>> fibers;
   std::vector<Fiber*> fiber_ptrs;
-  std::vector<Fiber*> order;
+  std::vector<Fiber*> order, released;
   unsigned char* smem = nullptr;
   size_t smem_capacity = 0;
   ~Worker() { std::free(smem); }
 };
 
 thread_local Worker t_worker;
-thread_local Fiber* t_fiber = nullptr;  // the fiber running on this OS thread, if any
+// The fiber running on this OS thread, if any. Read by every threadIdx / blockIdx, hence the
+// initial-exec model: a plain %fs-relative load instead of a __tls_get_addr call.
+thread_local Fiber* t_fiber __attribute__((tls_model("initial-exec"))) = nullptr;
 
 std::string block_name(const Block& b) {
   return "kernel '" + std::string(b.config->kernel_name) + "', block (" + std::to_string(b.index.x) + "," +
@@ -112,6 +115,11 @@ Fiber& running_fiber(const char* what) {
 }
 
 void yield_to_scheduler(Fiber& f) { detail::fiber_switch(f.context, f.block->scheduler); }
+
+void release(Block& b, Fiber& f) {
+  f.state = FiberState::ready;
+  b.released->push_back(&f);
+}
 
 void fiber_main(void* arg) {
   Fiber& f = *static_cast<Fiber*>(arg);
@@ -220,6 +228,8 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
   prepare_shared_memory(w, config.dynamic_smem_bytes);
 
   Block b;
+  w.released.clear();
+  b.released = &w.released;
   b.config = &config;
   b.body = body;
   b.params = params;
@@ -248,6 +258,7 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
     c.async_open.clear();
     f.state = FiberState::ready;
     f.collective_mask = 0;
+    w.released.push_back(&f);
     f.block = &b;
     detail::fiber_prepare(f.context, *f.stack, &fiber_main, &f);
   }
@@ -260,10 +271,8 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
     ~ClearRunning() { t_fiber = nullptr; }
   } clear_running;
   for (;;) {
-    w.order.clear();
-    for (unsigned t = 0; t < threads; ++t) {
-      if (w.fibers[t]->state == FiberState::ready) w.order.push_back(w.fibers[t].get());
-    }
+    w.order.swap(w.released);
+    w.released.clear();
     if (w.order.empty()) {
       if (b.exited == threads) break;
       report_divergence(b);
@@ -424,7 +433,7 @@ void syncthreads() {
   f.state = FiberState::at_barrier;
   if (++b.at_barrier == b.thread_count) {
     b.at_barrier = 0;
-    for (unsigned t = 0; t < b.thread_count; ++t) b.fibers[t]->state = FiberState::ready;
+    for (unsigned t = 0; t < b.thread_count; ++t) release(b, *b.fibers[t]);
   }
   yield_to_scheduler(f);
 }
@@ -464,7 +473,7 @@ void warp_collective_erased(unsigned mask, const void* in, void* out, Collective
     const PendingCollective done = *p;
     w.pending.erase(w.pending.begin() + (p - w.pending.data()));
     for (unsigned l = 0; l < kWarpSize; ++l) {
-      if (done.expected >> l & 1u) b.fibers[f.thread.warp * kWarpSize + l]->state = FiberState::ready;
+      if (done.expected >> l & 1u) release(b, *b.fibers[f.thread.warp * kWarpSize + l]);
     }
     if (done.fn) done.fn(done.ins, done.outs, combine);
   }

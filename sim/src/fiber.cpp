@@ -101,14 +101,20 @@ size_t fiber_stack_bytes() {
   return bytes;
 }
 
-SwitchKind switch_kind() {
-  static const SwitchKind kind = [] {
-    const char* env = std::getenv("SELFATTN_SIM_FIBERS");
-    if (!SELFATTN_SIM_HAVE_ASM_SWITCH || (env && std::strcmp(env, "ucontext") == 0)) return SwitchKind::ucontext;
-    return SwitchKind::assembly;
-  }();
-  return kind;
+namespace {
+
+SwitchKind choose_switch_kind() {
+  const char* env = std::getenv("SELFATTN_SIM_FIBERS");
+  if (!SELFATTN_SIM_HAVE_ASM_SWITCH || (env && std::strcmp(env, "ucontext") == 0)) return SwitchKind::ucontext;
+  return SwitchKind::assembly;
 }
+
+// Chosen at load time, so that each switch reads a plain global rather than a guarded static.
+const SwitchKind g_switch_kind = choose_switch_kind();
+
+}  // namespace
+
+SwitchKind switch_kind() { return g_switch_kind; }
 
 namespace {
 
@@ -155,7 +161,7 @@ void fiber_prepare(FiberContext& fiber, FiberStack& stack, FiberEntry entry, voi
 
 void fiber_switch(FiberContext& from, FiberContext& to) {
 #if SELFATTN_SIM_HAVE_ASM_SWITCH
-  if (switch_kind() == SwitchKind::assembly) {
+  if (g_switch_kind == SwitchKind::assembly) {
     selfattn_sim_switch(&from.stack_pointer, to.stack_pointer);
     return;
   }

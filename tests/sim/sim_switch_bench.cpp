@@ -1,7 +1,8 @@
 // Measures the sim's cost per fiber switch, raw and inside launches (not a test: prints numbers).
 //   sim_switch_bench                              the x86-64 switch (default)
 //   SELFATTN_SIM_FIBERS=ucontext sim_switch_bench  swapcontext
-#include <chrono>
+#include <time.h>
+
 #include <cstdio>
 
 #include "../../sim/src/fiber.h"
@@ -13,9 +14,15 @@ namespace detail = selfattn::sim::detail;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+// CPU time of this thread, not wall time: the numbers stay meaningful on a loaded machine.
+// Launches below use one worker, the calling thread.
+double thread_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
+
+double seconds_since(double start) { return thread_seconds() - start; }
 
 detail::FiberContext main_context, fiber_context;
 
@@ -51,7 +58,7 @@ int main() {
   detail::FiberStack stack(detail::fiber_stack_bytes());
   detail::fiber_prepare(fiber_context, stack, &ping_pong, nullptr);
   const int round_trips = 1000000;
-  auto start = std::chrono::steady_clock::now();
+  double start = thread_seconds();
   for (int i = 0; i < round_trips; ++i) detail::fiber_switch(main_context, fiber_context);
   std::printf("raw switch: %.1f ns\n", seconds_since(start) / (2.0 * round_trips) * 1e9);
 
@@ -59,12 +66,12 @@ int main() {
   static float sink[1024];
   for (unsigned threads : {128u, 1024u}) {
     const int iterations = 2000;
-    start = std::chrono::steady_clock::now();
+    start = thread_seconds();
     sim::testing::launch<LoopParams, barrier_loop>("barrier_loop", dim3(1), dim3(threads), {iterations, sink});
     const double t = seconds_since(start);
     std::printf("__syncthreads, %4u threads: %.1f ns per thread per barrier (%.2f us per block barrier)\n", threads,
                 t / (double(threads) * iterations) * 1e9, t / iterations * 1e6);
-    start = std::chrono::steady_clock::now();
+    start = thread_seconds();
     sim::testing::launch<LoopParams, shuffle_loop>("shuffle_loop", dim3(1), dim3(threads), {iterations, sink});
     const double s = seconds_since(start);
     std::printf("__shfl_xor_sync, %4u threads: %.1f ns per thread per shuffle\n", threads,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attention_harness.h"
+#include "kernels/registry.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -15,6 +16,17 @@ namespace {
 using testing::AttentionCase;
 using testing::Layout;
 using testing::make_case;
+
+// The sweeps below only test the tensor-core kernels if the registry picks them: f16/bf16 from
+// head_dim 16 on; the SIMT kernels for f32 and small head dims.
+TEST(NaivePath, RegistryPicksTensorCoresForHalfTypes) {
+  using kernels::Element;
+  namespace sim = kernels::sim_target;
+  EXPECT_NE(std::string(sim::qk_tiled_instance(Element::f16, 64).kernel.name).find("mma"), std::string::npos);
+  EXPECT_NE(std::string(sim::pv_tiled_instance(Element::bf16, 80).kernel.name).find("mma"), std::string::npos);
+  EXPECT_NE(std::string(sim::qk_tiled_instance(Element::bf16, 7).kernel.name).find("simt"), std::string::npos);
+  EXPECT_NE(std::string(sim::pv_tiled_instance(Element::f32, 128).kernel.name).find("simt"), std::string::npos);
+}
 
 TEST(NaivePath, SweepFloat32) {
   Context ctx;

@@ -1,6 +1,7 @@
 #include "attention_harness.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -155,7 +156,13 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
 }
 
 void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases) {
-  for (const AttentionCase& c : cases) EXPECT_TRUE(check_attention(ctx, c));
+  // SELFATTN_TEST_REPORT=1 prints each case's measured errors (for tolerance studies).
+  const bool report = std::getenv("SELFATTN_TEST_REPORT") != nullptr;
+  for (const AttentionCase& c : cases) {
+    Measured m;
+    EXPECT_TRUE(check_attention(ctx, c, &m));
+    if (report) std::printf("%-80s out %.3g (tol %.3g)  lse %.3g\n", c.name().c_str(), m.out_rel_error, tolerance(c.dtype), m.lse_max_error);
+  }
 }
 
 namespace {

@@ -1,0 +1,329 @@
+// Every documented bad input of attention(), attention_varlen(), resolve_path() and
+// self_attention() gets its documented error type and message, and leaves `out` untouched; the
+// calls that need no kernel (zero sizes, no keys) do what attention.h promises. Sim backend;
+// nothing here runs an attention kernel.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "selfattn/selfattn.h"
+#include "test_helpers.h"
+
+namespace selfattn {
+namespace {
+
+using host_test::kPoison;
+using host_test::throws_with;
+using host_test::untouched;
+
+// q [2, 4, 5, 3], k/v [2, 2, 7, 3], out like q: a valid GQA call to break one argument at a time.
+struct Call {
+  static constexpr int64_t kBatch = 2, kHeads = 4, kKvHeads = 2, kSeqQ = 5, kSeqK = 7, kDim = 3;
+  Context ctx{Backend::sim};
+  DeviceBuffer<float> q_mem{ctx, kBatch * kHeads * kSeqQ * kDim};
+  DeviceBuffer<float> k_mem{ctx, kBatch * kKvHeads * kSeqK * kDim};
+  DeviceBuffer<float> v_mem{ctx, kBatch * kKvHeads * kSeqK * kDim};
+  DeviceBuffer<float> out_mem{ctx, kBatch * kHeads * kSeqQ * kDim};
+  DeviceBuffer<float> lse_mem{ctx, kBatch * kHeads * kSeqQ};
+  TensorView q = TensorView::bhsd(q_mem.data(), DType::f32, kBatch, kHeads, kSeqQ, kDim);
+  TensorView k = TensorView::bhsd(k_mem.data(), DType::f32, kBatch, kKvHeads, kSeqK, kDim);
+  TensorView v = TensorView::bhsd(v_mem.data(), DType::f32, kBatch, kKvHeads, kSeqK, kDim);
+  TensorView out = TensorView::bhsd(out_mem.data(), DType::f32, kBatch, kHeads, kSeqQ, kDim);
+  AttentionOptions options;
+
+  Call() {
+    for (auto* buffer : {&q_mem, &k_mem, &v_mem}) buffer->copy_from_host(std::vector<float>(buffer->size(), 0.25f));
+    out_mem.fill_bytes(kPoison);
+    lse_mem.fill_bytes(kPoison);
+  }
+  void run() { attention(ctx, q, k, v, out, options); }
+};
+
+// A bad argument: InvalidArgument whose message contains `parts`, and out and lse untouched.
+#define EXPECT_REJECTED(call, ...)                                                         \
+  do {                                                                                     \
+    EXPECT_TRUE(throws_with<InvalidArgument>([&] { (call).run(); }, {__VA_ARGS__}));       \
+    EXPECT_TRUE(untouched((call).out_mem));                                                \
+    EXPECT_TRUE(untouched((call).lse_mem));                                                \
+  } while (0)
+
+TEST(AttentionArguments, NullData) {
+  Call c;
+  c.q.data = nullptr;
+  EXPECT_REJECTED(c, "attention", "q.data expected non-null, got null");
+}
+
+TEST(AttentionArguments, ShapeMismatches) {
+  { Call c; c.k.shape[0] = 3; EXPECT_REJECTED(c, "k.shape[0] (batch) expected 2", "got 3"); }
+  { Call c; c.out.shape[1] = 2; EXPECT_REJECTED(c, "out.shape[1] (heads) expected 4", "got 2"); }
+  { Call c; c.out.shape[2] = 4; EXPECT_REJECTED(c, "out.shape[2] (seq) expected 5", "got 4"); }
+  { Call c; c.v.shape[2] = 6; EXPECT_REJECTED(c, "v.shape[2] (seq) expected 7", "k.shape[2]", "got 6"); }
+  { Call c; c.v.shape[1] = 1; EXPECT_REJECTED(c, "v.shape[1] (heads) expected 2", "got 1"); }
+  { Call c; c.k.shape[3] = 2; EXPECT_REJECTED(c, "k.shape[3] (head_dim) expected 3", "got 2"); }
+}
+
+TEST(AttentionArguments, DtypeMismatch) {
+  { Call c; c.v.dtype = DType::f16; EXPECT_REJECTED(c, "v.dtype expected f32", "got f16"); }
+  { Call c; c.out.dtype = DType::bf16; EXPECT_REJECTED(c, "out.dtype expected f32", "got bf16"); }
+  { Call c; c.k.dtype = DType(7); EXPECT_REJECTED(c, "k.dtype expected f32, f16 or bf16", "7"); }
+}
+
+TEST(AttentionArguments, HeadDimStrideMustBeOne) {
+  Call c;
+  c.k.strides[3] = 2;
+  EXPECT_REJECTED(c, "k.strides[3] (head_dim) expected 1, got 2");
+}
+
+TEST(AttentionArguments, NegativeSizesAndStrides) {
+  { Call c; c.q.shape[2] = -1; EXPECT_REJECTED(c, "q.shape[2] (seq) expected >= 0, got -1"); }
+  { Call c; c.v.strides[1] = -21; EXPECT_REJECTED(c, "v.strides[1] (heads) expected >= 0, got -21"); }
+}
+
+TEST(AttentionArguments, KvHeadsMustDivideHeads) {
+  Call c;
+  c.k.shape[1] = c.v.shape[1] = 3;
+  EXPECT_REJECTED(c, "kv_heads", "divisor of q.shape[1] (heads) = 4", "got 3");
+}
+
+TEST(AttentionArguments, OutMustNotOverlapInputs) {
+  { Call c; c.out.data = c.k.data; EXPECT_REJECTED(c, "out expected not to overlap k"); }
+  {
+    // Overlap by one element only: out starts at v's last element.
+    Call c;
+    c.out = TensorView::bhsd(c.out_mem.data(), DType::f32, 2, 4, 5, 3);
+    c.v.data = c.out_mem.data() + 14;  // the last element of out = [1, 1, 5, 3]
+    c.v.shape = {1, 1, 1, 3};
+    c.k.shape = {1, 1, 1, 3};
+    c.q.shape[0] = c.out.shape[0] = 1;
+    c.q.shape[1] = c.out.shape[1] = 1;
+    EXPECT_TRUE(throws_with<InvalidArgument>([&] { c.run(); }, {"out expected not to overlap v"}));
+  }
+}
+
+TEST(AttentionArguments, LseMisuse) {
+  Call c;
+  c.options.lse = c.out_mem.data() + 7;
+  EXPECT_REJECTED(c, "options.lse expected not to overlap out");
+  c.options.lse = c.q_mem.data();
+  EXPECT_REJECTED(c, "options.lse expected not to overlap q");
+}
+
+TEST(AttentionArguments, ScaleMustBeFinite) {
+  Call c;
+  c.options.scale = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_REJECTED(c, "options.scale expected a finite number");
+  c.options.scale = std::numeric_limits<float>::infinity();
+  EXPECT_REJECTED(c, "options.scale");
+}
+
+TEST(AttentionArguments, CausalMustBeKnown) {
+  Call c;
+  c.options.causal = Causal(9);
+  EXPECT_REJECTED(c, "options.causal expected none, top_left or bottom_right");
+}
+
+TEST(AttentionArguments, HeadDimZeroWithRowsIsRejected) {
+  Call c;
+  c.q.shape[3] = c.k.shape[3] = c.v.shape[3] = c.out.shape[3] = 0;
+  EXPECT_REJECTED(c, "q.shape[3] (head_dim) expected >= 1");
+}
+
+TEST(AttentionArguments, ResolvePathValidatesToo) {
+  Call c;
+  c.k.shape[0] = 1;
+  EXPECT_TRUE(throws_with<InvalidArgument>([&] { resolve_path(c.ctx, c.q, c.k, c.v); }, {"k.shape[0] (batch)"}));
+}
+
+// ---- varlen ----
+
+struct VarlenCall : Call {
+  DeviceBuffer<int32_t> cu_q{ctx, 3}, cu_k{ctx, 3};
+  int batch = 2, max_q = 3, max_k = 4;
+  VarlenCall() {
+    // Two sequences packed into [1, heads, total, dim]: q rows {0..2, 3..4}, k rows {0..3, 4..6}.
+    q.shape[0] = k.shape[0] = v.shape[0] = out.shape[0] = 1;
+    cu_q.copy_from_host(std::vector<int32_t>{0, 3, 5});
+    cu_k.copy_from_host(std::vector<int32_t>{0, 4, 7});
+  }
+  void run() { attention_varlen(ctx, q, k, v, out, cu_q.data(), cu_k.data(), batch, max_q, max_k, options); }
+};
+
+TEST(VarlenArguments, Rejected) {
+  { VarlenCall c; c.q.shape[0] = c.k.shape[0] = c.v.shape[0] = c.out.shape[0] = 2; EXPECT_REJECTED(c, "attention_varlen", "q.shape[0] (batch) expected 1"); }
+  { VarlenCall c; c.batch = -1; EXPECT_REJECTED(c, "batch expected >= 0, got -1"); }
+  { VarlenCall c; c.max_q = -2; EXPECT_REJECTED(c, "max_seqlen_q expected >= 0, got -2"); }
+  { VarlenCall c; c.max_k = 8; EXPECT_REJECTED(c, "max_seqlen_k expected <= k.shape[2] (total_k) = 7, got 8"); }
+  {
+    VarlenCall c;
+    DeviceBuffer<int32_t> lengths(c.ctx, 2);
+    c.options.key_lengths = lengths.data();
+    EXPECT_REJECTED(c, "options.key_lengths expected null");
+  }
+  {
+    VarlenCall c;
+    EXPECT_TRUE(throws_with<InvalidArgument>(
+        [&] { attention_varlen(c.ctx, c.q, c.k, c.v, c.out, nullptr, c.cu_k.data(), 2, 3, 4); },
+        {"cu_seqlens_q expected non-null"}));
+    EXPECT_TRUE(untouched(c.out_mem));
+  }
+  { VarlenCall c; c.out.dtype = DType::f16; EXPECT_REJECTED(c, "out.dtype expected f32"); }
+}
+
+// ---- calls that need no kernel ----
+
+TEST(ZeroSizes, NoQueryRowsWritesNothing) {
+  for (int dim = 0; dim < 3; ++dim) {
+    Call c;
+    c.options.lse = c.lse_mem.data();
+    c.q.shape[dim] = c.out.shape[dim] = 0;  // batch, heads or seq_q
+    if (dim == 0) c.k.shape[0] = c.v.shape[0] = 0;
+    c.run();
+    EXPECT_TRUE(untouched(c.out_mem)) << dim;
+    EXPECT_TRUE(untouched(c.lse_mem)) << dim;
+  }
+  Context ctx(Backend::sim);
+  const TensorView empty = TensorView::bhsd(nullptr, DType::f16, 0, 8, 16, 64);
+  attention(ctx, empty, empty, empty, empty);  // null data is fine when there are no elements
+}
+
+// seq_k == 0: out rows are 0 and LSE is -inf, whatever out's layout.
+TEST(ZeroSizes, NoKeysGiveZeroRowsAndMinusInfinityLse) {
+  for (bool interleaved : {false, true}) {
+    Call c;
+    c.k.shape[2] = c.v.shape[2] = 0;
+    c.options.lse = c.lse_mem.data();
+    if (interleaved) c.out = TensorView::bshd(c.out_mem.data(), DType::f32, 2, 4, 5, 3);
+    c.run();
+    EXPECT_EQ(c.out_mem.to_host(), std::vector<float>(c.out_mem.size(), 0.0f));
+    EXPECT_EQ(c.lse_mem.to_host(), std::vector<float>(c.lse_mem.size(), -std::numeric_limits<float>::infinity()));
+  }
+}
+
+TEST(ZeroSizes, NoKeysWithAGappedOutWritesOnlyItsElements) {
+  // out views heads 0..1 of a [2, 5, 3, 3] bshd buffer (heads interleaved): the other heads' bytes stay.
+  Context ctx(Backend::sim);
+  DeviceBuffer<float> q_mem(ctx, 2 * 2 * 5 * 3), kv_mem(ctx, 1), out_mem(ctx, 2 * 5 * 3 * 3);
+  q_mem.fill_bytes(0);
+  out_mem.fill_bytes(kPoison);
+  const TensorView q = TensorView::bhsd(q_mem.data(), DType::f32, 2, 2, 5, 3);
+  const TensorView kv = TensorView::bhsd(kv_mem.data(), DType::f32, 2, 1, 0, 3);
+  TensorView out = TensorView::bshd(out_mem.data(), DType::f32, 2, 3, 5, 3);
+  out.shape[1] = 2;
+  attention(ctx, q, kv, kv, out);
+  const std::vector<float> host = out_mem.to_host();
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t s = 0; s < 5; ++s)
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t d = 0; d < 3; ++d) {
+          const float value = host[size_t(((b * 5 + s) * 3 + h) * 3 + d)];
+          if (h < 2) {
+            EXPECT_EQ(value, 0.0f);
+          } else {
+            uint32_t bits;
+            std::memcpy(&bits, &value, 4);
+            EXPECT_EQ(bits, 0xABABABABu);
+          }
+        }
+}
+
+TEST(ZeroSizes, VarlenWithoutKeys) {
+  VarlenCall c;
+  c.max_k = 0;
+  c.options.lse = c.lse_mem.data();
+  c.run();
+  // Only the first heads * total_q entries of lse belong to the varlen call.
+  const std::vector<float> lse = c.lse_mem.to_host();
+  for (size_t i = 0; i < size_t(Call::kHeads * Call::kSeqQ); ++i) EXPECT_EQ(lse[i], -std::numeric_limits<float>::infinity());
+  const std::vector<float> out = c.out_mem.to_host();
+  for (size_t i = 0; i < size_t(Call::kHeads * Call::kSeqQ * Call::kDim); ++i) EXPECT_EQ(out[i], 0.0f);
+}
+
+// ---- path choice ----
+
+TEST(PathChoice, ExplicitPathRunsOrSaysWhyNot) {
+  for (Path path : {Path::naive, Path::cublas, Path::fused}) {
+    Call c;
+    c.options.path = path;
+    try {
+      c.run();
+      EXPECT_TRUE(path_available(c.ctx, path)) << to_string(path) << " ran but says it is not available";
+    } catch (const NotAvailable& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("path ") + to_string(path)), std::string::npos) << e.what();
+      EXPECT_TRUE(untouched(c.out_mem));
+    }
+  }
+}
+
+TEST(PathChoice, AutomaticPicksAnAvailablePathOrListsEveryReason) {
+  Call c;
+  try {
+    const Path chosen = resolve_path(c.ctx, c.q, c.k, c.v);
+    EXPECT_NE(chosen, Path::automatic);
+    EXPECT_TRUE(path_available(c.ctx, chosen));
+  } catch (const NotAvailable& e) {
+    for (const char* name : {"fused: ", "naive: ", "cublas: ", "sim backend"}) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(path_available(c.ctx, Path::automatic));
+}
+
+// ---- self_attention ----
+
+struct SelfAttentionCall {
+  static constexpr int64_t kBatch = 2, kSeq = 5, kModel = 4, kHeads = 2, kDim = 3;
+  Context ctx{Backend::sim};
+  DeviceBuffer<float> x_mem{ctx, kBatch * kSeq * kModel};
+  DeviceBuffer<float> w_mem{ctx, 3 * kModel * kHeads * kDim + kHeads * kDim * 8};
+  DeviceBuffer<float> out_mem{ctx, kBatch * kHeads * kSeq * 8};
+  DeviceBuffer<float> lse_mem{ctx, 1};
+  TensorView x = TensorView::bhsd(x_mem.data(), DType::f32, kBatch, 1, kSeq, kModel);
+  MatrixView wq = MatrixView::row_major(w_mem.data(), DType::f32, kModel, kHeads * kDim);
+  MatrixView wk = MatrixView::row_major(w_mem.data() + kModel * kHeads * kDim, DType::f32, kModel, kHeads * kDim);
+  MatrixView wv = MatrixView::row_major(w_mem.data() + 2 * kModel * kHeads * kDim, DType::f32, kModel, kHeads * kDim);
+  MatrixView wo_matrix = MatrixView::row_major(w_mem.data() + 3 * kModel * kHeads * kDim, DType::f32, kHeads * kDim, 8);
+  const MatrixView* wo = nullptr;
+  int heads = int(kHeads);
+  TensorView out = TensorView::bhsd(out_mem.data(), DType::f32, kBatch, kHeads, kSeq, kDim);
+
+  SelfAttentionCall() { out_mem.fill_bytes(kPoison); lse_mem.fill_bytes(kPoison); }
+  void run() { self_attention(ctx, x, wq, wk, wv, heads, out, {}, wo); }
+};
+
+TEST(SelfAttentionArguments, Rejected) {
+  { SelfAttentionCall c; c.x.shape[1] = 2; EXPECT_REJECTED(c, "self_attention", "x.shape[1] expected 1"); }
+  { SelfAttentionCall c; c.heads = 0; EXPECT_REJECTED(c, "heads expected >= 1, got 0"); }
+  { SelfAttentionCall c; c.wq.rows = 3; EXPECT_REJECTED(c, "wq.rows expected 4", "got 3"); }
+  { SelfAttentionCall c; c.heads = 4; EXPECT_REJECTED(c, "wq.cols expected a positive multiple of heads = 4, got 6"); }
+  { SelfAttentionCall c; c.wv.cols = 3; EXPECT_REJECTED(c, "wv.cols expected 6 (wk.cols), got 3"); }
+  { SelfAttentionCall c; c.wk.cols = c.wv.cols = 4; EXPECT_REJECTED(c, "wk.cols expected kv_heads * head_dim"); }
+  { SelfAttentionCall c; c.wk.dtype = DType::f16; EXPECT_REJECTED(c, "wk.dtype expected f32 (x.dtype), got f16"); }
+  { SelfAttentionCall c; c.wq.row_stride = 2; EXPECT_REJECTED(c, "wq.row_stride expected >= cols = 6, got 2"); }
+  { SelfAttentionCall c; c.out.shape[3] = 2; EXPECT_REJECTED(c, "out.shape expected [2, 2, 5, 3]", "got [2, 2, 5, 2]"); }
+  {
+    SelfAttentionCall c;
+    c.wo = &c.wo_matrix;
+    c.wo_matrix.rows = 5;
+    EXPECT_REJECTED(c, "wo.rows expected 6 (heads * head_dim), got 5");
+  }
+  {
+    SelfAttentionCall c;
+    c.wo = &c.wo_matrix;  // out must then be [batch, 1, seq, 8]
+    EXPECT_REJECTED(c, "out.shape expected [2, 1, 5, 8]");
+  }
+  { SelfAttentionCall c; c.out.data = c.x_mem.data(); EXPECT_REJECTED(c, "out expected not to overlap x"); }
+}
+
+TEST(SelfAttentionArguments, EmptyBatchDoesNothing) {
+  SelfAttentionCall c;
+  c.x.shape[0] = c.out.shape[0] = 0;
+  c.run();
+  EXPECT_TRUE(untouched(c.out_mem));
+  EXPECT_EQ(c.ctx.workspace_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace selfattn

@@ -1,0 +1,306 @@
+#pragma once
+// Fused attention forward on tensor cores (FlashAttention-2's algorithm on Ampere-class
+// instructions: mma.sync m16n8k16, ldmatrix, cp.async), f16 or bf16 in, fp32 accumulation.
+//
+// One block computes one query tile of one (batch, head):
+//   1. the Q tile is copied to shared memory once;
+//   2. K/V tiles stream through two shared-memory stages (cp.async: tile j+1 is in flight while
+//      tile j is computed); tiles beyond the last key the block's rows can see are never loaded;
+//   3. per tile, each warp computes S = Q K^T for its own rows in registers, folds it into the
+//      online softmax (running row max m and row sum l, O rescaled by exp2(m_old - m_new)), turns
+//      the probabilities into the A operand of the P V mma without leaving registers (the C
+//      fragment of m16n8k16 holds, per thread, exactly the elements the A fragment wants), and
+//      accumulates O += P V;
+//   4. O / l and the LSE are written once.
+// Scores are kept in log2 units (scale * log2(e) folded into one multiply) so every exponential
+// is a single exp2.
+//
+// Shared-memory rows are padded by 16 bytes: a row of D 16-bit elements then starts 4 banks after
+// the previous one, so the 8 row addresses of each ldmatrix phase hit 8 disjoint groups of 4 banks.
+#include <cstdint>
+
+#include "common/compat.h"
+#include "common/primitives.cuh"
+#include "flash_fwd_params.h"
+#include "flash_fwd_sequence.cuh"
+#include "launch.h"
+
+SELFATTN_KERNELS_BEGIN
+
+template <int HeadDim, int Warps, int MTilesPerWarp, int BlockKeys>
+struct FlashFwdTraits {
+  static_assert(HeadDim % 16 == 0, "head_dim is a whole number of mma k-steps");
+  static_assert(BlockKeys % 16 == 0, "keys per tile are a whole number of P V k-steps");
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarps = Warps;
+  static constexpr int kThreads = Warps * 32;
+  static constexpr int kMTiles = MTilesPerWarp;         // 16-row mma tiles per warp: each K/V fragment feeds this many mmas
+  static constexpr int kWarpRows = 16 * MTilesPerWarp;
+  static constexpr int kBlockRows = Warps * kWarpRows;  // warps split the query rows, never the keys: no cross-warp softmax
+  static constexpr int kBlockKeys = BlockKeys;
+  static constexpr int kDimTiles = HeadDim / 8;         // n8 tiles of O
+  static constexpr int kKeyTiles = BlockKeys / 8;       // n8 tiles of S
+  static constexpr int kRowElems = HeadDim + 8;         // +16 bytes: conflict-free ldmatrix (see top)
+  static constexpr int kChunksPerRow = HeadDim / 8;     // 16-byte cp.async chunks
+  static constexpr int kStages = 2;                     // double buffering: load tile j+1 during tile j
+
+  static constexpr size_t kQElems = size_t(kBlockRows) * kRowElems;
+  static constexpr size_t kKVTileElems = size_t(kBlockKeys) * kRowElems;
+  static constexpr size_t kSmemBytes = (kQElems + 2 * kStages * kKVTileElems) * 2;
+};
+
+// The configuration of each shipped head dim (the only place tile sizes are chosen). Register
+// counts are ptxas's for sm_90 (scripts/resource_report.sh); every one is spill-free.
+// Shared memory bandwidth, not the tensor cores, bounds a warp of 16 rows (every K/V fragment it
+// loads feeds one mma), so where registers allow, a warp takes 2 m-tiles (32 rows) and each K/V
+// fragment feeds two mmas.
+template <int HeadDim>
+struct FlashFwdConfig;
+// D = 32: little work per key; 16-row warps (102 registers) let 4+ blocks share an SM.
+template <> struct FlashFwdConfig<32> { using Traits = FlashFwdTraits<32, 4, 1, 64>; };
+// D = 64: 32-row warps and 64-key tiles just fit 255 registers (O 64 + S 64 floats).
+template <> struct FlashFwdConfig<64> { using Traits = FlashFwdTraits<64, 4, 2, 64>; };
+// D = 96, 128: 32-row warps; O takes 96 / 128 registers, so S gets 32-key tiles.
+template <> struct FlashFwdConfig<96> { using Traits = FlashFwdTraits<96, 4, 2, 32>; };
+template <> struct FlashFwdConfig<128> { using Traits = FlashFwdTraits<128, 4, 2, 32>; };
+// D = 256: O alone takes 128 registers per thread: 16-row warps, 32-key tiles.
+template <> struct FlashFwdConfig<256> { using Traits = FlashFwdTraits<256, 4, 1, 32>; };
+
+// Copies `rows` rows of D elements (row stride `stride` in global memory) into a padded tile.
+// Rows at or past `valid_rows` are zero-filled without reading global memory.
+template <class Traits, class T>
+__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_rows) {
+  constexpr int kChunks = Traits::kChunksPerRow;
+  for (int i = threadIdx.x; i < rows * kChunks; i += Traits::kThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const bool valid = row < valid_rows;
+    const T* from = valid ? src + row * stride + chunk * 8 : src;  // src: any mapped address
+    cp_async_cg(tile + row * Traits::kRowElems + chunk * 8, from, valid ? 16u : 0u);
+  }
+}
+
+template <class T, class Traits>
+__global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
+  constexpr int MT = Traits::kMTiles;
+  constexpr int NT = Traits::kKeyTiles;
+  constexpr int DT = Traits::kDimTiles;
+  constexpr int RE = Traits::kRowElems;
+
+  const int batch = blockIdx.z, head = blockIdx.y;
+  const FlashSequence seq = flash_sequence(p, batch);
+  const int block_row0 = int(blockIdx.x) * Traits::kBlockRows;
+  if (block_row0 >= seq.q_len) return;  // varlen: this sequence is shorter than the longest
+
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int group = lane / 4, in_group = lane % 4;  // mma fragment coordinates (primitives_fragments.cuh)
+  const int kv_head = head / p.heads_per_kv_head;
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_stride_batch + head * p.q_stride_head +
+               seq.q_row_start * p.q_stride_row;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_stride_batch + kv_head * p.k_stride_head +
+               seq.k_row_start * p.k_stride_row;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_stride_batch + kv_head * p.v_stride_head +
+               seq.k_row_start * p.v_stride_row;
+
+  const int block_q_rows = seq.q_len - block_row0 < Traits::kBlockRows ? seq.q_len - block_row0 : Traits::kBlockRows;
+  const int block_keys = flash_visible_keys(block_row0 + block_q_rows - 1, seq.q_len, seq.k_len, p.causal);
+  // Keys below this are visible to every row of the block: tiles entirely below it need no mask.
+  const int unmasked_keys = flash_visible_keys(block_row0, seq.q_len, seq.k_len, p.causal);
+  const int key_tiles = (block_keys + Traits::kBlockKeys - 1) / Traits::kBlockKeys;
+
+  T* q_tile = dynamic_smem<T>();
+  T* k_stages = q_tile + Traits::kQElems;
+  T* v_stages = k_stages + Traits::kStages * Traits::kKVTileElems;
+
+  if (key_tiles > 0) {
+    flash_load_tile<Traits>(q_tile, q + block_row0 * p.q_stride_row, p.q_stride_row, Traits::kBlockRows, block_q_rows);
+    flash_load_tile<Traits>(k_stages, k, p.k_stride_row, Traits::kBlockKeys, seq.k_len);
+    flash_load_tile<Traits>(v_stages, v, p.v_stride_row, Traits::kBlockKeys, seq.k_len);
+    cp_async_commit();
+  }
+
+  // This thread's two rows of each m-tile: group and group + 8.
+  const int warp_row0 = warp * Traits::kWarpRows;
+  int visible[MT][2];
+  float row_max[MT][2], row_sum[MT][2];
+  float acc[MT][DT][4];
+  SELFATTN_FLASH_UNROLL
+  for (int mt = 0; mt < MT; ++mt) {
+    SELFATTN_FLASH_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
+      visible[mt][half] = flash_visible_keys(row, seq.q_len, seq.k_len, p.causal);
+      row_max[mt][half] = -INFINITY;
+      row_sum[mt][half] = 0.0f;  // this thread's columns only; the quad's sum is taken at the end
+    }
+    SELFATTN_FLASH_UNROLL
+    for (int dt = 0; dt < DT; ++dt)
+      SELFATTN_FLASH_UNROLL
+      for (int i = 0; i < 4; ++i) acc[mt][dt][i] = 0.0f;
+  }
+
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int key0 = tile * Traits::kBlockKeys;
+    const T* k_tile = k_stages + (tile % 2) * Traits::kKVTileElems;
+    const T* v_tile = v_stages + (tile % 2) * Traits::kKVTileElems;
+    if (tile + 1 < key_tiles) {
+      const int next0 = key0 + Traits::kBlockKeys;
+      flash_load_tile<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKVTileElems, k + next0 * p.k_stride_row,
+                              p.k_stride_row, Traits::kBlockKeys, seq.k_len - next0);
+      flash_load_tile<Traits>(v_stages + ((tile + 1) % 2) * Traits::kKVTileElems, v + next0 * p.v_stride_row,
+                              p.v_stride_row, Traits::kBlockKeys, seq.k_len - next0);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile (and Q) landed; the next one stays in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // other threads' copies are visible
+
+    // ---- S = Q K^T for this warp's rows: score[mt][nt] is the C fragment of keys nt*8..nt*8+7.
+    float score[MT][NT][4];
+    SELFATTN_FLASH_UNROLL
+    for (int mt = 0; mt < MT; ++mt)
+      SELFATTN_FLASH_UNROLL
+      for (int nt = 0; nt < NT; ++nt)
+        SELFATTN_FLASH_UNROLL
+        for (int i = 0; i < 4; ++i) score[mt][nt][i] = 0.0f;
+    SELFATTN_FLASH_UNROLL
+    for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
+      uint32_t q_frag[MT][4];
+      SELFATTN_FLASH_UNROLL
+      for (int mt = 0; mt < MT; ++mt)  // matrices: rows 0-7 / 8-15 x cols 0-7 / 8-15 = a0..a3
+        ldmatrix<4>(q_frag[mt], q_tile + (warp_row0 + mt * 16 + lane % 16) * RE + ks * 16 + (lane / 16) * 8);
+      SELFATTN_FLASH_UNROLL
+      for (int np = 0; np < NT / 2; ++np) {
+        // Two key tiles x two k halves: {b0, b1} of key tile 2np, then of 2np + 1.
+        uint32_t k_frag[4];
+        ldmatrix<4>(k_frag, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * RE + ks * 16 + ((lane / 8) % 2) * 8);
+        const uint32_t b_even[2] = {k_frag[0], k_frag[1]}, b_odd[2] = {k_frag[2], k_frag[3]};
+        SELFATTN_FLASH_UNROLL
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_m16n8k16<T>(score[mt][2 * np], q_frag[mt], b_even, score[mt][2 * np]);
+          mma_m16n8k16<T>(score[mt][2 * np + 1], q_frag[mt], b_odd, score[mt][2 * np + 1]);
+        }
+      }
+    }
+
+    // ---- online softmax; score becomes the probabilities P (unnormalised, fp32).
+    const bool needs_mask = key0 + Traits::kBlockKeys > unmasked_keys;
+    SELFATTN_FLASH_UNROLL
+    for (int mt = 0; mt < MT; ++mt) {
+      SELFATTN_FLASH_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        float tile_max = -INFINITY;
+        SELFATTN_FLASH_UNROLL
+        for (int nt = 0; nt < NT; ++nt) {
+          SELFATTN_FLASH_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            float& s = score[mt][nt][2 * half + j];
+            const int key = key0 + nt * 8 + 2 * in_group + j;
+            s = needs_mask && key >= visible[mt][half] ? -INFINITY : s * p.scale_log2;
+            tile_max = fmaxf(tile_max, s);
+          }
+        }
+        const float new_max = fmaxf(row_max[mt][half], warp_reduce_max<4>(tile_max));
+        // A row that has seen no key keeps max -inf; shifting by 0 then avoids (-inf) - (-inf)
+        // and still maps its masked scores to exp2(-inf) = 0.
+        const float shift = new_max == -INFINITY ? 0.0f : new_max;
+        const float rescale = exp2f(row_max[mt][half] - shift);
+        row_max[mt][half] = new_max;
+        float sum = 0.0f;
+        SELFATTN_FLASH_UNROLL
+        for (int nt = 0; nt < NT; ++nt) {
+          SELFATTN_FLASH_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            float& s = score[mt][nt][2 * half + j];
+            s = exp2f(s - shift);
+            sum += s;
+          }
+        }
+        row_sum[mt][half] = row_sum[mt][half] * rescale + sum;
+        SELFATTN_FLASH_UNROLL
+        for (int dt = 0; dt < DT; ++dt) {
+          acc[mt][dt][2 * half] *= rescale;
+          acc[mt][dt][2 * half + 1] *= rescale;
+        }
+      }
+    }
+
+    // ---- O += P V. k-step ks covers keys ks*16..ks*16+15, i.e. S tiles 2ks (A's columns 0-7) and
+    // 2ks + 1 (columns 8-15); each C fragment's pair (c0,c1) / (c2,c3) is A's register for row
+    // group / group + 8 at the same columns.
+    SELFATTN_FLASH_UNROLL
+    for (int ks = 0; ks < Traits::kBlockKeys / 16; ++ks) {
+      uint32_t p_frag[MT][4];
+      SELFATTN_FLASH_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+        const float* lo = score[mt][2 * ks];
+        const float* hi = score[mt][2 * ks + 1];
+        p_frag[mt][0] = pack2<T>(lo[0], lo[1]);
+        p_frag[mt][1] = pack2<T>(lo[2], lo[3]);
+        p_frag[mt][2] = pack2<T>(hi[0], hi[1]);
+        p_frag[mt][3] = pack2<T>(hi[2], hi[3]);
+      }
+      SELFATTN_FLASH_UNROLL
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        // V stored [key][dim]; .trans gives B = V (K x N): {b0, b1} of dim tile 2dp, then 2dp + 1.
+        uint32_t v_frag[4];
+        ldmatrix_trans<4>(v_frag, v_tile + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * RE + dp * 16 + (lane / 16) * 8);
+        const uint32_t b_even[2] = {v_frag[0], v_frag[1]}, b_odd[2] = {v_frag[2], v_frag[3]};
+        SELFATTN_FLASH_UNROLL
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_m16n8k16<T>(acc[mt][2 * dp], p_frag[mt], b_even, acc[mt][2 * dp]);
+          mma_m16n8k16<T>(acc[mt][2 * dp + 1], p_frag[mt], b_odd, acc[mt][2 * dp + 1]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+  }
+
+  // ---- O / l and LSE. A row without visible keys has l = 0 and O = 0: it writes 0 and -inf.
+  T* out = static_cast<T*>(p.out) + batch * p.out_stride_batch + head * p.out_stride_head +
+           seq.q_row_start * p.out_stride_row;
+  SELFATTN_FLASH_UNROLL
+  for (int mt = 0; mt < MT; ++mt) {
+    SELFATTN_FLASH_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const float sum = warp_reduce_sum<4>(row_sum[mt][half]);
+      const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
+      if (row >= seq.q_len) continue;
+      const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+      T* out_row = out + row * p.out_stride_row;
+      SELFATTN_FLASH_UNROLL
+      for (int dt = 0; dt < DT; ++dt) {
+        const uint32_t pair = pack2<T>(acc[mt][dt][2 * half] * inv_sum, acc[mt][dt][2 * half + 1] * inv_sum);
+        *reinterpret_cast<uint32_t*>(out_row + dt * 8 + 2 * in_group) = pair;
+      }
+      if (p.lse != nullptr && in_group == 0) {
+        const float lse = sum > 0.0f ? (row_max[mt][half] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+        p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = lse;
+      }
+    }
+  }
+}
+
+template <Element E>
+struct FlashElement;
+template <> struct FlashElement<Element::f16> { using Type = __half; };
+template <> struct FlashElement<Element::bf16> { using Type = __nv_bfloat16; };
+
+template <class T, int HeadDim>
+FlashFwdInstance flash_fwd_instance_for() {
+  using Traits = typename FlashFwdConfig<HeadDim>::Traits;
+  FlashFwdInstance instance;
+  instance.kernel = make_kernel_ref<FlashFwdParams, flash_fwd_kernel<T, Traits>>("flash_fwd_kernel");
+  instance.block_threads = Traits::kThreads;
+  instance.block_rows = Traits::kBlockRows;
+  instance.smem_bytes = Traits::kSmemBytes;
+  return instance;
+}
+
+// Declared in registry.inc; instances/flash_fwd_*.cu instantiate the shipped (element, head dim) pairs.
+template <Element E, int HeadDim>
+FlashFwdInstance flash_fwd_instance() {
+  return flash_fwd_instance_for<typename FlashElement<E>::Type, HeadDim>();
+}
+
+SELFATTN_KERNELS_END

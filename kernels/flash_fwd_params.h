@@ -1,0 +1,54 @@
+#pragma once
+// Parameters of the fused (flash-style) forward kernels: flash_fwd.cuh (tensor cores, f16/bf16)
+// and flash_fwd_simt.cuh (exact fp32 arithmetic, any element type). Plain data, shared by nvcc and
+// the host compiler; the host fills one and passes it by value.
+//
+// Addressing is uniform for padded and variable-length batches: element (b, h, row, d) of q lives at
+//   q + b * q_stride_batch + h * q_stride_head + (q_row_start(b) + row) * q_stride_row + d
+// where q_row_start(b) is cu_seqlens_q[b] for varlen calls (whose batch stride is then 0) and 0
+// otherwise. k, v, out and lse (row stride 1) follow the same rule. All offsets are 64-bit.
+#include <cstddef>
+#include <cstdint>
+
+#include "launch.h"
+#include "params.h"
+
+namespace selfattn::kernels {
+
+// Which keys a query row sees; the same three rules as selfattn::Causal (types.h). (naive_params.h
+// has its own CausalMask; one shared enum in params.h would be better.)
+enum class FlashCausal : uint8_t { none, top_left, bottom_right };
+
+struct FlashFwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;  // natural-log LSE per row; null: not written
+
+  int64_t q_stride_batch, q_stride_head, q_stride_row;
+  int64_t k_stride_batch, k_stride_head, k_stride_row;
+  int64_t v_stride_batch, v_stride_head, v_stride_row;
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  int64_t lse_stride_batch, lse_stride_head;
+
+  const int32_t* key_lengths;   // [batch] or null: batch b sees keys [0, clamp(key_lengths[b], 0, seq_k))
+  const int32_t* cu_seqlens_q;  // [batch + 1] or null (padded batch)
+  const int32_t* cu_seqlens_k;  // [batch + 1]; set exactly when cu_seqlens_q is
+
+  int seq_q, seq_k;  // padded batches: the lengths; varlen: unused (the cu_seqlens give them)
+  int head_dim;      // the tensor-core kernel's instance fixes it; the SIMT kernel reads it
+  int heads_per_kv_head;  // GQA group size: head h reads kv head h / heads_per_kv_head
+  float scale_log2;       // softmax scale * log2(e): scores go straight into exp2
+  FlashCausal causal;
+};
+
+// What the host needs to launch one instance: the kernel and the shape it was compiled for.
+struct FlashFwdInstance {
+  KernelRef kernel;
+  int block_threads = 0;
+  int block_rows = 0;  // query rows per block: grid.x = ceil(seq_q / block_rows)
+  size_t smem_bytes = 0;
+};
+
+}  // namespace selfattn::kernels

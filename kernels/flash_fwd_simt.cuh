@@ -1,0 +1,178 @@
+#pragma once
+// Fused attention on CUDA cores, in exact fp32 arithmetic: the fused path for fp32 inputs (which
+// tensor cores cannot take without rounding) and for head dims or alignments the tensor-core
+// kernel does not cover. Same algorithm as flash_fwd.cuh (one block per (query tile, head, batch),
+// online softmax over key tiles, S and P never leave the chip), written for scalar FMAs:
+//   - each warp owns kRowsPerWarp query rows; for S, lane n computes the score of key n of the tile
+//     for all of them (one K element read from shared memory feeds kRowsPerWarp FMAs);
+//   - for O += P V, lane d owns output columns d, d+32, ... and reads P from shared memory as a
+//     broadcast.
+// head_dim is a runtime value up to kMaxHeadDim; elements are loaded one at a time, so any stride
+// and alignment works.
+#include <cstdint>
+
+#include "common/compat.h"
+#include "common/primitives.cuh"
+#include "flash_fwd_params.h"
+#include "flash_fwd_sequence.cuh"
+#include "launch.h"
+
+SELFATTN_KERNELS_BEGIN
+
+struct FlashFwdSimtTraits {
+  static constexpr int kWarps = 4;         // 128 threads: enough warps to hide shared-memory latency
+  static constexpr int kRowsPerWarp = 8;   // reuse of each K/V element read; 8x8 accumulators per lane
+  static constexpr int kBlockRows = kWarps * kRowsPerWarp;
+  static constexpr int kBlockKeys = 32;    // one key per lane when computing S
+  static constexpr int kMaxHeadDim = 256;  // kMaxHeadDim / 32 accumulators per row per lane
+  static constexpr int kColsPerLane = kMaxHeadDim / 32;
+  static constexpr int kThreads = kWarps * 32;
+
+  // Shared memory, in floats: Q [rows][d], K [keys][d + 1] (the +1 staggers rows across banks,
+  // since lane n reads row n), V [keys][d], P [rows][keys].
+  __host__ __device__ static constexpr size_t k_row_floats(int head_dim) { return size_t(head_dim) + 1; }
+  __host__ __device__ static constexpr size_t smem_floats(int head_dim) {
+    return size_t(kBlockRows) * head_dim + kBlockKeys * k_row_floats(head_dim) + size_t(kBlockKeys) * head_dim +
+           size_t(kBlockRows) * kBlockKeys;
+  }
+  __host__ __device__ static constexpr size_t smem_bytes(int head_dim) { return smem_floats(head_dim) * sizeof(float); }
+};
+
+__device__ inline float flash_simt_load(const float* p, int64_t i) { return p[i]; }
+__device__ inline float flash_simt_load(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ inline float flash_simt_load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void flash_simt_store(float* p, int64_t i, float x) { p[i] = x; }
+__device__ inline void flash_simt_store(__half* p, int64_t i, float x) { p[i] = __float2half_rn(x); }
+__device__ inline void flash_simt_store(__nv_bfloat16* p, int64_t i, float x) { p[i] = __float2bfloat16_rn(x); }
+
+template <class Element>
+__global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_kernel(const FlashFwdParams p) {
+  using Traits = FlashFwdSimtTraits;
+  constexpr int R = Traits::kRowsPerWarp;
+  constexpr int N = Traits::kBlockKeys;
+  constexpr int C = Traits::kColsPerLane;
+
+  const int batch = blockIdx.z, head = blockIdx.y;
+  const FlashSequence seq = flash_sequence(p, batch);
+  const int block_row0 = int(blockIdx.x) * Traits::kBlockRows;
+  if (block_row0 >= seq.q_len) return;  // varlen: this sequence is shorter than the longest
+
+  const int d = p.head_dim;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int kv_head = head / p.heads_per_kv_head;
+  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride_batch + head * p.q_stride_head +
+                     seq.q_row_start * p.q_stride_row;
+  const Element* k = static_cast<const Element*>(p.k) + batch * p.k_stride_batch + kv_head * p.k_stride_head +
+                     seq.k_row_start * p.k_stride_row;
+  const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride_batch + kv_head * p.v_stride_head +
+                     seq.k_row_start * p.v_stride_row;
+
+  float* q_tile = dynamic_smem<float>();
+  float* k_tile = q_tile + size_t(Traits::kBlockRows) * d;
+  float* v_tile = k_tile + N * Traits::k_row_floats(d);
+  float* p_tile = v_tile + size_t(N) * d;
+  const int k_stride = int(Traits::k_row_floats(d));
+
+  // Q once; rows past the sequence are zero (their scores are finite and never stored).
+  for (int i = threadIdx.x; i < Traits::kBlockRows * d; i += Traits::kThreads) {
+    const int row = block_row0 + i / d;
+    q_tile[i] = row < seq.q_len ? flash_simt_load(q, row * p.q_stride_row + i % d) : 0.0f;
+  }
+
+  const int last_row = (block_row0 + Traits::kBlockRows < seq.q_len ? block_row0 + Traits::kBlockRows : seq.q_len) - 1;
+  const int block_keys = flash_visible_keys(last_row, seq.q_len, seq.k_len, p.causal);
+
+  const int warp_row0 = warp * R;  // within the block
+  int visible[R];
+  float row_max[R], row_sum[R], acc[R][C];
+  SELFATTN_FLASH_UNROLL
+  for (int r = 0; r < R; ++r) {
+    visible[r] = flash_visible_keys(block_row0 + warp_row0 + r, seq.q_len, seq.k_len, p.causal);
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.0f;  // this lane's keys only; the warp's sum is taken once at the end
+    SELFATTN_FLASH_UNROLL
+    for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+  }
+
+  for (int key0 = 0; key0 < block_keys; key0 += N) {
+    __syncthreads();  // the previous tile's K, V and P are no longer read
+    for (int i = threadIdx.x; i < N * d; i += Traits::kThreads) {
+      const int key = key0 + i / d, col = i % d;
+      const bool in = key < seq.k_len;
+      k_tile[(i / d) * k_stride + col] = in ? flash_simt_load(k, key * p.k_stride_row + col) : 0.0f;
+      v_tile[i] = in ? flash_simt_load(v, key * p.v_stride_row + col) : 0.0f;
+    }
+    __syncthreads();
+
+    float score[R];
+    SELFATTN_FLASH_UNROLL
+    for (int r = 0; r < R; ++r) score[r] = 0.0f;
+    for (int c = 0; c < d; ++c) {
+      const float kc = k_tile[lane * k_stride + c];
+      SELFATTN_FLASH_UNROLL
+      for (int r = 0; r < R; ++r) score[r] = fmaf(q_tile[(warp_row0 + r) * d + c], kc, score[r]);
+    }
+
+    SELFATTN_FLASH_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const float s = key0 + lane < visible[r] ? score[r] * p.scale_log2 : -INFINITY;
+      const float new_max = fmaxf(row_max[r], warp_reduce_max<32>(s));
+      // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps exp2 away from
+      // (-inf) - (-inf) and still gives exp2(-inf) = 0 for its masked scores.
+      const float shift = new_max == -INFINITY ? 0.0f : new_max;
+      const float rescale = exp2f(row_max[r] - shift);
+      const float prob = exp2f(s - shift);
+      row_max[r] = new_max;
+      row_sum[r] = row_sum[r] * rescale + prob;
+      SELFATTN_FLASH_UNROLL
+      for (int c = 0; c < C; ++c) acc[r][c] *= rescale;
+      p_tile[(warp_row0 + r) * N + lane] = prob;
+    }
+    __syncwarp();  // P rows are written by all lanes of the warp and read by all
+
+    const int tile_keys = block_keys - key0 < N ? block_keys - key0 : N;
+    for (int n = 0; n < tile_keys; ++n) {
+      SELFATTN_FLASH_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const int col = lane + 32 * c;
+        if (col >= d) break;
+        const float vn = v_tile[n * d + col];
+        SELFATTN_FLASH_UNROLL
+        for (int r = 0; r < R; ++r) acc[r][c] = fmaf(p_tile[(warp_row0 + r) * N + n], vn, acc[r][c]);
+      }
+    }
+  }
+
+  Element* out = static_cast<Element*>(p.out) + batch * p.out_stride_batch + head * p.out_stride_head +
+                 seq.q_row_start * p.out_stride_row;
+  SELFATTN_FLASH_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const int row = block_row0 + warp_row0 + r;
+    const float sum = warp_reduce_sum<32>(row_sum[r]);
+    if (row >= seq.q_len) continue;
+    // A row without keys has sum 0 and accumulators 0: it writes 0 and LSE -inf.
+    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+    SELFATTN_FLASH_UNROLL
+    for (int c = 0; c < C; ++c) {
+      const int col = lane + 32 * c;
+      if (col < d) flash_simt_store(out, row * p.out_stride_row + col, acc[r][c] * inv_sum);
+    }
+    if (p.lse != nullptr && lane == 0) {
+      const float lse = sum > 0.0f ? (row_max[r] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+      p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = lse;
+    }
+  }
+}
+
+template <class Element>
+FlashFwdInstance flash_fwd_simt_instance_for(int head_dim) {
+  using Traits = FlashFwdSimtTraits;
+  FlashFwdInstance instance;
+  instance.kernel = make_kernel_ref<FlashFwdParams, flash_fwd_simt_kernel<Element>>("flash_fwd_simt_kernel");
+  instance.block_threads = Traits::kThreads;
+  instance.block_rows = Traits::kBlockRows;
+  instance.smem_bytes = Traits::smem_bytes(head_dim);
+  return instance;
+}
+
+SELFATTN_KERNELS_END

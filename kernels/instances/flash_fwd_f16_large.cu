@@ -1,0 +1,10 @@
+// Tensor-core fused attention, f16, the large head dims.
+#include "../flash_fwd.cuh"
+#include "../registry.h"
+
+SELFATTN_KERNELS_BEGIN
+
+template FlashFwdInstance flash_fwd_instance<Element::f16, 128>();
+template FlashFwdInstance flash_fwd_instance<Element::f16, 256>();
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,139 @@
+// The fused path (flash_fwd.cuh on tensor cores, flash_fwd_simt.cuh in exact fp32) against the
+// double-precision reference, on the sim. The shared sweep covers the axes every path is held to;
+// the tensor-core cases below add what is particular to the fused kernel: each shipped head dim,
+// query tiles that end mid-block, key tiles that end mid-tile, causal tiles that are skipped or
+// partly masked, GQA groups, and keys lengths of 0.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attention_harness.h"
+#include "kernels/registry.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn {
+namespace {
+
+using testing::AttentionCase;
+using testing::Layout;
+using testing::make_case;
+
+constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16;
+constexpr Causal none = Causal::none, top_left = Causal::top_left, bottom_right = Causal::bottom_right;
+constexpr Layout bhsd = Layout::bhsd, bshd = Layout::bshd;
+
+AttentionCase fused_case(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
+                         Causal causal, Layout layout, bool lse, std::vector<int32_t> key_lengths = {}) {
+  return make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, lse, std::move(key_lengths),
+                   Path::fused);
+}
+
+TEST(FusedPath, SharedSweepFloat32) {
+  Context ctx;
+  testing::expect_all_pass(ctx, testing::sweep_cases(f32, Path::fused));
+}
+
+TEST(FusedPath, SharedSweepFloat16) {
+  Context ctx;
+  testing::expect_all_pass(ctx, testing::sweep_cases(f16, Path::fused));
+}
+
+TEST(FusedPath, SharedSweepBFloat16) {
+  Context ctx;
+  testing::expect_all_pass(ctx, testing::sweep_cases(bf16, Path::fused));
+}
+
+// Every tensor-core instance, with sizes around its tiles (16-row m-tiles, 32/64-row warps,
+// 32/64-key tiles): one row, one key, a tile and a bit, odd lengths.
+TEST(FusedPath, TensorCoreHeadDims) {
+  Context ctx;
+  testing::expect_all_pass(
+      ctx, {
+               fused_case(f16, 1, 2, 1, 113, 64, 32, none, bhsd, true),
+               fused_case(bf16, 2, 2, 2, 1, 257, 32, bottom_right, bshd, true, {257, 0}),
+               fused_case(f16, 1, 4, 2, 64, 113, 64, top_left, bshd, true),
+               fused_case(bf16, 1, 1, 1, 203, 7, 64, bottom_right, bhsd, true),
+               fused_case(f16, 2, 1, 1, 7, 203, 96, none, bhsd, false, {203, 33}),
+               fused_case(bf16, 1, 3, 1, 113, 113, 96, top_left, bhsd, true),
+               fused_case(f16, 1, 2, 2, 129, 65, 128, bottom_right, bshd, true),
+               fused_case(bf16, 3, 2, 1, 64, 64, 128, top_left, bhsd, true, {64, 0, 31}),
+               fused_case(f16, 1, 1, 1, 2, 1, 128, none, bhsd, true),
+               fused_case(f16, 1, 2, 1, 64, 100, 256, top_left, bhsd, true),
+               fused_case(bf16, 2, 1, 1, 65, 33, 256, bottom_right, bshd, true, {33, 1}),
+           });
+}
+
+// Causal masks where whole key tiles lie beyond the diagonal (skipped) and where a block's rows
+// straddle it (masked per element); bottom_right with more queries than keys leaves the first rows
+// without any key (output 0, LSE -inf).
+TEST(FusedPath, CausalTilesSkippedAndMasked) {
+  Context ctx;
+  testing::expect_all_pass(
+      ctx, {
+               fused_case(f16, 1, 1, 1, 257, 257, 64, top_left, bhsd, true),
+               fused_case(bf16, 1, 1, 1, 203, 64, 128, bottom_right, bhsd, true),
+               fused_case(f16, 1, 2, 1, 64, 203, 128, top_left, bshd, true),
+               fused_case(f16, 1, 1, 1, 113, 7, 32, bottom_right, bhsd, true, {5}),
+               fused_case(f32, 1, 1, 1, 113, 7, 32, bottom_right, bhsd, true, {5}),
+               fused_case(f32, 1, 2, 1, 70, 203, 64, top_left, bshd, true),
+           });
+}
+
+// Head dims without a tensor-core instance go to the SIMT kernel in every dtype.
+TEST(FusedPath, SimtForOtherHeadDims) {
+  Context ctx;
+  testing::expect_all_pass(ctx, {
+                                    fused_case(f16, 1, 2, 1, 33, 70, 80, top_left, bhsd, true),
+                                    fused_case(bf16, 2, 1, 1, 7, 64, 7, none, bshd, true, {3, 64}),
+                                    fused_case(f32, 1, 1, 1, 40, 40, 256, bottom_right, bhsd, true),
+                                    fused_case(f32, 1, 1, 1, 9, 33, 200, none, bhsd, true),
+                                });
+}
+
+TEST(FusedPath, ExplicitScale) {
+  Context ctx;
+  AttentionCase a = fused_case(f16, 1, 2, 1, 64, 113, 64, top_left, bhsd, true);
+  a.scale = 0.9f;
+  AttentionCase b = fused_case(f32, 1, 1, 1, 33, 40, 16, none, bhsd, true);
+  b.scale = 2.0f;
+  testing::expect_all_pass(ctx, {a, b});
+}
+
+TEST(FusedPath, AutomaticPicksFusedForEveryDtype) {
+  Context ctx;
+  for (DType dtype : {f32, f16, bf16}) {
+    for (int head_dim : {7, 64, 128, 256}) {
+      alignas(16) static unsigned char memory[4][1 << 16];
+      const TensorView q = TensorView::bhsd(memory[0], dtype, 1, 2, 16, head_dim);
+      const TensorView k = TensorView::bhsd(memory[1], dtype, 1, 2, 16, head_dim);
+      EXPECT_EQ(resolve_path(ctx, q, k, k), Path::fused) << to_string(dtype) << " head_dim " << head_dim;
+    }
+  }
+}
+
+// The dispatch table's tile shapes are what the host launches with; the tensor-core kernels need
+// whole 16-row m-tiles per warp and fit in the sim's (and H200's) 227 KB of shared memory.
+TEST(FusedPath, InstancesAreConsistent) {
+  using kernels::Element;
+  const kernels::FlashFwdInstance instances[] = {
+      kernels::sim_target::flash_fwd_instance<Element::f16, 32>(),
+      kernels::sim_target::flash_fwd_instance<Element::f16, 64>(),
+      kernels::sim_target::flash_fwd_instance<Element::f16, 96>(),
+      kernels::sim_target::flash_fwd_instance<Element::bf16, 128>(),
+      kernels::sim_target::flash_fwd_instance<Element::bf16, 256>(),
+      kernels::sim_target::flash_fwd_simt_instance(Element::f32, 256),
+      kernels::sim_target::flash_fwd_simt_instance(Element::f16, 1),
+  };
+  for (const kernels::FlashFwdInstance& instance : instances) {
+    EXPECT_TRUE(instance.kernel);
+    EXPECT_EQ(instance.block_threads % 32, 0);
+    EXPECT_EQ(instance.block_rows % 16, 0);
+    EXPECT_LE(instance.smem_bytes, size_t(227) * 1024);
+  }
+  EXPECT_FALSE(kernels::sim_target::flash_fwd_simt_instance(Element::f32, 257).kernel);
+  EXPECT_FALSE(kernels::sim_target::flash_fwd_simt_instance(Element::f32, 0).kernel);
+}
+
+}  // namespace
+}  // namespace selfattn

@@ -74,9 +74,9 @@ int main(int argc, char** argv) {
 
   app.add_option("--backend", backend_word, "cuda or sim (default: $SELFATTN_BACKEND, else cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cuda", "sim"}));
-  app.add_option("--path", path_words, "naive,cublas,fused (a list), all, or auto (default: all)")->delimiter(',');
+  app.add_option("--path", path_words, "naive,cublas,fused (a list), all, or auto (default: all)")->delimiter(',')->option_text("PATH,...");
   auto sizes = [&](const char* flag, std::vector<int>& into, const char* help) {
-    return app.add_option(flag, into, help)->delimiter(',')->check(CLI::PositiveNumber)->group("Shape (comma lists)");
+    return app.add_option(flag, into, help)->delimiter(',')->check(CLI::PositiveNumber)->option_text("N,...")->group("Shape (comma lists)");
   };
   sizes("--batch", batch, "batch sizes (default 1)");
   sizes("--heads", heads, "query heads (default 16 on cuda, 2 on sim)");
@@ -85,11 +85,11 @@ int main(int argc, char** argv) {
   sizes("--seq-k", seq_k, "key lengths (default: seq-q)");
   sizes("--head-dim", head_dim, "head dimensions (default 128 on cuda, 64 on sim)");
   app.add_option("--dtype", dtypes, "fp32, fp16, bf16 (default bf16)")
-      ->delimiter(',')->transform(CLI::CheckedTransformer(kDTypes, CLI::ignore_case));
+      ->delimiter(',')->transform(CLI::CheckedTransformer(kDTypes, CLI::ignore_case))->option_text("DTYPE,...");
   app.add_option("--causal", causals, "none, top_left, bottom_right (default: none; default sweep: none,top_left)")
-      ->delimiter(',')->transform(CLI::CheckedTransformer(kCausals, CLI::ignore_case));
+      ->delimiter(',')->transform(CLI::CheckedTransformer(kCausals, CLI::ignore_case))->option_text("MASK,...");
   app.add_option("--layout", layouts, "bhsd or bshd (default bhsd)")
-      ->delimiter(',')->transform(CLI::CheckedTransformer(kLayouts, CLI::ignore_case));
+      ->delimiter(',')->transform(CLI::CheckedTransformer(kLayouts, CLI::ignore_case))->option_text("LAYOUT,...");
   app.add_flag("--check", settings.check,
                "compare each case with the double-precision CPU reference (sampled rows for large shapes); "
                "exit 1 when any check fails");

@@ -69,7 +69,7 @@ void print_table(const std::vector<CaseResult>& results, const RunHeader& header
       std::printf("%s: %s\n", name(r.status), r.note.c_str());
       continue;
     }
-    std::printf("%10.4f %10.4f %8.2f %8.1f ", r.ms_median, r.ms_min, r.tflops, r.gbps);
+    std::printf("%10.4f %10.4f %8.3g %8.3g ", r.ms_median, r.ms_min, r.tflops, r.gbps);
     if (r.pct_of_ceiling) std::printf("%6.1f ", *r.pct_of_ceiling); else std::printf("%6s ", "-");
     if (r.vs_cublas) std::printf("%8.2fx ", *r.vs_cublas); else std::printf("%9s ", "-");
     if (r.checked) std::printf("%9.2e ", r.rel_err); else std::printf("%9s ", "-");

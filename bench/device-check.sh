@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The whole GPU check of selfattn in one script, for a lent H200 (CUDA toolkit, CMake, ninja, Python
+# with PyTorch; no Debian -dev packages, no network). Everything lands in OUTDIR; a short summary
+# is printed last. Budget: under 8 minutes.
+#
+#   bench/device-check.sh --prepare        here: copy CLI11, nlohmann/json and GoogleTest's sources into
+#                                          .deps/ (gitignored) and stamp the commit; carry .deps to the device
+#   bench/device-check.sh OUTDIR           on the device: Release build for sm_90a, the gpu tests,
+#                                          compute-sanitizer memcheck + racecheck on small cases of each path,
+#                                          the default sweep with --check, compare_torch.py, the plot
+#   bench/device-check.sh --dry-run OUTDIR here: the same build and the sim parts (no GPU)
+#
+# On the device tool:  run(command="bench/device-check.sh $OUT", carry=[".deps"], timeout_s=540)
+# OUTDIR then holds at most 6 files (the tool brings back 8): summary.txt, bench.json, torch.json,
+# throughput.png, sim.json (dry run) and logs.tar.gz (every step's log).
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEPS=$ROOT/.deps
+JOBS=${JOBS:-$(nproc)}
+
+prepare() {
+  rm -rf "$DEPS"
+  mkdir -p "$DEPS/include"
+  cp -r /usr/include/CLI "$DEPS/include/" || { echo "CLI11 headers missing: apt-get install libcli11-dev"; exit 1; }
+  cp -r /usr/include/nlohmann "$DEPS/include/" || { echo "nlohmann/json missing: apt-get install nlohmann-json3-dev"; exit 1; }
+  cp -r /usr/src/googletest "$DEPS/googletest" || { echo "GoogleTest sources missing: apt-get install googletest"; exit 1; }
+  (git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown) > "$DEPS/git-commit"
+  if ! git -C "$ROOT" diff-index --quiet HEAD -- 2>/dev/null; then sed -i 's/$/-dirty/' "$DEPS/git-commit"; fi
+  echo "prepared $DEPS ($(du -sh "$DEPS" | cut -f1)), commit $(cat "$DEPS/git-commit"); carry .deps to the device"
+}
+
+DRY_RUN=0
+case "${1:-}" in
+  --prepare) prepare; exit 0 ;;
+  --dry-run) DRY_RUN=1; shift ;;
+  -h|--help|"") sed -n '2,17p' "$0"; exit 0 ;;
+esac
+OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd)
+LOGS=$OUTDIR/logs
+mkdir -p "$LOGS"
+if [ "$DRY_RUN" = 1 ]; then
+  BUILD=${BUILD_DIR:-$ROOT/build-bench}
+  JOBS=${JOBS_DRY:-2}
+else
+  BUILD=${BUILD_DIR:-$ROOT/build-device}
+fi
+SUMMARY=$OUTDIR/summary.txt
+: > "$SUMMARY"
+START=$(date +%s)
+
+# step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in logs/NAME.log, records the outcome.
+step() {
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s) rc
+  echo "== $name: $*" | tee -a "$LOGS/$name.log"
+  timeout --kill-after=10 "$limit" "$@" >> "$LOGS/$name.log" 2>&1
+  rc=$?
+  local verdict=ok
+  [ $rc -ne 0 ] && verdict="FAILED (exit $rc)"
+  [ $rc -eq 124 ] && verdict="TIMED OUT after ${limit}s"
+  printf '%-22s %-24s %4ss\n' "$name" "$verdict" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY"
+  return $rc
+}
+
+[ -d "$DEPS/include/CLI" ] && [ -d "$DEPS/googletest" ] || {
+  echo "$DEPS is incomplete: run bench/device-check.sh --prepare here first, and carry .deps"; exit 1; }
+echo "selfattn device check: commit $(cat "$DEPS/git-commit" 2>/dev/null), build $BUILD, $JOBS jobs, dry run $DRY_RUN" | tee -a "$SUMMARY"
+[ "$DRY_RUN" = 0 ] && { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"; }
+
+# GoogleTest from the carried sources (the device has no libgtest-dev), installed beside the build.
+GTEST_PREFIX=$BUILD/_gtest/install
+if [ ! -f "$GTEST_PREFIX/lib/cmake/GTest/GTestConfig.cmake" ]; then
+  step gtest 180 bash -c "cmake -S '$DEPS/googletest' -B '$BUILD/_gtest/build' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_GMOCK=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$GTEST_PREFIX' \
+      -DCMAKE_INSTALL_LIBDIR=lib && cmake --build '$BUILD/_gtest/build' -j $JOBS && cmake --install '$BUILD/_gtest/build'"
+fi
+
+# Release, sm_90a only (wgmma / TMA need the 'a' target; nothing else is built).
+step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DGTest_DIR="$GTEST_PREFIX/lib/cmake/GTest" -DSELFATTN_BUILD_TESTS=ON || { cat "$LOGS/configure.log" | tail -30; }
+if [ "$DRY_RUN" = 1 ]; then
+  step build 1500 cmake --build "$BUILD" -j "$JOBS" --target selfattn-bench
+else
+  step build 300 cmake --build "$BUILD" -j "$JOBS"
+fi
+BENCH=$BUILD/bench/selfattn-bench
+[ -x "$BENCH" ] || { echo "no $BENCH: see $LOGS/build.log"; tail -40 "$LOGS/build.log"; }
+
+if [ "$DRY_RUN" = 1 ]; then
+  # The sim parts: the bench's own ctests, the sim default sweep with --check, compare_torch's
+  # graceful failure without torch, and the plot of the sim JSON.
+  step bench-ctests 600 ctest --test-dir "$BUILD" -R '^bench\.' --output-on-failure
+  step sim-sweep 300 "$BENCH" --backend sim --check --json "$OUTDIR/sim.json" --csv "$LOGS/sim.csv"
+  python3 "$ROOT/bench/compare_torch.py" --json "$OUTDIR/torch.json" > "$LOGS/compare_torch.log" 2>&1
+  echo "compare_torch (exit $?, 2 = no torch/GPU): $(tail -1 "$LOGS/compare_torch.log")" | tee -a "$SUMMARY"
+  step plot 60 python3 "$ROOT/bench/plot" "$OUTDIR/sim.json" -o "$OUTDIR/throughput.png"
+  TABLE_FROM=$LOGS/sim-sweep.log
+else
+  export SELFATTN_BACKEND=cuda
+  step gpu-tests 150 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 120
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$SANITIZER" ]; then
+    # Small cases of each path: odd lengths, both head dims of the fused kernels, a causal mask.
+    SMALL=(--backend cuda --path naive,cublas,fused --batch 1 --heads 2 --kv-heads 1 --seq-q 7,65 --seq-k 70
+           --head-dim 64,128 --dtype bf16 --causal none,bottom_right --warmup 0 --iters 1 --no-ceilings --check)
+    step memcheck 90 "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$BENCH" "${SMALL[@]}"
+    step racecheck 120 "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 99 --print-limit 20 \
+      "$BENCH" "${SMALL[@]}"
+  else
+    echo "compute-sanitizer: not found, memcheck/racecheck skipped" | tee -a "$SUMMARY"
+  fi
+  step sweep 180 "$BENCH" --backend cuda --check --json "$OUTDIR/bench.json" --csv "$LOGS/bench.csv"
+  step compare-torch 120 python3 "$ROOT/bench/compare_torch.py" --from "$OUTDIR/bench.json" --json "$OUTDIR/torch.json"
+  PLOT_INPUTS=("$OUTDIR/bench.json")
+  [ -f "$OUTDIR/torch.json" ] && PLOT_INPUTS+=("$OUTDIR/torch.json")
+  step plot 60 python3 "$ROOT/bench/plot" "${PLOT_INPUTS[@]}" -o "$OUTDIR/throughput.png"
+  TABLE_FROM=$LOGS/sweep.log
+fi
+
+echo "total $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
+{
+  echo
+  # The bench's table (everything after its "selfattn-bench <version>" title line) and torch's.
+  sed -n '/^selfattn-bench [0-9]/,$p' "$TABLE_FROM" 2>/dev/null
+  [ -f "$LOGS/compare-torch.log" ] && { echo; sed -n '/^path /,$p' "$LOGS/compare-torch.log"; }
+} >> "$SUMMARY"
+tar -czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGS"
+echo
+echo "==================== summary ($SUMMARY) ===================="
+cat "$SUMMARY"

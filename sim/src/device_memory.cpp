@@ -8,11 +8,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "crash_report.h"
 #include "selfattn_sim/sim.h"
 
 namespace selfattn::sim {
@@ -80,6 +82,29 @@ std::string check_and_repair(const Allocation& a) {
 }
 
 }  // namespace
+
+namespace detail {
+
+bool describe_device_address(const void* address, char* text, size_t text_bytes) {
+  std::unique_lock<std::mutex> lock(registry_mutex(), std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  const auto* p = static_cast<const unsigned char*>(address);
+  for (const auto& [data, a] : registry()) {
+    if (p < a.mapping || p >= a.mapping + a.mapping_bytes) continue;
+    const unsigned char* start = a.data();
+    if (p < start) {
+      std::snprintf(text, text_bytes, "%zu bytes before the start of buffer '%s' (%zu bytes)", size_t(start - p),
+                    a.label.c_str(), a.bytes);
+    } else {
+      std::snprintf(text, text_bytes, "offset %zu of buffer '%s' (%zu bytes): %zu bytes past its end",
+                    size_t(p - start), a.label.c_str(), a.bytes, size_t(p - start) - a.bytes);
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace detail
 
 void* device_alloc(size_t bytes, const char* label) {
   const size_t page = Allocation::page();

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "crash_report.h"
 #include "fiber.h"
 #include "selfattn_sim/sim.h"
 
@@ -44,6 +45,7 @@ struct Fiber {
   FiberState state = FiberState::ready;
   unsigned collective_mask = 0;  // the mask it waits with, while at_collective
   Block* block = nullptr;
+  detail::FaultInfo fault;
 };
 
 // One warp collective that some lanes have reached. Keyed by its mask: lanes of one warp may wait
@@ -215,6 +217,7 @@ void check_shared_memory_guard(const Worker& w, const Block& b, size_t bytes) {
 void run_block(const LaunchConfig& config, void (*body)(const void*), const void* params, uint64_t linear,
                uint64_t seed) {
   Worker& w = t_worker;
+  detail::install_crash_report();
   const dim3 bd = config.block;
   const dim3 gd = config.grid;
   const unsigned threads = bd.x * bd.y * bd.z;
@@ -260,6 +263,9 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
     f.collective_mask = 0;
     w.released.push_back(&f);
     f.block = &b;
+    f.fault = detail::FaultInfo{config.kernel_name, b.index, c.thread_idx,
+                                reinterpret_cast<uintptr_t>(f.stack->guard_begin()),
+                                reinterpret_cast<uintptr_t>(f.stack->guard_end()), f.stack->size()};
     detail::fiber_prepare(f.context, *f.stack, &fiber_main, &f);
   }
 
@@ -268,7 +274,10 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
   splitmix64(rng);
 
   struct ClearRunning {
-    ~ClearRunning() { t_fiber = nullptr; }
+    ~ClearRunning() {
+      t_fiber = nullptr;
+      detail::set_fault_info(nullptr);
+    }
   } clear_running;
   for (;;) {
     w.order.swap(w.released);
@@ -280,7 +289,9 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
     for (size_t i = w.order.size(); i > 1; --i) std::swap(w.order[i - 1], w.order[splitmix64(rng) % i]);
     for (Fiber* f : w.order) {
       t_fiber = f;
+      detail::set_fault_info(&f->fault);
       detail::fiber_switch(b.scheduler, f->context);
+      detail::set_fault_info(nullptr);
       t_fiber = nullptr;
       if (b.error) std::rethrow_exception(b.error);
     }

@@ -80,14 +80,16 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 FiberStack::FiberStack(size_t bytes) {
   const size_t page = page_size();
+  // 64 KB of guard: a frame with a large local array can step over a single guard page.
+  const size_t guard = round_up(64 * 1024, page);
   usable_bytes_ = round_up(bytes, page);
-  mapping_bytes_ = usable_bytes_ + page;
+  mapping_bytes_ = usable_bytes_ + guard;
   void* p = mmap(nullptr, mapping_bytes_, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
   if (p == MAP_FAILED) throw Error("sim: cannot reserve a fiber stack of " + std::to_string(bytes) + " bytes");
   mapping_ = static_cast<unsigned char*>(p);
-  mprotect(mapping_, page, PROT_NONE);  // stacks grow down: the guard page is the lowest one
-  usable_ = mapping_ + page;
+  mprotect(mapping_, guard, PROT_NONE);  // stacks grow down: the guard is below the usable part
+  usable_ = mapping_ + guard;
 }
 
 FiberStack::~FiberStack() { munmap(mapping_, mapping_bytes_); }

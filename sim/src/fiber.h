@@ -15,7 +15,7 @@
 namespace selfattn::sim::detail {
 
 // A fiber's stack: reserved with mmap, committed by the kernel page by page as it is touched, with
-// an inaccessible guard page below it so an overflow faults instead of corrupting a neighbour.
+// an inaccessible guard zone below it so an overflow faults instead of corrupting a neighbour.
 class FiberStack {
  public:
   explicit FiberStack(size_t bytes);
@@ -24,6 +24,8 @@ class FiberStack {
   FiberStack& operator=(const FiberStack&) = delete;
   unsigned char* base() const { return usable_; }  // lowest usable byte
   size_t size() const { return usable_bytes_; }
+  unsigned char* guard_begin() const { return mapping_; }
+  unsigned char* guard_end() const { return usable_; }
 
  private:
   unsigned char* mapping_ = nullptr;

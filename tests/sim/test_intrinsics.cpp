@@ -321,6 +321,39 @@ TEST(SimIntrinsics, AtomicsAcrossConcurrentBlocks) {
   EXPECT_EQ(exch_count[0], 1);
 }
 
+// Each atomic's return value and effect, one call at a time (plain functions: no launch needed).
+TEST(SimIntrinsics, AtomicsReturnTheOldValue) {
+  int i = 10;
+  EXPECT_EQ(atomicAdd(&i, 5), 10);
+  EXPECT_EQ(atomicSub(&i, 3), 15);
+  EXPECT_EQ(atomicExch(&i, 40), 12);
+  EXPECT_EQ(atomicMax(&i, 30), 40);
+  EXPECT_EQ(atomicMax(&i, 50), 40);
+  EXPECT_EQ(atomicMin(&i, -7), 50);
+  EXPECT_EQ(atomicCAS(&i, 0, 1), -7);  // no match: unchanged
+  EXPECT_EQ(atomicCAS(&i, -7, 6), -7);
+  EXPECT_EQ(atomicAnd(&i, 3), 6);
+  EXPECT_EQ(atomicOr(&i, 8), 2);
+  EXPECT_EQ(atomicXor(&i, 15), 10);
+  EXPECT_EQ(i, 5);
+  unsigned u = 0xfffffffeu;
+  EXPECT_EQ(atomicAdd(&u, 3u), 0xfffffffeu);  // wraps
+  EXPECT_EQ(u, 1u);
+  EXPECT_EQ(atomicMax(&u, 0x80000000u), 1u);  // unsigned comparison
+  EXPECT_EQ(u, 0x80000000u);
+  unsigned long long ull = 1ull << 40;
+  EXPECT_EQ(atomicAdd(&ull, 1ull), 1ull << 40);
+  EXPECT_EQ(atomicCAS(&ull, (1ull << 40) + 1, 7ull), (1ull << 40) + 1);
+  EXPECT_EQ(ull, 7ull);
+  float f = 1.5f;
+  EXPECT_EQ(atomicAdd(&f, 2.25f), 1.5f);
+  EXPECT_EQ(atomicExch(&f, -1.0f), 3.75f);
+  EXPECT_EQ(f, -1.0f);
+  double d = 0.5;
+  EXPECT_EQ(atomicAdd(&d, 0.25), 0.5);
+  EXPECT_EQ(d, 0.75);
+}
+
 // ---- math (plain functions: no launch needed) -----------------------------------------------------
 
 TEST(SimIntrinsics, Math) {
@@ -370,6 +403,11 @@ TEST(SimIntrinsics, Math) {
   EXPECT_EQ(__brev(0x12345678u), 0x1e6a2c48u);
   EXPECT_EQ(__umulhi(0xffffffffu, 0xffffffffu), 0xfffffffeu);
   EXPECT_EQ(__mulhi(-2, 0x40000000), -1);
+  EXPECT_EQ(__umul64hi(~0ull, 4ull), 3ull);
+  EXPECT_EQ(__popcll(~0ull), 64);
+  EXPECT_EQ(__clzll(1), 63);
+  EXPECT_EQ(__clzll(0), 64);
+  EXPECT_EQ(__ffsll(1ll << 40), 41);
 
   const float buffer[3] = {1.0f, 2.0f, 3.0f};
   EXPECT_EQ(__ldg(buffer + 2), 3.0f);

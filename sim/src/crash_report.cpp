@@ -1,0 +1,98 @@
+// When a kernel thread faults, say what it hit before the process dies: a fiber stack's guard page
+// (stack overflow: raise SELFATTN_SIM_STACK_KB) or the no-access page around a device buffer (a far
+// out-of-bounds access, naming the buffer). Then the previous SIGSEGV disposition takes over, so a
+// debugger, a core dump or another handler sees the fault as usual.
+#include "crash_report.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+namespace selfattn::sim::detail {
+
+namespace {
+
+struct sigaction g_previous;
+thread_local const FaultInfo* t_fault_info __attribute__((tls_model("initial-exec"))) = nullptr;
+// The handler runs on its own stack: the faulting one may be the overflowed fiber stack.
+constexpr size_t kAltStackBytes = 64 * 1024;
+thread_local unsigned char t_alt_stack[kAltStackBytes];
+thread_local bool t_alt_stack_set = false;
+
+void write_all(const char* text) {
+  size_t left = std::strlen(text);
+  while (left > 0) {
+    const ssize_t n = write(STDERR_FILENO, text, left);
+    if (n <= 0) return;
+    text += n;
+    left -= size_t(n);
+  }
+}
+
+void on_fault(int sig, siginfo_t* info, void* context) {
+  static char message[1024];
+  const void* address = info->si_addr;
+  bool described = false;
+  if (const FaultInfo* f = t_fault_info) {
+    const auto a = reinterpret_cast<uintptr_t>(address);
+    if (f->stack_guard_begin <= a && a < f->stack_guard_end) {
+      std::snprintf(message, sizeof message,
+                    "\nsim: kernel '%s', block (%u,%u,%u), thread (%u,%u,%u) overflowed its %zu-byte fiber stack "
+                    "(set SELFATTN_SIM_STACK_KB higher)\n",
+                    f->kernel_name, f->block.x, f->block.y, f->block.z, f->thread.x, f->thread.y, f->thread.z,
+                    f->stack_bytes);
+      described = true;
+    } else {
+      std::snprintf(message, sizeof message, "\nsim: kernel '%s', block (%u,%u,%u), thread (%u,%u,%u) faulted at %p",
+                    f->kernel_name, f->block.x, f->block.y, f->block.z, f->thread.x, f->thread.y, f->thread.z, address);
+      write_all(message);
+      char buffer[512];
+      if (describe_device_address(address, buffer, sizeof buffer)) {
+        std::snprintf(message, sizeof message, ": %s\n", buffer);
+      } else {
+        std::snprintf(message, sizeof message, "\n");
+      }
+      described = true;
+    }
+  }
+  if (described) write_all(message);
+  // Hand the fault back: returning re-executes the access under the previous disposition.
+  sigaction(SIGSEGV, &g_previous, nullptr);
+  (void)sig;
+  (void)context;
+}
+
+}  // namespace
+
+void install_crash_report() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action;
+    std::memset(&action, 0, sizeof action);
+    action.sa_sigaction = &on_fault;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &g_previous);
+  });
+  if (!t_alt_stack_set) {
+    stack_t current;
+    // Keep a thread's own alternate stack if it has one (e.g. Python's faulthandler sets one).
+    if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE)) {
+      t_alt_stack_set = true;
+      return;
+    }
+    stack_t alt;
+    alt.ss_sp = t_alt_stack;
+    alt.ss_size = kAltStackBytes;
+    alt.ss_flags = 0;
+    sigaltstack(&alt, nullptr);
+    t_alt_stack_set = true;
+  }
+}
+
+void set_fault_info(const FaultInfo* info) { t_fault_info = info; }
+
+}  // namespace selfattn::sim::detail

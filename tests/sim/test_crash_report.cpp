@@ -1,0 +1,63 @@
+// Faults inside kernel threads are explained before the process dies (death tests: each runs in a
+// re-executed child process, so the pool's worker threads never meet fork()).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/compat.h"
+#include "sim_test_launch.h"
+
+namespace sim = selfattn::sim;
+using sim::testing::launch;
+
+namespace {
+
+struct DepthParams {
+  int depth;
+  int* sink;
+};
+
+// Each frame keeps 4 KB alive, so the recursion cannot be turned into a loop.
+int recurse(int depth, int* sink) {
+  volatile char frame[4096];
+  std::memset(const_cast<char*>(frame), depth & 0x7f, sizeof frame);
+  if (depth == 0) return frame[7];
+  return recurse(depth - 1, sink) + frame[depth % 4096];
+}
+
+__global__ void deep_recursion(const DepthParams p) {
+  if (threadIdx.x == 3) *p.sink = recurse(p.depth, p.sink);
+}
+
+TEST(SimCrashReportDeathTest, StackOverflowIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  int sink = 0;
+  // 20 frames of ~4 KB fit the default 256 KB stack; 1000 do not.
+  launch<DepthParams, deep_recursion>("deep_recursion", dim3(1), dim3(32), {20, &sink});
+  const auto overflow = [&] { launch<DepthParams, deep_recursion>("deep_recursion", dim3(1), dim3(32), {1000, &sink}); };
+  EXPECT_DEATH(overflow(),
+               "kernel 'deep_recursion', block \\(0,0,0\\), thread \\(3,0,0\\) overflowed its 262144-byte fiber stack");
+}
+
+struct FarStoreParams {
+  float* data;
+  int64_t index;
+};
+
+__global__ void far_store(const FarStoreParams p) {
+  if (threadIdx.x == 0) p.data[p.index] = 1.0f;
+}
+
+TEST(SimCrashReportDeathTest, FarOutOfBoundsStoreNamesTheBuffer) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* data = static_cast<float*>(sim::device_alloc(1000 * sizeof(float), "logits"));
+  // Past the guard zone (4 KB and the rest of the page) into the no-access page after it.
+  const auto store = [&] { launch<FarStoreParams, far_store>("far_store", dim3(1), dim3(32), {data, 2250}); };
+  EXPECT_DEATH(store(),
+               "kernel 'far_store', block \\(0,0,0\\), thread \\(0,0,0\\) faulted at .*: offset 9000 of buffer "
+               "'logits' \\(4000 bytes\\): 5000 bytes past its end");
+  sim::device_free(data);
+}
+
+}  // namespace

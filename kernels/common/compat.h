@@ -36,7 +36,20 @@
 static constexpr int warpSize = 32;
 
 inline void __syncthreads() { ::selfattn::sim::syncthreads(); }
+inline int __syncthreads_count(int predicate) { return ::selfattn::sim::syncthreads_count(predicate); }
+inline int __syncthreads_and(int predicate) {
+  return ::selfattn::sim::syncthreads_count(predicate) == int(blockDim.x * blockDim.y * blockDim.z);
+}
+inline int __syncthreads_or(int predicate) { return ::selfattn::sim::syncthreads_count(predicate) > 0; }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::selfattn::sim::syncwarp(mask); }
+[[noreturn]] inline void __trap() {
+  const ::selfattn::sim::ThreadContext& t = ::selfattn::sim::current_thread();
+  throw ::selfattn::sim::Error("sim: __trap() in block (" + std::to_string(t.block_idx.x) + "," +
+                               std::to_string(t.block_idx.y) + "," + std::to_string(t.block_idx.z) + "), thread (" +
+                               std::to_string(t.thread_idx.x) + "," + std::to_string(t.thread_idx.y) + "," +
+                               std::to_string(t.thread_idx.z) + ")");
+}
+inline void __nanosleep(unsigned) {}
 inline unsigned __activemask() { return ::selfattn::sim::warp_live_mask(); }
 // Blocks run concurrently on worker threads: fences are real fences.
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -307,10 +320,67 @@ inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
   return (unsigned long long)((unsigned __int128)a * b >> 64);
 }
 
-// Read-only cache loads are plain loads here.
+// Loads and stores with cache hints are plain loads and stores here.
 template <class T>
 T __ldg(const T* p) {
   return *p;
+}
+template <class T>
+T __ldcg(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldca(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldcs(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldlu(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldcv(const T* p) {
+  return *p;
+}
+template <class T>
+void __stcg(T* p, T v) {
+  *p = v;
+}
+template <class T>
+void __stcs(T* p, T v) {
+  *p = v;
+}
+template <class T>
+void __stwb(T* p, T v) {
+  *p = v;
+}
+template <class T>
+void __stwt(T* p, T v) {
+  *p = v;
+}
+
+// prmt's default mode: byte i of the result is byte s[4i+2:4i] of the 8-byte {y, x}.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long bytes = (unsigned long long)y << 32 | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= unsigned(bytes >> (8 * ((s >> (4 * i)) & 7u)) & 0xFFu) << (8 * i);
+  return r;
+}
+// shf: the high / low 32 bits of the 64-bit {hi, lo} shifted by n & 31 (wrap) or min(n, 32) (clamp).
+inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned n) {
+  return unsigned(((unsigned long long)hi << 32 | lo) << (n & 31u) >> 32);
+}
+inline unsigned __funnelshift_lc(unsigned lo, unsigned hi, unsigned n) {
+  return unsigned(((unsigned long long)hi << 32 | lo) << (n < 32u ? n : 32u) >> 32);
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned n) {
+  return unsigned(((unsigned long long)hi << 32 | lo) >> (n & 31u));
+}
+inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned n) {
+  return unsigned(((unsigned long long)hi << 32 | lo) >> (n < 32u ? n : 32u));
 }
 
 // CUDA's min / max overloads; mixed argument types take their common type, as CUDA's do.

@@ -74,6 +74,8 @@ struct Block {
   Fiber* const* fibers = nullptr;
   std::vector<Warp> warps;
   unsigned at_barrier = 0;
+  unsigned barrier_votes = 0;   // non-zero predicates of the threads at the barrier so far
+  unsigned barrier_result = 0;  // the last completed barrier's count; read by each thread on leaving
   unsigned exited = 0;
   std::vector<Fiber*>* released = nullptr;  // made ready since the round began: the next round's fibers
   std::exception_ptr error;
@@ -438,15 +440,22 @@ unsigned warp_live_mask() {
   return w.existing & ~w.exited;
 }
 
-void syncthreads() {
+void syncthreads() { (void)syncthreads_count(0); }
+
+int syncthreads_count(int predicate) {
   Fiber& f = running_fiber("__syncthreads");
   Block& b = *f.block;
   f.state = FiberState::at_barrier;
+  b.barrier_votes += predicate != 0;
   if (++b.at_barrier == b.thread_count) {
+    b.barrier_result = b.barrier_votes;
+    b.barrier_votes = 0;
     b.at_barrier = 0;
     for (unsigned t = 0; t < b.thread_count; ++t) release(b, *b.fibers[t]);
   }
   yield_to_scheduler(f);
+  // Safe to read now: the next barrier cannot complete (and overwrite it) before this thread gets there.
+  return int(b.barrier_result);
 }
 
 void syncwarp(unsigned mask) { warp_collective_erased(mask, nullptr, nullptr, nullptr, nullptr); }

@@ -250,6 +250,64 @@ TEST(SimIntrinsics, ActivemaskSeesAbsentAndExitedLanes) {
   for (unsigned t = 36; t < 40; ++t) EXPECT_EQ(active[t], 0x000000f0u) << t;
 }
 
+// ---- block-wide votes ---------------------------------------------------------------------------
+
+struct BlockVoteParams {
+  const int* predicate;
+  int* count;
+  int* all;
+  int* any;
+};
+
+__global__ void block_vote_kernel(const BlockVoteParams p) {
+  const unsigned t = threadIdx.x + blockDim.x * threadIdx.y, n = blockDim.x * blockDim.y;
+  const int* pred = p.predicate + blockIdx.x * n;
+  const size_t slot = size_t(blockIdx.x) * n + t;
+  p.count[slot] = __syncthreads_count(pred[t]);
+  p.all[slot] = __syncthreads_and(pred[t]);
+  p.any[slot] = __syncthreads_or(pred[t] * int(t % 2));  // only the odd threads' predicates count
+}
+
+TEST(SimIntrinsics, SyncthreadsCountAndOr) {
+  std::mt19937 rng(9);
+  const unsigned blocks = 5, nx = 113, ny = 2, n = nx * ny;
+  std::vector<int> pred(blocks * n);
+  for (unsigned b = 0; b < blocks; ++b) {
+    for (unsigned t = 0; t < n; ++t) {
+      // block 0: all true; block 1: all false; block 2: only thread 0 (even); others random.
+      pred[b * n + t] = b == 0 ? 3 : b == 1 ? 0 : b == 2 ? int(t == 0) : int(rng() % 3 == 0) * -1;
+    }
+  }
+  std::vector<int> count(pred.size(), -1), all(pred.size(), -1), any(pred.size(), -1);
+  launch<BlockVoteParams, block_vote_kernel>("block_vote_kernel", dim3(blocks), dim3(nx, ny),
+                                             {pred.data(), count.data(), all.data(), any.data()});
+  for (unsigned b = 0; b < blocks; ++b) {
+    int expect_count = 0, expect_odd_any = 0;
+    for (unsigned t = 0; t < n; ++t) {
+      expect_count += pred[b * n + t] != 0;
+      expect_odd_any |= (t % 2) && pred[b * n + t] != 0;
+    }
+    for (unsigned t = 0; t < n; ++t) {
+      ASSERT_EQ(count[b * n + t], expect_count) << "block " << b << " thread " << t;
+      ASSERT_EQ(all[b * n + t], int(expect_count == int(n))) << "block " << b << " thread " << t;
+      ASSERT_EQ(any[b * n + t], expect_odd_any) << "block " << b << " thread " << t;
+    }
+  }
+}
+
+__global__ void trap_kernel(const ActiveParams) {
+  if (blockIdx.x == 1 && threadIdx.x == 9) __trap();
+}
+
+TEST(SimIntrinsics, TrapStopsTheLaunch) {
+  try {
+    launch<ActiveParams, trap_kernel>("trap_kernel", dim3(3), dim3(32), {nullptr});
+    FAIL() << "no error";
+  } catch (const sim::Error& e) {
+    EXPECT_STREQ(e.what(), "sim: __trap() in block (1,0,0), thread (9,0,0)");
+  }
+}
+
 // ---- atomics: many blocks on several workers ----------------------------------------------------
 
 struct AtomicParams {
@@ -409,8 +467,20 @@ TEST(SimIntrinsics, Math) {
   EXPECT_EQ(__clzll(0), 64);
   EXPECT_EQ(__ffsll(1ll << 40), 41);
 
-  const float buffer[3] = {1.0f, 2.0f, 3.0f};
+  float buffer[3] = {1.0f, 2.0f, 3.0f};
   EXPECT_EQ(__ldg(buffer + 2), 3.0f);
+  EXPECT_EQ(__ldcs(buffer + 1), 2.0f);
+  __stcs(buffer, 5.0f);
+  EXPECT_EQ(buffer[0], 5.0f);
+
+  EXPECT_EQ(__byte_perm(0x33221100u, 0x77665544u, 0x5410u), 0x55441100u);  // the low halves
+  EXPECT_EQ(__byte_perm(0x33221100u, 0x77665544u, 0x7632u), 0x77663322u);  // the high halves
+  EXPECT_EQ(__byte_perm(0x33221100u, 0x77665544u, 0x0123u), 0x00112233u);  // a byte swap
+  EXPECT_EQ(__funnelshift_l(0x80000000u, 1u, 1u), 3u);
+  EXPECT_EQ(__funnelshift_l(0x80000000u, 1u, 33u), 3u);   // wraps: n & 31
+  EXPECT_EQ(__funnelshift_lc(0x80000000u, 1u, 40u), 0x80000000u);  // clamps to 32: lo
+  EXPECT_EQ(__funnelshift_r(2u, 1u, 1u), 0x80000001u);
+  EXPECT_EQ(__funnelshift_rc(2u, 1u, 40u), 1u);  // clamps to 32: hi
 
   EXPECT_EQ(min(3, -4), -4);
   EXPECT_EQ(max(3u, 4u), 4u);

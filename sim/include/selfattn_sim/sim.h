@@ -67,6 +67,9 @@ struct ThreadContext {
 ThreadContext& current_thread();
 
 void syncthreads();
+// __syncthreads_count: a barrier that also returns how many of the block's threads passed a
+// non-zero predicate (__syncthreads_and / _or derive from it).
+int syncthreads_count(int predicate);
 void syncwarp(unsigned mask);
 // The lanes of the calling thread's warp that exist and have not exited (the sim's __activemask:
 // it cannot see branch divergence, only absent and finished threads).

@@ -97,6 +97,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t bits) {
 namespace sim_warp {
 template <Operand T, int K, size_t ARegs, size_t BRegs>
 inline void mma_collective(float (&d)[4], const uint32_t (&a)[ARegs], const uint32_t (&b)[BRegs], const float (&c)[4]) {
+  require_full_warp(K == 16 ? "mma.m16n8k16" : "mma.m16n8k8");
   MmaLaneIn<K> in;
   std::memcpy(in.a, a, sizeof in.a);
   std::memcpy(in.b, b, sizeof in.b);
@@ -177,6 +178,7 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 namespace sim_warp {
 template <int Count, bool Transposed>
 inline void ldmatrix_collective(uint32_t (&regs)[Count], const void* row) {
+  require_full_warp(Transposed ? "ldmatrix.trans" : "ldmatrix");
   const sim::ThreadContext& t = sim::current_thread();
   if (t.lane < 8u * Count) {
     const std::string problem = ldmatrix_row_problem(row, t.dynamic_smem, t.dynamic_smem_bytes);
@@ -313,6 +315,7 @@ __device__ __forceinline__ T shuffle_xor(T value, int lane_mask) {
 #if !SELFATTN_SIM
   return __shfl_xor_sync(0xffffffffu, value, lane_mask);
 #else
+  sim_warp::require_full_warp("shuffle_xor");
   T out;
   sim::warp_collective(sim_warp::kFullWarp, value, out, [lane_mask](const T* const* ins, T* const* outs) {
     sim_warp::shuffle_xor(ins, outs, lane_mask);
@@ -331,6 +334,7 @@ __device__ __forceinline__ float warp_reduce_max(float value) {
   for (int offset = Width / 2; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
   return value;
 #else
+  sim_warp::require_full_warp("warp_reduce_max");
   float out;
   sim::warp_collective(sim_warp::kFullWarp, value, out, [](const float* const* ins, float* const* outs) {
     sim_warp::butterfly_reduce<Width>(ins, outs, sim_warp::max_op);
@@ -347,6 +351,7 @@ __device__ __forceinline__ float warp_reduce_sum(float value) {
   for (int offset = Width / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 #else
+  sim_warp::require_full_warp("warp_reduce_sum");
   float out;
   sim::warp_collective(sim_warp::kFullWarp, value, out, [](const float* const* ins, float* const* outs) {
     sim_warp::butterfly_reduce<Width>(ins, outs, sim_warp::sum_op);

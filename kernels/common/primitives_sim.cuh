@@ -6,6 +6,7 @@
 // Host compiler only: nvcc never sees this file.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -179,6 +180,19 @@ inline void complete_all_but_newest(std::vector<std::vector<sim::AsyncCopy>>& gr
                    std::to_string(t.block_idx.y) + "," + std::to_string(t.block_idx.z) + ") thread (" +
                    std::to_string(t.thread_idx.x) + "," + std::to_string(t.thread_idx.y) + "," +
                    std::to_string(t.thread_idx.z) + "))");
+}
+
+// The warp-wide primitives (.sync.aligned instructions, full-mask shuffles) need all 32 lanes: a
+// partial last warp, or lanes that already returned, leave the GPU undefined (often hung); the sim
+// says so instead of running the instruction on missing inputs.
+inline void require_full_warp(const char* what) {
+  const unsigned live = sim::warp_live_mask();
+  if (live != kFullWarp) {
+    char mask[16];
+    std::snprintf(mask, sizeof mask, "0x%08x", live);
+    fail(what, std::string("needs all 32 lanes of the warp, but only lanes ") + mask +
+                   " exist and have not exited (block size not a multiple of 32, or an early return)");
+  }
 }
 
 // Why an ldmatrix row address is unusable, or "".

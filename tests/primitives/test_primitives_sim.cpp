@@ -61,6 +61,20 @@ TEST_F(PrimitivesSim, MisalignedLdmatrixIsReported) {
   }
 }
 
+// mma.sync.aligned needs all 32 lanes; a 16-thread block has half a warp, which the sim reports.
+TEST_F(PrimitivesSim, MmaOnAPartialWarpIsReported) {
+  DeviceArray<uint16_t> a(*device, 256, "a"), b(*device, 128, "b");
+  DeviceArray<float> c(*device, 128, "c"), d(*device, 128, "d");
+  a.poison(), b.poison(), c.poison();
+  const kt::MmaParams params{a.get(), b.get(), c.get(), d.get(), 16, false};
+  try {
+    device->launch(kt::kernels().mma, one_block(16), &params);
+    FAIL() << "an mma on half a warp was not reported";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("mma.m16n8k16: needs all 32 lanes"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(PrimitivesSim, WarpReductionsAndShuffle) {
   check_reductions(*device, 32, 5, 1);
   check_reductions(*device, 96, 16, 2);

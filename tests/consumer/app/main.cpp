@@ -1,0 +1,55 @@
+// Uses the installed selfattn: one small attention call on the context's backend, checked against
+// the CPU reference. Exits 0 only when the result matches.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <selfattn/selfattn.h>
+
+int main() {
+  try {
+    selfattn::Context ctx;
+    const int heads = 2, seq = 7, dim = 8;
+    std::vector<double> q(heads * seq * dim), k(q.size()), v(q.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = std::sin(0.37 * double(i));
+      k[i] = std::cos(0.11 * double(i));
+      v[i] = std::sin(0.05 * double(i) + 1);
+    }
+    auto to_float = [](const std::vector<double>& d) { return std::vector<float>(d.begin(), d.end()); };
+    selfattn::DeviceBuffer<float> qd(ctx, q.size()), kd(ctx, k.size()), vd(ctx, v.size()), out(ctx, q.size());
+    qd.copy_from_host(to_float(q));
+    kd.copy_from_host(to_float(k));
+    vd.copy_from_host(to_float(v));
+    auto view = [&](selfattn::DeviceBuffer<float>& b) {
+      return selfattn::TensorView::bhsd(b.data(), selfattn::DType::f32, 1, heads, seq, dim);
+    };
+    selfattn::AttentionOptions options;
+    options.causal = selfattn::Causal::top_left;
+    selfattn::attention(ctx, view(qd), view(kd), view(vd), view(out), options);
+
+    selfattn::reference::Problem problem;
+    problem.heads = problem.kv_heads = heads;
+    problem.seq_q = problem.seq_k = seq;
+    problem.head_dim = dim;
+    problem.causal = selfattn::Causal::top_left;
+    // The reference sees the inputs as the device does: rounded to float.
+    auto as_device_sees = [&](const std::vector<double>& d) {
+      const std::vector<float> f = to_float(d);
+      return std::vector<double>(f.begin(), f.end());
+    };
+    const auto ref = selfattn::reference::attention(problem, as_device_sees(q), as_device_sees(k), as_device_sees(v));
+    const std::vector<float> got = out.to_host();
+    double error = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      error += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
+      norm += ref.out[i] * ref.out[i];
+    }
+    const double relative = std::sqrt(error / norm);
+    std::printf("selfattn %s on %s: relative error %.2e\n", SELFATTN_VERSION_STRING, ctx.device_name().c_str(), relative);
+    return relative < 1e-5 ? 0 : 1;
+  } catch (const selfattn::Error& e) {
+    std::fprintf(stderr, "consumer_app: %s\n", e.what());
+    return 1;
+  }
+}

@@ -54,7 +54,9 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
 
   const int batch = blockIdx.z, head = blockIdx.y;
   const FlashSequence seq = flash_sequence(p, batch);
-  const int block_row0 = int(blockIdx.x) * Traits::kBlockRows;
+  // Query tiles in reverse: under a causal mask the last tiles see the most keys, and starting
+  // them first leaves the short ones for the tail of the grid.
+  const int block_row0 = int(gridDim.x - 1 - blockIdx.x) * Traits::kBlockRows;
   if (block_row0 >= seq.q_len) return;  // varlen: this sequence is shorter than the longest
 
   const int d = p.head_dim;

@@ -27,6 +27,11 @@ struct AttentionOptions {
 // q, k, v, out share one dtype; head_dim's stride must be 1; out must not overlap an input.
 // Runs on the context's stream (asynchronously on cuda). Throws InvalidArgument / NotAvailable /
 // WorkspaceTooSmall / BackendError; on a throw, out is untouched.
+// Sizes: none may be negative. No query rows (batch, heads or seq_q of 0) writes nothing; no keys
+// (seq_k == 0) writes rows of 0 and LSE -inf without running a path. head_dim must be >= 1 when
+// there are query rows. Data pointers may be null only for views with no elements.
+// options.path: automatic tries fused, then cublas (cuda) or naive (sim), then the other; an
+// explicit path that does not support the call throws NotAvailable with its reason.
 void attention(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const AttentionOptions& options = {});
 
@@ -39,7 +44,8 @@ void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, co
                       const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});
 
-// The path `automatic` would pick for this call (throws as attention() would for bad arguments).
+// The path attention() would run for this call: options.path if it supports the call, the choice
+// of `automatic` otherwise. Throws as attention() would (InvalidArgument, NotAvailable).
 Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                   const AttentionOptions& options = {});
 // Whether this build and backend provide `path` at all.
@@ -51,7 +57,9 @@ bool path_available(const Context& ctx, Path path);
 //   wq: [d_model, heads * head_dim]; wk, wv: [d_model, kv_heads * head_dim] (kv_heads from their width)
 //   out: [batch, heads, seq, head_dim] without wo; with wo ([heads * head_dim, d_out]) out is
 //        [batch, 1, seq, d_out] = concat_heads(attention) W^O.
-// Intermediate Q, K, V live in the context's workspace.
+// Intermediate Q, K, V (and, with wo, the attention output) live in the context's workspace, in
+// a region separate from the paths' own, so workspace_limit must cover both. x, the weights and
+// out share one dtype; out must not overlap x or a weight.
 void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, const MatrixView& wk,
                     const MatrixView& wv, int heads, const TensorView& out, const AttentionOptions& options = {},
                     const MatrixView* wo = nullptr);

@@ -19,7 +19,9 @@ struct ContextOptions {
   std::optional<Backend> backend;
   int device = 0;                  // CUDA device ordinal
   void* stream = nullptr;          // a cudaStream_t to run on (not owned); nullptr: the context makes its own
-  size_t workspace_limit = size_t(1) << 30;  // bytes the naive and cublas paths may hold for S and P
+  // Bytes the context's workspace may hold: the naive and cublas paths' S and P, and
+  // self_attention()'s projected Q, K, V. A call needing more throws WorkspaceTooSmall.
+  size_t workspace_limit = size_t(1) << 30;
 };
 
 // Device choice, stream, lazily created cuBLAS handle and reusable workspace. Move-only.

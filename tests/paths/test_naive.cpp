@@ -50,6 +50,16 @@ TEST(NaivePath, LongRowsStreamingSoftmax) {
   });
 }
 
+// Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits (the sim
+// reserves the gap without touching it).
+TEST(NaivePath, OffsetsPast32Bits) {
+  Context ctx;
+  AttentionCase half = make_case(DType::f16, 2, 2, 1, 7, 64, 32, Causal::top_left, Layout::bshd, true, {}, Path::naive);
+  AttentionCase single = make_case(DType::f32, 2, 1, 1, 5, 9, 7, Causal::none, Layout::bhsd, false, {}, Path::naive);
+  half.batch_gap = single.batch_gap = int64_t(1) << 31;
+  testing::expect_all_pass(ctx, {half, single});
+}
+
 TEST(NaivePath, ExplicitScale) {
   Context ctx;
   AttentionCase c = make_case(DType::f32, 1, 2, 1, 64, 113, 32, Causal::top_left, Layout::bhsd, true, {}, Path::naive);

@@ -24,6 +24,7 @@ std::string AttentionCase::name() const {
   }
   s << " " << to_string(layout) << (with_lse ? " lse" : "") << " " << selfattn::to_string(path);
   if (scale) s << " scale=" << *scale;
+  if (batch_gap) s << " batch_gap=" << batch_gap;
   return s.str();
 }
 
@@ -167,26 +168,62 @@ void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases) {
 
 namespace {
 
-TensorView make_view(void* data, DType dtype, Layout layout, int batch, int heads, int seq, int head_dim) {
-  return layout == Layout::bhsd ? TensorView::bhsd(data, dtype, batch, heads, seq, head_dim)
-                                : TensorView::bshd(data, dtype, batch, heads, seq, head_dim);
+// A tensor of the case in device memory. Each batch is a dense [heads, seq, head_dim] block in the
+// case's layout; consecutive batches are c.batch_gap elements further apart than dense, so host
+// copies go batch by batch and the gaps (possibly gigabytes on the sim) are never touched.
+struct DeviceTensor {
+  DeviceBuffer<unsigned char> device;
+  TensorView view;
+  size_t element = 0;      // bytes per element
+  size_t batch_bytes = 0;  // one dense batch block
+  size_t batch_offset_bytes(int b) const { return size_t(b * view.strides[0]) * element; }
+};
+
+DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, int heads, int seq, const char* label) {
+  DeviceTensor t;
+  const size_t element = dtype_size(c.dtype);
+  const int64_t dense = int64_t(heads) * seq * c.head_dim;
+  t.element = element;
+  t.batch_bytes = size_t(dense) * element;
+  const int64_t batch_stride = dense + c.batch_gap;
+  const size_t bytes = c.batch > 0 ? size_t(int64_t(c.batch - 1) * batch_stride + dense) * element : 0;
+  t.device = DeviceBuffer<unsigned char>(ctx, std::max<size_t>(bytes, 1), label);
+  t.view = c.layout == Layout::bhsd ? TensorView::bhsd(t.device.data(), c.dtype, c.batch, heads, seq, c.head_dim)
+                                    : TensorView::bshd(t.device.data(), c.dtype, c.batch, heads, seq, c.head_dim);
+  t.view.strides[0] = batch_stride;
+  return t;
 }
 
-// One tensor of the case: logical values (rounded to the dtype, as double for the reference) and
+// Index of element (b, h, s, d) in the host copy: the batches' dense blocks back to back.
+size_t host_index(const DeviceTensor& t, int b, int h, int s, int d) {
+  return b * (t.batch_bytes / t.element) + size_t(t.view.offset(0, h, s, d));
+}
+
+void upload(DeviceTensor& t, const std::vector<unsigned char>& host, int batch) {
+  for (int b = 0; b < batch; ++b)
+    t.device.copy_from_host(host.data() + b * t.batch_bytes, t.batch_bytes, t.batch_offset_bytes(b));
+}
+
+std::vector<unsigned char> download(const DeviceTensor& t, int batch) {
+  std::vector<unsigned char> host(t.batch_bytes * size_t(batch));
+  for (int b = 0; b < batch; ++b)
+    t.device.copy_to_host(host.data() + b * t.batch_bytes, t.batch_bytes, t.batch_offset_bytes(b));
+  return host;
+}
+
+// One input of the case: logical values (rounded to the dtype, as double for the reference) and
 // their device copy laid out as the view says.
 struct Operand {
   std::vector<double> logical;  // [b, h, s, d] contiguous
-  DeviceBuffer<unsigned char> device;
-  TensorView view;
+  DeviceTensor tensor;
 };
 
 Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, std::mt19937_64& rng, const char* label) {
   Operand op;
+  op.tensor = make_tensor(ctx, c, heads, seq, label);
   const size_t count = size_t(c.batch) * heads * seq * c.head_dim;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(c.dtype));
-  op.device = DeviceBuffer<unsigned char>(ctx, host.size(), label);
-  op.view = make_view(op.device.data(), c.dtype, c.layout, c.batch, heads, seq, c.head_dim);
+  std::vector<unsigned char> host(op.tensor.batch_bytes * size_t(c.batch));
   op.logical.resize(count);
   size_t i = 0;
   for (int b = 0; b < c.batch; ++b)
@@ -195,9 +232,9 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
         for (int d = 0; d < c.head_dim; ++d, ++i) {
           const float value = round_to(c.dtype, normal(rng));
           op.logical[i] = value;
-          store_element(host.data(), c.dtype, size_t(op.view.offset(b, h, s, d)), value);
+          store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), value);
         }
-  op.device.copy_from_host(host);
+  upload(op.tensor, host, c.batch);
   return op;
 }
 
@@ -209,14 +246,13 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
   Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k");
   Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v");
 
-  const size_t out_count = size_t(c.batch) * c.heads * c.seq_q * c.head_dim;
   const size_t lse_count = size_t(c.batch) * c.heads * c.seq_q;
-  DeviceBuffer<unsigned char> out_buffer(ctx, std::max<size_t>(out_count, 1) * dtype_size(c.dtype), "test out");
+  DeviceTensor out_tensor = make_tensor(ctx, c, c.heads, c.seq_q, "test out");
   DeviceBuffer<float> lse_buffer(ctx, std::max<size_t>(lse_count, 1), "test lse");
   // NaN bytes: 0xFF.. is a NaN in f32, f16 and bf16 alike, so an unwritten element cannot pass.
-  out_buffer.fill_bytes(0xFF);
+  upload(out_tensor, std::vector<unsigned char>(out_tensor.batch_bytes * size_t(c.batch), 0xFF), c.batch);
   lse_buffer.fill_bytes(0xFF);
-  const TensorView out = make_view(out_buffer.data(), c.dtype, c.layout, c.batch, c.heads, c.seq_q, c.head_dim);
+  const TensorView out = out_tensor.view;
 
   DeviceBuffer<int32_t> key_lengths;
   AttentionOptions options;
@@ -231,7 +267,7 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
   if (c.with_lse) options.lse = lse_buffer.data();
 
   try {
-    attention(ctx, q.view, k.view, v.view, out, options);
+    attention(ctx, q.tensor.view, k.tensor.view, v.tensor.view, out, options);
     ctx.synchronize();
   } catch (const std::exception& e) {
     return ::testing::AssertionFailure() << c.name() << ": attention threw: " << e.what();
@@ -249,14 +285,14 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
   problem.key_lengths = c.key_lengths;
   const reference::Result ref = reference::attention(problem, q.logical, k.logical, v.logical);
 
-  std::vector<unsigned char> out_host = out_buffer.to_host();
+  const std::vector<unsigned char> out_host = download(out_tensor, c.batch);
   double diff2 = 0, ref2 = 0, out2 = 0;
   size_t i = 0;
   for (int b = 0; b < c.batch; ++b)
     for (int h = 0; h < c.heads; ++h)
       for (int s = 0; s < c.seq_q; ++s)
         for (int d = 0; d < c.head_dim; ++d, ++i) {
-          const double got = load_element(out_host.data(), c.dtype, size_t(out.offset(b, h, s, d)));
+          const double got = load_element(out_host.data(), c.dtype, host_index(out_tensor, b, h, s, d));
           if (std::isnan(got) || std::isinf(got))
             return ::testing::AssertionFailure() << c.name() << ": out[" << b << "," << h << "," << s << "," << d
                                                  << "] is " << got << " (unwritten or not finite)";

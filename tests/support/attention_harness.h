@@ -36,6 +36,9 @@ struct AttentionCase {
   bool with_lse = false;
   Path path = Path::automatic;
   std::optional<float> scale;  // unset: the library's default 1/sqrt(head_dim)
+  // Extra elements between consecutive batches of q, k, v and out (their batch stride grows by it).
+  // 2^31 puts batch 1 past 32-bit element offsets; only the dense blocks are ever touched.
+  int64_t batch_gap = 0;
 
   // "f16 b2 h4/2 q113 k64 d32 causal=top_left keys=[0,64] bshd lse naive": names a failing case.
   std::string name() const;

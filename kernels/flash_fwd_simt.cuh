@@ -28,12 +28,14 @@ struct FlashFwdSimtTraits {
   static constexpr int kColsPerLane = kMaxHeadDim / 32;
   static constexpr int kThreads = kWarps * 32;
 
-  // Shared memory, in floats: Q [rows][d], K [keys][d + 1] (the +1 staggers rows across banks,
-  // since lane n reads row n), V [keys][d], P [rows][keys].
-  __host__ __device__ static constexpr size_t k_row_floats(int head_dim) { return size_t(head_dim) + 1; }
+  // Shared memory, in floats: Q [rows][q_cols], K [keys][q_cols + 1], V [keys][d], P [rows][keys].
+  // Q and K rows are zero-padded to a multiple of 4 columns so S reads Q as float4 broadcasts (4
+  // columns per load); the +1 of K staggers its rows across banks, since lane n reads row n.
+  __host__ __device__ static constexpr int q_cols(int head_dim) { return (head_dim + 3) / 4 * 4; }
+  __host__ __device__ static constexpr int k_row_floats(int head_dim) { return q_cols(head_dim) + 1; }
   __host__ __device__ static constexpr size_t smem_floats(int head_dim) {
-    return size_t(kBlockRows) * head_dim + kBlockKeys * k_row_floats(head_dim) + size_t(kBlockKeys) * head_dim +
-           size_t(kBlockRows) * kBlockKeys;
+    return size_t(kBlockRows) * q_cols(head_dim) + size_t(kBlockKeys) * k_row_floats(head_dim) +
+           size_t(kBlockKeys) * head_dim + size_t(kBlockRows) * kBlockKeys;
   }
   __host__ __device__ static constexpr size_t smem_bytes(int head_dim) { return smem_floats(head_dim) * sizeof(float); }
 };
@@ -70,15 +72,16 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
                      seq.k_row_start * p.v_stride_row;
 
   float* q_tile = dynamic_smem<float>();
-  float* k_tile = q_tile + size_t(Traits::kBlockRows) * d;
-  float* v_tile = k_tile + N * Traits::k_row_floats(d);
+  const int q_cols = Traits::q_cols(d);
+  const int k_stride = Traits::k_row_floats(d);
+  float* k_tile = q_tile + size_t(Traits::kBlockRows) * q_cols;
+  float* v_tile = k_tile + N * k_stride;
   float* p_tile = v_tile + size_t(N) * d;
-  const int k_stride = int(Traits::k_row_floats(d));
 
   // Q once; rows past the sequence are zero (their scores are finite and never stored).
-  for (int i = threadIdx.x; i < Traits::kBlockRows * d; i += Traits::kThreads) {
-    const int row = block_row0 + i / d;
-    q_tile[i] = row < seq.q_len ? flash_simt_load(q, row * p.q_stride_row + i % d) : 0.0f;
+  for (int i = threadIdx.x; i < Traits::kBlockRows * q_cols; i += Traits::kThreads) {
+    const int row = block_row0 + i / q_cols, col = i % q_cols;
+    q_tile[i] = row < seq.q_len && col < d ? flash_simt_load(q, row * p.q_stride_row + col) : 0.0f;
   }
 
   const int last_row = (block_row0 + Traits::kBlockRows < seq.q_len ? block_row0 + Traits::kBlockRows : seq.q_len) - 1;
@@ -98,21 +101,28 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
 
   for (int key0 = 0; key0 < block_keys; key0 += N) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
+    for (int i = threadIdx.x; i < N * q_cols; i += Traits::kThreads) {
+      const int key = key0 + i / q_cols, col = i % q_cols;
+      k_tile[(i / q_cols) * k_stride + col] =
+          key < seq.k_len && col < d ? flash_simt_load(k, key * p.k_stride_row + col) : 0.0f;
+    }
     for (int i = threadIdx.x; i < N * d; i += Traits::kThreads) {
       const int key = key0 + i / d, col = i % d;
-      const bool in = key < seq.k_len;
-      k_tile[(i / d) * k_stride + col] = in ? flash_simt_load(k, key * p.k_stride_row + col) : 0.0f;
-      v_tile[i] = in ? flash_simt_load(v, key * p.v_stride_row + col) : 0.0f;
+      v_tile[i] = key < seq.k_len ? flash_simt_load(v, key * p.v_stride_row + col) : 0.0f;
     }
     __syncthreads();
 
     float score[R];
     SELFATTN_FLASH_UNROLL
     for (int r = 0; r < R; ++r) score[r] = 0.0f;
-    for (int c = 0; c < d; ++c) {
-      const float kc = k_tile[lane * k_stride + c];
+    for (int c = 0; c < q_cols; c += 4) {
+      const float* k_row = k_tile + lane * k_stride + c;
+      const float k0 = k_row[0], k1 = k_row[1], k2 = k_row[2], k3 = k_row[3];
       SELFATTN_FLASH_UNROLL
-      for (int r = 0; r < R; ++r) score[r] = fmaf(q_tile[(warp_row0 + r) * d + c], kc, score[r]);
+      for (int r = 0; r < R; ++r) {
+        const float4 qc = *reinterpret_cast<const float4*>(q_tile + (warp_row0 + r) * q_cols + c);
+        score[r] = fmaf(qc.w, k3, fmaf(qc.z, k2, fmaf(qc.y, k1, fmaf(qc.x, k0, score[r]))));
+      }
     }
 
     SELFATTN_FLASH_UNROLL

@@ -226,7 +226,7 @@ def main():
                          tflops=flops / (median * 1e-3) / 1e12, gbps=nbytes / (median * 1e-3) / 1e9)
                 if gemm_ceiling:
                     r["pct_of_ceiling"] = 100.0 * r["tflops"] / gemm_ceiling
-            except RuntimeError as e:  # "No available kernel" and friends: this backend can't run the case
+            except Exception as e:  # RuntimeError "No available kernel" and friends: this backend can't run the case
                 r["note"] = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
                 r["check"] = "skipped"
             results.append(r)

@@ -11,6 +11,7 @@
 #   bench/device-check.sh --dry-run OUTDIR here: the same build and the sim parts (no GPU)
 #
 # On the device tool:  run(command="bench/device-check.sh $OUT", carry=[".deps"], timeout_s=540)
+# (the script budgets itself 450 s, BUDGET_S to change; a fresh machine adds its start-up before that)
 # OUTDIR then holds at most 6 files (the tool brings back 8): summary.txt, bench.json, torch.json,
 # throughput.png, sim.json (dry run) and logs.tar.gz (every step's log).
 set -u -o pipefail
@@ -48,11 +49,22 @@ fi
 SUMMARY=$OUTDIR/summary.txt
 : > "$SUMMARY"
 START=$(date +%s)
+# Every step's limit is cut to what is left of the budget, so the whole check ends in time even
+# when a step hangs; a step with under 15 s left is skipped and says so.
+BUDGET_S=${BUDGET_S:-450}
+[ "$DRY_RUN" = 1 ] && BUDGET_S=${BUDGET_S_DRY:-3000}
+DEADLINE=$(( START + BUDGET_S ))
 
 # step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in logs/NAME.log, records the outcome.
 step() {
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s) rc
+  local left=$(( DEADLINE - t0 ))
+  if [ $left -lt 15 ]; then
+    printf '%-22s %-24s\n' "$name" "SKIPPED (time budget)" | tee -a "$SUMMARY"
+    return 125
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name: $*" | tee -a "$LOGS/$name.log"
   timeout --kill-after=10 "$limit" "$@" >> "$LOGS/$name.log" 2>&1
   rc=$?
@@ -76,16 +88,19 @@ if [ ! -f "$GTEST_PREFIX/lib/cmake/GTest/GTestConfig.cmake" ]; then
       -DCMAKE_INSTALL_LIBDIR=lib && cmake --build '$BUILD/_gtest/build' -j $JOBS && cmake --install '$BUILD/_gtest/build'"
 fi
 
-# Release, sm_90a only (wgmma / TMA need the 'a' target; nothing else is built).
-step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DGTest_DIR="$GTEST_PREFIX/lib/cmake/GTest" -DSELFATTN_BUILD_TESTS=ON || { cat "$LOGS/configure.log" | tail -30; }
-if [ "$DRY_RUN" = 1 ]; then
-  step build 1500 cmake --build "$BUILD" -j "$JOBS" --target selfattn-bench
-else
-  step build 300 cmake --build "$BUILD" -j "$JOBS"
-fi
+# Release, sm_90a only (wgmma / TMA need the 'a' target; nothing else is built). The dry run keeps its
+# build folder's architectures (changing them would rebuild every CUDA kernel here for nothing).
+# -U: find CLI11 and nlohmann/json afresh, so .deps/include (searched first) is what the build uses.
+ARCH=(-DCMAKE_CUDA_ARCHITECTURES=90a)
+[ "$DRY_RUN" = 1 ] && ARCH=()
+step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${ARCH[@]}" \
+  -USELFATTN_CLI11_INCLUDE_DIR -USELFATTN_JSON_INCLUDE_DIR -DGTest_DIR="$GTEST_PREFIX/lib/cmake/GTest" \
+  -DSELFATTN_BUILD_TESTS=ON || tail -30 "$LOGS/configure.log"
+# The bench first, so the sweep runs even if building every test takes too long.
+step build-bench 1500 cmake --build "$BUILD" -j "$JOBS" --target selfattn-bench
+[ "$DRY_RUN" = 0 ] && step build-all 200 cmake --build "$BUILD" -j "$JOBS"
 BENCH=$BUILD/bench/selfattn-bench
-[ -x "$BENCH" ] || { echo "no $BENCH: see $LOGS/build.log"; tail -40 "$LOGS/build.log"; }
+[ -x "$BENCH" ] || { echo "no $BENCH: see build-bench.log"; tail -40 "$LOGS/build-bench.log"; }
 
 if [ "$DRY_RUN" = 1 ]; then
   # The sim parts: the bench's own ctests, the sim default sweep with --check, compare_torch's
@@ -98,20 +113,20 @@ if [ "$DRY_RUN" = 1 ]; then
   TABLE_FROM=$LOGS/sim-sweep.log
 else
   export SELFATTN_BACKEND=cuda
-  step gpu-tests 150 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 120
+  step gpu-tests 90 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 120
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   if [ -n "$SANITIZER" ]; then
     # Small cases of each path: odd lengths, both head dims of the fused kernels, a causal mask.
     SMALL=(--backend cuda --path naive,cublas,fused --batch 1 --heads 2 --kv-heads 1 --seq-q 7,65 --seq-k 70
            --head-dim 64,128 --dtype bf16 --causal none,bottom_right --warmup 0 --iters 1 --no-ceilings --check)
-    step memcheck 90 "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$BENCH" "${SMALL[@]}"
-    step racecheck 120 "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 99 --print-limit 20 \
+    step memcheck 60 "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$BENCH" "${SMALL[@]}"
+    step racecheck 75 "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 99 --print-limit 20 \
       "$BENCH" "${SMALL[@]}"
   else
     echo "compute-sanitizer: not found, memcheck/racecheck skipped" | tee -a "$SUMMARY"
   fi
-  step sweep 180 "$BENCH" --backend cuda --check --json "$OUTDIR/bench.json" --csv "$LOGS/bench.csv"
-  step compare-torch 120 python3 "$ROOT/bench/compare_torch.py" --from "$OUTDIR/bench.json" --json "$OUTDIR/torch.json"
+  step sweep 150 "$BENCH" --backend cuda --check --json "$OUTDIR/bench.json" --csv "$LOGS/bench.csv"
+  step compare-torch 90 python3 "$ROOT/bench/compare_torch.py" --from "$OUTDIR/bench.json" --json "$OUTDIR/torch.json"
   PLOT_INPUTS=("$OUTDIR/bench.json")
   [ -f "$OUTDIR/torch.json" ] && PLOT_INPUTS+=("$OUTDIR/torch.json")
   step plot 60 python3 "$ROOT/bench/plot" "${PLOT_INPUTS[@]}" -o "$OUTDIR/throughput.png"

@@ -20,7 +20,17 @@ struct HeadsView {
   int64_t stride_batch, stride_head, stride_seq;
 };
 
-// S = Q K^T (unscaled) for the chunk.
+enum class CausalMask : uint8_t { none, top_left, bottom_right };  // as selfattn::Causal
+
+// Which keys each query row sees (visible_keys() in attention_heads.cuh). Softmax applies it; Q K^T
+// and P V use it to skip key tiles that no row of a tile sees.
+struct KeyMask {
+  const int32_t* key_lengths;  // [batch] or null
+  CausalMask causal;
+  int seq_q;                   // of the whole call (rows are chunk-relative + row_begin)
+};
+
+// S = Q K^T (unscaled) for the chunk; key tiles no row of the tile sees are skipped (left unwritten).
 struct QkParams {
   HeadsView q, k;
   float* s;
@@ -29,9 +39,8 @@ struct QkParams {
   int heads_per_kv;     // GQA: query head h reads kv head h / heads_per_kv
   int bh_begin, row_begin, rows;
   int seq_k, head_dim;
+  KeyMask mask;
 };
-
-enum class CausalMask : uint8_t { none, top_left, bottom_right };  // as selfattn::Causal
 
 // P = softmax(scale * S + mask) per row, written over S (p == s) or to a separate buffer; the row's
 // natural-log LSE when lse != nullptr. P's element type is the kernel's template argument.
@@ -41,15 +50,15 @@ struct SoftmaxParams {
   int64_t s_bh_stride, s_row_stride;
   int64_t p_bh_stride, p_row_stride;  // elements of P's type
   float* lse;                         // [batch, heads, seq_q] contiguous, or null
-  const int32_t* key_lengths;         // [batch] or null
+  KeyMask mask;
   float scale;
-  CausalMask causal;
   int heads;
   int bh_begin, row_begin, rows;
-  int seq_q, seq_k;
+  int seq_k;
 };
 
-// O = P V for the chunk, O in the output dtype and strides. P is fp32.
+// O = P V for the chunk, O in the output dtype and strides. P is fp32; keys past the last visible
+// one of a row tile are skipped (their P is 0).
 struct PvParams {
   const float* p;
   int64_t p_bh_stride, p_row_stride;
@@ -59,6 +68,7 @@ struct PvParams {
   int heads, heads_per_kv;
   int bh_begin, row_begin, rows;
   int seq_k, head_dim;
+  KeyMask mask;
 };
 
 // What the registry hands the host for a naive-path kernel: the instance and its launch geometry

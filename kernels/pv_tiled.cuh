@@ -18,6 +18,13 @@
 
 SELFATTN_KERNELS_BEGIN
 
+// Keys the rows [row0, row0 + tile_rows) of the chunk see at most (those of its last row); P is 0
+// past them, so the sums stop there.
+__device__ inline int tile_visible_keys(const PvParams& p, int batch, int row0, int tile_rows) {
+  const int last = (row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;
+  return visible_keys(p.mask, batch, p.row_begin + last, p.seq_k);
+}
+
 template <class T>
 __global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel(const PvParams p) {
   using Tile = SimtTileTraits;
@@ -31,9 +38,10 @@ __global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel
   const int col0 = int(blockIdx.x) * Tile::kTileN;
 
   float acc[Tile::kPerThread][Tile::kPerThread] = {};
-  for (int j0 = 0; j0 < p.seq_k; j0 += Tile::kTileK) {
-    stage_k_contiguous(a_tile, probs, p.p_row_stride, row0, p.rows, j0, p.seq_k);
-    stage_n_contiguous(b_tile, v, p.v.stride_seq, j0, p.seq_k, col0, p.head_dim);
+  const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
+  for (int j0 = 0; j0 < key_end; j0 += Tile::kTileK) {
+    stage_k_contiguous(a_tile, probs, p.p_row_stride, row0, p.rows, j0, key_end);
+    stage_n_contiguous(b_tile, v, p.v.stride_seq, j0, key_end, col0, p.head_dim);
     __syncthreads();
     simt_tile_multiply(a_tile, b_tile, acc);
     __syncthreads();  // the next slice overwrites what this one read
@@ -66,9 +74,10 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) pv_tiled_mma_kernel(c
   const int warp_row0 = int(threadIdx.x / 32) * 16;
 
   float acc[Tile::kWarpTilesN][4] = {};
-  for (int j0 = 0; j0 < p.seq_k; j0 += Tile::kSliceK) {
-    stage_rows(p_tile, Tile::kLdRowsK, probs, p.p_row_stride, row0, p.rows, j0, p.seq_k, Tile::kTileM, Tile::kSliceK);
-    stage_rows(v_tile, Tile::kLdRowsN, v + int64_t(j0) * p.v.stride_seq, p.v.stride_seq, 0, p.seq_k - j0, col0,
+  const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
+  for (int j0 = 0; j0 < key_end; j0 += Tile::kSliceK) {
+    stage_rows(p_tile, Tile::kLdRowsK, probs, p.p_row_stride, row0, p.rows, j0, key_end, Tile::kTileM, Tile::kSliceK);
+    stage_rows(v_tile, Tile::kLdRowsN, v + int64_t(j0) * p.v.stride_seq, p.v.stride_seq, 0, key_end - j0, col0,
                p.head_dim, Tile::kSliceK, Tile::kTileN);
     __syncthreads();
     warp_mma_slice<T, /*BFromKn=*/true>(p_tile, v_tile, warp_row0, acc);

@@ -17,6 +17,12 @@
 
 SELFATTN_KERNELS_BEGIN
 
+// Keys the rows [row0, row0 + tile_rows) of the chunk see at most: those of its last row.
+__device__ inline int tile_visible_keys(const QkParams& p, int batch, int row0, int tile_rows) {
+  const int last = (row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;
+  return visible_keys(p.mask, batch, p.row_begin + last, p.seq_k);
+}
+
 template <class T>
 __global__ void __launch_bounds__(SimtTileTraits::kThreads) qk_tiled_simt_kernel(const QkParams p) {
   using Tile = SimtTileTraits;
@@ -28,6 +34,7 @@ __global__ void __launch_bounds__(SimtTileTraits::kThreads) qk_tiled_simt_kernel
   const T* k = head_rows<T>(p.k, at.batch, at.kv_head);
   const int row0 = int(blockIdx.y) * Tile::kTileM;
   const int key0 = int(blockIdx.x) * Tile::kTileN;
+  if (key0 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;  // no row here sees these keys
 
   float acc[Tile::kPerThread][Tile::kPerThread] = {};
   for (int d0 = 0; d0 < p.head_dim; d0 += Tile::kTileK) {
@@ -61,6 +68,7 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) qk_tiled_mma_kernel(c
   const T* k = head_rows<T>(p.k, at.batch, at.kv_head);
   const int row0 = int(blockIdx.y) * Tile::kTileM;
   const int key0 = int(blockIdx.x) * Tile::kTileN;
+  if (key0 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;  // no row here sees these keys
   const int warp_row0 = int(threadIdx.x / 32) * 16;
 
   float acc[Tile::kWarpTilesN][4] = {};

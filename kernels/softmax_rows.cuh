@@ -1,10 +1,7 @@
 #pragma once
 // P = softmax(scale * S + mask) row by row, plus the row's natural-log LSE; shared by the naive and
-// cublas paths (see SoftmaxParams). Query row i of a batch with len_k keys sees keys [0, visible):
-//   visible = min(len_k, i + 1)                   causal top_left
-//           = min(len_k, i + 1 + len_k - seq_q)   causal bottom_right (clamped at 0)
-//           = len_k                               no causal mask
-// Keys in [visible, seq_k) get P = 0; a row that sees no key gets P = 0 everywhere and LSE = -inf,
+// cublas paths (see SoftmaxParams). Query row i sees keys [0, visible_keys(i)) (attention_heads.cuh);
+// keys in [visible, seq_k) get P = 0; a row that sees no key gets P = 0 everywhere and LSE = -inf,
 // never NaN (no exp(-inf - -inf) is ever evaluated).
 //
 // A "row group" of Group threads owns one row: a warp (Group 32, 4 rows per 128-thread block) for
@@ -16,6 +13,7 @@
 #include <cstdint>
 
 #include "common/compat.h"
+#include "attention_heads.cuh"
 #include "common/primitives.cuh"
 #include "naive_params.h"
 #include "simt_tile.cuh"
@@ -28,13 +26,6 @@ struct SoftmaxTraits {
   static constexpr int kBlockThreads = 256;   // block-per-row group: 8 warps share a long row's bandwidth
   static constexpr size_t kSmemBytes = 32 * sizeof(float);  // one partial per warp for block reductions
 };
-
-__host__ __device__ inline int visible_keys(int row, int seq_q, int len_k, CausalMask causal) {
-  int visible = len_k;
-  if (causal == CausalMask::top_left) visible = row + 1;
-  if (causal == CausalMask::bottom_right) visible = row + 1 + len_k - seq_q;
-  return visible < 0 ? 0 : (visible < len_k ? visible : len_k);
-}
 
 // Reductions over the row group. A block-wide group passes partials through shared memory; the
 // trailing barrier lets the next reduction reuse it.
@@ -83,12 +74,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   const int bh = p.bh_begin + int(blockIdx.y);
   const int batch = bh / p.heads;
   const int query = p.row_begin + row;
-  int len_k = p.seq_k;
-  if (p.key_lengths) {
-    const int given = p.key_lengths[batch];
-    len_k = given < 0 ? 0 : (given < p.seq_k ? given : p.seq_k);
-  }
-  const int visible = visible_keys(query, p.seq_q, len_k, p.causal);
+  const int visible = visible_keys(p.mask, batch, query, p.seq_k);
 
   const float* s = p.s + int64_t(blockIdx.y) * p.s_bh_stride + int64_t(row) * p.s_row_stride;
   P* out = static_cast<P*>(p.p) + int64_t(blockIdx.y) * p.p_bh_stride + int64_t(row) * p.p_row_stride;
@@ -130,7 +116,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   }
 
   if (p.lse && member == 0)
-    p.lse[int64_t(bh) * p.seq_q + query] = visible > 0 ? row_max + logf(row_sum) : -INFINITY;
+    p.lse[int64_t(bh) * p.mask.seq_q + query] = visible > 0 ? row_max + logf(row_sum) : -INFINITY;
 }
 
 SELFATTN_KERNELS_END

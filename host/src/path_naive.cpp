@@ -69,6 +69,7 @@ void run_naive(ContextState& ctx, const AttentionCall& call) {
     qk.rows = chunk.rows;
     qk.seq_k = call.seq_k;
     qk.head_dim = call.head_dim;
+    qk.mask = key_mask(call);
     kernels::LaunchShape qk_shape;
     qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
     qk_shape.block = dim3(unsigned(naive.qk.threads));
@@ -94,6 +95,7 @@ void run_naive(ContextState& ctx, const AttentionCall& call) {
     pv.rows = chunk.rows;
     pv.seq_k = call.seq_k;
     pv.head_dim = call.head_dim;
+    pv.mask = key_mask(call);
     kernels::LaunchShape pv_shape;
     pv_shape.grid = dim3(tiles(call.head_dim, naive.pv.tile_cols), tiles(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
     pv_shape.block = dim3(unsigned(naive.pv.threads));

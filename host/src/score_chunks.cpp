@@ -42,6 +42,13 @@ kernels::Element element_of(DType dtype) {
   return kernels::Element::f32;
 }
 
+kernels::KeyMask key_mask(const AttentionCall& call) {
+  static_assert(int(Causal::top_left) == int(kernels::CausalMask::top_left) &&
+                    int(Causal::bottom_right) == int(kernels::CausalMask::bottom_right),
+                "CausalMask mirrors selfattn::Causal");
+  return {call.key_lengths, static_cast<kernels::CausalMask>(call.causal), call.seq_q};
+}
+
 void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLayout& layout,
                     const std::function<void(const Chunk&, void* workspace)>& run_chunk) {
   const size_t limit = ctx.workspace.limit();
@@ -99,14 +106,12 @@ void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& c
   params.p_row_stride = p_row_stride;
   params.p_bh_stride = p_row_stride * chunk.rows;
   params.lse = call.lse;
-  params.key_lengths = call.key_lengths;
+  params.mask = key_mask(call);
   params.scale = scale;
-  params.causal = static_cast<kernels::CausalMask>(call.causal);
   params.heads = call.heads;
   params.bh_begin = chunk.pair_begin;
   params.row_begin = chunk.row_begin;
   params.rows = chunk.rows;
-  params.seq_q = call.seq_q;
   params.seq_k = call.seq_k;
 
   kernels::LaunchShape shape;

@@ -31,6 +31,7 @@ void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLay
                     const std::function<void(const Chunk&, void* workspace)>& run_chunk);
 
 kernels::Element element_of(DType dtype);
+kernels::KeyMask key_mask(const AttentionCall& call);
 
 // P = softmax(scale * S + mask) for one chunk: S fp32 with the layout's stride, P (element p_elem,
 // row stride p_row_stride, pair stride p_pair_stride) possibly over S; LSE when the call asks.

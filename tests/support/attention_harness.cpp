@@ -135,6 +135,7 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
     add(1, 2, 2, 64, 257, 128, bottom_right, bshd, true);
     add(1, 6, 3, 2, 203, 32, none, bhsd, false, {0});
     add(2, 2, 1, 113, 1, 16, top_left, bshd, true, {1, 0});
+    add(2, 1, 1, 7, 64, 32, bottom_right, bshd, true, {500, -3});  // clamped to [0, seq_k]
   } else if (dtype == f16) {
     add(2, 4, 1, 113, 64, 64, none, bhsd, true);
     add(1, 2, 2, 64, 113, 32, top_left, bshd, true, {100});

@@ -30,13 +30,14 @@ struct MmaTileTraits {
   static constexpr size_t kSmemBytesKn = (size_t(kTileM) * kLdRowsK + size_t(kSliceK) * kLdRowsN) * 2;  // A + B
 };
 
-// Copies src rows [first, first + tile_rows) x columns [c0, c0 + tile_cols) into tile[row][col]
-// (row stride ld) as T; outside [0, count) x [0, c_end) the tile gets zeros.
-template <class T, class Src>
+// Copies src rows [first, first + TileRows) x columns [c0, c0 + TileCols) into tile[row][col]
+// (row stride ld) as T; outside [0, count) x [0, c_end) the tile gets zeros. The tile shape is a
+// template argument so the index arithmetic folds to shifts.
+template <int TileRows, int TileCols, class T, class Src>
 __device__ inline void stage_rows(T* tile, int ld, const Src* src, int64_t src_ld, int first, int count, int c0,
-                                  int c_end, int tile_rows, int tile_cols) {
-  for (int e = threadIdx.x; e < tile_rows * tile_cols; e += int(blockDim.x)) {
-    const int r = e / tile_cols, c = e % tile_cols;
+                                  int c_end) {
+  for (int e = threadIdx.x; e < TileRows * TileCols; e += int(blockDim.x)) {
+    const int r = e / TileCols, c = e % TileCols;
     const int row = first + r, col = c0 + c;
     const float value = (row < count && col < c_end) ? to_float(src[int64_t(row) * src_ld + col]) : 0.0f;
     tile[r * ld + c] = from_float<T>(value);

@@ -76,9 +76,9 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) pv_tiled_mma_kernel(c
   float acc[Tile::kWarpTilesN][4] = {};
   const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
   for (int j0 = 0; j0 < key_end; j0 += Tile::kSliceK) {
-    stage_rows(p_tile, Tile::kLdRowsK, probs, p.p_row_stride, row0, p.rows, j0, key_end, Tile::kTileM, Tile::kSliceK);
-    stage_rows(v_tile, Tile::kLdRowsN, v + int64_t(j0) * p.v.stride_seq, p.v.stride_seq, 0, key_end - j0, col0,
-               p.head_dim, Tile::kSliceK, Tile::kTileN);
+    stage_rows<Tile::kTileM, Tile::kSliceK>(p_tile, Tile::kLdRowsK, probs, p.p_row_stride, row0, p.rows, j0, key_end);
+    stage_rows<Tile::kSliceK, Tile::kTileN>(v_tile, Tile::kLdRowsN, v + int64_t(j0) * p.v.stride_seq, p.v.stride_seq, 0,
+                                            key_end - j0, col0, p.head_dim);
     __syncthreads();
     warp_mma_slice<T, /*BFromKn=*/true>(p_tile, v_tile, warp_row0, acc);
     __syncthreads();  // the next slice overwrites what this one read

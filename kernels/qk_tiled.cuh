@@ -73,8 +73,8 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) qk_tiled_mma_kernel(c
 
   float acc[Tile::kWarpTilesN][4] = {};
   for (int d0 = 0; d0 < p.head_dim; d0 += Tile::kSliceK) {
-    stage_rows(q_tile, Tile::kLdRowsK, q, p.q.stride_seq, row0, p.rows, d0, p.head_dim, Tile::kTileM, Tile::kSliceK);
-    stage_rows(k_tile, Tile::kLdRowsK, k, p.k.stride_seq, key0, p.seq_k, d0, p.head_dim, Tile::kTileN, Tile::kSliceK);
+    stage_rows<Tile::kTileM, Tile::kSliceK>(q_tile, Tile::kLdRowsK, q, p.q.stride_seq, row0, p.rows, d0, p.head_dim);
+    stage_rows<Tile::kTileN, Tile::kSliceK>(k_tile, Tile::kLdRowsK, k, p.k.stride_seq, key0, p.seq_k, d0, p.head_dim);
     __syncthreads();
     warp_mma_slice<T, /*BFromKn=*/false>(q_tile, k_tile, warp_row0, acc);
     __syncthreads();  // the next slice overwrites what this one read

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attention_harness.h"
+#include "context_state.h"
 #include "kernels/registry.h"
 #include "selfattn/selfattn.h"
 
@@ -77,6 +78,19 @@ TEST(NaivePath, ChunkedByWorkspaceLimit) {
       make_case(DType::f32, 2, 4, 2, 30, 203, 32, Causal::bottom_right, Layout::bhsd, true, {203, 100}, Path::naive),
       // row ranges of one head
       make_case(DType::f16, 1, 2, 1, 257, 203, 64, Causal::top_left, Layout::bshd, true, {}, Path::naive),
+  });
+  EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
+}
+
+// Another workspace slot (self_attention's projections) holds most of the limit: the path finds the
+// largest chunk that fits in what is left instead of failing.
+TEST(NaivePath, ChunksAroundOtherWorkspaceSlots) {
+  ContextOptions options;
+  options.workspace_limit = 256 * 1024;
+  Context ctx(options);
+  ctx.state().workspace.reserve(200 * 1024, "test: held by another slot", detail::WorkspaceSlot::projections);
+  testing::expect_all_pass(ctx, {
+      make_case(DType::bf16, 1, 4, 2, 113, 203, 64, Causal::none, Layout::bshd, true, {}, Path::naive),
   });
   EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
 }

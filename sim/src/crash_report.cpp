@@ -16,7 +16,6 @@ namespace selfattn::sim::detail {
 namespace {
 
 struct sigaction g_previous;
-thread_local const FaultInfo* t_fault_info __attribute__((tls_model("initial-exec"))) = nullptr;
 // The handler runs on its own stack: the faulting one may be the overflowed fiber stack.
 constexpr size_t kAltStackBytes = 64 * 1024;
 thread_local unsigned char t_alt_stack[kAltStackBytes];
@@ -36,7 +35,7 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   static char message[1024];
   const void* address = info->si_addr;
   bool described = false;
-  if (const FaultInfo* f = t_fault_info) {
+  if (const FaultInfo* f = running_fault_info()) {
     const auto a = reinterpret_cast<uintptr_t>(address);
     if (f->stack_guard_begin <= a && a < f->stack_guard_end) {
       std::snprintf(message, sizeof message,
@@ -92,7 +91,5 @@ void install_crash_report() {
     t_alt_stack_set = true;
   }
 }
-
-void set_fault_info(const FaultInfo* info) { t_fault_info = info; }
 
 }  // namespace selfattn::sim::detail

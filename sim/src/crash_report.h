@@ -18,8 +18,8 @@ struct FaultInfo {
 
 // Installs the handler (once per process) and an alternate signal stack (once per OS thread).
 void install_crash_report();
-// The fiber about to run on this OS thread (nullptr: none).
-void set_fault_info(const FaultInfo* info);
+// The fiber running on this OS thread (nullptr: none); defined by the engine, called by the handler.
+const FaultInfo* running_fault_info();
 
 // Writes what `address` is to a device buffer ("N bytes past the end of buffer 'label' ...") and
 // returns true, if it lies in a buffer's mapping. Called from the fault handler: never blocks.

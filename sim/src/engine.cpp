@@ -276,10 +276,7 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
   splitmix64(rng);
 
   struct ClearRunning {
-    ~ClearRunning() {
-      t_fiber = nullptr;
-      detail::set_fault_info(nullptr);
-    }
+    ~ClearRunning() { t_fiber = nullptr; }
   } clear_running;
   for (;;) {
     w.order.swap(w.released);
@@ -291,9 +288,7 @@ void run_block(const LaunchConfig& config, void (*body)(const void*), const void
     for (size_t i = w.order.size(); i > 1; --i) std::swap(w.order[i - 1], w.order[splitmix64(rng) % i]);
     for (Fiber* f : w.order) {
       t_fiber = f;
-      detail::set_fault_info(&f->fault);
       detail::fiber_switch(b.scheduler, f->context);
-      detail::set_fault_info(nullptr);
       t_fiber = nullptr;
       if (b.error) std::rethrow_exception(b.error);
     }
@@ -409,6 +404,8 @@ void validate(const LaunchConfig& c) {
 }  // namespace
 
 // ---- public interface -------------------------------------------------------------------------
+
+const detail::FaultInfo* detail::running_fault_info() { return t_fiber ? &t_fiber->fault : nullptr; }
 
 void launch(const LaunchConfig& config, void (*body)(const void* params), const void* params) {
   if (t_fiber) throw Error("sim: launch() called from inside a kernel");

@@ -9,12 +9,6 @@
 
 #include "selfattn_sim/sim.h"
 
-#if defined(__x86_64__) && defined(__linux__)
-#define SELFATTN_SIM_HAVE_ASM_SWITCH 1
-#else
-#define SELFATTN_SIM_HAVE_ASM_SWITCH 0
-#endif
-
 #if SELFATTN_SIM_HAVE_ASM_SWITCH
 // selfattn_sim_switch(void** save_sp, void* load_sp): pushes the callee-saved state of the running
 // execution, stores its stack pointer in *save_sp, loads load_sp and pops the state saved there.
@@ -61,7 +55,6 @@ selfattn_sim_fiber_start:
   ud2
   .size selfattn_sim_fiber_start, .-selfattn_sim_fiber_start
 )");
-extern "C" void selfattn_sim_switch(void** save_sp, void* load_sp);
 extern "C" void selfattn_sim_fiber_start();
 #endif
 
@@ -111,10 +104,11 @@ SwitchKind choose_switch_kind() {
   return SwitchKind::assembly;
 }
 
-// Chosen at load time, so that each switch reads a plain global rather than a guarded static.
-const SwitchKind g_switch_kind = choose_switch_kind();
-
 }  // namespace
+
+// Chosen at load time, so that each switch reads a plain global rather than a guarded static.
+// (Read before its initialisation it is 0, `assembly`: the default anyway.)
+const SwitchKind g_switch_kind = choose_switch_kind();
 
 SwitchKind switch_kind() { return g_switch_kind; }
 
@@ -161,14 +155,6 @@ void fiber_prepare(FiberContext& fiber, FiberStack& stack, FiberEntry entry, voi
               unsigned(a), unsigned(a >> 32));
 }
 
-void fiber_switch(FiberContext& from, FiberContext& to) {
-#if SELFATTN_SIM_HAVE_ASM_SWITCH
-  if (g_switch_kind == SwitchKind::assembly) {
-    selfattn_sim_switch(&from.stack_pointer, to.stack_pointer);
-    return;
-  }
-#endif
-  swapcontext(&from.uc, &to.uc);
-}
+void ucontext_switch(FiberContext& from, FiberContext& to) { swapcontext(&from.uc, &to.uc); }
 
 }  // namespace selfattn::sim::detail

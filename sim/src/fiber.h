@@ -37,8 +37,14 @@ class FiberStack {
 // Stack bytes per fiber: 256 KB, or SELFATTN_SIM_STACK_KB.
 size_t fiber_stack_bytes();
 
+#if defined(__x86_64__) && defined(__linux__)
+#define SELFATTN_SIM_HAVE_ASM_SWITCH 1
+#else
+#define SELFATTN_SIM_HAVE_ASM_SWITCH 0
+#endif
+
 enum class SwitchKind { assembly, ucontext };
-SwitchKind switch_kind();  // fixed at start-up (SELFATTN_SIM_FIBERS=ucontext|asm)
+SwitchKind switch_kind();  // fixed at load time (SELFATTN_SIM_FIBERS=ucontext)
 
 // A suspended execution: either a saved stack pointer (assembly) or a ucontext.
 struct FiberContext {
@@ -52,7 +58,26 @@ using FiberEntry = void (*)(void* arg);
 // return: it ends by switching away for good.
 void fiber_prepare(FiberContext& fiber, FiberStack& stack, FiberEntry entry, void* arg);
 
-// Saves the running execution into `from` and resumes `to`.
-void fiber_switch(FiberContext& from, FiberContext& to);
+void ucontext_switch(FiberContext& from, FiberContext& to);
+extern const SwitchKind g_switch_kind;
+
+}  // namespace selfattn::sim::detail
+
+#if SELFATTN_SIM_HAVE_ASM_SWITCH
+extern "C" void selfattn_sim_switch(void** save_sp, void* load_sp);
+#endif
+
+namespace selfattn::sim::detail {
+
+// Saves the running execution into `from` and resumes `to`. Inline: it runs twice per wait.
+inline void fiber_switch(FiberContext& from, FiberContext& to) {
+#if SELFATTN_SIM_HAVE_ASM_SWITCH
+  if (g_switch_kind == SwitchKind::assembly) {
+    selfattn_sim_switch(&from.stack_pointer, to.stack_pointer);
+    return;
+  }
+#endif
+  ucontext_switch(from, to);
+}
 
 }  // namespace selfattn::sim::detail

@@ -15,7 +15,7 @@ namespace sb = selfattn_bench;
 
 namespace {
 
-// Command-line words for the enums; CLI11's CheckedTransformer maps them (case-insensitively).
+// Command-line words for the enums.
 const std::map<std::string, sb::DType> kDTypes = {{"fp32", sb::DType::f32}, {"fp16", sb::DType::f16}, {"bf16", sb::DType::bf16}};
 const std::map<std::string, sb::Causal> kCausals = {
     {"none", sb::Causal::none}, {"top_left", sb::Causal::top_left}, {"bottom_right", sb::Causal::bottom_right}};
@@ -63,9 +63,7 @@ int main(int argc, char** argv) {
   std::string backend_word;
   std::vector<std::string> path_words;
   std::vector<int> batch, heads, kv_heads, seq_q, seq_k, head_dim;
-  std::vector<sb::DType> dtypes;
-  std::vector<sb::Causal> causals;
-  std::vector<sb::Layout> layouts;
+  std::vector<std::string> dtype_words, causal_words, layout_words;
   sb::RunSettings settings;
   int warmup = -1, iters = -1;
   double tolerance = 0;
@@ -84,12 +82,12 @@ int main(int argc, char** argv) {
   sizes("--seq-q", seq_q, "query lengths (default: seq-k, else 1024 on cuda, 64 on sim)");
   sizes("--seq-k", seq_k, "key lengths (default: seq-q)");
   sizes("--head-dim", head_dim, "head dimensions (default 128 on cuda, 64 on sim)");
-  app.add_option("--dtype", dtypes, "fp32, fp16, bf16 (default bf16)")
-      ->delimiter(',')->transform(CLI::CheckedTransformer(kDTypes, CLI::ignore_case))->option_text("DTYPE,...");
-  app.add_option("--causal", causals, "none, top_left, bottom_right (default: none; default sweep: none,top_left)")
-      ->delimiter(',')->transform(CLI::CheckedTransformer(kCausals, CLI::ignore_case))->option_text("MASK,...");
-  app.add_option("--layout", layouts, "bhsd or bshd (default bhsd)")
-      ->delimiter(',')->transform(CLI::CheckedTransformer(kLayouts, CLI::ignore_case))->option_text("LAYOUT,...");
+  app.add_option("--dtype", dtype_words, "fp32, fp16, bf16 (default bf16)")
+      ->delimiter(',')->check(CLI::IsMember({"fp32", "fp16", "bf16"}))->option_text("DTYPE,...");
+  app.add_option("--causal", causal_words, "none, top_left, bottom_right (default: none; default sweep: none,top_left)")
+      ->delimiter(',')->check(CLI::IsMember({"none", "top_left", "bottom_right"}))->option_text("MASK,...");
+  app.add_option("--layout", layout_words, "bhsd or bshd (default bhsd)")
+      ->delimiter(',')->check(CLI::IsMember({"bhsd", "bshd"}))->option_text("LAYOUT,...");
   app.add_flag("--check", settings.check,
                "compare each case with the double-precision CPU reference (sampled rows for large shapes); "
                "exit 1 when any check fails");
@@ -100,7 +98,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_file, "write the results as JSON (schema: bench/README.md)");
   app.add_option("--csv", csv_file, "write the results as CSV");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a "ParseError" that exits 0
+  }
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
@@ -142,11 +144,17 @@ int main(int argc, char** argv) {
   try {
     if (!path_words.empty()) sweep.paths = parse_paths(path_words);
   } catch (const CLI::Error& e) {
-    return app.exit(e);
+    app.exit(e);
+    return 2;
   }
-  if (!dtypes.empty()) sweep.dtypes = dtypes;
-  if (!causals.empty()) sweep.causals = causals;
-  if (!layouts.empty()) sweep.layouts = layouts;
+  auto mapped = [](const auto& table, const std::vector<std::string>& words, auto& into) {
+    if (words.empty()) return;
+    into.clear();
+    for (const std::string& w : words) into.push_back(table.at(w));
+  };
+  mapped(kDTypes, dtype_words, sweep.dtypes);
+  mapped(kCausals, causal_words, sweep.causals);
+  mapped(kLayouts, layout_words, sweep.layouts);
   const std::vector<sb::Case> cases = sb::expand(sweep);
 
   sb::RunHeader header;

@@ -25,6 +25,7 @@ std::string AttentionCase::name() const {
   s << " " << to_string(layout) << (with_lse ? " lse" : "") << " " << selfattn::to_string(path);
   if (scale) s << " scale=" << *scale;
   if (batch_gap) s << " batch_gap=" << batch_gap;
+  if (row_gap) s << " row_gap=" << row_gap;
   return s.str();
 }
 
@@ -114,10 +115,11 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
   constexpr DType f32 = DType::f32, f16 = DType::f16;
   std::vector<AttentionCase> cases;
   auto add = [&](int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim, Causal causal, Layout layout,
-                 bool lse, std::vector<int32_t> key_lengths = {}) {
+                 bool lse, std::vector<int32_t> key_lengths = {}, int64_t row_gap = 0) {
     if (head_dim_ok && !head_dim_ok(head_dim)) return;
     cases.push_back(make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, lse,
                               std::move(key_lengths), path));
+    cases.back().row_gap = row_gap;
   };
   // Tiny shapes, the seed example (2 tokens, head_dim 2) first.
   add(1, 1, 1, 2, 2, 2, none, bhsd, false);
@@ -136,6 +138,7 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
     add(1, 6, 3, 2, 203, 32, none, bhsd, false, {0});
     add(2, 2, 1, 113, 1, 16, top_left, bshd, true, {1, 0});
     add(2, 1, 1, 7, 64, 32, bottom_right, bshd, true, {500, -3});  // clamped to [0, seq_k]
+    add(2, 2, 1, 64, 7, 7, top_left, bhsd, true, {}, 3);          // padded rows
   } else if (dtype == f16) {
     add(2, 4, 1, 113, 64, 64, none, bhsd, true);
     add(1, 2, 2, 64, 113, 32, top_left, bshd, true, {100});
@@ -144,6 +147,7 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
     add(1, 1, 1, 257, 203, 7, top_left, bhsd, true);
     add(2, 4, 2, 1, 64, 1, bottom_right, bshd, true);
     add(1, 4, 4, 64, 64, 64, top_left, bhsd, true, {0});
+    add(2, 4, 4, 113, 64, 64, top_left, bshd, true, {}, 2 * 4 * 64);  // a slice of packed [b, s, 3, h, d] QKV
   } else {
     add(1, 4, 2, 64, 203, 64, bottom_right, bshd, true);
     add(2, 2, 1, 113, 7, 128, top_left, bhsd, true, {7, 0});
@@ -152,6 +156,7 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
     add(1, 8, 4, 7, 257, 2, top_left, bshd, true);
     add(1, 2, 2, 257, 1, 7, bottom_right, bhsd, true);
     add(2, 2, 2, 64, 113, 128, bottom_right, bhsd, true, {113, 50});
+    add(1, 2, 1, 7, 203, 32, none, bshd, false, {}, 8);  // padded rows
   }
   (void)f16;
   return cases;
@@ -169,33 +174,42 @@ void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases) {
 
 namespace {
 
-// A tensor of the case in device memory. Each batch is a dense [heads, seq, head_dim] block in the
-// case's layout; consecutive batches are c.batch_gap elements further apart than dense, so host
-// copies go batch by batch and the gaps (possibly gigabytes on the sim) are never touched.
+// A tensor of the case in device memory. Each batch is a [heads, seq, head_dim] block in the case's
+// layout, every row (one head's head_dim elements) followed by c.row_gap unused elements (as a slice
+// of a packed QKV projection is); consecutive batches are c.batch_gap elements further apart, so
+// host copies go batch by batch and the gaps (possibly gigabytes on the sim) are never touched.
 struct DeviceTensor {
   DeviceBuffer<unsigned char> device;
   TensorView view;
   size_t element = 0;      // bytes per element
-  size_t batch_bytes = 0;  // one dense batch block
+  size_t batch_bytes = 0;  // one batch block, row gaps included
   size_t batch_offset_bytes(int b) const { return size_t(b * view.strides[0]) * element; }
 };
 
 DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, int heads, int seq, const char* label) {
   DeviceTensor t;
-  const size_t element = dtype_size(c.dtype);
-  const int64_t dense = int64_t(heads) * seq * c.head_dim;
-  t.element = element;
-  t.batch_bytes = size_t(dense) * element;
-  const int64_t batch_stride = dense + c.batch_gap;
-  const size_t bytes = c.batch > 0 ? size_t(int64_t(c.batch - 1) * batch_stride + dense) * element : 0;
+  t.element = dtype_size(c.dtype);
+  t.view.dtype = c.dtype;
+  t.view.shape = {c.batch, heads, seq, c.head_dim};
+  int64_t block = 0;  // elements of one batch block
+  if (c.layout == Layout::bhsd) {
+    const int64_t row = c.head_dim + c.row_gap;
+    t.view.strides = {0, seq * row, row, 1};
+    block = heads * seq * row;
+  } else {
+    const int64_t row = int64_t(heads) * c.head_dim + c.row_gap;
+    t.view.strides = {0, c.head_dim, row, 1};
+    block = seq * row;
+  }
+  t.view.strides[0] = block + c.batch_gap;
+  t.batch_bytes = size_t(block) * t.element;
+  const size_t bytes = c.batch > 0 ? size_t(int64_t(c.batch - 1) * t.view.strides[0] + block) * t.element : 0;
   t.device = DeviceBuffer<unsigned char>(ctx, std::max<size_t>(bytes, 1), label);
-  t.view = c.layout == Layout::bhsd ? TensorView::bhsd(t.device.data(), c.dtype, c.batch, heads, seq, c.head_dim)
-                                    : TensorView::bshd(t.device.data(), c.dtype, c.batch, heads, seq, c.head_dim);
-  t.view.strides[0] = batch_stride;
+  t.view.data = t.device.data();
   return t;
 }
 
-// Index of element (b, h, s, d) in the host copy: the batches' dense blocks back to back.
+// Index of element (b, h, s, d) in the host copy: the batches' blocks back to back.
 size_t host_index(const DeviceTensor& t, int b, int h, int s, int d) {
   return b * (t.batch_bytes / t.element) + size_t(t.view.offset(0, h, s, d));
 }
@@ -301,6 +315,19 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
           ref2 += ref.out[i] * ref.out[i];
           out2 += got * got;
         }
+  // Nothing outside out's elements was written: every byte of the row gaps is still poison.
+  if (c.row_gap > 0) {
+    std::vector<bool> is_element(out_host.size() / out_tensor.element, false);
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < c.heads; ++h)
+        for (int s = 0; s < c.seq_q; ++s)
+          for (int d = 0; d < c.head_dim; ++d) is_element[host_index(out_tensor, b, h, s, d)] = true;
+    for (size_t e = 0; e < is_element.size(); ++e)
+      for (size_t byte = 0; byte < out_tensor.element && !is_element[e]; ++byte)
+        if (out_host[e * out_tensor.element + byte] != 0xFF)
+          return ::testing::AssertionFailure() << c.name() << ": element " << e << " of out's row gaps was written";
+  }
+
   Measured m;
   m.out_rel_error = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(out2);
   if (ref2 > 0 && out2 == 0) return ::testing::AssertionFailure() << c.name() << ": out is all zeros";

@@ -39,6 +39,10 @@ struct AttentionCase {
   // Extra elements between consecutive batches of q, k, v and out (their batch stride grows by it).
   // 2^31 puts batch 1 past 32-bit element offsets; only the dense blocks are ever touched.
   int64_t batch_gap = 0;
+  // Unused elements after every row (one head's head_dim values) of q, k, v and out, so the sequence
+  // stride exceeds the dense one, as in a slice of a packed QKV projection. The harness checks that
+  // out's gaps stay untouched.
+  int64_t row_gap = 0;
 
   // "f16 b2 h4/2 q113 k64 d32 causal=top_left keys=[0,64] bshd lse naive": names a failing case.
   std::string name() const;

@@ -283,7 +283,9 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
       if (b.exited == threads) break;
       report_divergence(b);
     }
-    for (size_t i = w.order.size(); i > 1; --i) std::swap(w.order[i - 1], w.order[splitmix64(rng) % i]);
+    for (size_t i = w.order.size(); i > 1; --i) {  // Fisher-Yates; multiply-shift instead of a division
+      std::swap(w.order[i - 1], w.order[(splitmix64(rng) >> 32) * i >> 32]);
+    }
     for (Fiber* f : w.order) {
       t_fiber = f;
       detail::fiber_switch(b.scheduler, f->context);

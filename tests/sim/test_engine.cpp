@@ -131,6 +131,49 @@ TEST(SimEngine, MissingBarrierChangesTheResult) {
   EXPECT_GT(nan_reads, wrong.size() / 4) << "the race went unnoticed";
 }
 
+// The write-after-read hazard of a tiled loop: each step stages a tile in shared memory, and every
+// thread reads its neighbour's element. Without the barrier at the end of the step, a thread that
+// runs ahead overwrites its slot with the next tile while a neighbour has yet to read it.
+struct TiledParams {
+  const float* in;  // steps x blockDim.x
+  float* out;       // blockDim.x
+  int steps;
+};
+
+template <bool TrailingBarrier>
+__global__ void neighbour_sum_over_tiles(const TiledParams p) {
+  float* tile = reinterpret_cast<float*>(sim::current_thread().dynamic_smem);
+  const unsigned n = blockDim.x, t = threadIdx.x;
+  float sum = 0;
+  for (int step = 0; step < p.steps; ++step) {
+    tile[t] = p.in[size_t(step) * n + t];
+    __syncthreads();
+    sum += tile[(t + 1) % n];
+    if (TrailingBarrier) __syncthreads();
+  }
+  p.out[t] = sum;
+}
+
+TEST(SimEngine, MissingTrailingBarrierInATiledLoopChangesTheResult) {
+  const unsigned n = 96;
+  const int steps = 6;
+  std::vector<float> in(size_t(steps) * n);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 17 + 1);  // small integers: sums are exact
+  std::vector<float> expected(n, 0);
+  for (int s = 0; s < steps; ++s) {
+    for (unsigned t = 0; t < n; ++t) expected[t] += in[size_t(s) * n + (t + 1) % n];
+  }
+  std::vector<float> with(n, NAN), without(n, NAN);
+  launch<TiledParams, neighbour_sum_over_tiles<true>>("tiled", dim3(1), dim3(n), {in.data(), with.data(), steps},
+                                                      n * sizeof(float));
+  launch<TiledParams, neighbour_sum_over_tiles<false>>("tiled_racy", dim3(1), dim3(n),
+                                                       {in.data(), without.data(), steps}, n * sizeof(float));
+  EXPECT_EQ(with, expected);
+  size_t wrong = 0;
+  for (unsigned t = 0; t < n; ++t) wrong += without[t] != expected[t];
+  EXPECT_GT(wrong, n / 4) << "the write-after-read race went unnoticed";
+}
+
 // A barrier inside a loop, many times: a block-wide running sum through shared memory.
 struct PrefixParams {
   const int* in;

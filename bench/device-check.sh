@@ -84,7 +84,7 @@ echo "selfattn device check: commit $(cat "$DEPS/git-commit" 2>/dev/null), build
 GTEST_PREFIX=$BUILD/_gtest/install
 if [ ! -f "$GTEST_PREFIX/lib/cmake/GTest/GTestConfig.cmake" ]; then
   step gtest 180 bash -c "cmake -S '$DEPS/googletest' -B '$BUILD/_gtest/build' -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_GMOCK=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$GTEST_PREFIX' \
+      -DBUILD_GMOCK=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$GTEST_PREFIX' \
       -DCMAKE_INSTALL_LIBDIR=lib && cmake --build '$BUILD/_gtest/build' -j $JOBS && cmake --install '$BUILD/_gtest/build'"
 fi
 
@@ -135,6 +135,15 @@ fi
 
 echo "total $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
 {
+  # The verdict lines of the test and sanitizer logs.
+  for log in bench-ctests gpu-tests; do
+    [ -f "$LOGS/$log.log" ] && grep -h -E "tests passed|tests failed|No tests were found|\*\*\*Failed|\(Failed\)" \
+      "$LOGS/$log.log" | sed "s/^/$log: /" | head -20
+  done
+  for log in memcheck racecheck; do
+    [ -f "$LOGS/$log.log" ] && grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|Device not supported|cases ran" "$LOGS/$log.log" \
+      | sed "s/^/$log: /" | head -5
+  done
   echo
   # The bench's table (everything after its "selfattn-bench <version>" title line) and torch's.
   sed -n '/^selfattn-bench [0-9]/,$p' "$TABLE_FROM" 2>/dev/null

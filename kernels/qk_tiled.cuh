@@ -1,5 +1,6 @@
 #pragma once
-// S = Q K^T per (batch, head) of a chunk, unscaled, fp32, into the workspace (see QkParams).
+// S = Q K^T per (batch, head) of a chunk, unscaled, fp32, into the workspace (see QkParams); key
+// tiles that no row of the block's row tile sees (causal, key lengths) are skipped, never read.
 // Grid: x = key tiles, y = query-row tiles, z = (batch, head) pairs of the chunk.
 //
 // qk_tiled_simt_kernel<T>: any dtype, any head_dim >= 1 (K slices zero-padded), fp32 FMA.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -61,18 +62,24 @@ void check_arguments(const GemmBatch& g) {
 void sim_gemm_strided_batched(const GemmBatch& g) {
   check_arguments(g);
   if (g.m == 0 || g.n == 0) return;
+  // op(A) row-wise and op(B) column-wise in fp32, so the inner loop runs over contiguous floats.
+  std::vector<float> a_rows(size_t(g.m) * g.k), b_cols(size_t(g.n) * g.k);
   for (int p = 0; p < g.batch_count; ++p) {
     const void* a = advance(g.a, g.a_type, p * g.stride_a);
     const void* b = advance(g.b, g.b_type, p * g.stride_b);
     void* c = const_cast<void*>(advance(g.c, g.c_type, p * g.stride_c));
+    for (int row = 0; row < g.m; ++row)
+      for (int i = 0; i < g.k; ++i)
+        a_rows[size_t(row) * g.k + i] = load(a, g.a_type, g.trans_a ? i + int64_t(row) * g.lda : row + int64_t(i) * g.lda);
+    for (int col = 0; col < g.n; ++col)
+      for (int i = 0; i < g.k; ++i)
+        b_cols[size_t(col) * g.k + i] = load(b, g.b_type, g.trans_b ? col + int64_t(i) * g.ldb : i + int64_t(col) * g.ldb);
     for (int col = 0; col < g.n; ++col) {
+      const float* b_col = b_cols.data() + size_t(col) * g.k;
       for (int row = 0; row < g.m; ++row) {
+        const float* a_row = a_rows.data() + size_t(row) * g.k;
         float sum = 0;
-        for (int i = 0; i < g.k; ++i) {
-          const int64_t a_index = g.trans_a ? i + int64_t(row) * g.lda : row + int64_t(i) * g.lda;
-          const int64_t b_index = g.trans_b ? col + int64_t(i) * g.ldb : i + int64_t(col) * g.ldb;
-          sum += load(a, g.a_type, a_index) * load(b, g.b_type, b_index);
-        }
+        for (int i = 0; i < g.k; ++i) sum += a_row[i] * b_col[i];
         const int64_t c_index = row + int64_t(col) * g.ldc;
         const float result = g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * load(c, g.c_type, c_index);
         store(c, g.c_type, c_index, result);

@@ -1,5 +1,7 @@
 // The grid: a launch's blocks spread over a pool of worker OS threads (the caller is one of them).
 // Blocks are handed out one at a time from a shared counter; each runs to its end on one worker.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -52,15 +54,6 @@ struct Job {
 
 class Pool {
  public:
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    work_ready_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
   // Runs the job on the calling thread and `helpers` pool threads; returns when all are done.
   void run(Job& job, unsigned helpers) {
     {
@@ -87,8 +80,7 @@ class Pool {
       Job* job = nullptr;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
+        work_ready_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
         if (index >= wanted_) continue;
         job = job_;
@@ -106,7 +98,6 @@ class Pool {
   uint64_t generation_ = 0;
   unsigned wanted_ = 0;
   unsigned busy_ = 0;
-  bool stopping_ = false;
 };
 
 void validate(const LaunchConfig& c) {
@@ -123,6 +114,18 @@ void validate(const LaunchConfig& c) {
                 std::to_string(kMaxDynamicSmem) + " an H200 block may have");
 }
 
+// The process's pool, created on first use and never destroyed: its threads sleep until exit.
+// A fork()ed child (e.g. a gtest death test) has none of its parent's threads, so it gets its own.
+Pool& the_pool() {
+  static Pool* pool = nullptr;
+  static pid_t owner = 0;
+  if (!pool || owner != getpid()) {
+    pool = new Pool;
+    owner = getpid();
+  }
+  return *pool;
+}
+
 }  // namespace
 
 void launch(const LaunchConfig& config, void (*body)(const void* params), const void* params) {
@@ -130,7 +133,6 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
   validate(config);
   static std::mutex launch_mutex;  // one grid at a time: the pool and the workers' fibers are shared
   std::lock_guard<std::mutex> lock(launch_mutex);
-  static Pool pool;
 
   const Options opts = options();
   Job job;
@@ -142,7 +144,7 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
   uint64_t workers = opts.worker_threads > 0 ? unsigned(opts.worker_threads)
                                              : std::max(1u, std::thread::hardware_concurrency());
   workers = std::min<uint64_t>(workers, job.blocks);
-  pool.run(job, unsigned(workers - 1));
+  the_pool().run(job, unsigned(workers - 1));
   if (job.error) std::rethrow_exception(job.error);
   check_guards(("launch of kernel '" + std::string(config.kernel_name) + "'").c_str());
 }

@@ -1,8 +1,9 @@
-// Faults inside kernel threads are explained before the process dies (death tests: each runs in a
-// re-executed child process, so the pool's worker threads never meet fork()).
+// Faults inside kernel threads are explained before the process dies (death tests), and a fork()ed
+// child can still launch.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "common/compat.h"
@@ -58,6 +59,30 @@ TEST(SimCrashReportDeathTest, FarOutOfBoundsStoreNamesTheBuffer) {
                "kernel 'far_store', block \\(0,0,0\\), thread \\(0,0,0\\) faulted at .*: offset 9000 of buffer "
                "'logits' \\(4000 bytes\\): 5000 bytes past its end");
   sim::device_free(data);
+}
+
+// A fork()ed child (gtest's default death-test style) has none of the parent's worker threads; its
+// launches must not wait for them.
+struct CountParams {
+  unsigned* count;
+};
+
+__global__ void count_blocks(const CountParams p) {
+  if (threadIdx.x == 0) atomicAdd(p.count, 1u);
+}
+
+TEST(SimCrashReportDeathTest, LaunchInAForkedChildAfterWorkersRan) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  sim::testing::ScopedOptions options(sim::testing::with_workers(4));
+  unsigned count = 0;
+  launch<CountParams, count_blocks>("count_blocks", dim3(16), dim3(32), {&count});
+  ASSERT_EQ(count, 16u);
+  const auto child = [&] {
+    launch<CountParams, count_blocks>("count_blocks", dim3(16), dim3(32), {&count});
+    std::fprintf(stderr, "child counted %u blocks\n", count);
+    std::abort();
+  };
+  EXPECT_DEATH(child(), "child counted 32 blocks");
 }
 
 }  // namespace

@@ -10,6 +10,10 @@
 
 namespace selfattn_bench {
 
+// Above this many multiply-adds (batch * heads * seq_q * seq_k * head_dim) the whole-output
+// reference would take seconds: rows are sampled instead.
+constexpr double kWholeReferenceMacs = 3e7;
+
 struct AccuracyResult {
   bool passed = false;
   bool sampled = false;
@@ -27,6 +31,6 @@ double default_tolerance(DType dtype);
 // NaN left means an element was never written (or the kernel produced one).
 AccuracyResult check_against_reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
                                        const std::vector<float>& v, const std::vector<float>& out,
-                                       double tolerance);
+                                       double tolerance, double whole_reference_macs = kWholeReferenceMacs);
 
 }  // namespace selfattn_bench

@@ -32,6 +32,7 @@ struct RunSettings {
   int iters = 3;
   bool check = false;
   std::optional<double> tolerance;  // relative-error bound; unset: a per-dtype default
+  double whole_check_macs = 3e7;    // larger problems are checked on sampled rows
 };
 
 // Peak rates measured in the same run (cuda only); 0 where not measured.

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
                "exit 1 when any check fails");
   app.add_option("--tolerance", tolerance, "relative-error bound for --check (default: fp32 1e-5, fp16 2e-3, bf16 1e-2)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--check-whole-limit", settings.whole_check_macs,
+                 "problems with more multiply-adds than this are checked on sampled rows, not whole (default 3e7)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", warmup, "untimed calls per case (default 5 on cuda, 1 on sim)")->check(CLI::NonNegativeNumber);
   app.add_option("--iters", iters, "timed calls per case (default 30 on cuda, 3 on sim)")->check(CLI::PositiveNumber);
   app.add_option("--json", json_file, "write the results as JSON (schema: bench/README.md)");

@@ -220,7 +220,7 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
   if (settings.check) {
     const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), c);
     const double tolerance = settings.tolerance.value_or(default_tolerance(c.dtype));
-    const AccuracyResult acc = check_against_reference(c, in.q, in.k, in.v, out, tolerance);
+    const AccuracyResult acc = check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs);
     result.checked = true;
     result.sampled = acc.sampled;
     result.max_abs_err = acc.max_abs_err;

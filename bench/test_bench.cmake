@@ -1,6 +1,7 @@
 # ctest driver for selfattn-bench on the sim: cmake -DBENCH=exe -DWORKDIR=dir -DMODE=sweep|fail|default -P this
 #   sweep:   odd small shapes, every path, --check; exit 0; the JSON and CSV hold every case with every field,
-#            at least one case ran, and every case that ran passed its check with finite numbers.
+#            at least one case ran, and every case that ran passed its check with finite numbers. A low
+#            --check-whole-limit makes the larger shapes use the sampled-row check, the smaller the whole one.
 #   fail:    an impossible tolerance (0): the check must fail and the exit code must be 1.
 #   default: no shape options: the sim's default sweep, which must say its times are not GPU times.
 file(REMOVE_RECURSE ${WORKDIR})
@@ -11,7 +12,7 @@ set(csv ${WORKDIR}/out.csv)
 if(MODE STREQUAL "sweep")
   set(args --backend sim --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1
            --batch 2 --heads 4 --kv-heads 1,4 --seq-q 1,7,113 --seq-k 7,64 --head-dim 64
-           --causal none,bottom_right --dtype fp16 --layout bshd)
+           --causal none,bottom_right --dtype fp16 --layout bshd --check-whole-limit 30000)
 elseif(MODE STREQUAL "fail")
   set(args --backend sim --path all --check --tolerance 0 --json ${json} --warmup 0 --iters 1
            --batch 1 --heads 2 --seq-q 17 --seq-k 33 --head-dim 64 --dtype bf16)
@@ -49,6 +50,8 @@ set(fields backend gpu path resolved_path dtype batch heads kv_heads seq_q seq_k
            ms_median ms_min ms_max tflops gbps pct_of_ceiling vs_cublas max_abs_err rel_err check)
 set(ran 0)
 set(failed 0)
+set(sampled 0)
+set(whole 0)
 math(EXPR last "${count} - 1")
 foreach(i RANGE ${last})
   string(JSON case GET "${doc}" cases ${i})  # parse the big document once per case, not once per field
@@ -83,6 +86,12 @@ foreach(i RANGE ${last})
     if(check STREQUAL "fail")
       math(EXPR failed "${failed} + 1")
     endif()
+    string(JSON is_sampled GET "${case}" check_sampled)
+    if(is_sampled STREQUAL "ON")
+      math(EXPR sampled "${sampled} + 1")
+    elseif(is_sampled STREQUAL "OFF")
+      math(EXPR whole "${whole} + 1")
+    endif()
   elseif(NOT status STREQUAL "skipped")
     message(FATAL_ERROR "cases[${i}].status is '${status}'")
   endif()
@@ -101,6 +110,9 @@ if(MODE STREQUAL "sweep")
   math(EXPR expected "${count} + 1")
   if(NOT csv_count EQUAL expected)
     message(FATAL_ERROR "the CSV has ${csv_count} lines, expected ${expected} (header + one per case)")
+  endif()
+  if(sampled EQUAL 0 OR whole EQUAL 0)
+    message(FATAL_ERROR "expected both whole (${whole}) and sampled-row (${sampled}) checks")
   endif()
   if(count LESS 72)
     message(FATAL_ERROR "expected 72 cases (12 shapes x 2 masks x 3 paths), found ${count}")

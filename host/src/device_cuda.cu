@@ -181,7 +181,12 @@ std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream) {
     throw NotAvailable("cuda backend: ContextOptions::device expected in [0, " + std::to_string(count) + "), got " +
                        std::to_string(ordinal));
   }
-  return std::make_shared<CudaDevice>(ordinal, static_cast<cudaStream_t>(stream));
+  try {
+    return std::make_shared<CudaDevice>(ordinal, static_cast<cudaStream_t>(stream));
+  } catch (const BackendError& e) {
+    // A device that exists but cannot be set up (prohibited compute mode, out of memory...) is not usable.
+    throw NotAvailable("cuda backend: device " + std::to_string(ordinal) + " is not usable: " + e.what());
+  }
 }
 
 }  // namespace selfattn::detail

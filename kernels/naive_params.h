@@ -49,7 +49,8 @@ struct SoftmaxParams {
   void* p;
   int64_t s_bh_stride, s_row_stride;
   int64_t p_bh_stride, p_row_stride;  // elements of P's type
-  float* lse;                         // [batch, heads, seq_q] contiguous, or null
+  float* lse;                         // lse[bh * lse_pair_stride + query], or null
+  int64_t lse_pair_stride;            // seq_q for [batch, heads, seq_q]; total_q for a varlen sequence
   KeyMask mask;
   float scale;
   int heads;

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   }
 
   if (p.lse && member == 0)
-    p.lse[int64_t(bh) * p.mask.seq_q + query] = visible > 0 ? row_max + logf(row_sum) : -INFINITY;
+    p.lse[int64_t(bh) * p.lse_pair_stride + query] = visible > 0 ? row_max + logf(row_sum) : -INFINITY;
 }
 
 SELFATTN_KERNELS_END

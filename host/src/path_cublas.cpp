@@ -9,6 +9,8 @@
 // cuBLAS takes A and B of one type, so for f16/bf16 the softmax writes P in the input dtype to its
 // own workspace region; for f32 it writes P over S.
 //
+// Variable-length batches run sequence by sequence (for_each_sequence).
+//
 // One GEMM covers a run of (batch, head) pairs whose Q, K, V, S and O addresses all advance by a
 // constant stride: all pairs of a BHSD call without GQA; the heads of one batch in BSHD; the query
 // heads sharing one kv head under GQA (K and V stride 0 - nothing is copied).
@@ -65,7 +67,6 @@ bool fits_int(int64_t value) { return value >= 0 && value <= INT_MAX; }
 }  // namespace
 
 const char* cublas_unsupported(const ContextState&, const AttentionCall& call) {
-  if (call.varlen()) return "variable-length (packed) batches need the fused path";
   // cuBLAS takes int leading dimensions.
   if (!fits_int(call.q.strides[2]) || !fits_int(call.k.strides[2]) || !fits_int(call.v.strides[2]) ||
       !fits_int(call.out.strides[2]))
@@ -73,8 +74,18 @@ const char* cublas_unsupported(const ContextState&, const AttentionCall& call) {
   return nullptr;
 }
 
-void run_cublas(ContextState& ctx, const AttentionCall& call) {
-  if (const char* reason = cublas_unsupported(ctx, call)) throw NotAvailable(std::string("path cublas: ") + reason);
+namespace {
+// out = 0 on the call's rows (a sequence without keys: no GEMM has anything to sum).
+void zero_rows(Device& device, const TensorView& out) {
+  const size_t row_bytes = size_t(out.head_dim()) * dtype_size(out.dtype);
+  for (int64_t b = 0; b < out.batch(); ++b)
+    for (int64_t h = 0; h < out.heads(); ++h)
+      for (int64_t s = 0; s < out.seq(); ++s)
+        device.fill(static_cast<unsigned char*>(out.data) + out.offset(b, h, s, 0) * int64_t(dtype_size(out.dtype)), 0,
+                    row_bytes);
+}
+
+void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_stride) {
   const bool p_over_s = call.dtype == DType::f32;
   const kernels::Element p_elem = element_of(call.dtype);
   const int64_t s_ld = round_up(call.seq_k, 4);   // fp32 rows 16-byte aligned
@@ -90,7 +101,7 @@ void run_cublas(ContextState& ctx, const AttentionCall& call) {
     const int64_t p_pair_stride = p_ld * chunk.rows;
     const DType p_type = call.dtype;
 
-    for (int done = 0; done < chunk.pairs;) {
+    for (int done = 0; done < chunk.pairs && call.seq_k > 0;) {
       const int pair = chunk.pair_begin + done;
       const PairRun run = run_from(call, pair, chunk.pairs - done);
       const PairOffsets first = offsets_of(call, pair);
@@ -121,9 +132,9 @@ void run_cublas(ContextState& ctx, const AttentionCall& call) {
       done += run.pairs;
     }
 
-    launch_softmax(ctx, call, chunk, scores, s_ld, probs, p_elem, p_ld, /*scale=*/1.0f);
+    launch_softmax(ctx, call, chunk, scores, s_ld, probs, p_elem, p_ld, /*scale=*/1.0f, lse_pair_stride);
 
-    for (int done = 0; done < chunk.pairs;) {
+    for (int done = 0; done < chunk.pairs && call.seq_k > 0;) {
       const int pair = chunk.pair_begin + done;
       const PairRun run = run_from(call, pair, chunk.pairs - done);
       const PairOffsets first = offsets_of(call, pair);
@@ -153,6 +164,15 @@ void run_cublas(ContextState& ctx, const AttentionCall& call) {
       ctx.device->gemm_strided_batched(pv);
       done += run.pairs;
     }
+  });
+  if (call.seq_k == 0) zero_rows(*ctx.device, call.out);
+}
+}  // namespace
+
+void run_cublas(ContextState& ctx, const AttentionCall& call) {
+  if (const char* reason = cublas_unsupported(ctx, call)) throw NotAvailable(std::string("path cublas: ") + reason);
+  for_each_sequence(ctx, call, [&](const AttentionCall& padded, int64_t lse_pair_stride) {
+    run_padded(ctx, padded, lse_pair_stride);
   });
 }
 

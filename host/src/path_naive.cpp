@@ -3,6 +3,7 @@
 //   P = softmax(S)  softmax_rows scale + causal/key-length mask, P written over S, LSE
 //   O = P V         pv_tiled     O in the call's dtype and strides
 // Every dtype and head_dim >= 1; the kernels pick tensor cores where dtype and head_dim allow.
+// Variable-length batches run sequence by sequence (for_each_sequence).
 #include <string>
 
 #include "../../kernels/registry.h"
@@ -36,13 +37,13 @@ kernels::HeadsView heads_view(const TensorView& view) {
 }  // namespace
 
 const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call) {
-  if (call.varlen()) return "variable-length (packed) batches need the fused path";
   const NaiveKernels naive = lookup(ctx.device->backend(), element_of(call.dtype), call.head_dim);
   if (!naive.qk.kernel || !naive.pv.kernel) return "the naive kernels are not built for this backend";
   return nullptr;
 }
 
-void run_naive(ContextState& ctx, const AttentionCall& call) {
+namespace {
+void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_stride) {
   const kernels::Element elem = element_of(call.dtype);
   const NaiveKernels naive = lookup(ctx.device->backend(), elem, call.head_dim);
   if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
@@ -74,10 +75,10 @@ void run_naive(ContextState& ctx, const AttentionCall& call) {
     qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
     qk_shape.block = dim3(unsigned(naive.qk.threads));
     qk_shape.dynamic_smem_bytes = naive.qk.smem_bytes;
-    ctx.device->launch(naive.qk.kernel, qk_shape, &qk);
+    if (call.seq_k > 0) ctx.device->launch(naive.qk.kernel, qk_shape, &qk);  // none: softmax and P V write 0 / -inf
 
     launch_softmax(ctx, call, chunk, scores, layout.s_row_stride, scores, kernels::Element::f32, layout.s_row_stride,
-                   call.scale);
+                   call.scale, lse_pair_stride);
 
     kernels::PvParams pv{};
     pv.p = scores;
@@ -101,6 +102,13 @@ void run_naive(ContextState& ctx, const AttentionCall& call) {
     pv_shape.block = dim3(unsigned(naive.pv.threads));
     pv_shape.dynamic_smem_bytes = naive.pv.smem_bytes;
     ctx.device->launch(naive.pv.kernel, pv_shape, &pv);
+  });
+}
+}  // namespace
+
+void run_naive(ContextState& ctx, const AttentionCall& call) {
+  for_each_sequence(ctx, call, [&](const AttentionCall& padded, int64_t lse_pair_stride) {
+    run_padded(ctx, padded, lse_pair_stride);
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "selfattn/error.h"
 
@@ -52,8 +53,9 @@ kernels::KeyMask key_mask(const AttentionCall& call) {
 void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLayout& layout,
                     const std::function<void(const Chunk&, void* workspace)>& run_chunk) {
   const size_t limit = ctx.workspace.limit();
-  if (layout.row_bytes > limit) {
-    throw WorkspaceTooSmall("attention: one query row of scores needs " + std::to_string(layout.row_bytes) +
+  const size_t row_bytes = std::max<size_t>(layout.row_bytes, 16);  // a sequence without keys still takes a row
+  if (row_bytes > limit) {
+    throw WorkspaceTooSmall("attention: one query row of scores needs " + std::to_string(row_bytes) +
                             " bytes (seq_k " + std::to_string(call.seq_k) + ") but the workspace limit is " +
                             std::to_string(limit) +
                             " bytes; raise ContextOptions::workspace_limit or Context::set_workspace_limit");
@@ -63,13 +65,13 @@ void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLay
   ChunkShape shape;
   void* workspace = nullptr;
   for (;;) {
-    shape = shape_for_budget(call, layout.row_bytes, budget);
+    shape = shape_for_budget(call, row_bytes, budget);
     try {
-      workspace = ctx.workspace.reserve(size_t(shape.pairs) * shape.rows * layout.row_bytes, "attention scores S/P");
+      workspace = ctx.workspace.reserve(size_t(shape.pairs) * shape.rows * row_bytes, "attention scores S/P");
       break;
     } catch (const WorkspaceTooSmall&) {
-      if (budget <= layout.row_bytes) throw;
-      budget = std::max(layout.row_bytes, budget / 2);
+      if (budget <= row_bytes) throw;
+      budget = std::max(row_bytes, budget / 2);
     }
   }
 
@@ -86,8 +88,46 @@ void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLay
   }
 }
 
+void for_each_sequence(ContextState& ctx, const AttentionCall& call,
+                       const std::function<void(const AttentionCall& padded, int64_t lse_pair_stride)>& run_padded) {
+  if (!call.varlen()) return run_padded(call, call.seq_q);
+  std::vector<int32_t> cu_q(size_t(call.batch) + 1), cu_k(size_t(call.batch) + 1);
+  ctx.device->copy(cu_q.data(), call.cu_seqlens_q, cu_q.size() * sizeof(int32_t), /*async=*/false);
+  ctx.device->copy(cu_k.data(), call.cu_seqlens_k, cu_k.size() * sizeof(int32_t), /*async=*/false);
+  const int64_t total_q = call.q.seq(), total_k = call.k.seq();
+  for (int b = 0; b < call.batch; ++b) {
+    const int64_t q0 = cu_q[b], k0 = cu_k[b], len_q = int64_t(cu_q[b + 1]) - q0, len_k = int64_t(cu_k[b + 1]) - k0;
+    if (q0 < 0 || len_q < 0 || q0 + len_q > total_q || len_q > call.seq_q || k0 < 0 || len_k < 0 ||
+        k0 + len_k > total_k || len_k > call.seq_k) {
+      throw InvalidArgument("attention_varlen: sequence " + std::to_string(b) + " has rows [" + std::to_string(q0) +
+                            ", " + std::to_string(q0 + len_q) + ") of q and [" + std::to_string(k0) + ", " +
+                            std::to_string(k0 + len_k) + ") of k: expected non-decreasing cu_seqlens within total_q " +
+                            std::to_string(total_q) + " / total_k " + std::to_string(total_k) +
+                            " and lengths within max_seqlen_q/k");
+    }
+    if (len_q == 0) continue;
+    AttentionCall padded = call;
+    padded.cu_seqlens_q = padded.cu_seqlens_k = nullptr;
+    padded.batch = 1;
+    padded.seq_q = int(len_q);
+    padded.seq_k = int(len_k);
+    const auto rows_from = [&](TensorView view, int64_t first, int64_t count) {
+      view.data = static_cast<unsigned char*>(view.data) + first * view.strides[2] * int64_t(dtype_size(view.dtype));
+      view.shape[2] = count;
+      return view;
+    };
+    padded.q = rows_from(call.q, q0, len_q);
+    padded.out = rows_from(call.out, q0, len_q);
+    padded.k = rows_from(call.k, k0, len_k);
+    padded.v = rows_from(call.v, k0, len_k);
+    padded.lse = call.lse ? call.lse + q0 : nullptr;
+    run_padded(padded, total_q);
+  }
+}
+
 void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& chunk, const float* s,
-                    int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale) {
+                    int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale,
+                    int64_t lse_pair_stride) {
   kernels::SoftmaxKernel softmax;
   if (ctx.device->backend() == Backend::sim) {
     softmax = kernels::sim_target::softmax_rows_instance(p_elem, call.seq_k);
@@ -106,6 +146,7 @@ void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& c
   params.p_row_stride = p_row_stride;
   params.p_bh_stride = p_row_stride * chunk.rows;
   params.lse = call.lse;
+  params.lse_pair_stride = lse_pair_stride;
   params.mask = key_mask(call);
   params.scale = scale;
   params.heads = call.heads;

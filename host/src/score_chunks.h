@@ -33,9 +33,18 @@ void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLay
 kernels::Element element_of(DType dtype);
 kernels::KeyMask key_mask(const AttentionCall& call);
 
-// P = softmax(scale * S + mask) for one chunk: S fp32 with the layout's stride, P (element p_elem,
-// row stride p_row_stride, pair stride p_pair_stride) possibly over S; LSE when the call asks.
+// A padded call as it is, or each sequence of a variable-length call as a padded call of batch 1
+// on its rows (cu_seqlens are read back to the host: this synchronizes the stream). LSE row `query`
+// of pair `bh` of the call handed over is at call.lse[bh * lse_pair_stride + query]. Sequences
+// without queries are skipped; a sequence without keys is handed over with seq_k 0 (its rows must
+// become 0 and its LSE -inf).
+void for_each_sequence(ContextState& ctx, const AttentionCall& call,
+                       const std::function<void(const AttentionCall& padded, int64_t lse_pair_stride)>& run_padded);
+
+// P = softmax(scale * S + mask) for one chunk: S fp32 with row stride s_row_stride, P (element
+// p_elem, row stride p_row_stride) possibly over S; LSE when the call asks (see for_each_sequence).
 void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& chunk, const float* s,
-                    int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale);
+                    int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale,
+                    int64_t lse_pair_stride);
 
 }  // namespace selfattn::detail

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -353,6 +355,124 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
       return ::testing::AssertionFailure() << c.name() << ": lse error " << m.lse_max_error << " > "
                                            << lse_tolerance(c.dtype);
   }
+  if (measured) *measured = m;
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace selfattn::testing
+
+namespace selfattn::testing {
+
+std::string VarlenCase::name() const {
+  std::ostringstream s;
+  s << selfattn::to_string(dtype) << " varlen h" << heads << "/" << kv_heads << " d" << head_dim << " q=[";
+  for (size_t i = 0; i < seq_q.size(); ++i) s << (i ? "," : "") << seq_q[i];
+  s << "] k=[";
+  for (size_t i = 0; i < seq_k.size(); ++i) s << (i ? "," : "") << seq_k[i];
+  s << "] causal=" << selfattn::to_string(causal) << " " << to_string(layout) << (with_lse ? " lse" : "") << " "
+    << selfattn::to_string(path);
+  return s.str();
+}
+
+::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, Measured* measured) {
+  if (c.seq_q.size() != c.seq_k.size()) return ::testing::AssertionFailure() << c.name() << ": seq_q and seq_k differ in size";
+  const int batch = int(c.seq_q.size());
+  std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
+  for (int b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.seq_q[b]);
+    cu_k.push_back(cu_k.back() + c.seq_k[b]);
+  }
+  const int total_q = cu_q.back(), total_k = cu_k.back();
+  // The packed tensors are padded calls of batch 1 over the total lengths.
+  AttentionCase packed;
+  packed.dtype = c.dtype;
+  packed.batch = 1;
+  packed.head_dim = c.head_dim;
+  packed.layout = c.layout;
+  AttentionCase name_seed = packed;
+  name_seed.heads = c.heads;  // input_seed hashes a name: make it this case's
+  std::mt19937_64 rng(input_seed(name_seed) ^ std::hash<std::string>()(c.name()));
+  Operand q = make_operand(ctx, packed, c.heads, total_q, rng, "test q");
+  Operand k = make_operand(ctx, packed, c.kv_heads, total_k, rng, "test k");
+  Operand v = make_operand(ctx, packed, c.kv_heads, total_k, rng, "test v");
+  DeviceTensor out_tensor = make_tensor(ctx, packed, c.heads, total_q, "test out");
+  upload(out_tensor, std::vector<unsigned char>(out_tensor.batch_bytes, 0xFF), 1);
+  const size_t lse_count = size_t(c.heads) * total_q;
+  DeviceBuffer<float> lse_buffer(ctx, std::max<size_t>(lse_count, 1), "test lse");
+  lse_buffer.fill_bytes(0xFF);
+  DeviceBuffer<int32_t> cu_q_device(ctx, cu_q.size(), "test cu_seqlens_q"), cu_k_device(ctx, cu_k.size(), "test cu_seqlens_k");
+  cu_q_device.copy_from_host(cu_q);
+  cu_k_device.copy_from_host(cu_k);
+
+  AttentionOptions options;
+  options.path = c.path;
+  options.causal = c.causal;
+  if (c.with_lse) options.lse = lse_buffer.data();
+  const int max_q = batch ? *std::max_element(c.seq_q.begin(), c.seq_q.end()) : 0;
+  const int max_k = batch ? *std::max_element(c.seq_k.begin(), c.seq_k.end()) : 0;
+  try {
+    attention_varlen(ctx, q.tensor.view, k.tensor.view, v.tensor.view, out_tensor.view, cu_q_device.data(),
+                     cu_k_device.data(), batch, max_q, max_k, options);
+    ctx.synchronize();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << c.name() << ": attention_varlen threw: " << e.what();
+  }
+  const std::vector<unsigned char> out_host = download(out_tensor, 1);
+  const std::vector<float> lse_host = lse_buffer.to_host();
+
+  double diff2 = 0, ref2 = 0, out2 = 0;
+  Measured m;
+  const int d = c.head_dim;
+  for (int b = 0; b < batch; ++b) {
+    if (c.seq_q[b] == 0) continue;
+    // This sequence alone, as the reference takes it: contiguous [1, heads, len, d].
+    auto slice = [&](const Operand& op, int heads, int total, int first, int len) {
+      std::vector<double> part(size_t(heads) * len * d);
+      for (int h = 0; h < heads; ++h)
+        for (int r = 0; r < len; ++r)
+          for (int e = 0; e < d; ++e)
+            part[(size_t(h) * len + r) * d + e] = op.logical[(size_t(h) * total + first + r) * d + e];
+      return part;
+    };
+    reference::Problem problem;
+    problem.heads = c.heads;
+    problem.kv_heads = c.kv_heads;
+    problem.seq_q = c.seq_q[b];
+    problem.seq_k = c.seq_k[b];
+    problem.head_dim = d;
+    problem.causal = c.causal;
+    const reference::Result ref =
+        reference::attention(problem, slice(q, c.heads, total_q, cu_q[b], c.seq_q[b]),
+                             slice(k, c.kv_heads, total_k, cu_k[b], c.seq_k[b]), slice(v, c.kv_heads, total_k, cu_k[b], c.seq_k[b]));
+    for (int h = 0; h < c.heads; ++h)
+      for (int r = 0; r < c.seq_q[b]; ++r) {
+        for (int e = 0; e < d; ++e) {
+          const double got = load_element(out_host.data(), c.dtype, host_index(out_tensor, 0, h, cu_q[b] + r, e));
+          const double expected = ref.out[(size_t(h) * c.seq_q[b] + r) * d + e];
+          if (std::isnan(got) || std::isinf(got))
+            return ::testing::AssertionFailure() << c.name() << ": out of sequence " << b << " head " << h << " row " << r
+                                                 << " is " << got << " (unwritten or not finite)";
+          diff2 += (got - expected) * (got - expected);
+          ref2 += expected * expected;
+          out2 += got * got;
+        }
+        if (!c.with_lse) continue;
+        const double expected = ref.lse[size_t(h) * c.seq_q[b] + r];
+        const double got = lse_host[size_t(h) * total_q + cu_q[b] + r];
+        if (std::isnan(got) || ((std::isinf(expected) || std::isinf(got)) && got != expected))
+          return ::testing::AssertionFailure() << c.name() << ": lse of sequence " << b << " head " << h << " row " << r
+                                               << " is " << got << ", expected " << expected;
+        if (!std::isinf(expected))
+          m.lse_max_error = std::max(m.lse_max_error, std::abs(got - expected) / std::max(1.0, std::abs(expected)));
+      }
+  }
+  m.out_rel_error = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(out2);
+  if (ref2 > 0 && out2 == 0) return ::testing::AssertionFailure() << c.name() << ": out is all zeros";
+  if (!(m.out_rel_error <= tolerance(c.dtype)))
+    return ::testing::AssertionFailure() << c.name() << ": out relative error " << m.out_rel_error << " > "
+                                         << tolerance(c.dtype);
+  if (!(m.lse_max_error <= lse_tolerance(c.dtype)))
+    return ::testing::AssertionFailure() << c.name() << ": lse error " << m.lse_max_error << " > " << lse_tolerance(c.dtype);
   if (measured) *measured = m;
   return ::testing::AssertionSuccess();
 }

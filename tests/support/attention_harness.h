@@ -82,6 +82,24 @@ struct Measured {
 // `measured`, when given, receives the errors (for reports and tolerance studies).
 ::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured = nullptr);
 
+// A variable-length batch (attention_varlen): sequence b has seq_q[b] queries and seq_k[b] keys,
+// packed without padding into q/out [1, heads, total_q, head_dim] and k/v [1, kv_heads, total_k,
+// head_dim] in the layout (bshd: the usual packed [total, heads, head_dim]).
+struct VarlenCase {
+  DType dtype = DType::f32;
+  int heads = 1, kv_heads = 1, head_dim = 1;
+  std::vector<int> seq_q, seq_k;  // one entry per sequence; zeros allowed
+  Causal causal = Causal::none;
+  Layout layout = Layout::bshd;
+  bool with_lse = false;
+  Path path = Path::automatic;
+  std::string name() const;
+};
+
+// As check_attention, each sequence compared with the reference run on that sequence alone; LSE
+// is [heads, total_q].
+::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, Measured* measured = nullptr);
+
 // Host conversions used to round inputs to the device dtype (round to nearest even).
 uint16_t float_to_half_bits(float x);
 uint16_t float_to_bf16_bits(float x);

@@ -3,7 +3,8 @@
 //
 // Zero sizes are handled here, not by the paths:
 //   batch, heads or seq_q == 0  -> nothing is written.
-//   seq_k == 0 (varlen: total_k or max_seqlen_k == 0) -> out is zero-filled and lse set to -inf.
+//   seq_k == 0 (varlen: total_k or max_seqlen_k == 0) -> out is zero-filled and lse set to -inf
+//   (varlen: all of out's total_q rows, since no sequence has a key).
 // Paths therefore only see calls with at least one query row and at least one key column.
 // (Rows that see no key for other reasons - key_lengths of 0, causal masks - are the paths' job.)
 #include <algorithm>

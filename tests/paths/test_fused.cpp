@@ -91,6 +91,28 @@ TEST(FusedPath, SimtForOtherHeadDims) {
                                 });
 }
 
+// Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits.
+TEST(FusedPath, OffsetsPast32Bits) {
+  Context ctx;
+  AttentionCase tensor_core = fused_case(f16, 2, 2, 1, 70, 40, 64, top_left, bshd, true);
+  AttentionCase simt = fused_case(f32, 2, 1, 1, 5, 9, 7, none, bhsd, true);
+  tensor_core.batch_gap = simt.batch_gap = int64_t(1) << 31;
+  testing::expect_all_pass(ctx, {tensor_core, simt});
+}
+
+// Rows farther apart than head_dim (a slice of a packed QKV projection): a gap of 8 elements keeps
+// rows on 16 bytes (tensor cores), a gap of 3 does not (the SIMT kernel takes f16/bf16 then).
+TEST(FusedPath, RowGaps) {
+  Context ctx;
+  AttentionCase aligned = fused_case(bf16, 1, 2, 2, 33, 65, 128, bottom_right, bhsd, true);
+  aligned.row_gap = 8;
+  AttentionCase unaligned = fused_case(f16, 2, 2, 1, 20, 50, 64, top_left, bshd, true, {50, 17});
+  unaligned.row_gap = 3;
+  AttentionCase single = fused_case(f32, 1, 1, 1, 9, 40, 32, none, bhsd, false);
+  single.row_gap = 5;
+  testing::expect_all_pass(ctx, {aligned, unaligned, single});
+}
+
 TEST(FusedPath, ExplicitScale) {
   Context ctx;
   AttentionCase a = fused_case(f16, 1, 2, 1, 64, 113, 64, top_left, bhsd, true);

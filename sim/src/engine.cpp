@@ -20,6 +20,7 @@
 #include "block_runner.h"
 #include "crash_report.h"
 #include "fiber.h"
+#include "watchdog.h"
 #include "selfattn_sim/sim.h"
 
 namespace selfattn::sim {
@@ -85,6 +86,7 @@ struct Worker {
   std::vector<Fiber*> order, released;
   unsigned char* smem = nullptr;
   size_t smem_capacity = 0;
+  uint64_t switches = 0;  // published to the watchdog
   ~Worker() { std::free(smem); }
 };
 
@@ -274,8 +276,12 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
   splitmix64(rng);
 
   struct ClearRunning {
-    ~ClearRunning() { t_fiber = nullptr; }
+    ~ClearRunning() {
+      t_fiber = nullptr;
+      detail::this_thread_heartbeat().running.store(nullptr, std::memory_order_relaxed);
+    }
   } clear_running;
+  detail::Heartbeat& heartbeat = detail::this_thread_heartbeat();
   for (;;) {
     w.order.swap(w.released);
     w.released.clear();
@@ -288,7 +294,10 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     }
     for (Fiber* f : w.order) {
       t_fiber = f;
+      heartbeat.running.store(&f->fault, std::memory_order_relaxed);
       detail::fiber_switch(b.scheduler, f->context);
+      heartbeat.running.store(nullptr, std::memory_order_relaxed);
+      heartbeat.switches.store(++w.switches, std::memory_order_relaxed);
       t_fiber = nullptr;
       if (b.error) std::rethrow_exception(b.error);
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "block_runner.h"
+#include "watchdog.h"
 #include "selfattn_sim/sim.h"
 
 namespace selfattn::sim {
@@ -131,6 +132,7 @@ Pool& the_pool() {
 void launch(const LaunchConfig& config, void (*body)(const void* params), const void* params) {
   if (detail::inside_kernel()) throw Error("sim: launch() called from inside a kernel");
   validate(config);
+  detail::start_watchdog();
   static std::mutex launch_mutex;  // one grid at a time: the pool and the workers' fibers are shared
   std::lock_guard<std::mutex> lock(launch_mutex);
 

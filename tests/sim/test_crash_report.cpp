@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/compat.h"
@@ -59,6 +60,38 @@ TEST(SimCrashReportDeathTest, FarOutOfBoundsStoreNamesTheBuffer) {
                "kernel 'far_store', block \\(0,0,0\\), thread \\(0,0,0\\) faulted at .*: offset 9000 of buffer "
                "'logits' \\(4000 bytes\\): 5000 bytes past its end");
   sim::device_free(data);
+}
+
+// Thread 0 spins until thread 1 sets a flag: fine on a GPU, endless on the sim, where thread 1 cannot
+// run before thread 0 gives way. The watchdog names the spinning thread instead of hanging.
+struct SpinParams {
+  int* flag;
+};
+
+__global__ void spin_on_a_flag(const SpinParams p) {
+  if (threadIdx.x == 1) __atomic_store_n(p.flag, 1, __ATOMIC_RELAXED);
+  if (threadIdx.x == 0) {
+    while (__atomic_load_n(p.flag, __ATOMIC_RELAXED) == 0) {
+    }
+  }
+}
+
+TEST(SimCrashReportDeathTest, SpinWaitIsNamedByTheWatchdog) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  setenv("SELFATTN_SIM_WATCHDOG_S", "2", 1);  // read by the child's first launch
+  int flag = 0;
+  const auto spin = [&] { launch<SpinParams, spin_on_a_flag>("spin_on_a_flag", dim3(1), dim3(32), {&flag}); };
+  // Under some seeds thread 1 runs first and the kernel ends: try seeds until one spins.
+  const auto spin_until_stuck = [&] {
+    for (uint64_t seed = 1; seed < 64; ++seed) {
+      sim::testing::ScopedOptions options(sim::testing::with_seed(seed));
+      flag = 0;
+      spin();
+    }
+  };
+  EXPECT_DEATH(spin_until_stuck(),
+               "kernel 'spin_on_a_flag', block \\(0,0,0\\), thread \\(0,0,0\\) has run for 2 s without reaching a barrier");
+  unsetenv("SELFATTN_SIM_WATCHDOG_S");
 }
 
 // A fork()ed child (gtest's default death-test style) has none of the parent's worker threads; its

@@ -129,7 +129,11 @@ def main():
 
     bench_header = {}
     if args.from_json:
-        shapes, bench_header = shapes_from_json(args.from_json)
+        try:
+            shapes, bench_header = shapes_from_json(args.from_json)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"compare_torch.py: cannot read shapes from {args.from_json}: {e}", file=sys.stderr)
+            return 2
     elif args.seq_q or args.seq_k:
         shapes = shapes_from_args(args)
     else:

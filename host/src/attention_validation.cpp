@@ -102,6 +102,18 @@ void check_lse(const char* function, const AttentionOptions& options, int64_t ro
   if (check_out_overlap) expect_disjoint(function, "options.lse", lse, "out", byte_range(out));
 }
 
+// key_lengths is read while out and lse are written: it must not lie in either.
+void check_key_lengths(const char* function, const AttentionOptions& options, int64_t batch, int64_t lse_rows,
+                       const TensorView& out, bool check_out_overlap) {
+  if (options.key_lengths == nullptr) return;
+  const ByteRange lengths = byte_range(options.key_lengths, size_t(batch) * sizeof(int32_t));
+  if (check_out_overlap) expect_disjoint(function, "options.key_lengths", lengths, "out", byte_range(out));
+  if (options.lse) {
+    expect_disjoint(function, "options.key_lengths", lengths, "options.lse",
+                    byte_range(options.lse, size_t(lse_rows) * sizeof(float)));
+  }
+}
+
 AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const AttentionOptions& options, float scale) {
   AttentionCall call;
@@ -198,6 +210,7 @@ AttentionCall validate_attention(const TensorView& q, const TensorView& k, const
   check_common(function, q, k, v, out, check_out_overlap);
   check_causal(function, options.causal);
   check_lse(function, options, q.batch() * q.heads() * q.seq(), q, k, v, out, check_out_overlap);
+  check_key_lengths(function, options, q.batch(), q.batch() * q.heads() * q.seq(), out, check_out_overlap);
   return make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
 }
 

@@ -111,6 +111,15 @@ TEST(AttentionArguments, LseMisuse) {
   EXPECT_REJECTED(c, "options.lse expected not to overlap q");
 }
 
+TEST(AttentionArguments, KeyLengthsMustNotLieInOutOrLse) {
+  Call c;
+  c.options.key_lengths = reinterpret_cast<const int32_t*>(c.out_mem.data() + 3);
+  EXPECT_REJECTED(c, "options.key_lengths expected not to overlap out");
+  c.options.lse = c.lse_mem.data();
+  c.options.key_lengths = reinterpret_cast<const int32_t*>(c.lse_mem.data() + 39);  // the last lse entry
+  EXPECT_REJECTED(c, "options.key_lengths expected not to overlap options.lse");
+}
+
 TEST(AttentionArguments, ScaleMustBeFinite) {
   Call c;
   c.options.scale = std::numeric_limits<float>::quiet_NaN();

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attention_harness.h"
 #include "selfattn/selfattn.h"
@@ -43,6 +44,19 @@ TEST(CublasPathGpu, LargerShapesAndChunks) {
       make_case(DType::bf16, 1, 4, 4, 700, 3000, 64, Causal::top_left, Layout::bhsd, true, {}, Path::cublas),
       make_case(DType::f32, 3, 2, 1, 513, 257, 80, Causal::none, Layout::bshd, true, {0, 257, 100}, Path::cublas),
   });
+}
+
+TEST(CublasPathGpu, VariableLengthSequences) {
+  std::string reason;
+  std::optional<Context> ctx = cuda_context(reason);
+  if (!ctx) GTEST_SKIP() << reason;
+  using testing::VarlenCase;
+  const std::vector<VarlenCase> cases = {
+      {DType::f32, 2, 1, 7, {7, 0, 64}, {70, 9, 0}, Causal::bottom_right, Layout::bshd, true, Path::cublas},
+      {DType::f16, 4, 2, 64, {33, 1, 513}, {33, 100, 700}, Causal::top_left, Layout::bshd, true, Path::cublas},
+      {DType::bf16, 2, 2, 128, {170, 40}, {500, 0}, Causal::none, Layout::bhsd, true, Path::cublas},
+  };
+  for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(*ctx, c));
 }
 
 }  // namespace

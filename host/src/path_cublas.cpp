@@ -67,10 +67,11 @@ bool fits_int(int64_t value) { return value >= 0 && value <= INT_MAX; }
 }  // namespace
 
 const char* cublas_unsupported(const ContextState&, const AttentionCall& call) {
-  // cuBLAS takes int leading dimensions.
-  if (!fits_int(call.q.strides[2]) || !fits_int(call.k.strides[2]) || !fits_int(call.v.strides[2]) ||
-      !fits_int(call.out.strides[2]))
-    return "a sequence stride does not fit cuBLAS's int leading dimension";
+  // The sequence stride is cuBLAS's leading dimension: an int, at least the rows it spans (head_dim).
+  for (const TensorView* view : {&call.q, &call.k, &call.v, &call.out}) {
+    if (!fits_int(view->strides[2])) return "a sequence stride does not fit cuBLAS's int leading dimension";
+    if (view->strides[2] < call.head_dim) return "a sequence stride below head_dim (overlapping rows) is no cuBLAS leading dimension";
+  }
   return nullptr;
 }
 

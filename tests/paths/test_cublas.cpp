@@ -83,6 +83,20 @@ TEST(CublasPath, ChunkedByWorkspaceLimit) {
   EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
 }
 
+// K and V broadcast along seq (stride 0) are valid views, but no cuBLAS leading dimension: the
+// cublas path declines (automatic then picks another path) instead of failing inside cuBLAS.
+TEST(CublasPath, DeclinesOverlappingRows) {
+  Context ctx;
+  DeviceBuffer<float> q(ctx, 4 * 2), kv(ctx, 2), out(ctx, 4 * 2);
+  TensorView k = TensorView::bhsd(kv.data(), DType::f32, 1, 1, 9, 2);
+  k.strides[2] = 0;
+  AttentionOptions options;
+  options.path = Path::cublas;
+  EXPECT_THROW(attention(ctx, TensorView::bhsd(q.data(), DType::f32, 1, 1, 4, 2), k, k,
+                         TensorView::bhsd(out.data(), DType::f32, 1, 1, 4, 2), options),
+               NotAvailable);
+}
+
 TEST(CublasPath, RowTooLongForWorkspaceNamesTheLimit) {
   ContextOptions options;
   options.workspace_limit = 1024;  // 256 fp32 scores: less than one row of 1000 keys

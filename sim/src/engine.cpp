@@ -126,6 +126,7 @@ void release(Block& b, Fiber& f) {
 void fiber_main(void* arg) {
   Fiber& f = *static_cast<Fiber*>(arg);
   Block& b = *f.block;
+  detail::fiber_started(b.scheduler);
   try {
     b.body(b.params);
   } catch (...) {
@@ -134,7 +135,7 @@ void fiber_main(void* arg) {
   f.state = FiberState::exited;
   ++b.exited;
   b.warps[f.thread.warp].exited |= 1u << f.thread.lane;
-  detail::fiber_switch(f.context, b.scheduler);
+  detail::fiber_switch(f.context, b.scheduler, /*from_ends=*/true);
   std::abort();  // an exited fiber is never resumed
 }
 

@@ -9,6 +9,10 @@
 
 #include "selfattn_sim/sim.h"
 
+#if SELFATTN_SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 #if SELFATTN_SIM_HAVE_ASM_SWITCH
 // selfattn_sim_switch(void** save_sp, void* load_sp): pushes the callee-saved state of the running
 // execution, stores its stack pointer in *save_sp, loads load_sp and pops the state saved there.
@@ -125,6 +129,13 @@ void ucontext_start(unsigned entry_lo, unsigned entry_hi, unsigned arg_lo, unsig
 }  // namespace
 
 void fiber_prepare(FiberContext& fiber, FiberStack& stack, FiberEntry entry, void* arg) {
+  fiber.stack_bottom = stack.base();
+  fiber.stack_size = stack.size();
+#if SELFATTN_SIM_ASAN
+  // A reused stack keeps the poisoned redzones of frames that never returned (fibers end by
+  // switching away); the new fiber starts from a clean stack.
+  __asan_unpoison_memory_region(stack.base(), stack.size());
+#endif
 #if SELFATTN_SIM_HAVE_ASM_SWITCH
   if (switch_kind() == SwitchKind::assembly) {
     // The frame selfattn_sim_switch pops: [mxcsr, fpu cw][r15 r14 r13 r12 rbx rbp][return address].

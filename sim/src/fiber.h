@@ -12,6 +12,13 @@
 
 #include <ucontext.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SELFATTN_SIM_ASAN 1
+#include <sanitizer/common_interface_defs.h>
+#else
+#define SELFATTN_SIM_ASAN 0
+#endif
+
 namespace selfattn::sim::detail {
 
 // A fiber's stack: reserved with mmap, committed by the kernel page by page as it is touched, with
@@ -50,6 +57,9 @@ SwitchKind switch_kind();  // fixed at load time (SELFATTN_SIM_FIBERS=ucontext)
 struct FiberContext {
   void* stack_pointer = nullptr;
   ucontext_t uc;
+  // The stack it runs on, told to AddressSanitizer at each switch (ASan builds only).
+  const void* stack_bottom = nullptr;
+  size_t stack_size = 0;
 };
 
 using FiberEntry = void (*)(void* arg);
@@ -69,8 +79,7 @@ extern "C" void selfattn_sim_switch(void** save_sp, void* load_sp);
 
 namespace selfattn::sim::detail {
 
-// Saves the running execution into `from` and resumes `to`. Inline: it runs twice per wait.
-inline void fiber_switch(FiberContext& from, FiberContext& to) {
+inline void raw_fiber_switch(FiberContext& from, FiberContext& to) {
 #if SELFATTN_SIM_HAVE_ASM_SWITCH
   if (g_switch_kind == SwitchKind::assembly) {
     selfattn_sim_switch(&from.stack_pointer, to.stack_pointer);
@@ -78,6 +87,30 @@ inline void fiber_switch(FiberContext& from, FiberContext& to) {
   }
 #endif
   ucontext_switch(from, to);
+}
+
+// Saves the running execution into `from` and resumes `to`. Inline: it runs twice per wait.
+// `from_ends`: the running fiber never resumes (ASan may free its fake stack).
+inline void fiber_switch(FiberContext& from, FiberContext& to, bool from_ends = false) {
+#if SELFATTN_SIM_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(from_ends ? nullptr : &fake_stack, to.stack_bottom, to.stack_size);
+  raw_fiber_switch(from, to);
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+  (void)from_ends;
+  raw_fiber_switch(from, to);
+#endif
+}
+
+// First thing a fiber entry does: completes the switch that started it and records the stack it
+// came from in `caller` (ASan builds; nothing otherwise).
+inline void fiber_started(FiberContext& caller) {
+#if SELFATTN_SIM_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &caller.stack_bottom, &caller.stack_size);
+#else
+  (void)caller;
+#endif
 }
 
 }  // namespace selfattn::sim::detail

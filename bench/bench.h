@@ -55,6 +55,7 @@ struct CaseResult {
   double ms_median = 0, ms_min = 0, ms_max = 0;
   double tflops = 0, gbps = 0;
   std::optional<double> pct_of_ceiling;  // tflops / gemm ceiling, percent
+  std::optional<double> pct_of_copy;     // gbps / copy ceiling, percent
   std::optional<double> vs_cublas;       // cublas path's median / this median (>1: faster than cublas)
   bool checked = false;                  // --check ran on this case
   bool sampled = false;                  // the check compared sampled rows, not the whole output

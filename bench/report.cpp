@@ -41,6 +41,7 @@ void relate_results(std::vector<CaseResult>& results, const Ceilings& ceilings) 
   for (CaseResult& r : results) {
     if (!ran(r) || r.ms_median <= 0) continue;
     if (ceilings.gemm_tflops > 0) r.pct_of_ceiling = 100.0 * r.tflops / ceilings.gemm_tflops;
+    if (ceilings.copy_gbps > 0) r.pct_of_copy = 100.0 * r.gbps / ceilings.copy_gbps;
     for (const CaseResult& other : results) {
       if (ran(other) && other.c.path == Path::cublas && other.ms_median > 0 && same_problem(other.c, r.c)) {
         r.vs_cublas = other.ms_median / r.ms_median;
@@ -127,6 +128,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"tflops", timed_value(r.tflops)},
         {"gbps", timed_value(r.gbps)},
         {"pct_of_ceiling", number_or_null(r.pct_of_ceiling)},
+        {"pct_of_copy_ceiling", number_or_null(r.pct_of_copy)},
         {"vs_cublas", number_or_null(r.vs_cublas)},
         {"max_abs_err", r.checked ? json(r.max_abs_err) : json(nullptr)},
         {"rel_err", r.checked ? json(r.rel_err) : json(nullptr)},

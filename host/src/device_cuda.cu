@@ -36,13 +36,34 @@ cudaDataType_t cuda_type(DType dtype) {
   throw InvalidArgument("gemm dtype: expected f32, f16 or bf16");
 }
 
+// Makes `ordinal` the calling thread's current device for one call and restores the caller's
+// afterwards, so the library never changes which device the application's own CUDA code uses.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int ordinal) {
+    int current = 0;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current == ordinal) return;
+    check(cudaSetDevice(ordinal), "cudaSetDevice(" + std::to_string(ordinal) + ")");
+    previous_ = current;
+  }
+  ~CurrentDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
 // The largest dynamic shared memory a kernel may ask for without opting in.
 constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
 
 class CudaDevice final : public Device {
  public:
   CudaDevice(int ordinal, cudaStream_t user_stream) : ordinal_(ordinal) {
-    check(cudaSetDevice(ordinal_), "cudaSetDevice(" + std::to_string(ordinal_) + ")");
+    const CurrentDevice current(ordinal_);
     cudaDeviceProp properties{};
     check(cudaGetDeviceProperties(&properties, ordinal_), "cudaGetDeviceProperties");
     name_ = properties.name;
@@ -59,10 +80,13 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
+    int previous = -1;
+    cudaGetDevice(&previous);
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);
     if (cublas_) cublasDestroy(cublas_);
     if (owns_stream_) cudaStreamDestroy(stream_);
+    if (previous >= 0) cudaSetDevice(previous);
   }
 
   Backend backend() const override { return Backend::cuda; }
@@ -71,7 +95,7 @@ class CudaDevice final : public Device {
 
   void* allocate(size_t bytes, const char* label) override {
     if (bytes == 0) return nullptr;
-    use_device();
+    const CurrentDevice current(ordinal_);
     void* ptr = nullptr;
     const std::string what = std::string("(") + std::to_string(bytes) + " bytes for '" + label + "')";
     if (stream_ordered_allocation_) {
@@ -84,29 +108,32 @@ class CudaDevice final : public Device {
 
   void deallocate(void* ptr) noexcept override {
     if (ptr == nullptr) return;
-    cudaSetDevice(ordinal_);
+    int previous = -1;
+    cudaGetDevice(&previous);
+    if (previous != ordinal_) cudaSetDevice(ordinal_);
     if (stream_ordered_allocation_) {
       cudaFreeAsync(ptr, stream_);
     } else {
       cudaFree(ptr);
     }
+    if (previous >= 0 && previous != ordinal_) cudaSetDevice(previous);
   }
 
   void copy(void* dst, const void* src, size_t bytes, bool async) override {
     if (bytes == 0) return;
-    use_device();
+    const CurrentDevice current(ordinal_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
     if (!async) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after cudaMemcpyAsync)");
   }
 
   void fill(void* dst, unsigned char byte, size_t bytes) override {
     if (bytes == 0) return;
-    use_device();
+    const CurrentDevice current(ordinal_);
     check(cudaMemsetAsync(dst, byte, bytes, stream_), "cudaMemsetAsync");
   }
 
   void synchronize() override {
-    use_device();
+    const CurrentDevice current(ordinal_);
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
@@ -115,7 +142,7 @@ class CudaDevice final : public Device {
     if (kernel.device_entry == nullptr) {
       throw NotAvailable("cuda launch: kernel '" + name + "' has no device build (a sim_target KernelRef given to the cuda backend?)");
     }
-    use_device();
+    const CurrentDevice current(ordinal_);
     if (shape.dynamic_smem_bytes > kDefaultDynamicSmemLimit) opt_in_shared_memory(kernel, shape.dynamic_smem_bytes);
     void* args[] = {const_cast<void*>(params)};
     check(cudaLaunchKernel(kernel.device_entry, shape.grid, shape.block, args, shape.dynamic_smem_bytes, stream_),
@@ -123,7 +150,7 @@ class CudaDevice final : public Device {
   }
 
   void gemm_strided_batched(const GemmBatch& g) override {
-    use_device();
+    const CurrentDevice current(ordinal_);
     cublasHandle_t handle = cublas();
     // Tensor cores for f16/bf16 inputs; fp32 inputs stay true fp32 (no TF32 rounding).
     check(cublasGemmStridedBatchedEx(handle, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -134,8 +161,6 @@ class CudaDevice final : public Device {
   }
 
  private:
-  void use_device() { check(cudaSetDevice(ordinal_), "cudaSetDevice(" + std::to_string(ordinal_) + ")"); }
-
   cublasHandle_t cublas() {
     if (!cublas_) {
       check(cublasCreate(&cublas_), "cublasCreate");

@@ -45,12 +45,16 @@ class SimDevice final : public Device {
     }
   }
 
+  // Copies, fills and GEMMs write device memory from the host, outside any launch: check the guard
+  // zones right after them too, so an overrun is blamed on the call that made it.
   void copy(void* dst, const void* src, size_t bytes, bool) override {
     if (bytes > 0) std::memmove(dst, src, bytes);
+    check_guards_after("copy");
   }
 
   void fill(void* dst, unsigned char byte, size_t bytes) override {
     if (bytes > 0) std::memset(dst, byte, bytes);
+    check_guards_after("fill");
   }
 
   void synchronize() override {}
@@ -69,7 +73,19 @@ class SimDevice final : public Device {
     }
   }
 
-  void gemm_strided_batched(const GemmBatch& gemm) override { sim_gemm_strided_batched(gemm); }
+  void gemm_strided_batched(const GemmBatch& gemm) override {
+    sim_gemm_strided_batched(gemm);
+    check_guards_after("gemm_strided_batched");
+  }
+
+ private:
+  static void check_guards_after(const char* what) {
+    try {
+      sim::check_guards(what);
+    } catch (const sim::Error& e) {
+      throw BackendError(std::string("sim ") + what + ": " + e.what());
+    }
+  }
 };
 
 }  // namespace

@@ -52,5 +52,28 @@ TEST(SimRuntime, SimFailuresBecomeBackendErrors) {
   }
 }
 
+TEST(SimRuntime, HostSideOverrunsAreBlamedOnTheirCall) {
+  // Copies and fills write device memory outside any launch; an overrun is reported by that call,
+  // naming the buffer, not by whichever launch happens to come next.
+  Context ctx(Backend::sim);
+  DeviceBuffer<float> buffer(ctx, 4, "short");
+  const std::vector<float> five(5, 1.0f);
+  detail::Device& device = *ctx.state().device;
+  for (const char* call : {"copy", "fill"}) {
+    try {
+      if (std::string(call) == "copy") {
+        device.copy(buffer.data(), five.data(), five.size() * sizeof(float), false);
+      } else {
+        device.fill(buffer.data(), 0, five.size() * sizeof(float));
+      }
+      FAIL() << call << ": a write past the end was not reported";
+    } catch (const BackendError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(call), std::string::npos) << message;
+      EXPECT_NE(message.find("short"), std::string::npos) << message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace selfattn

@@ -17,16 +17,7 @@ namespace {
 using testing::Layout;
 using testing::make_case;
 
-std::optional<Context> cuda_context(std::string& reason) {
-  try {
-    ContextOptions options;
-    options.backend = Backend::cuda;
-    return Context(options);
-  } catch (const NotAvailable& e) {
-    reason = e.what();
-    return std::nullopt;
-  }
-}
+using testing::cuda_context;
 
 TEST(FusedPathGpu, SweepEveryDtype) {
   std::string reason;

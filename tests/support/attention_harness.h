@@ -21,6 +21,11 @@
 
 #include "selfattn/selfattn.h"
 
+namespace selfattn {
+// gtest prints parameters through PrintTo found by ADL: show a path by its name.
+inline void PrintTo(Path path, std::ostream* os) { *os << to_string(path); }
+}  // namespace selfattn
+
 namespace selfattn::testing {
 
 // Where heads sit in memory: [b, h, s, d] contiguous, or [b, s, h, d] (a projection's output).
@@ -63,6 +68,9 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
 // Runs every case on ctx; each failure is reported as a gtest failure naming the case.
 // SELFATTN_TEST_REPORT=1 in the environment prints every case's measured errors.
 void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases);
+
+// A context on the cuda backend, or nullopt with `reason` set (for GTEST_SKIP) where no GPU is usable.
+std::optional<Context> cuda_context(std::string& reason, size_t workspace_limit = size_t(1) << 30);
 
 // Tolerated relative error of out by dtype: f32 1e-5, f16 2e-3, bf16 1e-2.
 double tolerance(DType dtype);

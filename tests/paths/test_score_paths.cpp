@@ -1,0 +1,129 @@
+// The two paths that hold the score matrix in the workspace, naive (tiled Q K^T, softmax rows, tiled
+// P V) and cublas (batched GEMMs - the sim GEMM here - with the same softmax kernel between), against
+// the double-precision reference on the sim: the harness's sweep per dtype (every value of each axis,
+// not the cross product), the long rows that take the streaming softmax, 64-bit offsets, varlen, an
+// explicit scale, and chunking under a small workspace. Each test runs once per path.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attention_harness.h"
+#include "context_state.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn {
+namespace {
+
+using testing::AttentionCase;
+using testing::Layout;
+using testing::make_case;
+
+class ScorePath : public ::testing::TestWithParam<Path> {
+ protected:
+  Path path() const { return GetParam(); }
+};
+
+TEST_P(ScorePath, SweepFloat32) {
+  Context ctx;
+  testing::expect_all_pass(ctx, testing::sweep_cases(DType::f32, path()));
+}
+TEST_P(ScorePath, SweepFloat16) {
+  Context ctx;
+  testing::expect_all_pass(ctx, testing::sweep_cases(DType::f16, path()));
+}
+TEST_P(ScorePath, SweepBFloat16) {
+  Context ctx;
+  testing::expect_all_pass(ctx, testing::sweep_cases(DType::bf16, path()));
+}
+
+// Rows longer than the cached limit (256 threads x 8 keys) take the streaming softmax.
+TEST_P(ScorePath, LongRowsStreamingSoftmax) {
+  Context ctx;
+  testing::expect_all_pass(ctx, {
+      make_case(DType::f32, 1, 1, 1, 7, 4100, 2, Causal::none, Layout::bhsd, true, {}, path()),
+      make_case(DType::bf16, 1, 2, 1, 3, 2100, 16, Causal::bottom_right, Layout::bshd, true, {2099}, path()),
+  });
+}
+
+// Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits (the sim
+// reserves the gap without touching it).
+TEST_P(ScorePath, OffsetsPast32Bits) {
+  Context ctx;
+  AttentionCase half = make_case(DType::f16, 2, 2, 1, 7, 64, 32, Causal::top_left, Layout::bshd, true, {}, path());
+  AttentionCase single = make_case(DType::f32, 2, 1, 1, 5, 9, 7, Causal::none, Layout::bhsd, false, {}, path());
+  half.batch_gap = single.batch_gap = int64_t(1) << 31;
+  testing::expect_all_pass(ctx, {half, single});
+}
+
+// Variable-length batches run sequence by sequence: empty sequences, sequences without keys, GQA,
+// both layouts, each checked against the reference on that sequence alone.
+TEST_P(ScorePath, VariableLengthSequences) {
+  Context ctx;
+  using testing::VarlenCase;
+  const std::vector<VarlenCase> cases = {
+      {DType::f32, 2, 1, 7, {7, 0, 64}, {70, 9, 0}, Causal::bottom_right, Layout::bshd, true, path()},
+      {DType::f16, 4, 2, 64, {33, 1, 113}, {33, 100, 7}, Causal::top_left, Layout::bshd, true, path()},
+      {DType::bf16, 2, 2, 32, {17, 40}, {50, 0}, Causal::none, Layout::bhsd, true, path()},
+      {DType::f16, 1, 1, 80, {129, 3}, {0, 203}, Causal::none, Layout::bshd, false, path()},
+  };
+  for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
+}
+
+TEST_P(ScorePath, ExplicitScale) {
+  Context ctx;
+  AttentionCase c = make_case(DType::f32, 1, 2, 1, 64, 113, 32, Causal::top_left, Layout::bhsd, true, {}, path());
+  c.scale = 0.5f;
+  testing::expect_all_pass(ctx, {c});
+}
+
+// A workspace limit far below the problem forces chunks over heads, then over rows of one head.
+TEST_P(ScorePath, ChunkedByWorkspaceLimit) {
+  ContextOptions options;
+  options.workspace_limit = 64 * 1024;  // 64 KB: about 80 rows of 203 keys, far below either whole problem
+  Context ctx(options);
+  testing::expect_all_pass(ctx, {
+      // whole heads per chunk
+      make_case(DType::f32, 2, 4, 2, 30, 203, 32, Causal::bottom_right, Layout::bhsd, true, {203, 100}, path()),
+      // row ranges of one head
+      make_case(DType::f16, 1, 2, 1, 257, 203, 64, Causal::top_left, Layout::bshd, true, {}, path()),
+  });
+  EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
+}
+
+// Another workspace slot (self_attention's projections) holds most of the limit: the path finds the
+// largest chunk that fits in what is left instead of failing.
+TEST_P(ScorePath, ChunksAroundOtherWorkspaceSlots) {
+  ContextOptions options;
+  options.workspace_limit = 256 * 1024;
+  Context ctx(options);
+  ctx.state().workspace.reserve(200 * 1024, "test: held by another slot", detail::WorkspaceSlot::projections);
+  testing::expect_all_pass(ctx, {
+      make_case(DType::bf16, 1, 4, 2, 113, 203, 64, Causal::none, Layout::bshd, true, {}, path()),
+  });
+  EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
+}
+
+// Only a single row too long for the limit is an error, and it names the limit.
+TEST_P(ScorePath, RowTooLongForWorkspaceNamesTheLimit) {
+  ContextOptions options;
+  options.workspace_limit = 1024;  // 256 fp32 scores: less than one row of 1000 keys
+  Context ctx(options);
+  DeviceBuffer<float> q(ctx, 2 * 2), k(ctx, 1000 * 2), v(ctx, 1000 * 2), out(ctx, 2 * 2);
+  AttentionOptions attention_options;
+  attention_options.path = path();
+  try {
+    attention(ctx, TensorView::bhsd(q.data(), DType::f32, 1, 1, 2, 2), TensorView::bhsd(k.data(), DType::f32, 1, 1, 1000, 2),
+              TensorView::bhsd(v.data(), DType::f32, 1, 1, 1000, 2), TensorView::bhsd(out.data(), DType::f32, 1, 1, 2, 2),
+              attention_options);
+    FAIL() << "expected WorkspaceTooSmall";
+  } catch (const WorkspaceTooSmall& e) {
+    EXPECT_NE(std::string(e.what()).find("1024"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(NaiveAndCublas, ScorePath, ::testing::Values(Path::naive, Path::cublas),
+                         [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
+
+}  // namespace
+}  // namespace selfattn

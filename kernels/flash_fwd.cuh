@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
                seq.k_row_start * p.v_stride_row;
 
   const int block_q_rows = seq.q_len - block_row0 < Traits::kBlockRows ? seq.q_len - block_row0 : Traits::kBlockRows;
-  const int block_keys = flash_visible_keys(block_row0 + block_q_rows - 1, seq.q_len, seq.k_len, p.causal);
+  const int block_keys = visible_keys(block_row0 + block_q_rows - 1, seq.q_len, seq.k_len, p.causal);
   // Keys below this are visible to every row of the block: tiles entirely below it need no mask.
-  const int unmasked_keys = flash_visible_keys(block_row0, seq.q_len, seq.k_len, p.causal);
+  const int unmasked_keys = visible_keys(block_row0, seq.q_len, seq.k_len, p.causal);
   const int key_tiles = (block_keys + Traits::kBlockKeys - 1) / Traits::kBlockKeys;
 
   T* q_tile = dynamic_smem<T>();
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half) {
       const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
-      visible[mt][half] = flash_visible_keys(row, seq.q_len, seq.k_len, p.causal);
+      visible[mt][half] = visible_keys(row, seq.q_len, seq.k_len, p.causal);
       row_max[mt][half] = -INFINITY;
       row_sum[mt][half] = 0.0f;  // this thread's columns only; the quad's sum is taken at the end
     }

@@ -15,10 +15,6 @@
 
 namespace selfattn::kernels {
 
-// Which keys a query row sees; the same three rules as selfattn::Causal (types.h). (naive_params.h
-// has its own CausalMask; one shared enum in params.h would be better.)
-enum class FlashCausal : uint8_t { none, top_left, bottom_right };
-
 struct FlashFwdParams {
   const void* q;
   const void* k;
@@ -40,7 +36,7 @@ struct FlashFwdParams {
   int head_dim;      // the tensor-core kernel's instance fixes it; the SIMT kernel reads it
   int heads_per_kv_head;  // GQA group size: head h reads kv head h / heads_per_kv_head
   float scale_log2;       // softmax scale * log2(e): scores go straight into exp2
-  FlashCausal causal;
+  CausalMask causal;
 };
 
 // What the host needs to launch one instance: the kernel and the shape it was compiled for.

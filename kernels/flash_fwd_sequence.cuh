@@ -3,6 +3,7 @@
 // rows start, how many queries and keys it has, and which keys each query row sees.
 #include <cstdint>
 
+#include "causal_mask.cuh"
 #include "common/compat.h"
 #include "flash_fwd_params.h"
 
@@ -34,23 +35,9 @@ __host__ __device__ inline FlashSequence flash_sequence(const FlashFwdParams& p,
     s.q_row_start = 0;
     s.k_row_start = 0;
     s.q_len = p.seq_q;
-    s.k_len = p.seq_k;
-    if (p.key_lengths != nullptr) {
-      const int given = p.key_lengths[batch];
-      s.k_len = given < 0 ? 0 : (given > p.seq_k ? p.seq_k : given);
-    }
+    s.k_len = key_length(p.key_lengths, batch, p.seq_k);
   }
   return s;
-}
-
-// Query `row` sees keys [0, result). Non-decreasing in row, so a block's last row bounds the keys
-// any of its rows needs. bottom_right aligns the last query with the last (visible) key.
-__host__ __device__ inline int flash_visible_keys(int row, int q_len, int k_len, FlashCausal causal) {
-  int visible = k_len;
-  if (causal == FlashCausal::top_left) visible = row + 1;
-  if (causal == FlashCausal::bottom_right) visible = row + 1 + (k_len - q_len);
-  if (visible < 0) visible = 0;
-  return visible < k_len ? visible : k_len;
 }
 
 SELFATTN_KERNELS_END

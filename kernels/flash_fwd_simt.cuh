@@ -85,14 +85,14 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
   }
 
   const int last_row = (block_row0 + Traits::kBlockRows < seq.q_len ? block_row0 + Traits::kBlockRows : seq.q_len) - 1;
-  const int block_keys = flash_visible_keys(last_row, seq.q_len, seq.k_len, p.causal);
+  const int block_keys = visible_keys(last_row, seq.q_len, seq.k_len, p.causal);
 
   const int warp_row0 = warp * R;  // within the block
   int visible[R];
   float row_max[R], row_sum[R], acc[R][C];
   SELFATTN_FLASH_UNROLL
   for (int r = 0; r < R; ++r) {
-    visible[r] = flash_visible_keys(block_row0 + warp_row0 + r, seq.q_len, seq.k_len, p.causal);
+    visible[r] = visible_keys(block_row0 + warp_row0 + r, seq.q_len, seq.k_len, p.causal);
     row_max[r] = -INFINITY;
     row_sum[r] = 0.0f;  // this lane's keys only; the warp's sum is taken once at the end
     SELFATTN_FLASH_UNROLL

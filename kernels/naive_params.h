@@ -20,8 +20,6 @@ struct HeadsView {
   int64_t stride_batch, stride_head, stride_seq;
 };
 
-enum class CausalMask : uint8_t { none, top_left, bottom_right };  // as selfattn::Causal
-
 // Which keys each query row sees (visible_keys() in attention_heads.cuh). Softmax applies it; Q K^T
 // and P V use it to skip key tiles that no row of a tile sees.
 struct KeyMask {

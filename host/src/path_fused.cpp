@@ -91,13 +91,13 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
 #endif
 }
 
-kernels::FlashCausal to_mask(Causal causal) {
+kernels::CausalMask to_mask(Causal causal) {
   switch (causal) {
-    case Causal::none: return kernels::FlashCausal::none;
-    case Causal::top_left: return kernels::FlashCausal::top_left;
-    case Causal::bottom_right: return kernels::FlashCausal::bottom_right;
+    case Causal::none: return kernels::CausalMask::none;
+    case Causal::top_left: return kernels::CausalMask::top_left;
+    case Causal::bottom_right: return kernels::CausalMask::bottom_right;
   }
-  return kernels::FlashCausal::none;
+  return kernels::CausalMask::none;
 }
 
 kernels::FlashFwdParams make_params(const AttentionCall& call) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernel_args.h"
 #include "kernels/registry.h"
 #include "paths.h"
 #include "selfattn/error.h"
@@ -45,15 +46,6 @@ const TensorCoreEntry kTensorCoreInstances[] = {
 constexpr int kMaxHeadDim = 256;   // both kernels keep a row's O slice in registers
 constexpr int kMaxGridYZ = 65535;  // heads on grid.y, batch on grid.z
 
-Element to_element(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return Element::f32;
-    case DType::f16: return Element::f16;
-    case DType::bf16: return Element::bf16;
-  }
-  return Element::f32;
-}
-
 // cp.async moves 16-byte chunks of rows: every row of every tensor must start on 16 bytes.
 bool rows_16_byte_aligned(const TensorView& view) {
   const size_t element = dtype_size(view.dtype);
@@ -83,21 +75,12 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
     if (entry.cuda != nullptr) return entry.cuda();
     return FlashFwdInstance{};
   }
-  if (sim) return kernels::sim_target::flash_fwd_simt_instance(to_element(call.dtype), call.head_dim);
+  if (sim) return kernels::sim_target::flash_fwd_simt_instance(element_of(call.dtype), call.head_dim);
 #if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::flash_fwd_simt_instance(to_element(call.dtype), call.head_dim);
+  return kernels::cuda_target::flash_fwd_simt_instance(element_of(call.dtype), call.head_dim);
 #else
   return FlashFwdInstance{};
 #endif
-}
-
-kernels::CausalMask to_mask(Causal causal) {
-  switch (causal) {
-    case Causal::none: return kernels::CausalMask::none;
-    case Causal::top_left: return kernels::CausalMask::top_left;
-    case Causal::bottom_right: return kernels::CausalMask::bottom_right;
-  }
-  return kernels::CausalMask::none;
 }
 
 kernels::FlashFwdParams make_params(const AttentionCall& call) {
@@ -133,7 +116,7 @@ kernels::FlashFwdParams make_params(const AttentionCall& call) {
   p.head_dim = call.head_dim;
   p.heads_per_kv_head = call.heads / call.kv_heads;
   p.scale_log2 = float(double(call.scale) * 1.4426950408889634);
-  p.causal = to_mask(call.causal);
+  p.causal = causal_mask_of(call.causal);
   return p;
 }
 

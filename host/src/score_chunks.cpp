@@ -34,20 +34,8 @@ ChunkShape shape_for_budget(const AttentionCall& call, size_t row_bytes, size_t 
 
 }  // namespace
 
-kernels::Element element_of(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return kernels::Element::f32;
-    case DType::f16: return kernels::Element::f16;
-    case DType::bf16: return kernels::Element::bf16;
-  }
-  return kernels::Element::f32;
-}
-
 kernels::KeyMask key_mask(const AttentionCall& call) {
-  static_assert(int(Causal::top_left) == int(kernels::CausalMask::top_left) &&
-                    int(Causal::bottom_right) == int(kernels::CausalMask::bottom_right),
-                "CausalMask mirrors selfattn::Causal");
-  return {call.key_lengths, static_cast<kernels::CausalMask>(call.causal), call.seq_q};
+  return {call.key_lengths, causal_mask_of(call.causal), call.seq_q};
 }
 
 void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLayout& layout,

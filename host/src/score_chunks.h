@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "../../kernels/registry.h"
+#include "kernel_args.h"
 #include "paths.h"
 
 namespace selfattn::detail {
@@ -30,7 +31,6 @@ struct Chunk {
 void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLayout& layout,
                     const std::function<void(const Chunk&, void* workspace)>& run_chunk);
 
-kernels::Element element_of(DType dtype);
 kernels::KeyMask key_mask(const AttentionCall& call);
 
 // A padded call as it is, or each sequence of a variable-length call as a padded call of batch 1

@@ -27,4 +27,13 @@ __host__ __device__ inline int visible_keys(const KeyMask& mask, int batch, int 
   return visible_keys(row, mask.seq_q, key_length(mask.key_lengths, batch, seq_k), mask.causal);
 }
 
+// Keys the chunk rows [row0, row0 + tile_rows) see at most: those of the tile's last row (the count
+// is non-decreasing in row). Key tiles past it are skipped by Q K^T and summed by nobody in P V.
+// ChunkParams: QkParams or PvParams (mask, rows, row_begin, seq_k).
+template <class ChunkParams>
+__device__ inline int tile_visible_keys(const ChunkParams& p, int batch, int row0, int tile_rows) {
+  const int last = (row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;
+  return visible_keys(p.mask, batch, p.row_begin + last, p.seq_k);
+}
+
 SELFATTN_KERNELS_END

@@ -18,12 +18,6 @@
 
 SELFATTN_KERNELS_BEGIN
 
-// Keys the rows [row0, row0 + tile_rows) of the chunk see at most: those of its last row.
-__device__ inline int tile_visible_keys(const QkParams& p, int batch, int row0, int tile_rows) {
-  const int last = (row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;
-  return visible_keys(p.mask, batch, p.row_begin + last, p.seq_k);
-}
-
 template <class T>
 __global__ void __launch_bounds__(SimtTileTraits::kThreads) qk_tiled_simt_kernel(const QkParams p) {
   using Tile = SimtTileTraits;

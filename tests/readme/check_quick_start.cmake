@@ -1,0 +1,83 @@
+# cmake -DROOT=<repository> -P check_quick_start.cmake
+# Extracts the ```sh blocks of README.md's "## Quick start" section and checks that:
+#   - there are exactly two (block 1: the benchmark, block 2: the tests);
+#   - each is one command line that starts with the set-up step, scripts/setup-deps;
+#   - block 1 ends by running selfattn-bench with --check, block 2 by running ctest;
+#   - scripts/setup-deps exists and is executable;
+#   - .ci/run runs block 2 exactly as written.
+cmake_minimum_required(VERSION 3.25)
+
+function(fail message)
+  message(FATAL_ERROR "README Quick start: ${message}")
+endfunction()
+
+set(setup_step "scripts/setup-deps")
+file(READ "${ROOT}/README.md" readme)
+string(FIND "${readme}" "\n## Quick start\n" start)
+if(start EQUAL -1)
+  fail("no '## Quick start' section in README.md")
+endif()
+string(SUBSTRING "${readme}" ${start} -1 section)
+string(SUBSTRING "${section}" 1 -1 section)  # past the newline, so the next search skips this heading
+string(FIND "${section}" "\n## " end)
+if(NOT end EQUAL -1)
+  string(SUBSTRING "${section}" 0 ${end} section)
+endif()
+
+# ```sh ... ``` blocks (CMake regexes have no lazy match: take fence-to-fence pieces one by one).
+set(blocks "")
+set(rest "${section}")
+while(TRUE)
+  string(FIND "${rest}" "```sh\n" open)
+  if(open EQUAL -1)
+    break()
+  endif()
+  math(EXPR body_start "${open} + 6")
+  string(SUBSTRING "${rest}" ${body_start} -1 rest)
+  string(FIND "${rest}" "```" close)
+  if(close EQUAL -1)
+    fail("a ```sh block is not closed")
+  endif()
+  string(SUBSTRING "${rest}" 0 ${close} body)
+  string(STRIP "${body}" body)
+  list(APPEND blocks "${body}")
+  math(EXPR after "${close} + 3")
+  string(SUBSTRING "${rest}" ${after} -1 rest)
+endwhile()
+
+list(LENGTH blocks count)
+if(NOT count EQUAL 2)
+  fail("expected exactly two ```sh blocks, found ${count}")
+endif()
+list(GET blocks 0 bench_block)
+list(GET blocks 1 test_block)
+foreach(block IN ITEMS "${bench_block}" "${test_block}")
+  if(block MATCHES "\n")
+    fail("each block must be one command line; got:\n${block}")
+  endif()
+  string(FIND "${block}" "${setup_step} && " position)
+  if(NOT position EQUAL 0)
+    fail("a block does not begin with '${setup_step} && ': ${block}")
+  endif()
+endforeach()
+if(NOT bench_block MATCHES "selfattn-bench --check$")
+  fail("block 1 must end by running selfattn-bench --check: ${bench_block}")
+endif()
+if(NOT test_block MATCHES "ctest [^&]*$")
+  fail("block 2 must end by running ctest: ${test_block}")
+endif()
+
+if(NOT EXISTS "${ROOT}/${setup_step}")
+  fail("${setup_step} does not exist")
+endif()
+execute_process(COMMAND test -x "${ROOT}/${setup_step}" RESULT_VARIABLE not_executable)
+if(not_executable)
+  fail("${setup_step} is not executable")
+endif()
+
+file(READ "${ROOT}/.ci/run" ci)
+string(FIND "${ci}" "\n${test_block}\n" in_ci)
+if(in_ci EQUAL -1)
+  fail(".ci/run does not run block 2 exactly as written:\n  ${test_block}")
+endif()
+message(STATUS "README Quick start: both blocks start with ${setup_step}; .ci/run runs block 2")

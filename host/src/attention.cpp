@@ -17,6 +17,7 @@
 
 #include "attention_validation.h"
 #include "paths.h"
+#include "score_chunks.h"
 #include "selfattn/attention.h"
 #include "selfattn/error.h"
 
@@ -43,10 +44,10 @@ std::vector<Path> automatic_order(Backend backend) {
   return {Path::fused, Path::naive, Path::cublas};
 }
 
-Path choose_path(const ContextState& state, const AttentionCall& call, Path requested) {
+Path choose_path(const ContextState& state, const AttentionCall& call, Path requested, const char* function) {
   if (requested != Path::automatic) {
     if (const char* reason = unsupported_reason(state, call, requested)) {
-      throw NotAvailable(std::string("attention: path ") + to_string(requested) + " does not support " +
+      throw NotAvailable(std::string(function) + ": path " + to_string(requested) + " does not support " +
                          detail::describe(call) + ": " + reason);
     }
     return requested;
@@ -57,18 +58,8 @@ Path choose_path(const ContextState& state, const AttentionCall& call, Path requ
     if (reason == nullptr) return path;
     reasons += std::string("; ") + to_string(path) + ": " + reason;
   }
-  throw NotAvailable("attention: no path supports " + detail::describe(call) + " on the " +
+  throw NotAvailable(std::string(function) + ": no path supports " + detail::describe(call) + " on the " +
                      to_string(state.device->backend()) + " backend" + reasons);
-}
-
-void run_path(ContextState& state, const AttentionCall& call, Path path) {
-  switch (path) {
-    case Path::naive: return detail::run_naive(state, call);
-    case Path::cublas: return detail::run_cublas(state, call);
-    case Path::fused: return detail::run_fused(state, call);
-    case Path::automatic: break;
-  }
-  throw InvalidArgument("attention: internal error: run_path(automatic)");
 }
 
 // Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
@@ -87,11 +78,13 @@ void zero_fill(detail::Device& device, const TensorView& view) {
 }
 
 // The calls no path sees (see the top of this file). Returns true when the call is complete.
-bool run_without_keys(ContextState& state, const AttentionCall& call, int64_t lse_rows) {
+bool run_without_keys(ContextState& state, const AttentionCall& call) {
   if (call.batch == 0 || call.heads == 0 || call.seq_q == 0) return true;
   const bool no_keys = call.seq_k == 0 || call.k.seq() == 0;
   if (!no_keys) return false;
   zero_fill(*state.device, call.out);
+  const int64_t lse_rows =
+      call.varlen() ? int64_t(call.heads) * call.q.seq() : int64_t(call.batch) * call.heads * call.seq_q;
   if (call.lse != nullptr && lse_rows > 0) {
     const std::vector<float> minus_infinity(size_t(lse_rows), -std::numeric_limits<float>::infinity());
     state.device->copy(call.lse, minus_infinity.data(), minus_infinity.size() * sizeof(float), /*async=*/false);
@@ -99,8 +92,12 @@ bool run_without_keys(ContextState& state, const AttentionCall& call, int64_t ls
   return true;
 }
 
-int64_t lse_rows(const AttentionCall& call) {
-  return call.varlen() ? int64_t(call.heads) * call.q.seq() : int64_t(call.batch) * call.heads * call.seq_q;
+// Plans (every check that can throw), sizes the workspace for the plan, runs it.
+void run_attention(ContextState& state, const AttentionCall& call, Path requested, const char* function) {
+  if (run_without_keys(state, call)) return;
+  const detail::PlannedAttention planned = detail::plan_attention(state, call, requested, function);
+  void* scores = state.workspace.reserve(planned.scores.workspace_bytes, std::string(function) + ": scores S/P");
+  detail::run_planned(state, planned, scores);
 }
 
 }  // namespace
@@ -108,9 +105,7 @@ int64_t lse_rows(const AttentionCall& call) {
 void attention(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const AttentionOptions& options) {
   ContextState& state = ctx.state();
-  const AttentionCall call = detail::validate_attention(q, k, v, out, options);
-  if (run_without_keys(state, call, lse_rows(call))) return;
-  run_path(state, call, choose_path(state, call, options.path));
+  run_attention(state, detail::validate_attention("attention", q, k, v, out, options), options.path, "attention");
 }
 
 void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -119,8 +114,7 @@ void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, co
   ContextState& state = ctx.state();
   const AttentionCall call = detail::validate_attention_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch,
                                                                max_seqlen_q, max_seqlen_k, options);
-  if (run_without_keys(state, call, lse_rows(call))) return;
-  run_path(state, call, choose_path(state, call, options.path));
+  run_attention(state, call, options.path, "attention_varlen");
 }
 
 Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -131,8 +125,9 @@ Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const 
   TensorView out = TensorView::bhsd(distinct_address, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
   AttentionOptions checked = options;
   checked.lse = nullptr;
-  const AttentionCall call = detail::validate_attention(q, k, v, out, checked, /*check_out_overlap=*/false);
-  return choose_path(state, call, options.path);
+  const AttentionCall call =
+      detail::validate_attention("resolve_path", q, k, v, out, checked, /*check_out_overlap=*/false);
+  return choose_path(state, call, options.path, "resolve_path");
 }
 
 bool path_available(const Context& ctx, Path path) {
@@ -158,4 +153,29 @@ bool path_available(const Context& ctx, Path path) {
   return false;
 }
 
+namespace detail {
+
+PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Path requested, const char* function,
+                                size_t reserved_before) {
+  PlannedAttention planned;
+  planned.call = call;
+  planned.path = choose_path(ctx, call, requested, function);
+  if (planned.path == Path::naive) {
+    planned.scores = plan_scores(ctx, call, naive_score_layout, reserved_before, function);
+  } else if (planned.path == Path::cublas) {
+    planned.scores = plan_scores(ctx, call, cublas_score_layout, reserved_before, function);
+  }
+  return planned;
+}
+
+void run_planned(ContextState& ctx, const PlannedAttention& planned, void* scores_workspace) {
+  switch (planned.path) {
+    case Path::naive: return run_naive(ctx, planned.scores, scores_workspace);
+    case Path::cublas: return run_cublas(ctx, planned.scores, scores_workspace);
+    case Path::fused: return run_fused(ctx, planned.call);
+    case Path::automatic: break;
+  }
+}
+
+}  // namespace detail
 }  // namespace selfattn

@@ -204,9 +204,8 @@ std::string describe(const AttentionCall& call) {
   return text;
 }
 
-AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                                 const AttentionOptions& options, bool check_out_overlap) {
-  const char* function = "attention";
+AttentionCall validate_attention(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const AttentionOptions& options, bool check_out_overlap) {
   check_common(function, q, k, v, out, check_out_overlap);
   check_causal(function, options.causal);
   check_lse(function, options, q.batch() * q.heads() * q.seq(), q, k, v, out, check_out_overlap);

@@ -7,9 +7,10 @@
 
 namespace selfattn::detail {
 
-// Validates a padded-batch call. check_out_overlap is false only for resolve_path(), which has no out.
-AttentionCall validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                                 const AttentionOptions& options, bool check_out_overlap = true);
+// Validates a padded-batch call; messages start with `function` (the entry point the user called).
+// check_out_overlap is false only for resolve_path(), which has no out.
+AttentionCall validate_attention(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const AttentionOptions& options, bool check_out_overlap = true);
 
 AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& out, const int32_t* cu_seqlens_q,

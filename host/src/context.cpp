@@ -68,55 +68,41 @@ Workspace::Workspace(std::shared_ptr<Device> device, size_t limit) : device_(std
 
 Workspace::~Workspace() { release(); }
 
-size_t Workspace::bytes() const {
-  size_t total = 0;
-  for (const Region& region : regions_) total += region.bytes;
-  return total;
-}
-
 void Workspace::release() {
-  bool any = false;
-  for (const Region& region : regions_) any = any || region.data != nullptr;
-  if (!any) return;
+  if (data_ == nullptr) return;
   // Kernels queued on the stream may still read the old allocation.
   try {
     device_->synchronize();
   } catch (...) {
   }
-  for (Region& region : regions_) {
-    if (region.data) device_->deallocate(region.data);
-    region = Region{};
-  }
+  device_->deallocate(data_);
+  data_ = nullptr;
+  bytes_ = 0;
 }
 
-void* Workspace::reserve(size_t bytes, const char* what, WorkspaceSlot slot) {
-  constexpr size_t kAlignment = 256;
-  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  Region& region = regions_[static_cast<int>(slot)];
-  if (bytes <= region.bytes) return region.data;
-
-  const size_t others = this->bytes() - region.bytes;
-  if (others + bytes > limit_) {
-    throw WorkspaceTooSmall(std::string("workspace: ") + what + " needs " + std::to_string(bytes) +
-                            " bytes (with " + std::to_string(others) + " held for other uses) but the limit is " +
+void* Workspace::reserve(size_t bytes, const std::string& what) {
+  if (bytes <= bytes_) return data_;
+  if (bytes > limit_) {
+    throw WorkspaceTooSmall(what + ": " + std::to_string(bytes) + " bytes needed but the workspace limit is " +
                             std::to_string(limit_) +
                             " bytes; raise ContextOptions::workspace_limit or Context::set_workspace_limit");
   }
   // Grow geometrically (capped by the limit) so a slowly growing shape does not reallocate each call.
-  const size_t grown = std::min(std::max(bytes, region.bytes * 2), limit_ - others);
-  if (region.data) {
-    device_->synchronize();
-    device_->deallocate(region.data);
-    region = Region{};
+  const size_t grown = std::min(std::max(bytes, bytes_ * 2), limit_);
+  if (data_ != nullptr) {
+    device_->synchronize();  // kernels queued on the stream may still read the old allocation
+    device_->deallocate(data_);
+    data_ = nullptr;
+    bytes_ = 0;
   }
-  region.data = device_->allocate(grown, what);
-  region.bytes = grown;
-  return region.data;
+  data_ = device_->allocate(grown, what.c_str());
+  bytes_ = grown;
+  return data_;
 }
 
 void Workspace::set_limit(size_t bytes) {
   limit_ = bytes;
-  if (this->bytes() > limit_) release();
+  if (bytes_ > limit_) release();
 }
 
 }  // namespace detail

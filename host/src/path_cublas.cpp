@@ -9,7 +9,7 @@
 // cuBLAS takes A and B of one type, so for f16/bf16 the softmax writes P in the input dtype to its
 // own workspace region; for f32 it writes P over S.
 //
-// Variable-length batches run sequence by sequence (for_each_sequence).
+// Variable-length batches run sequence by sequence (the plan's padded calls, score_chunks.h).
 //
 // One GEMM covers a run of (batch, head) pairs whose Q, K, V, S and O addresses all advance by a
 // constant stride: all pairs of a BHSD call without GQA; the heads of one batch in BSHD; the query
@@ -75,6 +75,17 @@ const char* cublas_unsupported(const ContextState&, const AttentionCall& call) {
   return nullptr;
 }
 
+ScoreLayout cublas_score_layout(const AttentionCall& padded) {
+  // S fp32 with 16-byte aligned rows; for f16/bf16 P follows in its own region (16-byte aligned rows).
+  ScoreLayout layout;
+  const bool p_over_s = padded.dtype == DType::f32;
+  layout.s_row_stride = round_up(padded.seq_k, 4);
+  layout.p_row_stride = p_over_s ? layout.s_row_stride : round_up(padded.seq_k, 8);
+  layout.row_bytes = size_t(layout.s_row_stride) * sizeof(float) +
+                     (p_over_s ? 0 : size_t(layout.p_row_stride) * dtype_size(padded.dtype));
+  return layout;
+}
+
 namespace {
 // out = 0 on the call's rows (a sequence without keys: no GEMM has anything to sum).
 void zero_rows(Device& device, const TensorView& out) {
@@ -86,16 +97,13 @@ void zero_rows(Device& device, const TensorView& out) {
                     row_bytes);
 }
 
-void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_stride) {
+void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) {
+  const AttentionCall& call = chunked.call;
   const bool p_over_s = call.dtype == DType::f32;
   const kernels::Element p_elem = element_of(call.dtype);
-  const int64_t s_ld = round_up(call.seq_k, 4);   // fp32 rows 16-byte aligned
-  const int64_t p_ld = p_over_s ? s_ld : round_up(call.seq_k, 8);  // 16-bit rows 16-byte aligned
-  ScoreLayout layout;
-  layout.s_row_stride = s_ld;
-  layout.row_bytes = size_t(s_ld) * sizeof(float) + (p_over_s ? 0 : size_t(p_ld) * dtype_size(call.dtype));
+  const int64_t s_ld = chunked.layout.s_row_stride, p_ld = chunked.layout.p_row_stride;
 
-  for_each_chunk(ctx, call, layout, [&](const Chunk& chunk, void* workspace) {
+  for_each_chunk(chunked, [&](const Chunk& chunk) {
     float* scores = static_cast<float*>(workspace);
     const int64_t s_pair_stride = s_ld * chunk.rows;
     void* probs = p_over_s ? workspace : static_cast<void*>(scores + s_pair_stride * chunk.pairs);
@@ -133,7 +141,7 @@ void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_s
       done += run.pairs;
     }
 
-    launch_softmax(ctx, call, chunk, scores, s_ld, probs, p_elem, p_ld, /*scale=*/1.0f, lse_pair_stride);
+    launch_softmax(ctx, call, chunk, scores, s_ld, probs, p_elem, p_ld, /*scale=*/1.0f, chunked.lse_pair_stride);
 
     for (int done = 0; done < chunk.pairs && call.seq_k > 0;) {
       const int pair = chunk.pair_begin + done;
@@ -170,11 +178,8 @@ void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_s
 }
 }  // namespace
 
-void run_cublas(ContextState& ctx, const AttentionCall& call) {
-  if (const char* reason = cublas_unsupported(ctx, call)) throw NotAvailable(std::string("path cublas: ") + reason);
-  for_each_sequence(ctx, call, [&](const AttentionCall& padded, int64_t lse_pair_stride) {
-    run_padded(ctx, padded, lse_pair_stride);
-  });
+void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace) {
+  for (const ChunkedCall& chunked : plan.calls) run_padded(ctx, chunked, workspace);
 }
 
 }  // namespace selfattn::detail

@@ -3,7 +3,7 @@
 //   P = softmax(S)  softmax_rows scale + causal/key-length mask, P written over S, LSE
 //   O = P V         pv_tiled     O in the call's dtype and strides
 // Every dtype and head_dim >= 1; the kernels pick tensor cores where dtype and head_dim allow.
-// Variable-length batches run sequence by sequence (for_each_sequence).
+// Variable-length batches run sequence by sequence (the plan's padded calls, score_chunks.h).
 #include <string>
 
 #include "../../kernels/registry.h"
@@ -42,18 +42,19 @@ const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call
   return nullptr;
 }
 
-namespace {
-void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_stride) {
-  const kernels::Element elem = element_of(call.dtype);
-  const NaiveKernels naive = lookup(ctx.device->backend(), elem, call.head_dim);
-  if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
-
+ScoreLayout naive_score_layout(const AttentionCall& padded) {
   // P is written over S (fp32 both): one fp32 row of seq_k per query row, padded to 16 bytes.
   ScoreLayout layout;
-  layout.s_row_stride = (int64_t(call.seq_k) + 3) / 4 * 4;
+  layout.s_row_stride = layout.p_row_stride = (int64_t(padded.seq_k) + 3) / 4 * 4;
   layout.row_bytes = size_t(layout.s_row_stride) * sizeof(float);
+  return layout;
+}
 
-  for_each_chunk(ctx, call, layout, [&](const Chunk& chunk, void* workspace) {
+namespace {
+void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall& chunked, void* workspace) {
+  const AttentionCall& call = chunked.call;
+  const ScoreLayout& layout = chunked.layout;
+  for_each_chunk(chunked, [&](const Chunk& chunk) {
     float* scores = static_cast<float*>(workspace);
     const int64_t pair_stride = layout.s_row_stride * chunk.rows;
 
@@ -78,7 +79,7 @@ void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_s
     if (call.seq_k > 0) ctx.device->launch(naive.qk.kernel, qk_shape, &qk);  // none: softmax and P V write 0 / -inf
 
     launch_softmax(ctx, call, chunk, scores, layout.s_row_stride, scores, kernels::Element::f32, layout.s_row_stride,
-                   call.scale, lse_pair_stride);
+                   call.scale, chunked.lse_pair_stride);
 
     kernels::PvParams pv{};
     pv.p = scores;
@@ -106,10 +107,13 @@ void run_padded(ContextState& ctx, const AttentionCall& call, int64_t lse_pair_s
 }
 }  // namespace
 
-void run_naive(ContextState& ctx, const AttentionCall& call) {
-  for_each_sequence(ctx, call, [&](const AttentionCall& padded, int64_t lse_pair_stride) {
-    run_padded(ctx, padded, lse_pair_stride);
-  });
+void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace) {
+  if (plan.calls.empty()) return;
+  // Every padded call of a plan has the call's dtype and head_dim: one lookup serves them all.
+  const AttentionCall& first = plan.calls.front().call;
+  const NaiveKernels naive = lookup(ctx.device->backend(), element_of(first.dtype), first.head_dim);
+  if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
+  for (const ChunkedCall& chunked : plan.calls) run_padded(ctx, naive, chunked, workspace);
 }
 
 }  // namespace selfattn::detail

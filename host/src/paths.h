@@ -1,7 +1,9 @@
 #pragma once
 // The attention paths behind attention(): each says whether it supports a validated call and runs
-// it. attention.cpp validates arguments once, resolves `automatic`, and calls one of these.
+// it. attention.cpp validates arguments once, resolves `automatic`, plans the call (every check
+// that can throw) and then runs one of these.
 #include <cstdint>
+#include <vector>
 
 #include "context_state.h"
 #include "selfattn/attention.h"
@@ -29,8 +31,53 @@ const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call
 const char* cublas_unsupported(const ContextState& ctx, const AttentionCall& call);
 const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call);
 
-void run_naive(ContextState& ctx, const AttentionCall& call);
-void run_cublas(ContextState& ctx, const AttentionCall& call);
+// ---- the score paths' plan (naive, cublas: score_chunks.h) ----
+
+// How one padded call keeps the scores of a query row in the workspace.
+struct ScoreLayout {
+  size_t row_bytes = 0;      // workspace bytes one query row needs (S, plus P when separate)
+  int64_t s_row_stride = 0;  // fp32 elements between rows of S
+  int64_t p_row_stride = 0;  // elements (of P's type) between rows of P; s_row_stride when P is over S
+};
+ScoreLayout naive_score_layout(const AttentionCall& padded);
+ScoreLayout cublas_score_layout(const AttentionCall& padded);
+
+// A padded call (the whole call, or one sequence of a varlen call as a call of batch 1) with the
+// chunk it runs in: `pairs` consecutive (batch, head) pairs x `rows` consecutive query rows.
+struct ChunkedCall {
+  AttentionCall call;           // never varlen
+  int64_t lse_pair_stride = 0;  // LSE row q of pair bh is at call.lse[bh * lse_pair_stride + q]
+  ScoreLayout layout;
+  int pairs = 0, rows = 0;
+};
+
+// Every chunk of a call, fixed before anything runs; workspace_bytes holds the largest.
+struct ScorePlan {
+  std::vector<ChunkedCall> calls;
+  size_t workspace_bytes = 0;
+};
+
+// ---- planning and running (attention.cpp) ----
+
+// A validated call ready to run: every check that can throw (path support, the cu_seqlens of a
+// varlen call, the workspace limit) has passed, so running it can only fail in the backend.
+struct PlannedAttention {
+  AttentionCall call;
+  Path path = Path::naive;
+  ScorePlan scores;  // naive and cublas; empty for fused
+};
+
+// Plans a call with at least one query row and one key. `function` names the entry point in
+// messages. The scores get the workspace limit less `reserved_before` bytes the caller keeps in
+// front of them (self_attention()'s projections).
+PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Path requested, const char* function,
+                                size_t reserved_before = 0);
+// Runs a plan with planned.scores.workspace_bytes bytes of workspace at `scores_workspace`.
+void run_planned(ContextState& ctx, const PlannedAttention& planned, void* scores_workspace);
+
+// Each runs a plan of a call its *_unsupported accepted.
+void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
+void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_fused(ContextState& ctx, const AttentionCall& call);
 
 }  // namespace selfattn::detail

@@ -32,66 +32,30 @@ ChunkShape shape_for_budget(const AttentionCall& call, size_t row_bytes, size_t 
   return shape;
 }
 
-}  // namespace
+struct PaddedCall {
+  AttentionCall call;
+  int64_t lse_pair_stride = 0;
+  int sequence = -1;  // of a varlen call, for messages
+};
 
-kernels::KeyMask key_mask(const AttentionCall& call) {
-  return {call.key_lengths, causal_mask_of(call.causal), call.seq_q};
-}
-
-void for_each_chunk(ContextState& ctx, const AttentionCall& call, const ScoreLayout& layout,
-                    const std::function<void(const Chunk&, void* workspace)>& run_chunk) {
-  const size_t limit = ctx.workspace.limit();
-  const size_t row_bytes = std::max<size_t>(layout.row_bytes, 16);  // a sequence without keys still takes a row
-  if (row_bytes > limit) {
-    throw WorkspaceTooSmall("attention: one query row of scores needs " + std::to_string(row_bytes) +
-                            " bytes (seq_k " + std::to_string(call.seq_k) + ") but the workspace limit is " +
-                            std::to_string(limit) +
-                            " bytes; raise ContextOptions::workspace_limit or Context::set_workspace_limit");
-  }
-  // Other workspace slots may hold part of the limit; the largest chunk that fits is found by halving.
-  size_t budget = limit;
-  ChunkShape shape;
-  void* workspace = nullptr;
-  for (;;) {
-    shape = shape_for_budget(call, row_bytes, budget);
-    try {
-      workspace = ctx.workspace.reserve(size_t(shape.pairs) * shape.rows * row_bytes, "attention scores S/P");
-      break;
-    } catch (const WorkspaceTooSmall&) {
-      if (budget <= row_bytes) throw;
-      budget = std::max(row_bytes, budget / 2);
-    }
-  }
-
-  const int pairs_total = call.batch * call.heads;
-  for (int pair = 0; pair < pairs_total; pair += shape.pairs) {
-    for (int row = 0; row < call.seq_q; row += shape.rows) {
-      Chunk chunk;
-      chunk.pair_begin = pair;
-      chunk.pairs = std::min(shape.pairs, pairs_total - pair);
-      chunk.row_begin = row;
-      chunk.rows = std::min(shape.rows, call.seq_q - row);
-      run_chunk(chunk, workspace);
-    }
-  }
-}
-
-void for_each_sequence(ContextState& ctx, const AttentionCall& call,
-                       const std::function<void(const AttentionCall& padded, int64_t lse_pair_stride)>& run_padded) {
-  if (!call.varlen()) return run_padded(call, call.seq_q);
+// A padded call as it is, or each sequence with queries of a variable-length call as a padded call
+// of batch 1 on its rows (a sequence without keys gets seq_k 0: its rows must become 0, LSE -inf).
+std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& call, const char* function) {
+  if (!call.varlen()) return {{call, call.seq_q, -1}};
   std::vector<int32_t> cu_q(size_t(call.batch) + 1), cu_k(size_t(call.batch) + 1);
   ctx.device->copy(cu_q.data(), call.cu_seqlens_q, cu_q.size() * sizeof(int32_t), /*async=*/false);
   ctx.device->copy(cu_k.data(), call.cu_seqlens_k, cu_k.size() * sizeof(int32_t), /*async=*/false);
   const int64_t total_q = call.q.seq(), total_k = call.k.seq();
+  std::vector<PaddedCall> calls;
   for (int b = 0; b < call.batch; ++b) {
     const int64_t q0 = cu_q[b], k0 = cu_k[b], len_q = int64_t(cu_q[b + 1]) - q0, len_k = int64_t(cu_k[b + 1]) - k0;
     if (q0 < 0 || len_q < 0 || q0 + len_q > total_q || len_q > call.seq_q || k0 < 0 || len_k < 0 ||
         k0 + len_k > total_k || len_k > call.seq_k) {
-      throw InvalidArgument("attention_varlen: sequence " + std::to_string(b) + " has rows [" + std::to_string(q0) +
-                            ", " + std::to_string(q0 + len_q) + ") of q and [" + std::to_string(k0) + ", " +
-                            std::to_string(k0 + len_k) + ") of k: expected non-decreasing cu_seqlens within total_q " +
-                            std::to_string(total_q) + " / total_k " + std::to_string(total_k) +
-                            " and lengths within max_seqlen_q/k");
+      throw InvalidArgument(std::string(function) + ": sequence " + std::to_string(b) + " has rows [" +
+                            std::to_string(q0) + ", " + std::to_string(q0 + len_q) + ") of q and [" +
+                            std::to_string(k0) + ", " + std::to_string(k0 + len_k) +
+                            ") of k: expected non-decreasing cu_seqlens within total_q " + std::to_string(total_q) +
+                            " / total_k " + std::to_string(total_k) + " and lengths within max_seqlen_q/k");
     }
     if (len_q == 0) continue;
     AttentionCall padded = call;
@@ -109,7 +73,57 @@ void for_each_sequence(ContextState& ctx, const AttentionCall& call,
     padded.k = rows_from(call.k, k0, len_k);
     padded.v = rows_from(call.v, k0, len_k);
     padded.lse = call.lse ? call.lse + q0 : nullptr;
-    run_padded(padded, total_q);
+    calls.push_back({padded, total_q, b});
+  }
+  return calls;
+}
+
+}  // namespace
+
+kernels::KeyMask key_mask(const AttentionCall& call) {
+  return {call.key_lengths, causal_mask_of(call.causal), call.seq_q};
+}
+
+ScorePlan plan_scores(ContextState& ctx, const AttentionCall& call, ScoreLayout (*layout_of)(const AttentionCall&),
+                      size_t reserved_before, const char* function) {
+  const size_t limit = ctx.workspace.limit();
+  const size_t budget = limit > reserved_before ? limit - reserved_before : 0;
+  ScorePlan plan;
+  for (const PaddedCall& padded : padded_calls(ctx, call, function)) {
+    ChunkedCall chunked{padded.call, padded.lse_pair_stride, layout_of(padded.call), 0, 0};
+    chunked.layout.row_bytes = std::max<size_t>(chunked.layout.row_bytes, 16);
+    const size_t row_bytes = chunked.layout.row_bytes;
+    if (row_bytes > budget) {
+      const std::string which = padded.sequence < 0 ? "" : " of sequence " + std::to_string(padded.sequence);
+      const std::string besides =
+          reserved_before == 0 ? "" : " besides " + std::to_string(reserved_before) + " bytes reserved before them";
+      throw WorkspaceTooSmall(std::string(function) + ": one query row" + which + " (" +
+                              std::to_string(padded.call.seq_k) + " keys) needs " + std::to_string(row_bytes) +
+                              " bytes of scores" + besides + ", but the workspace limit is " +
+                              std::to_string(limit) +
+                              " bytes; raise ContextOptions::workspace_limit or Context::set_workspace_limit");
+    }
+    const ChunkShape shape = shape_for_budget(padded.call, row_bytes, budget);
+    chunked.pairs = shape.pairs;
+    chunked.rows = shape.rows;
+    plan.workspace_bytes = std::max(plan.workspace_bytes, size_t(shape.pairs) * shape.rows * row_bytes);
+    plan.calls.push_back(chunked);
+  }
+  return plan;
+}
+
+void for_each_chunk(const ChunkedCall& chunked, const std::function<void(const Chunk&)>& run_chunk) {
+  const AttentionCall& call = chunked.call;
+  const int pairs_total = call.batch * call.heads;
+  for (int pair = 0; pair < pairs_total; pair += chunked.pairs) {
+    for (int row = 0; row < call.seq_q; row += chunked.rows) {
+      Chunk chunk;
+      chunk.pair_begin = pair;
+      chunk.pairs = std::min(chunked.pairs, pairs_total - pair);
+      chunk.row_begin = row;
+      chunk.rows = std::min(chunked.rows, call.seq_q - row);
+      run_chunk(chunk);
+    }
   }
 }
 

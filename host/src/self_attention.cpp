@@ -1,15 +1,18 @@
 // self_attention(): the projections Q = X W^Q, K = X W^K, V = X W^V as cuBLAS-convention GEMMs
-// (fp32 accumulation) into the workspace's `projections` slot, then attention() on head views of
-// them, then the optional output projection concat_heads(attention) W^O.
+// (fp32 accumulation) into the workspace, then attention on head views of them (planned, with every
+// check that can throw, before the first GEMM), then the optional output projection
+// concat_heads(attention) W^O.
 //
 // Row-major Y[M x N] = X[M x K] W[K x N] is, read column-major, Y^T = W^T X^T: a GEMM with
 // m = N, n = M, k = K, A = W (lda = W's row stride), B = X (ldb = X's row stride), C = Y (ldc = N).
 #include <array>
+#include <climits>
 #include <string>
 #include <utility>
 
 #include "attention_validation.h"
 #include "context_state.h"
+#include "paths.h"
 #include "selfattn/attention.h"
 #include "selfattn/error.h"
 
@@ -32,6 +35,21 @@ void check_matrix(const char* name, const MatrixView& m, DType dtype) {
     fail(std::string(name) + ".dtype expected " + to_string(dtype) + " (x.dtype), got " + to_string(m.dtype));
   }
   if (m.rows * m.cols > 0 && m.data == nullptr) fail(std::string(name) + ".data expected non-null, got null");
+  // A GEMM takes row_stride as its leading dimension and cols (<= row_stride) as m: both ints.
+  if (m.row_stride > INT_MAX) {
+    fail(std::string(name) + ".row_stride expected <= " + std::to_string(INT_MAX) + ", got " +
+         std::to_string(m.row_stride));
+  }
+}
+
+// The sequence stride of a view a GEMM reads or writes is its leading dimension: from `rows` (the
+// elements of one row) up to INT_MAX.
+void check_leading_dimension(const char* name, const TensorView& view, int64_t rows) {
+  const int64_t stride = view.strides[2];
+  if (stride < rows || stride > INT_MAX) {
+    fail(std::string(name) + ".strides[2] (seq) expected in [" + std::to_string(rows) + ", " + std::to_string(INT_MAX) +
+         "] (a GEMM's leading dimension), got " + std::to_string(stride));
+  }
 }
 
 void expect_rows(const char* name, const MatrixView& m, int64_t rows, const char* why) {
@@ -104,10 +122,12 @@ void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, con
   }
   const int64_t kv_heads = wk.cols / head_dim;
   if (out.dtype != dtype) fail(std::string("out.dtype expected ") + to_string(dtype) + " (x.dtype), got " + to_string(out.dtype));
+  if (d_model > 0) check_leading_dimension("x", x, d_model);
   if (wo) {
     check_matrix("wo", *wo, dtype);
     expect_rows("wo", *wo, heads * head_dim, "heads * head_dim");
     expect_out_shape(out, {batch, 1, seq, wo->cols}, "([batch, 1, seq, wo.cols])");
+    if (wo->cols > 0) check_leading_dimension("out", out, wo->cols);
   } else {
     expect_out_shape(out, {batch, heads, seq, head_dim}, "([batch, heads, seq, head_dim])");
   }
@@ -120,31 +140,46 @@ void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, con
   for (const auto& [name, range] : inputs) {
     if (out_range.overlaps(range)) fail(std::string("out expected not to overlap ") + name);
   }
+  // LSE is written between the projections and W^O: it must not lie in out or in what they read.
+  const detail::ByteRange lse_range = detail::byte_range(options.lse, size_t(batch * heads * seq) * sizeof(float));
+  if (lse_range.overlaps(out_range)) fail("options.lse expected not to overlap out");
+  for (const auto& [name, range] : inputs) {
+    if (lse_range.overlaps(range)) fail(std::string("options.lse expected not to overlap ") + name);
+  }
   if (batch == 0 || seq == 0) return;
 
-  // Projections, and the attention output when W^O follows, in the workspace (bshd: one row per token).
+  // The workspace holds Q, K, V (bshd: one row per token), the attention output when W^O follows,
+  // then the attention step's scores.
   const size_t element = dtype_size(dtype);
   const size_t q_bytes = aligned(size_t(batch * seq * heads * head_dim) * element);
   const size_t kv_bytes = aligned(size_t(batch * seq * kv_heads * head_dim) * element);
-  const size_t total = q_bytes + 2 * kv_bytes + (wo ? q_bytes : 0);
-  auto* base = static_cast<unsigned char*>(
-      state.workspace.reserve(total, "self_attention's Q, K, V", detail::WorkspaceSlot::projections));
-  unsigned char* q = base;
-  unsigned char* k = q + q_bytes;
-  unsigned char* v = k + kv_bytes;
-  unsigned char* attended = v + kv_bytes;
+  const size_t k_offset = q_bytes, v_offset = k_offset + kv_bytes, attended_offset = v_offset + kv_bytes;
+  const size_t projection_bytes = attended_offset + (wo ? q_bytes : 0);
+  const auto at = [](void* base, size_t offset) { return static_cast<unsigned char*>(base) + offset; };
+  const auto plan_at = [&](void* base) {
+    const TensorView q_view = TensorView::bshd(at(base, 0), dtype, batch, heads, seq, head_dim);
+    const TensorView k_view = TensorView::bshd(at(base, k_offset), dtype, batch, kv_heads, seq, head_dim);
+    const TensorView v_view = TensorView::bshd(at(base, v_offset), dtype, batch, kv_heads, seq, head_dim);
+    const TensorView attended =
+        wo ? TensorView::bshd(at(base, attended_offset), dtype, batch, heads, seq, head_dim) : out;
+    const detail::AttentionCall call = detail::validate_attention(kFunction, q_view, k_view, v_view, attended, options);
+    return detail::plan_attention(state, call, options.path, kFunction, projection_bytes);
+  };
+  // Everything that can throw runs before the first GEMM. The plan's views lie in the workspace,
+  // which is sized for the plan: plan on the projections' reservation, then again if growing it
+  // for the scores moved it (the same shapes on another 256-byte aligned base: the same plan).
+  void* base = state.workspace.reserve(projection_bytes, std::string(kFunction) + ": Q, K, V" +
+                                                             (wo ? " and the attention output" : ""));
+  detail::PlannedAttention planned = plan_at(base);
+  void* sized = state.workspace.reserve(projection_bytes + planned.scores.workspace_bytes,
+                                        std::string(kFunction) + ": projections and scores");
+  if (sized != base) planned = plan_at(base = sized);
 
-  project(*state.device, x, wq, q);
-  project(*state.device, x, wk, k);
-  project(*state.device, x, wv, v);
-  const TensorView q_view = TensorView::bshd(q, dtype, batch, heads, seq, head_dim);
-  const TensorView k_view = TensorView::bshd(k, dtype, batch, kv_heads, seq, head_dim);
-  const TensorView v_view = TensorView::bshd(v, dtype, batch, kv_heads, seq, head_dim);
-  if (!wo) {
-    attention(ctx, q_view, k_view, v_view, out, options);
-    return;
-  }
-  attention(ctx, q_view, k_view, v_view, TensorView::bshd(attended, dtype, batch, heads, seq, head_dim), options);
+  project(*state.device, x, wq, at(base, 0));
+  project(*state.device, x, wk, at(base, k_offset));
+  project(*state.device, x, wv, at(base, v_offset));
+  detail::run_planned(state, planned, at(base, projection_bytes));
+  if (!wo) return;
 
   // out[b] = concat_heads(attended[b]) W^O: attended's bshd rows are already the concatenation.
   detail::GemmBatch g;
@@ -152,7 +187,7 @@ void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, con
   g.n = int(seq);
   g.k = int(heads * head_dim);
   g.a = wo->data, g.a_type = dtype, g.lda = wo->row_stride, g.stride_a = 0;
-  g.b = attended, g.b_type = dtype, g.ldb = heads * head_dim, g.stride_b = seq * heads * head_dim;
+  g.b = at(base, attended_offset), g.b_type = dtype, g.ldb = heads * head_dim, g.stride_b = seq * heads * head_dim;
   g.c = out.data, g.c_type = dtype, g.ldc = out.strides[2], g.stride_c = out.strides[0];
   g.batch_count = int(batch);
   if (g.m > 0) state.device->gemm_strided_batched(g);

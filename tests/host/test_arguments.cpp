@@ -181,6 +181,17 @@ TEST(VarlenArguments, Rejected) {
   { VarlenCall c; c.out.dtype = DType::f16; EXPECT_REJECTED(c, "out.dtype expected f32"); }
 }
 
+// Every sequence's cu_seqlens are checked before the first sequence is computed.
+TEST(VarlenArguments, BadLaterSequenceWritesNothing) {
+  for (Path path : {Path::naive, Path::cublas}) {
+    VarlenCall c;
+    c.options.path = path;
+    c.options.lse = c.lse_mem.data();
+    c.cu_k.copy_from_host(std::vector<int32_t>{0, 4, 9});  // sequence 1 ends past total_k = 7
+    EXPECT_REJECTED(c, "attention_varlen: sequence 1 has rows [3, 5) of q and [4, 9) of k");
+  }
+}
+
 // ---- calls that need no kernel ----
 
 TEST(ZeroSizes, NoQueryRowsWritesNothing) {
@@ -288,7 +299,7 @@ struct SelfAttentionCall {
   DeviceBuffer<float> x_mem{ctx, kBatch * kSeq * kModel};
   DeviceBuffer<float> w_mem{ctx, 3 * kModel * kHeads * kDim + kHeads * kDim * 8};
   DeviceBuffer<float> out_mem{ctx, kBatch * kHeads * kSeq * 8};
-  DeviceBuffer<float> lse_mem{ctx, 1};
+  DeviceBuffer<float> lse_mem{ctx, kBatch * kHeads * kSeq};
   TensorView x = TensorView::bhsd(x_mem.data(), DType::f32, kBatch, 1, kSeq, kModel);
   MatrixView wq = MatrixView::row_major(w_mem.data(), DType::f32, kModel, kHeads * kDim);
   MatrixView wk = MatrixView::row_major(w_mem.data() + kModel * kHeads * kDim, DType::f32, kModel, kHeads * kDim);
@@ -297,9 +308,14 @@ struct SelfAttentionCall {
   const MatrixView* wo = nullptr;
   int heads = int(kHeads);
   TensorView out = TensorView::bhsd(out_mem.data(), DType::f32, kBatch, kHeads, kSeq, kDim);
+  AttentionOptions options;
 
   SelfAttentionCall() { out_mem.fill_bytes(kPoison); lse_mem.fill_bytes(kPoison); }
-  void run() { self_attention(ctx, x, wq, wk, wv, heads, out, {}, wo); }
+  void run() { self_attention(ctx, x, wq, wk, wv, heads, out, options, wo); }
+  void use_wo() {  // out becomes [batch, 1, seq, 8]
+    wo = &wo_matrix;
+    out = TensorView::bhsd(out_mem.data(), DType::f32, kBatch, 1, kSeq, 8);
+  }
 };
 
 TEST(SelfAttentionArguments, Rejected) {
@@ -324,6 +340,45 @@ TEST(SelfAttentionArguments, Rejected) {
     EXPECT_REJECTED(c, "out.shape expected [2, 1, 5, 8]");
   }
   { SelfAttentionCall c; c.out.data = c.x_mem.data(); EXPECT_REJECTED(c, "out expected not to overlap x"); }
+  // What the GEMMs and the attention step would refuse is refused before anything runs.
+  { SelfAttentionCall c; c.x.strides[2] = 3; EXPECT_REJECTED(c, "x.strides[2] (seq) expected in [4, ", "got 3"); }
+  {
+    SelfAttentionCall c;
+    c.use_wo();
+    c.out.strides[2] = 7;
+    EXPECT_REJECTED(c, "out.strides[2] (seq) expected in [8, ", "got 7");
+  }
+  {
+    SelfAttentionCall c;
+    c.options.lse = c.out_mem.data();
+    EXPECT_REJECTED(c, "options.lse expected not to overlap out");
+  }
+  {
+    SelfAttentionCall c;
+    c.use_wo();
+    c.options.lse = const_cast<float*>(static_cast<const float*>(c.wo_matrix.data));
+    EXPECT_REJECTED(c, "options.lse expected not to overlap wo");
+  }
+  { SelfAttentionCall c; c.options.scale = NAN; EXPECT_REJECTED(c, "self_attention: options.scale expected a finite"); }
+}
+
+TEST(SelfAttentionArguments, PathErrorsNameSelfAttention) {
+  Context ctx(Backend::sim);
+  constexpr int kDim = 257;  // above the fused kernels' 256
+  DeviceBuffer<float> x(ctx, 1), w(ctx, 3 * kDim), out(ctx, kDim);
+  x.fill_bytes(0);
+  w.fill_bytes(0);
+  out.fill_bytes(kPoison);
+  const auto weight = [&](int i) { return MatrixView::row_major(w.data() + i * kDim, DType::f32, 1, kDim); };
+  AttentionOptions options;
+  options.path = Path::fused;
+  EXPECT_TRUE(throws_with<NotAvailable>(
+      [&] {
+        self_attention(ctx, TensorView::bhsd(x.data(), DType::f32, 1, 1, 1, 1), weight(0), weight(1), weight(2), 1,
+                       TensorView::bhsd(out.data(), DType::f32, 1, 1, 1, kDim), options);
+      },
+      {"self_attention: path fused does not support"}));
+  EXPECT_TRUE(untouched(out));
 }
 
 TEST(SelfAttentionArguments, EmptyBatchDoesNothing) {

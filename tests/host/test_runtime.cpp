@@ -1,7 +1,6 @@
 // Context (backend choice, environment override, moves), buffers and the workspace, on the sim
 // backend's memory. No kernel runs here.
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -213,22 +212,22 @@ TEST(Workspace, LimitIsEnforcedAndNamed) {
   EXPECT_THROW(workspace.reserve(2048, "test"), WorkspaceTooSmall);
 }
 
-TEST(Workspace, SlotsAreIndependentAndShareTheLimit) {
+// The limit counts exactly the bytes asked for (no rounding), and growth stops at the limit: a
+// request up to the limit always succeeds and the allocation never exceeds it.
+TEST(Workspace, CountsExactBytesAndGrowsUpToTheLimit) {
   ContextOptions options;
   options.backend = Backend::sim;
-  options.workspace_limit = 8192;
+  options.workspace_limit = 5001;
   Context ctx(options);
   detail::Workspace& workspace = ctx.state().workspace;
-  auto* projections = static_cast<unsigned char*>(workspace.reserve(2048, "projections", detail::WorkspaceSlot::projections));
-  std::memset(projections, 0x5A, 2048);  // the sim's device memory is host memory
-  void* scratch = workspace.reserve(4096, "scratch");
-  EXPECT_NE(scratch, static_cast<void*>(projections));
-  // Growing the scratch slot leaves the projections slot (and its contents) alone.
-  workspace.reserve(6144, "scratch");
-  EXPECT_EQ(workspace.reserve(2048, "projections", detail::WorkspaceSlot::projections), projections);
-  EXPECT_EQ(projections[0], 0x5A);
-  EXPECT_EQ(projections[2047], 0x5A);
-  EXPECT_TRUE(throws_with<WorkspaceTooSmall>([&] { workspace.reserve(6400, "scratch"); }, {"8192"}));
+  workspace.reserve(3000, "test");
+  EXPECT_EQ(ctx.workspace_bytes(), 3000u);
+  workspace.reserve(3001, "test");  // doubling would give 6000: capped at the limit
+  EXPECT_EQ(ctx.workspace_bytes(), 5001u);
+  EXPECT_NE(workspace.reserve(5001, "test"), nullptr);
+  EXPECT_EQ(ctx.workspace_bytes(), 5001u);
+  EXPECT_TRUE(throws_with<WorkspaceTooSmall>([&] { workspace.reserve(5002, "test: scores"); },
+                                             {"test: scores: 5002 bytes needed", "limit is 5001 bytes"}));
 }
 
 }  // namespace

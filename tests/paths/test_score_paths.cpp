@@ -91,19 +91,6 @@ TEST_P(ScorePath, ChunkedByWorkspaceLimit) {
   EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
 }
 
-// Another workspace slot (self_attention's projections) holds most of the limit: the path finds the
-// largest chunk that fits in what is left instead of failing.
-TEST_P(ScorePath, ChunksAroundOtherWorkspaceSlots) {
-  ContextOptions options;
-  options.workspace_limit = 256 * 1024;
-  Context ctx(options);
-  ctx.state().workspace.reserve(200 * 1024, "test: held by another slot", detail::WorkspaceSlot::projections);
-  testing::expect_all_pass(ctx, {
-      make_case(DType::bf16, 1, 4, 2, 113, 203, 64, Causal::none, Layout::bshd, true, {}, path()),
-  });
-  EXPECT_LE(ctx.workspace_bytes(), options.workspace_limit);
-}
-
 // Only a single row too long for the limit is an error, and it names the limit.
 TEST_P(ScorePath, RowTooLongForWorkspaceNamesTheLimit) {
   ContextOptions options;

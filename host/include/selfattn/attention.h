@@ -26,7 +26,10 @@ struct AttentionOptions {
 //   out: [batch, heads,    seq_q, head_dim]  same dtype as q
 // q, k, v, out share one dtype; head_dim's stride must be 1; out must not overlap an input.
 // Runs on the context's stream (asynchronously on cuda). Throws InvalidArgument / NotAvailable /
-// WorkspaceTooSmall / BackendError; on a throw, out is untouched.
+// WorkspaceTooSmall (see ContextOptions::workspace_limit), their messages starting with the
+// function called, or BackendError naming the failed CUDA/cuBLAS/sim call. Every check that can
+// throw runs before anything is written: on the first three, out and lse are untouched (a
+// BackendError from a failed kernel or GEMM may come after part of out was written).
 // Sizes: none may be negative. No query rows (batch, heads or seq_q of 0) writes nothing; no keys
 // (seq_k == 0) writes rows of 0 and LSE -inf without running a path. head_dim must be >= 1 when
 // there are query rows. Data pointers may be null only for views with no elements.
@@ -40,6 +43,8 @@ void attention(Context& ctx, const TensorView& q, const TensorView& k, const Ten
 // rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
 // cu_seqlens_* are device int32 arrays of batch+1 entries starting at 0; max_seqlen_* bound the
 // per-sequence lengths. options.key_lengths must be null; options.lse, when set, is [heads, total_q].
+// The naive and cublas paths read cu_seqlens back to the host (synchronizing the stream) and check
+// every sequence, and its workspace need, before the first one runs.
 void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});
@@ -57,9 +62,10 @@ bool path_available(const Context& ctx, Path path);
 //   wq: [d_model, heads * head_dim]; wk, wv: [d_model, kv_heads * head_dim] (kv_heads from their width)
 //   out: [batch, heads, seq, head_dim] without wo; with wo ([heads * head_dim, d_out]) out is
 //        [batch, 1, seq, d_out] = concat_heads(attention) W^O.
-// Intermediate Q, K, V (and, with wo, the attention output) live in the context's workspace, in
-// a region separate from the paths' own, so workspace_limit must cover both. x, the weights and
-// out share one dtype; out must not overlap x or a weight.
+// Intermediate Q, K, V (and, with wo, the attention output) live in the context's workspace beside
+// the attention step's scores; workspace_limit counts both (ContextOptions::workspace_limit).
+// Every check, the attention step's included, runs before the first GEMM. x, the weights and out
+// share one dtype; out and options.lse must not overlap x, a weight or each other.
 void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, const MatrixView& wk,
                     const MatrixView& wv, int heads, const TensorView& out, const AttentionOptions& options = {},
                     const MatrixView* wo = nullptr);

@@ -19,8 +19,17 @@ struct ContextOptions {
   std::optional<Backend> backend;
   int device = 0;                  // CUDA device ordinal
   void* stream = nullptr;          // a cudaStream_t to run on (not owned); nullptr: the context makes its own
-  // Bytes the context's workspace may hold: the naive and cublas paths' S and P, and
-  // self_attention()'s projected Q, K, V. A call needing more throws WorkspaceTooSmall.
+  // Bytes the context's workspace may hold; its one allocation never exceeds this. What a call
+  // counts against it, in bytes:
+  //   attention(), attention_varlen() on the naive or cublas path: the scores of a chunk of query
+  //     rows, each row max(16, 4 * round_up(seq_k, 4)) (fp32 S, P written over it), on the cublas
+  //     path for f16/bf16 plus 2 * round_up(seq_k, 8) (P in that dtype). seq_k is the call's; for
+  //     attention_varlen each sequence's own key count (read from cu_seqlens_k). The chunk is the
+  //     whole problem when it fits, else as many rows as fit. The fused path counts nothing.
+  //   self_attention(): Q, K, V and, with wo, the attention output, each round_up(bytes, 256),
+  //     plus the attention step's scores as above in what remains.
+  // A call throws WorkspaceTooSmall, before it writes anything, exactly when this count with a
+  // chunk of one query row (of the sequence whose row counts most) exceeds the limit.
   size_t workspace_limit = size_t(1) << 30;
 };
 
@@ -42,8 +51,8 @@ class Context {
   void synchronize();               // waits for all work queued on the context's stream
 
   size_t workspace_limit() const;
-  void set_workspace_limit(size_t bytes);
-  size_t workspace_bytes() const;  // currently held
+  void set_workspace_limit(size_t bytes);  // ContextOptions::workspace_limit; frees the workspace if it holds more
+  size_t workspace_bytes() const;          // currently held (at most the limit)
 
   // Internal: the library's own code reaches the runtime through this.
   detail::ContextState& state();

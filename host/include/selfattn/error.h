@@ -22,7 +22,8 @@ class NotAvailable : public Error {
   using Error::Error;
 };
 
-// The workspace limit is too small for even one chunk of the work; the message names the limit.
+// The workspace limit is too small for even one chunk of the work (one query row; see
+// ContextOptions::workspace_limit for what is counted); the message names the limit.
 class WorkspaceTooSmall : public Error {
  public:
   using Error::Error;

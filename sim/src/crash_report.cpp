@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -18,7 +19,19 @@ namespace {
 struct sigaction g_previous;
 // The handler runs on its own stack: the faulting one may be the overflowed fiber stack.
 constexpr size_t kAltStackBytes = 64 * 1024;
-thread_local unsigned char t_alt_stack[kAltStackBytes];
+// On the heap, not in TLS: this library's TLS block is static (t_fiber is initial-exec), and a
+// library loaded with dlopen (the Python module) gets only a few hundred bytes of static TLS.
+struct AltStack {
+  unsigned char* memory = nullptr;
+  ~AltStack() {
+    if (memory == nullptr) return;
+    stack_t off{};
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, nullptr);
+    std::free(memory);
+  }
+};
+thread_local AltStack t_alt_stack;
 thread_local bool t_alt_stack_set = false;
 
 void write_all(const char* text) {
@@ -83,8 +96,10 @@ void install_crash_report() {
       t_alt_stack_set = true;
       return;
     }
+    t_alt_stack.memory = static_cast<unsigned char*>(std::malloc(kAltStackBytes));
+    if (t_alt_stack.memory == nullptr) return;  // no report on this thread's stack overflows, nothing worse
     stack_t alt;
-    alt.ss_sp = t_alt_stack;
+    alt.ss_sp = t_alt_stack.memory;
     alt.ss_size = kAltStackBytes;
     alt.ss_flags = 0;
     sigaltstack(&alt, nullptr);

@@ -1,0 +1,227 @@
+"""selfattn: self-attention kernels, ``out = softmax(scale * Q K^T + mask) V``, from Python.
+
+Inputs are any arrays that speak DLPack (``__dlpack__``):
+
+- NumPy arrays (host memory) run on **the sim**, the CPU simulator that executes the library's
+  CUDA kernel source: they are copied into guarded sim device memory, the call runs, and the
+  output is copied back. bfloat16 comes from NumPy through ``ml_dtypes.bfloat16``.
+- PyTorch or CuPy CUDA tensors run on **the cuda backend** without copies, on the caller's current
+  stream; the output is allocated by the caller's framework (or written into ``out=``).
+
+Strides are taken from the arrays, so BSHD views (for example the q, k and v slices of a packed
+QKV tensor) are used as they are. Errors are raised as :class:`InvalidArgument` (a ``ValueError``),
+:class:`NotAvailable` (a ``NotImplementedError``), :class:`WorkspaceTooSmall` (a ``MemoryError``)
+and :class:`BackendError` (a ``RuntimeError``), all subclasses of :class:`selfattn.Error`, with the
+library's message. PyTorch is optional and imported only when a torch tensor is passed.
+"""
+from __future__ import annotations
+
+from . import _arrays
+from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
+                        __version__, cuda_built)
+
+__all__ = ["attention", "attention_varlen", "self_attention", "Context", "default_context", "backends", "paths",
+           "version", "cuda_built", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
+           "__version__"]
+
+_CAUSAL = (None, "top_left", "bottom_right")
+_LAYOUTS = ("bhsd", "bshd")
+_default_contexts: dict = {}
+
+
+def version() -> str:
+    """The library's version, "MAJOR.MINOR.PATCH"."""
+    return __version__
+
+
+def default_context(backend: str = "sim", device: int = 0, stream: int = 0) -> Context:
+    """The module's shared context for a backend: one for the sim, one per (CUDA device, stream).
+
+    Calls without ``context=`` use these: host arrays the sim's, CUDA arrays the one of their device
+    and the caller's current stream. Each context keeps its workspace between calls."""
+    key = ("sim",) if backend == "sim" else (backend, device, stream)
+    if key not in _default_contexts:
+        _default_contexts[key] = Context(backend, device=device, stream=stream)
+    return _default_contexts[key]
+
+
+def backends() -> list:
+    """The backends usable here: always "sim"; "cuda" when the build has it and a GPU is usable."""
+    names = ["sim"]
+    if cuda_built:
+        try:
+            default_context("cuda")
+            names.append("cuda")
+        except NotAvailable:
+            pass
+    return names
+
+
+def paths(backend: str = "sim") -> list:
+    """The attention paths ("naive", "cublas", "fused") this build provides on ``backend``
+    ("auto" always works and is not listed)."""
+    context = default_context(backend)
+    return [p for p in ("naive", "cublas", "fused") if context.path_available(p)]
+
+
+def _check_keywords(causal, layout, path):
+    if not (causal is None or (isinstance(causal, str) and causal in _CAUSAL)):
+        raise InvalidArgument(f"causal expected None, 'top_left' or 'bottom_right', got {causal!r}")
+    if layout not in _LAYOUTS:
+        raise InvalidArgument(f"layout expected 'bhsd' or 'bshd', got {layout!r}")
+    if not isinstance(path, str):
+        raise InvalidArgument(f"path expected 'auto', 'naive', 'cublas' or 'fused', got {path!r}")
+
+
+def _context_for(first, context):
+    if context is not None:
+        if not isinstance(context, Context):
+            raise InvalidArgument(f"context expected a selfattn.Context, got {type(context).__name__}")
+        return context
+    device_type, device_id = _arrays.device_of(first)
+    if device_type == _arrays.CUDA:
+        return default_context("cuda", device_id, _arrays.current_stream(first))
+    return default_context("sim")
+
+
+def attention(q, k, v, *, causal=None, scale=None, path="auto", key_lengths=None, return_lse=False, out=None,
+              layout="bhsd", context=None):
+    """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
+
+    Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
+
+    - q: [batch, heads, seq_q, head_dim]
+    - k, v: [batch, kv_heads, seq_k, head_dim]; kv_heads divides heads (grouped-query attention:
+      head h reads kv head h // (heads // kv_heads))
+    - returns out: [batch, heads, seq_q, head_dim], q's dtype (float32, float16 or bfloat16), and
+      with ``return_lse=True`` also lse: float32 [batch, heads, seq_q], the natural log of each
+      row's sum of exp(scale * q.k) over the keys it sees (-inf for a row that sees none).
+
+    causal: None; "top_left" (query i sees keys j <= i); "bottom_right" (query i sees keys
+    j <= i + len_k - seq_q, the last query sees every key). len_k is the batch's key length.
+    scale: defaults to 1 / sqrt(head_dim).
+    path: "auto", "naive", "cublas" or "fused"; an explicit path that cannot run the call raises
+    NotAvailable with the reason.
+    key_lengths: int32 [batch] (any integer sequence is converted): batch b uses keys [0, n_b) only.
+    out: an array shaped like q to write into (nothing else is allocated for it); it must not
+    overlap an input. head_dim's stride must be 1 in every array; other strides are free.
+    context: a selfattn.Context; by default the sim's for host arrays, or the one of the CUDA
+    tensors' device and the framework's current stream.
+    """
+    _check_keywords(causal, layout, path)
+    if all(_arrays.is_torch(a) for a in (q, k, v)) and out is None and context is None:
+        from . import _torch
+        op = _torch.attention_op()
+        if op is not None:
+            lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+            result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout)
+            return (result, lse) if return_lse else result
+    return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
+                      return_lse=return_lse, out=out, layout=layout, context=context)
+
+
+def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context):
+    """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=4)
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    ctx = _context_for(q, context)
+    if out is None:
+        out = _arrays.empty_like(q, tuple(q.shape))
+        arrays.add_output("out", out)
+    as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
+    bhsd_q = as_bhsd(q)
+    lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
+    lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+    from ._selfattn import attention as run
+    run(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(k)), arrays.dl(as_bhsd(v)), arrays.dl(as_bhsd(out)), causal,
+        _float_or_none("scale", scale), path, lengths, lse, arrays.bf16_as_uint16)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=None,
+                     scale=None, path="auto", return_lse=False, out=None, context=None):
+    """Attention over a batch of sequences of different lengths, packed without padding.
+
+    - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
+      sequences one after the other, FlashAttention's varlen layout)
+    - cu_seqlens_q, cu_seqlens_k: int32 [batch + 1], starting at 0: sequence b owns query rows
+      [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
+    - max_seqlen_q, max_seqlen_k: bounds on the per-sequence lengths; computed from cu_seqlens
+      when not given (for CUDA tensors that waits for the GPU: pass them to avoid it).
+    - returns out: [total_q, heads, head_dim], and with return_lse=True lse: float32 [heads, total_q].
+
+    causal, scale, path, out and context mean what they mean for attention(); the causal mask and
+    the scale apply within each sequence.
+    """
+    _check_keywords(causal, "bhsd", path)
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=3)
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    ctx = _context_for(q, context)
+    if out is None:
+        out = _arrays.empty_like(q, tuple(q.shape))
+        arrays.add_output("out", out)
+    cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
+    cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
+    if max_seqlen_q is None:
+        max_seqlen_q = _arrays.max_difference(cu_q)
+    if max_seqlen_k is None:
+        max_seqlen_k = _arrays.max_difference(cu_k)
+    lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
+
+    def packed(a):  # [total, heads, head_dim] viewed as [1, heads, total, head_dim]
+        return _arrays.swap_axes_1_2(a[None])
+
+    from ._selfattn import attention_varlen as run
+    run(ctx, arrays.dl(packed(q)), arrays.dl(packed(k)), arrays.dl(packed(v)), arrays.dl(packed(out)), cu_q, cu_k,
+        int(max_seqlen_q), int(max_seqlen_k), causal, _float_or_none("scale", scale), path, lse,
+        arrays.bf16_as_uint16)
+    return (out, lse) if return_lse else out
+
+
+def self_attention(x, wq, wk, wv, heads, *, wo=None, causal=None, scale=None, path="auto", key_lengths=None,
+                   out=None, context=None):
+    """Self-attention from token embeddings: ``Q = x wq``, ``K = x wk``, ``V = x wv``, split into
+    heads, attention per head, then optionally the output projection ``wo``.
+
+    - x: [batch, seq, d_model]
+    - wq: [d_model, heads * head_dim]; wk, wv: [d_model, kv_heads * head_dim] (kv_heads follows
+      from their width and must divide heads)
+    - wo: optional [heads * head_dim, d_out]
+    - returns out: [batch, heads, seq, head_dim] without wo; [batch, seq, d_out] with wo.
+
+    The projections accumulate in float32 into the context's workspace. causal, scale, path,
+    key_lengths and context mean what they mean for attention().
+    """
+    _check_keywords(causal, "bhsd", path)
+    if isinstance(heads, bool) or not isinstance(heads, int):
+        raise InvalidArgument(f"heads expected an int, got {heads!r}")
+    arrays = _arrays.Arguments(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo), ndim=None)
+    x, wq = arrays["x"], arrays["wq"]
+    for name, ndim in (("x", 3), ("wq", 2), ("wk", 2), ("wv", 2), ("wo", 2)):
+        arrays.expect_ndim(name, ndim)
+    ctx = _context_for(x, context)
+    batch, seq = x.shape[0], x.shape[1]
+    if out is None:
+        if wo is not None:
+            shape = (batch, seq, arrays["wo"].shape[1])
+        else:
+            shape = (batch, max(heads, 0), seq, wq.shape[1] // heads if heads > 0 else 0)
+        out = _arrays.empty_like(x, shape)
+    arrays.add_output("out", out)
+    arrays.expect_ndim("out", 3 if wo is not None else 4)
+    out_view = out[:, None] if wo is not None else out  # [batch, 1, seq, d_out] as the library takes it
+    lengths = _arrays.int32_vector("key_lengths", key_lengths, like=x) if key_lengths is not None else None
+    from ._selfattn import self_attention as run
+    run(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]), arrays.dl(arrays["wv"]), heads,
+        arrays.dl(out_view), arrays.dl(arrays["wo"]) if wo is not None else None, causal,
+        _float_or_none("scale", scale), path, lengths, arrays.bf16_as_uint16)
+    return out
+
+
+def _float_or_none(name, value):
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{name} expected a number or None, got {value!r}") from None

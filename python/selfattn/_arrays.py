@@ -1,0 +1,163 @@
+"""What selfattn needs to know about the caller's arrays, whichever framework made them: where they
+live (DLPack device), how to allocate an output beside them, how to swap two axes (a view), the
+caller's current CUDA stream. NumPy is imported here; PyTorch and CuPy only when their arrays come."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._selfattn import InvalidArgument
+
+CPU, CUDA = 1, 2  # DLPack device types
+
+
+def _framework(a) -> str:
+    module = type(a).__module__.split(".")[0]
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    return module if module in ("torch", "cupy") else "dlpack"
+
+
+def is_torch(a) -> bool:
+    return _framework(a) == "torch"
+
+
+def device_of(a):
+    """(DLPack device type, device id) of an array."""
+    if isinstance(a, np.ndarray):
+        return CPU, 0
+    device_type, device_id = a.__dlpack_device__()
+    return int(device_type), int(device_id)
+
+
+def _is_bfloat16(a) -> bool:
+    # ml_dtypes.bfloat16 is a NumPy dtype named "bfloat16"; NumPy cannot export it through DLPack.
+    return isinstance(a, np.ndarray) and a.dtype.name == "bfloat16"
+
+
+class Arguments:
+    """The array arguments of one call: checked to be DLPack arrays of one framework on one device,
+    with the right number of dimensions, and handed to the compiled module through dl()."""
+
+    def __init__(self, named: dict, ndim):
+        self._arrays = {}
+        self._first = None
+        self.bf16_as_uint16 = False
+        for name, a in named.items():
+            if a is not None:
+                if name == "out":
+                    self.add_output(name, a)
+                else:
+                    self._add(name, a)
+                if ndim is not None:
+                    self.expect_ndim(name, ndim)
+
+    def _add(self, name, a):
+        if not hasattr(a, "__dlpack__"):
+            raise InvalidArgument(f"{name} expected an array with __dlpack__ (NumPy, PyTorch, CuPy), "
+                                  f"got {type(a).__name__}")
+        if self._first is None:
+            self._first = (name, a)
+        else:
+            first_name, first = self._first
+            if _framework(a) != _framework(first) or device_of(a) != device_of(first):
+                raise InvalidArgument(f"{name} expected the framework and device of {first_name} "
+                                      f"({type(first).__module__} on DLPack device {device_of(first)}), got "
+                                      f"{type(a).__module__} on {device_of(a)}")
+        if is_torch(a):
+            a = a.detach()  # DLPack refuses tensors that require grad; nothing here differentiates
+        self.bf16_as_uint16 = self.bf16_as_uint16 or _is_bfloat16(a)
+        self._arrays[name] = a
+        return a
+
+    def add_output(self, name, a):
+        a = self._add(name, a)
+        if isinstance(a, np.ndarray) and not a.flags.writeable:
+            raise InvalidArgument(f"{name} expected a writeable array, got a read-only one")
+
+    def __getitem__(self, name):
+        return self._arrays.get(name)
+
+    def expect_ndim(self, name, ndim):
+        a = self._arrays.get(name)
+        if a is not None and len(a.shape) != ndim:
+            raise InvalidArgument(f"{name} expected {ndim} dimensions, got {len(a.shape)} (shape {tuple(a.shape)})")
+
+    @staticmethod
+    def dl(a):
+        return a.view(np.uint16) if _is_bfloat16(a) else a
+
+
+def swap_axes_1_2(a):
+    """The view with axes 1 and 2 exchanged (BSHD <-> BHSD); no data moves."""
+    if is_torch(a):
+        return a.transpose(1, 2)
+    axes = list(range(len(a.shape)))
+    axes[1], axes[2] = 2, 1
+    return a.transpose(axes)
+
+
+def empty_like(like, shape, dtype=None):
+    """A new array of `shape` from like's framework, on like's device (dtype: like's, or "float32")."""
+    framework = _framework(like)
+    if framework == "numpy":
+        return np.empty(shape, dtype=np.float32 if dtype == "float32" else like.dtype)
+    if framework == "torch":
+        import torch
+        return torch.empty(shape, dtype=torch.float32 if dtype == "float32" else like.dtype, device=like.device)
+    if framework == "cupy":
+        import cupy
+        with like.device:
+            return cupy.empty(shape, dtype=cupy.float32 if dtype == "float32" else like.dtype)
+    xp = like.__array_namespace__()
+    return xp.empty(shape, dtype=xp.float32 if dtype == "float32" else like.dtype, device=like.device)
+
+
+def int32_vector(name, values, like):
+    """values (an int32 array of like's framework and device, or any integer sequence) as a
+    contiguous int32 vector where `like` lives; a conversion copies."""
+    framework = _framework(like)
+    if framework == "torch":
+        import torch
+        if isinstance(values, torch.Tensor):
+            if values.is_floating_point() or values.is_complex():
+                raise InvalidArgument(f"{name} expected integers, got {values.dtype}")
+            return values.to(device=like.device, dtype=torch.int32).contiguous()
+        return torch.as_tensor(_host_int32(name, values), device=like.device)
+    if framework == "cupy":
+        import cupy
+        with like.device:
+            return cupy.ascontiguousarray(cupy.asarray(values).astype(cupy.int32, copy=False))
+    if device_of(like)[0] != CPU:
+        if not hasattr(values, "__dlpack__"):
+            raise InvalidArgument(f"{name} expected an int32 array on {type(like).__name__}'s device")
+        return values
+    return _host_int32(name, values)
+
+
+def _host_int32(name, values):
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu" and array.size > 0:
+        raise InvalidArgument(f"{name} expected integers, got {array.dtype}")
+    if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
+        raise InvalidArgument(f"{name} expected values that fit int32, got range [{array.min()}, {array.max()}]")
+    return np.ascontiguousarray(array, dtype=np.int32)
+
+
+def max_difference(cu_seqlens) -> int:
+    """The largest cu_seqlens[b+1] - cu_seqlens[b] (0 for an empty batch)."""
+    if len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 2:
+        return 0
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+
+
+def current_stream(a) -> int:
+    """The caller's current CUDA stream on a's device, as an integer handle (0: legacy default)."""
+    framework = _framework(a)
+    if framework == "torch":
+        import torch
+        return int(torch.cuda.current_stream(a.device).cuda_stream)
+    if framework == "cupy":
+        import cupy
+        with a.device:
+            return int(cupy.cuda.get_current_stream().ptr)
+    return 0

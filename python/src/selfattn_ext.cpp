@@ -1,0 +1,485 @@
+// selfattn._selfattn: the nanobind module behind `import selfattn`. It only translates: DLPack
+// arrays become TensorViews, Python keywords become AttentionOptions, C++ exceptions become Python
+// ones. Every check of shapes, dtypes, strides and overlaps is the library's own; this file adds
+// only what the library cannot see from a pointer (the length of key_lengths, cu_seqlens and lse).
+//
+// Where the arrays live decides how a call runs:
+//   host memory (NumPy, kDLCPU)  -> the sim backend: the arrays are copied into guarded sim device
+//                                   memory, the call runs, out (and lse) are copied back;
+//   CUDA memory (kDLCUDA)        -> the cuda backend, zero-copy, on the context's stream.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "selfattn/selfattn.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// Any DLPack array; read-only sources are accepted for inputs.
+using InArray = nb::ndarray<nb::ro>;
+using OutArray = nb::ndarray<>;
+
+constexpr int kDLCPU = 1;
+constexpr int kDLCUDA = 2;
+
+[[noreturn]] void invalid(const std::string& message) { throw selfattn::InvalidArgument(message); }
+
+// A context as Python sees it: the library's Context plus what it was made for, so a call can
+// check that its arrays live where the context runs.
+struct BoundContext {
+  selfattn::Context ctx;
+  selfattn::Backend backend;
+  int device;
+  uintptr_t stream;
+
+  static selfattn::ContextOptions options(selfattn::Backend backend, int device, uintptr_t stream,
+                                          size_t workspace_limit) {
+    selfattn::ContextOptions o;
+    o.backend = backend;
+    o.device = device;
+    // The library takes a null stream to mean "make your own"; the caller's legacy default stream
+    // (handle 0) is named by CUDA's cudaStreamLegacy handle, 0x1, so work still runs on it.
+    o.stream = backend == selfattn::Backend::cuda ? reinterpret_cast<void*>(stream == 0 ? 1 : stream) : nullptr;
+    o.workspace_limit = workspace_limit;
+    return o;
+  }
+  BoundContext(selfattn::Backend backend, int device, uintptr_t stream, size_t workspace_limit)
+      : ctx(options(backend, device, stream, workspace_limit)), backend(backend), device(device), stream(stream) {}
+};
+
+selfattn::Backend parse_backend(const std::string& name) {
+  if (name == "sim") return selfattn::Backend::sim;
+  if (name == "cuda") return selfattn::Backend::cuda;
+  invalid("backend expected 'sim' or 'cuda', got '" + name + "'");
+}
+
+selfattn::Path parse_path(const std::string& name) {
+  if (name == "auto") return selfattn::Path::automatic;
+  if (name == "naive") return selfattn::Path::naive;
+  if (name == "cublas") return selfattn::Path::cublas;
+  if (name == "fused") return selfattn::Path::fused;
+  invalid("path expected 'auto', 'naive', 'cublas' or 'fused', got '" + name + "'");
+}
+
+selfattn::Causal parse_causal(const std::optional<std::string>& name) {
+  if (!name) return selfattn::Causal::none;
+  if (*name == "top_left") return selfattn::Causal::top_left;
+  if (*name == "bottom_right") return selfattn::Causal::bottom_right;
+  invalid("causal expected None, 'top_left' or 'bottom_right', got '" + *name + "'");
+}
+
+std::string dtype_name(nb::dlpack::dtype dt) {
+  static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  std::string code = dt.code < 7 ? codes[dt.code] : "code" + std::to_string(dt.code);
+  return code + std::to_string(dt.bits) + (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : "");
+}
+
+// The library's dtype of a float array. NumPy cannot export ml_dtypes' bfloat16 through DLPack, so
+// the Python layer passes such arrays viewed as uint16 with `bf16_as_uint16` set.
+selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf16_as_uint16) {
+  using code = nb::dlpack::dtype_code;
+  if (dt.lanes == 1) {
+    if (dt.code == uint8_t(code::Float) && dt.bits == 32) return selfattn::DType::f32;
+    if (dt.code == uint8_t(code::Float) && dt.bits == 16) return selfattn::DType::f16;
+    if (dt.code == uint8_t(code::Bfloat) && dt.bits == 16) return selfattn::DType::bf16;
+    if (bf16_as_uint16 && dt.code == uint8_t(code::UInt) && dt.bits == 16) return selfattn::DType::bf16;
+  }
+  invalid(std::string(name) + ".dtype expected float32, float16 or bfloat16, got " + dtype_name(dt));
+}
+
+// One array argument of a call: where it lives and the bytes its elements span.
+struct Arg {
+  const char* name;
+  void* data;
+  int device_type;
+  int device_id;
+  size_t ndim;
+  std::vector<int64_t> shape, strides;  // strides in elements, from the array
+  size_t item;                          // bytes per element
+  bool written;                         // out, lse: copied back after a sim run
+
+  template <class Array>
+  Arg(const char* name, const Array& a, bool written)
+      : name(name), data(const_cast<void*>(static_cast<const void*>(a.data()))), device_type(a.device_type()),
+        device_id(a.device_id()), ndim(a.ndim()), item(a.dtype().bits / 8), written(written) {
+    for (size_t i = 0; i < ndim; ++i) {
+      shape.push_back(int64_t(a.shape(i)));
+      strides.push_back(a.stride(i));
+    }
+  }
+  bool empty() const { return std::any_of(shape.begin(), shape.end(), [](int64_t n) { return n == 0; }); }
+  // Bytes [begin, end) relative to data that the elements occupy (strides may be negative).
+  int64_t lowest() const {
+    int64_t low = 0;
+    for (size_t i = 0; i < ndim; ++i) low += std::min<int64_t>(0, (shape[i] - 1) * strides[i]);
+    return low * int64_t(item);
+  }
+  int64_t highest() const {
+    int64_t high = 0;
+    for (size_t i = 0; i < ndim; ++i) high += std::max<int64_t>(0, (shape[i] - 1) * strides[i]);
+    return (high + 1) * int64_t(item);
+  }
+};
+
+// Copies a call's host arrays into sim device memory and back. Arrays whose bytes overlap (views of
+// one packed QKV array, say) share one device allocation at the same relative offsets, so the
+// library sees exactly the aliasing the caller made and its own overlap checks judge it.
+// Allocations keep the host address's alignment modulo 256 (the library checks alignment).
+class SimStaging {
+ public:
+  void stage(selfattn::Context& ctx, std::vector<Arg*>& args) {
+    struct Span {
+      uintptr_t begin, end;
+    };
+    std::vector<Span> spans;
+    for (Arg* a : args) {
+      if (a->empty()) continue;
+      const uintptr_t base = reinterpret_cast<uintptr_t>(a->data);
+      spans.push_back({base + uintptr_t(a->lowest()), base + uintptr_t(a->highest())});
+    }
+    std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) { return x.begin < y.begin; });
+    for (const Span& s : spans) {
+      if (!regions_.empty() && s.begin < regions_.back().host_end) {
+        regions_.back().host_end = std::max(regions_.back().host_end, s.end);
+      } else {
+        regions_.push_back(Region{s.begin, s.end, {}});
+      }
+    }
+    for (Region& r : regions_) {
+      const size_t lead = r.host_begin % 256;
+      r.buffer = selfattn::DeviceBuffer<unsigned char>(ctx, lead + (r.host_end - r.host_begin), "selfattn python array");
+      r.buffer.copy_from_host(reinterpret_cast<const unsigned char*>(r.host_begin), r.host_end - r.host_begin, lead);
+    }
+    for (Arg* a : args) a->data = a->empty() ? nullptr : to_device(a->data);
+  }
+
+  // Copies the elements of `a` (data already a device address) back to the host array; only its elements
+  // are written, so the bytes between them (and any input sharing the region) are untouched.
+  void copy_back(const Arg& a) const {
+    if (a.empty()) return;
+    const Region& r = region_of_device(a.data);
+    std::vector<unsigned char> staged(r.buffer.size());
+    r.buffer.copy_to_host(staged.data(), staged.size());
+    const unsigned char* device_base = r.buffer.data();
+    const size_t lead = r.host_begin % 256;
+    const int64_t first = static_cast<const unsigned char*>(a.data) - device_base - int64_t(lead);
+    unsigned char* host_region = reinterpret_cast<unsigned char*>(r.host_begin);
+    // Walk the elements in index order (the array has at most four dimensions).
+    std::vector<int64_t> shape = a.shape, strides = a.strides;
+    while (shape.size() < 4) {
+      shape.insert(shape.begin(), 1);
+      strides.insert(strides.begin(), 0);
+    }
+    const int64_t item = int64_t(a.item);
+    for (int64_t i0 = 0; i0 < shape[0]; ++i0)
+      for (int64_t i1 = 0; i1 < shape[1]; ++i1)
+        for (int64_t i2 = 0; i2 < shape[2]; ++i2)
+          for (int64_t i3 = 0; i3 < shape[3]; ++i3) {
+            const int64_t at = first + (i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3]) * item;
+            std::memcpy(host_region + at, staged.data() + lead + at, size_t(item));
+          }
+  }
+
+ private:
+  struct Region {
+    uintptr_t host_begin, host_end;
+    selfattn::DeviceBuffer<unsigned char> buffer;
+  };
+  void* to_device(void* host) const {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(host);
+    for (const Region& r : regions_) {
+      if (p >= r.host_begin && p < r.host_end) return r.buffer.data() + (r.host_begin % 256) + (p - r.host_begin);
+    }
+    invalid("internal: an array's address lies in no staged region");
+  }
+  const Region& region_of_device(const void* device) const {
+    const unsigned char* p = static_cast<const unsigned char*>(device);
+    for (const Region& r : regions_) {
+      if (p >= r.buffer.data() && p < r.buffer.data() + r.buffer.size()) return r;
+    }
+    invalid("internal: an output lies in no staged region");
+  }
+  std::vector<Region> regions_;
+};
+
+// Everything one call needs: its arrays, where they run, and the context to run them on.
+class Call {
+ public:
+  explicit Call(BoundContext& context) : context_(context) {}
+
+  Arg& add(Arg arg) {
+    args_.push_back(std::make_unique<Arg>(std::move(arg)));
+    return *args_.back();
+  }
+
+  // Checks that every array lives where the context runs, then (sim) copies them in.
+  void prepare() {
+    const bool sim = context_.backend == selfattn::Backend::sim;
+    for (const auto& a : args_) {
+      if (a->device_type == kDLCPU && !sim) {
+        invalid(std::string(a->name) + " is a host array, but the context runs on cuda: host arrays (NumPy) run on "
+                "the sim backend, CUDA tensors on cuda");
+      }
+      if (a->device_type == kDLCUDA && sim) {
+        invalid(std::string(a->name) + " is a CUDA array, but the context runs on the sim: pass a cuda context "
+                "(or none)");
+      }
+      if (a->device_type != kDLCPU && a->device_type != kDLCUDA) {
+        throw selfattn::NotAvailable(std::string(a->name) + " lives on DLPack device type " +
+                                     std::to_string(a->device_type) +
+                                     "; selfattn runs host arrays (1, on the sim) and CUDA arrays (2)");
+      }
+      if (a->device_type == kDLCUDA && a->device_id != context_.device) {
+        invalid(std::string(a->name) + " is on CUDA device " + std::to_string(a->device_id) +
+                ", but the context runs on device " + std::to_string(context_.device));
+      }
+    }
+    if (sim) {
+      std::vector<Arg*> all;
+      for (auto& a : args_) all.push_back(a.get());
+      staging_.stage(context_.ctx, all);
+    }
+  }
+
+  // After the library returned: on the sim, wait and copy the written arrays back.
+  void finish() {
+    if (context_.backend != selfattn::Backend::sim) return;
+    context_.ctx.synchronize();
+    for (const auto& a : args_) {
+      if (a->written) staging_.copy_back(*a);
+    }
+  }
+
+  selfattn::Context& ctx() { return context_.ctx; }
+
+ private:
+  BoundContext& context_;
+  std::vector<std::unique_ptr<Arg>> args_;
+  SimStaging staging_;
+};
+
+// A 4-D view [batch, heads, seq, head_dim] of an array (the Python layer has already turned BSHD
+// into this order by swapping axes, which only changes strides).
+selfattn::TensorView tensor_view(const Arg& a, selfattn::DType dtype) {
+  if (a.ndim != 4) {
+    invalid(std::string(a.name) + " expected 4 dimensions [batch, heads, seq, head_dim], got " +
+            std::to_string(a.ndim));
+  }
+  selfattn::TensorView view;
+  view.data = a.data;
+  view.dtype = dtype;
+  for (int i = 0; i < 4; ++i) {
+    view.shape[i] = a.shape[i];
+    view.strides[i] = a.strides[i];
+  }
+  return view;
+}
+
+selfattn::MatrixView matrix_view(const Arg& a, selfattn::DType dtype) {
+  if (a.ndim != 2) invalid(std::string(a.name) + " expected 2 dimensions [rows, cols], got " + std::to_string(a.ndim));
+  if (a.shape[1] > 1 && a.strides[1] != 1) {
+    invalid(std::string(a.name) + ".strides[1] expected 1 (rows stored contiguously), got " +
+            std::to_string(a.strides[1]));
+  }
+  return selfattn::MatrixView{a.data, dtype, a.shape[0], a.shape[1], a.shape[0] > 1 ? a.strides[0] : a.shape[1]};
+}
+
+// An int32 vector of exactly `count` contiguous entries (key_lengths, cu_seqlens): the library
+// reads `count` of them from the pointer alone, so the length is checked here.
+void expect_int32_vector(const Arg& a, const nb::dlpack::dtype& dt, int64_t count, const std::string& what) {
+  if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != 32 || dt.lanes != 1) {
+    invalid(std::string(a.name) + ".dtype expected int32, got " + dtype_name(dt));
+  }
+  if (a.ndim != 1 || a.shape[0] != count) {
+    std::string given = "[";
+    for (size_t i = 0; i < a.ndim; ++i) given += (i ? ", " : "") + std::to_string(a.shape[i]);
+    invalid(std::string(a.name) + " expected shape [" + std::to_string(count) + "] (" + what + "), got " + given + "]");
+  }
+  if (count > 1 && a.strides[0] != 1) {
+    invalid(std::string(a.name) + ".strides[0] expected 1 (contiguous), got " + std::to_string(a.strides[0]));
+  }
+}
+
+// lse as the library writes it: fp32, contiguous, `rows` elements.
+void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, int64_t rows) {
+  int64_t n = 1, expected_stride = 1;
+  for (size_t i = a.ndim; i-- > 0;) {
+    if (a.shape[i] > 1 && a.strides[i] != expected_stride) invalid("lse expected a contiguous array");
+    expected_stride *= a.shape[i];
+    n *= a.shape[i];
+  }
+  if (dt.code != uint8_t(nb::dlpack::dtype_code::Float) || dt.bits != 32) {
+    invalid("lse.dtype expected float32, got " + dtype_name(dt));
+  }
+  if (n != rows) invalid("lse expected " + std::to_string(rows) + " elements, got " + std::to_string(n));
+}
+
+selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,
+                                        const std::string& path) {
+  selfattn::AttentionOptions options;
+  options.causal = parse_causal(causal);
+  options.scale = scale;
+  options.path = parse_path(path);
+  return options;
+}
+
+void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
+               std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+               std::optional<OutArray> lse, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false));
+  const Arg& ak = call.add(Arg("k", k, false));
+  const Arg& av = call.add(Arg("v", v, false));
+  const Arg& aout = call.add(Arg("out", out, true));
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false)) : nullptr;
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(aq, selfattn::DType::f32);  // shape only, before staging
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
+  if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  call.prepare();
+  options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+  options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+  const selfattn::TensorView qv = tensor_view(aq, dtype_of("q", q.dtype(), bf16_as_uint16)),
+                             kv = tensor_view(ak, dtype_of("k", k.dtype(), bf16_as_uint16)),
+                             vv = tensor_view(av, dtype_of("v", v.dtype(), bf16_as_uint16)),
+                             ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
+  nb::gil_scoped_release unlocked;
+  selfattn::attention(call.ctx(), qv, kv, vv, ov, options);
+  call.finish();
+}
+
+void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
+                      InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
+                      std::optional<float> scale, std::string path, std::optional<OutArray> lse,
+                      bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false));
+  const Arg& ak = call.add(Arg("k", k, false));
+  const Arg& av = call.add(Arg("v", v, false));
+  const Arg& aout = call.add(Arg("out", out, true));
+  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false));
+  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false));
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true)) : nullptr;
+  if (acq.ndim != 1 || acq.shape[0] < 1) invalid("cu_seqlens_q expected a 1-D array of batch + 1 >= 1 entries");
+  const int64_t batch = acq.shape[0] - 1;
+  expect_int32_vector(acq, cu_seqlens_q.dtype(), batch + 1, "batch + 1");
+  expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
+  const selfattn::TensorView q_shape = tensor_view(aq, selfattn::DType::f32);
+  if (alse) expect_lse(*alse, lse->dtype(), q_shape.heads() * q_shape.seq());
+  call.prepare();
+  options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+  const selfattn::TensorView qv = tensor_view(aq, dtype_of("q", q.dtype(), bf16_as_uint16)),
+                             kv = tensor_view(ak, dtype_of("k", k.dtype(), bf16_as_uint16)),
+                             vv = tensor_view(av, dtype_of("v", v.dtype(), bf16_as_uint16)),
+                             ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
+  nb::gil_scoped_release unlocked;
+  selfattn::attention_varlen(call.ctx(), qv, kv, vv, ov, static_cast<const int32_t*>(acq.data),
+                             static_cast<const int32_t*>(ack.data), int(batch), max_seqlen_q, max_seqlen_k, options);
+  call.finish();
+}
+
+void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
+                    std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
+                    std::string path, std::optional<InArray> key_lengths, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path);
+  Call call(context);
+  const Arg& ax = call.add(Arg("x", x, false));
+  const Arg& aq = call.add(Arg("wq", wq, false));
+  const Arg& ak = call.add(Arg("wk", wk, false));
+  const Arg& av = call.add(Arg("wv", wv, false));
+  const Arg& aout = call.add(Arg("out", out, true));
+  const Arg* awo = wo ? &call.add(Arg("wo", *wo, false)) : nullptr;
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false)) : nullptr;
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax, selfattn::DType::f32).batch(), "batch");
+  call.prepare();
+  options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+  const selfattn::TensorView xv = tensor_view(ax, dtype_of("x", x.dtype(), bf16_as_uint16)),
+                             ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
+  const selfattn::MatrixView qm = matrix_view(aq, dtype_of("wq", wq.dtype(), bf16_as_uint16)),
+                             km = matrix_view(ak, dtype_of("wk", wk.dtype(), bf16_as_uint16)),
+                             vm = matrix_view(av, dtype_of("wv", wv.dtype(), bf16_as_uint16));
+  const selfattn::MatrixView om = awo ? matrix_view(*awo, dtype_of("wo", wo->dtype(), bf16_as_uint16)) : selfattn::MatrixView{};
+  nb::gil_scoped_release unlocked;
+  selfattn::self_attention(call.ctx(), xv, qm, km, vm, heads, ov, options, awo ? &om : nullptr);
+  call.finish();
+}
+
+}  // namespace
+
+NB_MODULE(_selfattn, m) {
+  m.doc() = "selfattn's compiled core. Use the `selfattn` package, which wraps these functions.";
+
+  // Python exception types that are both selfattn.Error and the matching built-in, carrying the
+  // library's message. Registered base first: nanobind tries the latest translator first.
+  nb::exception<selfattn::Error> error(m, "Error", PyExc_RuntimeError);
+  nb::exception<selfattn::InvalidArgument>(m, "InvalidArgument", nb::make_tuple(error, nb::handle(PyExc_ValueError)));
+  nb::exception<selfattn::NotAvailable>(m, "NotAvailable",
+                                        nb::make_tuple(error, nb::handle(PyExc_NotImplementedError)));
+  nb::exception<selfattn::WorkspaceTooSmall>(m, "WorkspaceTooSmall",
+                                             nb::make_tuple(error, nb::handle(PyExc_MemoryError)));
+  nb::exception<selfattn::BackendError>(m, "BackendError", nb::make_tuple(error, nb::handle(PyExc_RuntimeError)));
+
+  m.attr("__version__") = SELFATTN_VERSION_STRING;
+  m.attr("cuda_built") = bool(SELFATTN_PYTHON_CUDA_BUILT);
+
+  nb::class_<BoundContext>(m, "Context",
+                        "A backend (\"sim\" or \"cuda\"), its stream and its reusable workspace. Host arrays run on a "
+                        "sim context, CUDA arrays on a cuda context of their device.")
+      .def(
+          "__init__",
+          [](BoundContext* self, const std::string& backend, int device, uintptr_t stream, size_t workspace_limit) {
+            new (self) BoundContext(parse_backend(backend), device, stream, workspace_limit);
+          },
+          nb::arg("backend"), nb::arg("device") = 0, nb::arg("stream") = 0, nb::arg("workspace_limit") = size_t(1) << 30,
+          "backend: \"sim\" or \"cuda\" (NotAvailable without a usable GPU). device: the CUDA ordinal. stream: a "
+          "cudaStream_t as an integer to run on (0: the legacy default stream). workspace_limit: bytes the "
+          "workspace may hold.")
+      .def_prop_ro("backend", [](const BoundContext& c) { return std::string(selfattn::to_string(c.backend)); })
+      .def_ro("device", &BoundContext::device)
+      .def_ro("stream", &BoundContext::stream)
+      .def_prop_ro("device_name", [](const BoundContext& c) { return c.ctx.device_name(); })
+      .def_prop_rw(
+          "workspace_limit", [](const BoundContext& c) { return c.ctx.workspace_limit(); },
+          [](BoundContext& c, size_t bytes) { c.ctx.set_workspace_limit(bytes); })
+      .def_prop_ro("workspace_bytes", [](const BoundContext& c) { return c.ctx.workspace_bytes(); })
+      .def("synchronize", [](BoundContext& c) {
+        nb::gil_scoped_release unlocked;
+        c.ctx.synchronize();
+      }, "Waits for all work queued on the context's stream.")
+      .def(
+          "path_available",
+          [](const BoundContext& c, const std::string& path) { return selfattn::path_available(c.ctx, parse_path(path)); },
+          nb::arg("path"), "Whether this build and backend provide the path at all.")
+      .def("__repr__", [](const BoundContext& c) {
+        return "selfattn.Context(backend='" + std::string(selfattn::to_string(c.backend)) + "', device_name='" +
+               c.ctx.device_name() + "')";
+      });
+
+  m.def("attention", &attention, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
+        nb::arg("lse").none(), nb::arg("bf16_as_uint16"),
+        "Low level: q, k, v, out as [batch, heads, seq, head_dim] views. Use selfattn.attention().");
+  m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
+        nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
+        nb::arg("lse").none(), nb::arg("bf16_as_uint16"),
+        "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
+  m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
+        nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),
+        nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("bf16_as_uint16"),
+        "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
+}

@@ -1,0 +1,138 @@
+"""Bad inputs raise the library's exceptions, as subclasses of the matching built-in ones, with the
+library's message; nothing is written into out when a call is refused."""
+import numpy as np
+import pytest
+
+import selfattn
+from conftest import random
+
+
+def arrays(rng, shape=(1, 2, 5, 8), dtype="float32"):
+    return [random(rng, shape, dtype) for _ in range(3)]
+
+
+def test_exception_hierarchy():
+    assert issubclass(selfattn.InvalidArgument, ValueError)
+    assert issubclass(selfattn.NotAvailable, NotImplementedError)
+    assert issubclass(selfattn.WorkspaceTooSmall, MemoryError)
+    assert issubclass(selfattn.BackendError, RuntimeError)
+    for e in (selfattn.InvalidArgument, selfattn.NotAvailable, selfattn.WorkspaceTooSmall, selfattn.BackendError):
+        assert issubclass(e, selfattn.Error)
+
+
+def test_wrong_dtype(rng):
+    q, k, v = arrays(rng)
+    with pytest.raises(selfattn.InvalidArgument, match="q.dtype expected float32, float16 or bfloat16, got float64"):
+        selfattn.attention(q.astype(np.float64), k, v)
+    with pytest.raises(selfattn.InvalidArgument, match=r"k.dtype expected f32 \(q.dtype\), got f16"):
+        selfattn.attention(q, k.astype(np.float16), v)
+
+
+def test_wrong_shapes(rng):
+    q, k, v = arrays(rng)
+    with pytest.raises(selfattn.InvalidArgument, match="q expected 4 dimensions"):
+        selfattn.attention(q[0], k, v)
+    with pytest.raises(ValueError, match=r"k.shape\[3\]"):
+        selfattn.attention(q, k[..., :4], v)
+    with pytest.raises(selfattn.InvalidArgument, match="heads"):
+        selfattn.attention(random(rng, (1, 3, 5, 8), "float32"), k, v)  # 2 kv heads do not divide 3
+
+
+def test_non_contiguous_head_dim(rng):
+    q, k, v = arrays(rng, (1, 2, 5, 16))
+    with pytest.raises(selfattn.InvalidArgument, match=r"q.strides\[3\]"):
+        selfattn.attention(q[..., ::2], k[..., :8], v[..., :8])
+
+
+def test_bad_keywords(rng):
+    q, k, v = arrays(rng)
+    with pytest.raises(selfattn.InvalidArgument, match="causal expected"):
+        selfattn.attention(q, k, v, causal=True)
+    with pytest.raises(selfattn.InvalidArgument, match="layout expected"):
+        selfattn.attention(q, k, v, layout="sbhd")
+    with pytest.raises(selfattn.InvalidArgument, match="path expected"):
+        selfattn.attention(q, k, v, path="fastest")
+    with pytest.raises(selfattn.InvalidArgument, match="expected an array with __dlpack__"):
+        selfattn.attention(q.tolist(), k, v)
+
+
+def test_key_lengths_checked(rng):
+    q, k, v = arrays(rng)
+    with pytest.raises(selfattn.InvalidArgument, match=r"key_lengths expected shape \[1\]"):
+        selfattn.attention(q, k, v, key_lengths=[3, 4])
+    with pytest.raises(selfattn.InvalidArgument, match="key_lengths expected integers"):
+        selfattn.attention(q, k, v, key_lengths=[2.5])
+
+
+def test_cu_seqlens_checked(rng):
+    q, k, v = (random(rng, (6, 2, 8), "float32") for _ in range(3))
+    with pytest.raises(selfattn.InvalidArgument, match="cu_seqlens_k expected shape"):
+        selfattn.attention_varlen(q, k, v, [0, 2, 6], [0, 6])
+
+
+def test_refused_call_writes_nothing(rng):
+    q, k, v = arrays(rng)
+    out = np.full(q.shape, 3.0, dtype=np.float32)
+    with pytest.raises(selfattn.InvalidArgument):
+        selfattn.attention(q, k, v, out=out, scale=float("nan"))
+    assert np.all(out == 3.0)
+
+
+def test_out_overlapping_an_input(rng):
+    qkv = random(rng, (1, 5, 3, 2, 8), "float32")
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    with pytest.raises(selfattn.InvalidArgument, match="out expected not to overlap"):
+        selfattn.attention(q, k, v, layout="bshd", out=qkv[:, :, 2])
+
+
+def test_read_only_out(rng):
+    q, k, v = arrays(rng)
+    out = np.empty_like(q)
+    out.flags.writeable = False
+    with pytest.raises(selfattn.InvalidArgument, match="writeable"):
+        selfattn.attention(q, k, v, out=out)
+
+
+def test_mixed_devices_or_frameworks(rng):
+    q, k, v = arrays(rng)
+
+    class Foreign:  # a DLPack producer of another framework
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    with pytest.raises(selfattn.InvalidArgument, match="expected the framework and device of q"):
+        selfattn.attention(q, Foreign(k), v)
+
+
+def test_host_arrays_on_a_cuda_context(rng):
+    if not selfattn.cuda_built:
+        pytest.skip("this build has no cuda backend")
+    try:
+        ctx = selfattn.Context("cuda")
+    except selfattn.NotAvailable as e:
+        assert "GPU" in str(e) or "CUDA" in str(e) or "cuda" in str(e)
+        pytest.skip(f"no usable GPU: {e}")
+    q, k, v = arrays(rng)
+    with pytest.raises(selfattn.InvalidArgument, match="host array"):
+        selfattn.attention(q, k, v, context=ctx)
+
+
+def test_unavailable_path(rng):
+    if "cublas" in selfattn.paths("sim"):
+        pytest.skip("the sim provides every path")
+    q, k, v = arrays(rng)
+    with pytest.raises(selfattn.NotAvailable):
+        selfattn.attention(q, k, v, path="cublas")
+
+
+def test_workspace_too_small(rng):
+    q, k, v = arrays(rng, (1, 1, 64, 8))
+    ctx = selfattn.Context("sim", workspace_limit=16)
+    with pytest.raises(selfattn.WorkspaceTooSmall):
+        selfattn.attention(q, k, v, path="naive", context=ctx)

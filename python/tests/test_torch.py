@@ -1,0 +1,60 @@
+"""PyTorch integration on CPU tensors (they run on the sim through DLPack): the torch.library custom
+op, its fake implementation under FakeTensorMode, and torch.compile. Skipped without PyTorch."""
+import numpy as np
+import pytest
+
+import selfattn
+from conftest import TOLERANCE, reference, relative_error
+
+torch = pytest.importorskip("torch")
+
+
+def tensors(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(dtype) for _ in range(3)]
+
+
+def test_cpu_tensors_run_on_the_sim():
+    q, k, v = tensors((2, 3, 9, 16))
+    out, lse = selfattn.attention(q, k, v, causal="bottom_right", return_lse=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == q.dtype and lse.dtype == torch.float32
+    want, want_lse = reference(q.numpy(), k.numpy(), v.numpy(), "bottom_right")
+    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_and_bshd():
+    q, k, v = tensors((1, 7, 2, 8), torch.bfloat16, seed=1)  # [batch, seq, heads, dim]
+    out = selfattn.attention(q, k, v, layout="bshd")
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    want, _ = reference(*(a.transpose(1, 2).float().numpy() for a in (q, k, v)))
+    assert relative_error(out.transpose(1, 2).float().numpy(), want) <= TOLERANCE["bfloat16"]
+
+
+def test_requires_grad_inputs_are_accepted():
+    q, k, v = tensors((1, 1, 4, 8))
+    q.requires_grad_(True)
+    out = selfattn.attention(q, k, v)
+    assert relative_error(out.detach().numpy(), reference(q.detach().numpy(), k.numpy(), v.numpy())[0]) <= 1e-5
+
+
+def test_fake_implementation_gives_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(2, 5, 4, 8)
+        k = v = torch.empty(2, 6, 2, 8)
+        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd")
+        assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
+
+
+def test_torch_compile():
+    if not hasattr(torch, "compile"):
+        pytest.skip("this PyTorch has no torch.compile")
+    q, k, v = tensors((1, 2, 5, 8), seed=2)
+
+    def f(q, k, v):
+        return selfattn.attention(q, k, v, causal="top_left") * 2
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    assert relative_error(compiled(q, k, v).numpy() / 2, reference(q.numpy(), k.numpy(), v.numpy(), "top_left")[0]) \
+        <= TOLERANCE["float32"]

@@ -1,0 +1,75 @@
+"""selfattn.attention_varlen() and selfattn.self_attention() on the sim, against the float64
+reference in conftest.py."""
+import numpy as np
+import pytest
+
+import selfattn
+from conftest import TOLERANCE, poisoned, random, reference, relative_error
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_varlen_matches_each_sequence_alone(rng, causal):
+    lengths_q, lengths_k = [5, 1, 0, 12], [7, 3, 4, 9]
+    heads, kv_heads, dim = 4, 2, 16
+    cu_q, cu_k = np.cumsum([0] + lengths_q), np.cumsum([0] + lengths_k)
+    q = random(rng, (cu_q[-1], heads, dim), "float16")
+    k = random(rng, (cu_k[-1], kv_heads, dim), "float16")
+    v = random(rng, (cu_k[-1], kv_heads, dim), "float16")
+    out, lse = selfattn.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (heads, cu_q[-1])
+    for b in range(len(lengths_q)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+
+        def bhsd(a):
+            return a.transpose(1, 0, 2)[None]
+
+        want, want_lse = reference(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), causal)
+        assert relative_error(bhsd(out[rows]), want) <= TOLERANCE["float16"]
+        seen = np.isfinite(want_lse[0])
+        np.testing.assert_allclose(lse[:, rows][seen], want_lse[0][seen], rtol=1e-4, atol=1e-4)
+        assert np.all(lse[:, rows][~seen] == -np.inf)
+
+
+def test_varlen_explicit_max_seqlen_and_out(rng):
+    cu = np.array([0, 3, 10], dtype=np.int32)
+    q, k, v = (random(rng, (10, 2, 8), "float32") for _ in range(3))
+    out = poisoned(q.shape, "float32")
+    assert selfattn.attention_varlen(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7, out=out) is out
+    for lo, hi in ((0, 3), (3, 10)):
+        want, _ = reference(*(a[lo:hi].transpose(1, 0, 2)[None] for a in (q, k, v)))
+        assert relative_error(out[lo:hi].transpose(1, 0, 2)[None], want) <= TOLERANCE["float32"]
+
+
+def projections_reference(x, wq, wk, wv, heads, wo=None, causal=None):
+    x, wq, wk, wv = (np.asarray(a, dtype=np.float64) for a in (x, wq, wk, wv))
+    batch, seq, _ = x.shape
+    dim = wq.shape[1] // heads
+    kv_heads = wk.shape[1] // dim
+
+    def split(y, h):  # [batch, seq, h * dim] -> [batch, h, seq, dim]
+        return y.reshape(batch, seq, h, dim).transpose(0, 2, 1, 3)
+
+    out, _ = reference(split(x @ wq, heads), split(x @ wk, kv_heads), split(x @ wv, kv_heads), causal)
+    if wo is None:
+        return out
+    return out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim) @ np.asarray(wo, dtype=np.float64)
+
+
+@pytest.mark.parametrize("with_wo", [False, True])
+def test_self_attention(rng, with_wo):
+    batch, seq, d_model, heads, kv_heads, dim = 2, 9, 24, 4, 2, 8
+    x = random(rng, (batch, seq, d_model), "float32")
+    wq = random(rng, (d_model, heads * dim), "float32") / float(np.sqrt(d_model))
+    wk = random(rng, (d_model, kv_heads * dim), "float32") / float(np.sqrt(d_model))
+    wv = random(rng, (d_model, kv_heads * dim), "float32") / float(np.sqrt(d_model))
+    wo = random(rng, (heads * dim, 5), "float32") if with_wo else None
+    out = selfattn.self_attention(x, wq, wk, wv, heads, wo=wo, causal="top_left")
+    assert out.shape == ((batch, seq, 5) if with_wo else (batch, heads, seq, dim))
+    assert relative_error(out, projections_reference(x, wq, wk, wv, heads, wo, "top_left")) <= 1e-4
+
+
+def test_self_attention_bad_heads(rng):
+    x = random(rng, (1, 3, 8), "float32")
+    w = random(rng, (8, 12), "float32")
+    with pytest.raises(selfattn.InvalidArgument, match="wq.cols expected a positive multiple of heads"):
+        selfattn.self_attention(x, w, w, w, 5)

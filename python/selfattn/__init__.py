@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from . import _arrays
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
-                        __version__, cuda_built)
+                        __version__)
 
 __all__ = ["attention", "attention_varlen", "self_attention", "Context", "default_context", "backends", "paths",
-           "version", "cuda_built", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
+           "version", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
            "__version__"]
 
 _CAUSAL = (None, "top_left", "bottom_right")
@@ -46,14 +46,14 @@ def default_context(backend: str = "sim", device: int = 0, stream: int = 0) -> C
 
 
 def backends() -> list:
-    """The backends usable here: always "sim"; "cuda" when the build has it and a GPU is usable."""
+    """The backends usable here: always "sim"; "cuda" when the build has it and a GPU is usable
+    (Context("cuda") says why not)."""
     names = ["sim"]
-    if cuda_built:
-        try:
-            default_context("cuda")
-            names.append("cuda")
-        except NotAvailable:
-            pass
+    try:
+        default_context("cuda")
+        names.append("cuda")
+    except NotAvailable:
+        pass
     return names
 
 

@@ -425,7 +425,7 @@ NB_MODULE(_selfattn, m) {
 
   // Python exception types that are both selfattn.Error and the matching built-in, carrying the
   // library's message. Registered base first: nanobind tries the latest translator first.
-  nb::exception<selfattn::Error> error(m, "Error", PyExc_RuntimeError);
+  nb::exception<selfattn::Error> error(m, "Error", PyExc_Exception);
   nb::exception<selfattn::InvalidArgument>(m, "InvalidArgument", nb::make_tuple(error, nb::handle(PyExc_ValueError)));
   nb::exception<selfattn::NotAvailable>(m, "NotAvailable",
                                         nb::make_tuple(error, nb::handle(PyExc_NotImplementedError)));
@@ -434,7 +434,6 @@ NB_MODULE(_selfattn, m) {
   nb::exception<selfattn::BackendError>(m, "BackendError", nb::make_tuple(error, nb::handle(PyExc_RuntimeError)));
 
   m.attr("__version__") = SELFATTN_VERSION_STRING;
-  m.attr("cuda_built") = bool(SELFATTN_PYTHON_CUDA_BUILT);
 
   nb::class_<BoundContext>(m, "Context",
                         "A backend (\"sim\" or \"cuda\"), its stream and its reusable workspace. Host arrays run on a "

@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Time PyTorch's scaled_dot_product_attention on selfattn-bench's shapes, one SDPA backend at a time
-(flash, cuDNN, memory-efficient), and write selfattn-bench's JSON schema (bench/README.md) so
-bench/plot draws both together. Paths are named torch-flash, torch-cudnn, torch-efficient.
+(flash, cuDNN, memory-efficient), and this library through its Python package (`import selfattn`)
+in the same process on the same tensors, and write selfattn-bench's JSON schema (bench/README.md)
+so bench/plot draws them together. Paths are named torch-flash, torch-cudnn, torch-efficient, and
+selfattn's own (auto, naive, cublas, fused; --paths).
 
   compare_torch.py --from bench.json --json torch.json     # the shapes a bench run measured
   compare_torch.py --json torch.json                       # the bench's default cuda sweep
-  compare_torch.py --seq-q 4096 --heads 16 --head-dim 128 --dtype bf16 --causal top_left
+  compare_torch.py --seq-q 4096 --heads 16 --head-dim 128 --dtype bf16 --causal top_left --paths fused,auto
 
-Needs PyTorch with a CUDA device; without them it says so and exits 2 (nothing is written).
+Needs PyTorch with a CUDA device; without them it says so and exits 2 (nothing is written). The
+selfattn package comes from `pip install .` or the build (PYTHONPATH=build/python); without it the
+selfattn rows are skipped with the reason (--paths "" leaves them out).
 """
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -18,6 +23,7 @@ import subprocess
 import sys
 
 BACKENDS = ("flash", "cudnn", "efficient")
+PATHS = ("auto", "naive", "cublas", "fused")  # selfattn's, through its Python package
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}  # as selfattn-bench's --check
 # Input copies rotated while timing, as selfattn-bench does: twice L2 between reuses, 2..64 copies.
 MIN_COPIES, MAX_COPIES, L2_MULTIPLE = 2, 64, 2.0
@@ -99,6 +105,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="from_json", help="take the shapes from a selfattn-bench JSON file")
     parser.add_argument("--backends", type=word_list, default=list(BACKENDS), help="flash,cudnn,efficient")
+    parser.add_argument("--paths", type=word_list, default=["auto"],
+                        help="selfattn paths to run on the same tensors: auto,naive,cublas,fused (\"\": none)")
     parser.add_argument("--batch", type=int_list, default=[1])
     parser.add_argument("--heads", type=int_list, default=[16])
     parser.add_argument("--kv-heads", type=int_list, default=[])
@@ -115,6 +123,9 @@ def main():
     for b in args.backends:
         if b not in BACKENDS:
             parser.error(f"unknown backend {b!r}; choose from {','.join(BACKENDS)}")
+    for p in args.paths:
+        if p not in PATHS:
+            parser.error(f"unknown selfattn path {p!r}; choose from {','.join(PATHS)}")
 
     try:
         import torch
@@ -138,6 +149,15 @@ def main():
         shapes = shapes_from_args(args)
     else:
         shapes = default_shapes()
+
+    selfattn, selfattn_missing = None, ""
+    if args.paths:
+        try:
+            import selfattn
+        except ImportError as e:
+            selfattn_missing = (f"the selfattn Python package is not importable ({e}); pip install . or "
+                                "PYTHONPATH=build/python")
+            print(f"compare_torch.py: {selfattn_missing}", file=sys.stderr)
 
     import torch.nn.functional as F
     sdpa_backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -163,6 +183,10 @@ def main():
         set_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
         copies = int(min(MAX_COPIES, max(MIN_COPIES, math.ceil(L2_MULTIPLE * l2_bytes / set_bytes))))
         return [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(copies - 1)]
+
+    def call_selfattn(c, path, q, k, v):
+        # q, k, v are [b, h, s, d] (BSHD strides for layout bshd): selfattn takes the strides as they are.
+        return selfattn.attention(q, k, v, causal=None if c["causal"] == "none" else c["causal"], path=path)
 
     def call(c, q, k, v):
         kwargs = {}
@@ -195,33 +219,41 @@ def main():
         rel = diff.norm().item() / ref_norm if ref_norm > 0 else out[:, :, rows].double().norm().item()
         return diff.abs().max().item(), rel
 
+    # What runs each case: PyTorch's SDPA once per backend, then selfattn once per path.
+    runners = [("torch-" + b, lambda b=b: sdpa_kernel([sdpa_backend[b]]), call) for b in args.backends]
+    runners += [(p, contextlib.nullcontext, lambda c, q, k, v, p=p: call_selfattn(c, p, q, k, v)) for p in args.paths]
+
     results = []
-    total = len(shapes) * len(args.backends)
+    total = len(shapes) * len(runners)
     for i, c in enumerate(shapes):
         inputs = make_inputs(c)
         flops = 4.0 * c["batch"] * c["heads"] * c["head_dim"] * visible_pairs(c)
         nbytes = 2.0 * (c["batch"] * c["heads"] * c["seq_q"] + c["batch"] * c["kv_heads"] * c["seq_k"]) * \
             c["head_dim"] * inputs[0][0].element_size()
-        for j, backend in enumerate(args.backends):
-            print(f"[{i * len(args.backends) + j + 1}/{total}] torch-{backend} {c}", file=sys.stderr, flush=True)
-            r = dict(backend="cuda", gpu=gpu, path="torch-" + backend, resolved_path="torch-" + backend, **c,
+        for j, (name, scope, run) in enumerate(runners):
+            print(f"[{i * len(runners) + j + 1}/{total}] {name} {c}", file=sys.stderr, flush=True)
+            r = dict(backend="cuda", gpu=gpu, path=name, resolved_path=None if name == "auto" else name, **c,
                      status="skipped", note="", ms_median=None, ms_min=None, ms_max=None, tflops=None, gbps=None,
                      pct_of_ceiling=None, vs_cublas=None, max_abs_err=None, rel_err=None, check="skipped",
                      check_sampled=None, flops=flops, bytes=nbytes, input_copies=len(inputs))
+            if name in PATHS and selfattn is None:
+                r["note"] = selfattn_missing
+                results.append(r)
+                continue
             try:
-                with sdpa_kernel([sdpa_backend[backend]]):
-                    out = call(c, *inputs[0])
+                with scope():
+                    out = run(c, *inputs[0])
                     torch.cuda.synchronize()
                     r["max_abs_err"], r["rel_err"] = sampled_error(c, *inputs[0], out)
                     passed = r["rel_err"] <= TOLERANCE[c["dtype"]]
                     r["check"], r["check_sampled"] = ("pass" if passed else "fail"), True
                     for w in range(args.warmup):
-                        call(c, *inputs[(w + 1) % len(inputs)])
+                        run(c, *inputs[(w + 1) % len(inputs)])
                     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                               for _ in range(args.iters)]
                     for it, (start, stop) in enumerate(events):
                         start.record()
-                        call(c, *inputs[it % len(inputs)])
+                        run(c, *inputs[it % len(inputs)])
                         stop.record()
                     torch.cuda.synchronize()
                 ms = sorted(start.elapsed_time(stop) for start, stop in events)
@@ -230,7 +262,7 @@ def main():
                          tflops=flops / (median * 1e-3) / 1e12, gbps=nbytes / (median * 1e-3) / 1e9)
                 if gemm_ceiling:
                     r["pct_of_ceiling"] = 100.0 * r["tflops"] / gemm_ceiling
-            except Exception as e:  # RuntimeError "No available kernel" and friends: this backend can't run the case
+            except Exception as e:  # "No available kernel", selfattn.NotAvailable and friends: can't run the case
                 r["note"] = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
                 r["check"] = "skipped"
             results.append(r)
@@ -248,7 +280,8 @@ def main():
             print(head + f"{r['ms_median']:10.4f} {r['tflops']:8.2f} {r['rel_err']:9.2e} {r['check']}")
 
     if args.json:
-        header = dict(schema="selfattn-bench/1", backend="cuda", gpu=gpu, library_version="torch " + torch.__version__,
+        versions = "torch " + torch.__version__ + (f", selfattn {selfattn.__version__}" if selfattn else "")
+        header = dict(schema="selfattn-bench/1", backend="cuda", gpu=gpu, library_version=versions,
                       git_commit=git_commit(), command_line=" ".join(sys.argv),
                       date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       timing="CUDA events (torch.cuda.Event), after warm-up", warmup=args.warmup, iters=args.iters,

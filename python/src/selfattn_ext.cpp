@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,7 @@ struct BoundContext {
   selfattn::Backend backend;
   int device;
   uintptr_t stream;
+  std::mutex mutex;  // held by each call that uses ctx
 
   static selfattn::ContextOptions options(selfattn::Backend backend, int device, uintptr_t stream,
                                           size_t workspace_limit) {
@@ -349,6 +351,10 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
   const selfattn::TensorView q_shape = tensor_view(aq, selfattn::DType::f32);  // shape only, before staging
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
+  // context (its workspace and stream are not shared safely).
+  nb::gil_scoped_release unlocked;
+  std::lock_guard<std::mutex> serial(context.mutex);
   call.prepare();
   options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
   options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
@@ -356,7 +362,6 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                              kv = tensor_view(ak, dtype_of("k", k.dtype(), bf16_as_uint16)),
                              vv = tensor_view(av, dtype_of("v", v.dtype(), bf16_as_uint16)),
                              ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
-  nb::gil_scoped_release unlocked;
   selfattn::attention(call.ctx(), qv, kv, vv, ov, options);
   call.finish();
 }
@@ -380,13 +385,16 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
   const selfattn::TensorView q_shape = tensor_view(aq, selfattn::DType::f32);
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.heads() * q_shape.seq());
+  // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
+  // context (its workspace and stream are not shared safely).
+  nb::gil_scoped_release unlocked;
+  std::lock_guard<std::mutex> serial(context.mutex);
   call.prepare();
   options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
   const selfattn::TensorView qv = tensor_view(aq, dtype_of("q", q.dtype(), bf16_as_uint16)),
                              kv = tensor_view(ak, dtype_of("k", k.dtype(), bf16_as_uint16)),
                              vv = tensor_view(av, dtype_of("v", v.dtype(), bf16_as_uint16)),
                              ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
-  nb::gil_scoped_release unlocked;
   selfattn::attention_varlen(call.ctx(), qv, kv, vv, ov, static_cast<const int32_t*>(acq.data),
                              static_cast<const int32_t*>(ack.data), int(batch), max_seqlen_q, max_seqlen_k, options);
   call.finish();
@@ -405,6 +413,10 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
   const Arg* awo = wo ? &call.add(Arg("wo", *wo, false)) : nullptr;
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax, selfattn::DType::f32).batch(), "batch");
+  // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
+  // context (its workspace and stream are not shared safely).
+  nb::gil_scoped_release unlocked;
+  std::lock_guard<std::mutex> serial(context.mutex);
   call.prepare();
   options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
   const selfattn::TensorView xv = tensor_view(ax, dtype_of("x", x.dtype(), bf16_as_uint16)),
@@ -413,7 +425,6 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
                              km = matrix_view(ak, dtype_of("wk", wk.dtype(), bf16_as_uint16)),
                              vm = matrix_view(av, dtype_of("wv", wv.dtype(), bf16_as_uint16));
   const selfattn::MatrixView om = awo ? matrix_view(*awo, dtype_of("wo", wo->dtype(), bf16_as_uint16)) : selfattn::MatrixView{};
-  nb::gil_scoped_release unlocked;
   selfattn::self_attention(call.ctx(), xv, qm, km, vm, heads, ov, options, awo ? &om : nullptr);
   call.finish();
 }
@@ -457,6 +468,7 @@ NB_MODULE(_selfattn, m) {
       .def_prop_ro("workspace_bytes", [](const BoundContext& c) { return c.ctx.workspace_bytes(); })
       .def("synchronize", [](BoundContext& c) {
         nb::gil_scoped_release unlocked;
+        std::lock_guard<std::mutex> serial(c.mutex);
         c.ctx.synchronize();
       }, "Waits for all work queued on the context's stream.")
       .def(

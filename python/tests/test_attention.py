@@ -127,3 +127,14 @@ def test_version_backends_paths():
     assert "sim" in selfattn.backends()
     assert set(selfattn.paths("sim")) <= {"naive", "cublas", "fused"}
     assert "naive" in selfattn.paths("sim")
+
+
+def test_threads_share_the_default_context(rng):
+    # Calls from several Python threads at once (the GIL is released while the sim runs) take turns
+    # on the shared context; each gets its own correct result.
+    from concurrent.futures import ThreadPoolExecutor
+    cases = [[random(rng, (1, 2, 21, 16), "float32") for _ in range(3)] for _ in range(6)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        outs = list(pool.map(lambda qkv: selfattn.attention(*qkv, path="naive"), cases))
+    for (q, k, v), out in zip(cases, outs):
+        assert relative_error(out, reference(q, k, v)[0]) <= TOLERANCE["float32"]

@@ -16,7 +16,7 @@ library's message. PyTorch is optional and imported only when a torch tensor is 
 """
 from __future__ import annotations
 
-from . import _arrays
+from . import _arrays, _selfattn
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
@@ -120,21 +120,27 @@ def attention(q, k, v, *, causal=None, scale=None, path="auto", key_lengths=None
                       return_lse=return_lse, out=out, layout=layout, context=context)
 
 
+def _qkv_out(q, k, v, out, ndim, context):
+    """The checked arrays, the context they run on, and out (allocated like q when not given)."""
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=ndim)
+    ctx = _context_for(arrays["q"], context)
+    if out is None:
+        out = _arrays.empty_like(arrays["q"], tuple(arrays["q"].shape))
+        arrays.add_output("out", out)
+    return arrays, ctx, out
+
+
 def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context):
     """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
-    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=4)
+    arrays, ctx, out = _qkv_out(q, k, v, out, 4, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    ctx = _context_for(q, context)
-    if out is None:
-        out = _arrays.empty_like(q, tuple(q.shape))
-        arrays.add_output("out", out)
     as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-    from ._selfattn import attention as run
-    run(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(k)), arrays.dl(as_bhsd(v)), arrays.dl(as_bhsd(out)), causal,
-        _float_or_none("scale", scale), path, lengths, lse, arrays.bf16_as_uint16)
+    views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
+    _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse,
+                        arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
@@ -154,12 +160,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     the scale apply within each sequence.
     """
     _check_keywords(causal, "bhsd", path)
-    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=3)
+    arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    ctx = _context_for(q, context)
-    if out is None:
-        out = _arrays.empty_like(q, tuple(q.shape))
-        arrays.add_output("out", out)
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
     if max_seqlen_q is None:
@@ -171,10 +173,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     def packed(a):  # [total, heads, head_dim] viewed as [1, heads, total, head_dim]
         return _arrays.swap_axes_1_2(a[None])
 
-    from ._selfattn import attention_varlen as run
-    run(ctx, arrays.dl(packed(q)), arrays.dl(packed(k)), arrays.dl(packed(v)), arrays.dl(packed(out)), cu_q, cu_k,
-        int(max_seqlen_q), int(max_seqlen_k), causal, _float_or_none("scale", scale), path, lse,
-        arrays.bf16_as_uint16)
+    views = [arrays.dl(packed(a)) for a in (q, k, v, arrays["out"])]
+    _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+                               _float_or_none("scale", scale), path, lse, arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
@@ -209,12 +210,12 @@ def self_attention(x, wq, wk, wv, heads, *, wo=None, causal=None, scale=None, pa
         out = _arrays.empty_like(x, shape)
     arrays.add_output("out", out)
     arrays.expect_ndim("out", 3 if wo is not None else 4)
-    out_view = out[:, None] if wo is not None else out  # [batch, 1, seq, d_out] as the library takes it
+    out_view = arrays["out"][:, None] if wo is not None else arrays["out"]  # [batch, 1, seq, d_out] with wo
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=x) if key_lengths is not None else None
-    from ._selfattn import self_attention as run
-    run(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]), arrays.dl(arrays["wv"]), heads,
-        arrays.dl(out_view), arrays.dl(arrays["wo"]) if wo is not None else None, causal,
-        _float_or_none("scale", scale), path, lengths, arrays.bf16_as_uint16)
+    wo_view = arrays.dl(arrays["wo"]) if wo is not None else None
+    _selfattn.self_attention(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]),
+                             arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,
+                             _float_or_none("scale", scale), path, lengths, arrays.bf16_as_uint16)
     return out
 
 

@@ -101,6 +101,10 @@ selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf1
   invalid(std::string(name) + ".dtype expected float32, float16 or bfloat16, got " + dtype_name(dt));
 }
 
+// What an argument holds: attention data (f32/f16/bf16, checked on arrival) or an index/LSE vector
+// (int32/fp32, checked by expect_int32_vector / expect_lse).
+enum class Holds { data, data_bf16_as_uint16, vector };
+
 // One array argument of a call: where it lives and the bytes its elements span.
 struct Arg {
   const char* name;
@@ -111,11 +115,13 @@ struct Arg {
   std::vector<int64_t> shape, strides;  // strides in elements, from the array
   size_t item;                          // bytes per element
   bool written;                         // out, lse: copied back after a sim run
+  selfattn::DType dtype = selfattn::DType::f32;  // for Holds::data*
 
   template <class Array>
-  Arg(const char* name, const Array& a, bool written)
+  Arg(const char* name, const Array& a, bool written, Holds holds)
       : name(name), data(const_cast<void*>(static_cast<const void*>(a.data()))), device_type(a.device_type()),
         device_id(a.device_id()), ndim(a.ndim()), item(a.dtype().bits / 8), written(written) {
+    if (holds != Holds::vector) dtype = dtype_of(name, a.dtype(), holds == Holds::data_bf16_as_uint16);
     for (size_t i = 0; i < ndim; ++i) {
       shape.push_back(int64_t(a.shape(i)));
       strides.push_back(a.stride(i));
@@ -274,14 +280,14 @@ class Call {
 
 // A 4-D view [batch, heads, seq, head_dim] of an array (the Python layer has already turned BSHD
 // into this order by swapping axes, which only changes strides).
-selfattn::TensorView tensor_view(const Arg& a, selfattn::DType dtype) {
+selfattn::TensorView tensor_view(const Arg& a) {
   if (a.ndim != 4) {
     invalid(std::string(a.name) + " expected 4 dimensions [batch, heads, seq, head_dim], got " +
             std::to_string(a.ndim));
   }
   selfattn::TensorView view;
   view.data = a.data;
-  view.dtype = dtype;
+  view.dtype = a.dtype;
   for (int i = 0; i < 4; ++i) {
     view.shape[i] = a.shape[i];
     view.strides[i] = a.strides[i];
@@ -289,13 +295,13 @@ selfattn::TensorView tensor_view(const Arg& a, selfattn::DType dtype) {
   return view;
 }
 
-selfattn::MatrixView matrix_view(const Arg& a, selfattn::DType dtype) {
+selfattn::MatrixView matrix_view(const Arg& a) {
   if (a.ndim != 2) invalid(std::string(a.name) + " expected 2 dimensions [rows, cols], got " + std::to_string(a.ndim));
   if (a.shape[1] > 1 && a.strides[1] != 1) {
     invalid(std::string(a.name) + ".strides[1] expected 1 (rows stored contiguously), got " +
             std::to_string(a.strides[1]));
   }
-  return selfattn::MatrixView{a.data, dtype, a.shape[0], a.shape[1], a.shape[0] > 1 ? a.strides[0] : a.shape[1]};
+  return selfattn::MatrixView{a.data, a.dtype, a.shape[0], a.shape[1], a.shape[0] > 1 ? a.strides[0] : a.shape[1]};
 }
 
 // An int32 vector of exactly `count` contiguous entries (key_lengths, cu_seqlens): the library
@@ -337,33 +343,46 @@ selfattn::AttentionOptions make_options(const std::optional<std::string>& causal
   return options;
 }
 
+// Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
+// context (its workspace and stream are not shared safely); `body` runs after staging.
+template <class Body>
+void run_call(BoundContext& context, Call& call, Body body) {
+  nb::gil_scoped_release unlocked;
+  std::lock_guard<std::mutex> serial(context.mutex);
+  call.prepare();
+  body();
+  call.finish();
+}
+
+Holds data_kind(bool bf16_as_uint16) { return bf16_as_uint16 ? Holds::data_bf16_as_uint16 : Holds::data; }
+
+// The four views every attention call takes: q, k, v read, out written.
+struct AttentionArgs {
+  const Arg &q, &k, &v, &out;
+};
+AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+                                 bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  return {call.add(Arg("q", q, false, data)), call.add(Arg("k", k, false, data)), call.add(Arg("v", v, false, data)),
+          call.add(Arg("out", out, true, data))};
+}
+
 void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                std::optional<OutArray> lse, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path);
   Call call(context);
-  const Arg& aq = call.add(Arg("q", q, false));
-  const Arg& ak = call.add(Arg("k", k, false));
-  const Arg& av = call.add(Arg("v", v, false));
-  const Arg& aout = call.add(Arg("out", out, true));
-  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false)) : nullptr;
-  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true)) : nullptr;
-  const selfattn::TensorView q_shape = tensor_view(aq, selfattn::DType::f32);  // shape only, before staging
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
-  // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
-  // context (its workspace and stream are not shared safely).
-  nb::gil_scoped_release unlocked;
-  std::lock_guard<std::mutex> serial(context.mutex);
-  call.prepare();
-  options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
-  options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
-  const selfattn::TensorView qv = tensor_view(aq, dtype_of("q", q.dtype(), bf16_as_uint16)),
-                             kv = tensor_view(ak, dtype_of("k", k.dtype(), bf16_as_uint16)),
-                             vv = tensor_view(av, dtype_of("v", v.dtype(), bf16_as_uint16)),
-                             ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
-  selfattn::attention(call.ctx(), qv, kv, vv, ov, options);
-  call.finish();
+  run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    selfattn::attention(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out), options);
+  });
 }
 
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
@@ -372,61 +391,44 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path);
   Call call(context);
-  const Arg& aq = call.add(Arg("q", q, false));
-  const Arg& ak = call.add(Arg("k", k, false));
-  const Arg& av = call.add(Arg("v", v, false));
-  const Arg& aout = call.add(Arg("out", out, true));
-  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false));
-  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false));
-  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true)) : nullptr;
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
+  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false, Holds::vector));
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   if (acq.ndim != 1 || acq.shape[0] < 1) invalid("cu_seqlens_q expected a 1-D array of batch + 1 >= 1 entries");
   const int64_t batch = acq.shape[0] - 1;
   expect_int32_vector(acq, cu_seqlens_q.dtype(), batch + 1, "batch + 1");
   expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
-  const selfattn::TensorView q_shape = tensor_view(aq, selfattn::DType::f32);
+  const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.heads() * q_shape.seq());
-  // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
-  // context (its workspace and stream are not shared safely).
-  nb::gil_scoped_release unlocked;
-  std::lock_guard<std::mutex> serial(context.mutex);
-  call.prepare();
-  options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
-  const selfattn::TensorView qv = tensor_view(aq, dtype_of("q", q.dtype(), bf16_as_uint16)),
-                             kv = tensor_view(ak, dtype_of("k", k.dtype(), bf16_as_uint16)),
-                             vv = tensor_view(av, dtype_of("v", v.dtype(), bf16_as_uint16)),
-                             ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
-  selfattn::attention_varlen(call.ctx(), qv, kv, vv, ov, static_cast<const int32_t*>(acq.data),
-                             static_cast<const int32_t*>(ack.data), int(batch), max_seqlen_q, max_seqlen_k, options);
-  call.finish();
+  run_call(context, call, [&] {
+    options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
+                               static_cast<const int32_t*>(acq.data), static_cast<const int32_t*>(ack.data),
+                               int(batch), max_seqlen_q, max_seqlen_k, options);
+  });
 }
 
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path);
+  const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
-  const Arg& ax = call.add(Arg("x", x, false));
-  const Arg& aq = call.add(Arg("wq", wq, false));
-  const Arg& ak = call.add(Arg("wk", wk, false));
-  const Arg& av = call.add(Arg("wv", wv, false));
-  const Arg& aout = call.add(Arg("out", out, true));
-  const Arg* awo = wo ? &call.add(Arg("wo", *wo, false)) : nullptr;
-  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false)) : nullptr;
-  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax, selfattn::DType::f32).batch(), "batch");
-  // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
-  // context (its workspace and stream are not shared safely).
-  nb::gil_scoped_release unlocked;
-  std::lock_guard<std::mutex> serial(context.mutex);
-  call.prepare();
-  options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
-  const selfattn::TensorView xv = tensor_view(ax, dtype_of("x", x.dtype(), bf16_as_uint16)),
-                             ov = tensor_view(aout, dtype_of("out", out.dtype(), bf16_as_uint16));
-  const selfattn::MatrixView qm = matrix_view(aq, dtype_of("wq", wq.dtype(), bf16_as_uint16)),
-                             km = matrix_view(ak, dtype_of("wk", wk.dtype(), bf16_as_uint16)),
-                             vm = matrix_view(av, dtype_of("wv", wv.dtype(), bf16_as_uint16));
-  const selfattn::MatrixView om = awo ? matrix_view(*awo, dtype_of("wo", wo->dtype(), bf16_as_uint16)) : selfattn::MatrixView{};
-  selfattn::self_attention(call.ctx(), xv, qm, km, vm, heads, ov, options, awo ? &om : nullptr);
-  call.finish();
+  const Arg& ax = call.add(Arg("x", x, false, data));
+  const Arg& aq = call.add(Arg("wq", wq, false, data));
+  const Arg& ak = call.add(Arg("wk", wk, false, data));
+  const Arg& av = call.add(Arg("wv", wv, false, data));
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const Arg* awo = wo ? &call.add(Arg("wo", *wo, false, data)) : nullptr;
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax).batch(), "batch");
+  run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    const selfattn::MatrixView wo_view = awo ? matrix_view(*awo) : selfattn::MatrixView{};
+    selfattn::self_attention(call.ctx(), tensor_view(ax), matrix_view(aq), matrix_view(ak), matrix_view(av), heads,
+                             tensor_view(aout), options, awo ? &wo_view : nullptr);
+  });
 }
 
 }  // namespace

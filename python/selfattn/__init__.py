@@ -24,6 +24,11 @@ __all__ = ["attention", "attention_varlen", "self_attention", "Context", "defaul
            "version", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
            "__version__"]
 
+# Shown as selfattn.X (where users catch them), not selfattn._selfattn.X.
+for _cls in (Error, InvalidArgument, NotAvailable, WorkspaceTooSmall, BackendError):
+    _cls.__module__ = __name__
+del _cls
+
 _CAUSAL = (None, "top_left", "bottom_right")
 _LAYOUTS = ("bhsd", "bshd")
 _default_contexts: dict = {}

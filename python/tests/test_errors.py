@@ -1,5 +1,7 @@
 """Bad inputs raise the library's exceptions, as subclasses of the matching built-in ones, with the
 library's message; nothing is written into out when a call is refused."""
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,50 @@ def test_workspace_too_small(rng):
     ctx = selfattn.Context("sim", workspace_limit=16)
     with pytest.raises(selfattn.WorkspaceTooSmall):
         selfattn.attention(q, k, v, path="naive", context=ctx)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class OtherDevice:
+    """A float32 array that DLPack says lives on another kind of device (type 9, Vulkan); its data
+    pointer is a host array's, never to be read, since the call must refuse it first."""
+    DEVICE_TYPE = 9
+
+    def __init__(self, a):
+        self.host = np.ascontiguousarray(a, dtype=np.float32)
+        self.shape = self.host.shape
+        self._shape = (ctypes.c_int64 * self.host.ndim)(*self.host.shape)
+        self._managed = _DLManagedTensor()
+        self._managed.dl_tensor = _DLTensor(self.host.ctypes.data, _DLDevice(self.DEVICE_TYPE, 0), self.host.ndim,
+                                            _DLDataType(2, 32, 1), self._shape, None, 0)
+
+    def __dlpack__(self, **kwargs):
+        new_capsule = ctypes.pythonapi.PyCapsule_New
+        new_capsule.restype = ctypes.py_object
+        new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new_capsule(ctypes.addressof(self._managed), b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return self.DEVICE_TYPE, 0
+
+
+def test_unsupported_device(rng):
+    q, k, v = (OtherDevice(a) for a in arrays(rng))
+    with pytest.raises(selfattn.NotAvailable, match="DLPack device type 9"):
+        selfattn.attention(q, k, v, out=OtherDevice(np.zeros(q.shape)))

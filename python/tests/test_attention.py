@@ -26,7 +26,7 @@ def run_case(rng, dtype="float32", batch=1, heads=2, kv_heads=None, seq_q=7, seq
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("seq_q,seq_k,dim", [(1, 1, 1), (7, 7, 16), (37, 113, 64), (113, 37, 8)])
+@pytest.mark.parametrize("seq_q,seq_k,dim", [(1, 1, 1), (7, 7, 16), (37, 113, 64), (113, 37, 8), (3, 1000, 64)])
 def test_sizes_and_dtypes(rng, dtype, seq_q, seq_k, dim):
     run_case(rng, dtype=dtype, seq_q=seq_q, seq_k=seq_k, dim=dim)
 

@@ -16,6 +16,8 @@ library's message. PyTorch is optional and imported only when a torch tensor is 
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from . import _arrays, _selfattn
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
@@ -89,8 +91,9 @@ def _context_for(first, context):
     return default_context("sim")
 
 
-def attention(q, k, v, *, causal=None, scale=None, path="auto", key_lengths=None, return_lse=False, out=None,
-              layout="bhsd", context=None):
+def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Optional[float] = None,
+              path: str = "auto", key_lengths: Any = None, return_lse: bool = False, out: Any = None,
+              layout: str = "bhsd", context: Optional[Context] = None) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
     Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
@@ -149,8 +152,10 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     return (out, lse) if return_lse else out
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=None,
-                     scale=None, path="auto", return_lse=False, out=None, context=None):
+def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *,
+                     max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+                     causal: Optional[str] = None, scale: Optional[float] = None, path: str = "auto",
+                     return_lse: bool = False, out: Any = None, context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -184,8 +189,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     return (out, lse) if return_lse else out
 
 
-def self_attention(x, wq, wk, wv, heads, *, wo=None, causal=None, scale=None, path="auto", key_lengths=None,
-                   out=None, context=None):
+def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = None, causal: Optional[str] = None,
+                   scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None, out: Any = None,
+                   context: Optional[Context] = None) -> Any:
     """Self-attention from token embeddings: ``Q = x wq``, ``K = x wk``, ``V = x wv``, split into
     heads, attention per head, then optionally the output projection ``wo``.
 

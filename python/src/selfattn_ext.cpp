@@ -1,7 +1,8 @@
 // selfattn._selfattn: the nanobind module behind `import selfattn`. It only translates: DLPack
 // arrays become TensorViews, Python keywords become AttentionOptions, C++ exceptions become Python
-// ones. Every check of shapes, dtypes, strides and overlaps is the library's own; this file adds
-// only what the library cannot see from a pointer (the length of key_lengths, cu_seqlens and lse).
+// ones. Beyond mapping DLPack dtypes and dimensions, every check of shapes, dtypes, strides and
+// overlaps is the library's own; this file adds only what the library cannot see from a pointer
+// (the length of key_lengths, cu_seqlens and lse) and where each array lives.
 //
 // Where the arrays live decides how a call runs:
 //   host memory (NumPy, kDLCPU)  -> the sim backend: the arrays are copied into guarded sim device

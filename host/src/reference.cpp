@@ -92,3 +92,125 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
 }
 
 }  // namespace selfattn::reference
+
+// ---- KV cache semantics ----------------------------------------------------------------------
+namespace selfattn::reference {
+
+int KvCacheImage::length(int b) const { return std::clamp(int(lengths[size_t(b)]), 0, capacity()); }
+
+int KvCacheImage::page_of(int b, int t) const {
+  if (t < 0 || t >= capacity()) return -1;
+  if (block_table.empty()) return b < num_pages ? b : -1;
+  const int page = block_table[size_t(b) * max_pages_per_seq + size_t(t / page_size)];
+  return page >= 0 && page < num_pages ? page : -1;
+}
+
+size_t KvCacheImage::offset(int page, int head, int t) const {
+  return ((size_t(page) * kv_heads + head) * page_size + size_t(t % page_size)) * head_dim;
+}
+
+void rotate_row(double* row, int head_dim, int position, const RotaryTable& rotary) {
+  if (rotary.rotary_dim % 2 != 0 || rotary.rotary_dim > head_dim || rotary.max_position < 1) {
+    throw InvalidArgument("reference::rotate_row: rotary_dim expected even and <= head_dim " + std::to_string(head_dim) +
+                          " with max_position >= 1, got rotary_dim " + std::to_string(rotary.rotary_dim) +
+                          ", max_position " + std::to_string(rotary.max_position));
+  }
+  const int half = rotary.rotary_dim / 2;
+  const int table_row = std::clamp(position, 0, rotary.max_position - 1);
+  for (int pair = 0; pair < half; ++pair) {
+    const int a = rotary.interleaved ? 2 * pair : pair;
+    const int b = rotary.interleaved ? 2 * pair + 1 : pair + half;
+    const double c = rotary.cos[size_t(table_row) * half + pair], s = rotary.sin[size_t(table_row) * half + pair];
+    const double x = row[a], y = row[b];
+    row[a] = x * c - y * s;
+    row[b] = x * s + y * c;
+  }
+}
+
+void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std::vector<double>& v_new, int seq_new,
+               const RotaryTable* rotary) {
+  const size_t d = size_t(cache.head_dim);
+  std::vector<double> row(d);
+  for (int b = 0; b < cache.batch; ++b) {
+    const int start = cache.length(b);
+    for (int h = 0; h < cache.kv_heads; ++h) {
+      for (int t = 0; t < seq_new; ++t) {
+        const int page = cache.page_of(b, start + t);
+        if (page < 0) continue;  // past the capacity or a page outside the pool: dropped
+        const size_t source = ((size_t(b) * cache.kv_heads + h) * seq_new + t) * d;
+        std::copy(k_new.begin() + long(source), k_new.begin() + long(source + d), row.begin());
+        if (rotary) rotate_row(row.data(), cache.head_dim, start + t, *rotary);
+        const size_t target = cache.offset(page, h, start + t);
+        std::copy(row.begin(), row.end(), cache.k.begin() + long(target));
+        std::copy(v_new.begin() + long(source), v_new.begin() + long(source + d), cache.v.begin() + long(target));
+      }
+    }
+  }
+}
+
+void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::vector<double>& v) {
+  const int length = cache.length(b);
+  const size_t d = size_t(cache.head_dim);
+  k.assign(size_t(cache.kv_heads) * length * d, 0.0);
+  v.assign(k.size(), 0.0);
+  for (int h = 0; h < cache.kv_heads; ++h) {
+    for (int t = 0; t < length; ++t) {
+      const int page = cache.page_of(b, t);
+      if (page < 0) continue;
+      const size_t source = cache.offset(page, h, t), target = (size_t(h) * length + t) * d;
+      std::copy(cache.k.begin() + long(source), cache.k.begin() + long(source + d), k.begin() + long(target));
+      std::copy(cache.v.begin() + long(source), cache.v.begin() + long(source + d), v.begin() + long(target));
+    }
+  }
+}
+
+Result attention_with_kv_cache(const Problem& problem, const std::vector<double>& q, const KvCacheImage& cache,
+                               const RotaryTable* rotary) {
+  const size_t d = size_t(problem.head_dim);
+  const size_t rows_per_sequence = size_t(problem.heads) * problem.seq_q;
+  Result result;
+  result.out.assign(size_t(problem.batch) * rows_per_sequence * d, 0.0);
+  result.lse.assign(size_t(problem.batch) * rows_per_sequence, 0.0);
+  for (int b = 0; b < problem.batch; ++b) {
+    Problem one = problem;
+    one.batch = 1;
+    one.seq_k = cache.length(b);
+    one.key_lengths.clear();
+    std::vector<double> q_b(q.begin() + long(b * rows_per_sequence * d), q.begin() + long((b + 1) * rows_per_sequence * d));
+    if (rotary) {
+      for (size_t row = 0; row < rows_per_sequence; ++row) {
+        const int i = int(row % size_t(problem.seq_q));
+        rotate_row(q_b.data() + row * d, problem.head_dim, cache.lengths[size_t(b)] - problem.seq_q + i, *rotary);
+      }
+    }
+    std::vector<double> k, v;
+    gather_kv(cache, b, k, v);
+    const Result part = attention(one, q_b, k, v);
+    std::copy(part.out.begin(), part.out.end(), result.out.begin() + long(b * rows_per_sequence * d));
+    std::copy(part.lse.begin(), part.lse.end(), result.lse.begin() + long(b * rows_per_sequence));
+  }
+  return result;
+}
+
+Result merge_states(const Result& a, const Result& b, int head_dim) {
+  if (a.out.size() != b.out.size() || a.lse.size() != b.lse.size() || a.out.size() != a.lse.size() * size_t(head_dim)) {
+    throw InvalidArgument("reference::merge_states: a and b expected the same shape with head_dim " +
+                          std::to_string(head_dim) + " values per LSE row");
+  }
+  Result merged;
+  merged.out.assign(a.out.size(), 0.0);
+  merged.lse.assign(a.lse.size(), -std::numeric_limits<double>::infinity());
+  const size_t d = size_t(head_dim);
+  for (size_t row = 0; row < a.lse.size(); ++row) {
+    const double m = std::max(a.lse[row], b.lse[row]);
+    if (m == -std::numeric_limits<double>::infinity()) continue;
+    const double w_a = std::exp(a.lse[row] - m), w_b = std::exp(b.lse[row] - m);
+    for (size_t e = 0; e < d; ++e) {
+      merged.out[row * d + e] = (w_a * a.out[row * d + e] + w_b * b.out[row * d + e]) / (w_a + w_b);
+    }
+    merged.lse[row] = m + std::log(w_a + w_b);
+  }
+  return merged;
+}
+
+}  // namespace selfattn::reference

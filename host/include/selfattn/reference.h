@@ -28,4 +28,55 @@ Result attention(const Problem& problem, const std::vector<double>& q, const std
 // Number of keys (a prefix [0, n)) that query `row` sees: the mask in one place.
 int visible_keys(int row, int seq_q, int len_k, Causal causal);
 
+// ---- KV cache semantics (selfattn/kv_cache.h) ----
+
+// A cache on the host: a pool of pages [num_pages, kv_heads, page_size, head_dim], contiguous. A
+// contiguous cache is one page per sequence (page_size = capacity) with an empty block table.
+struct KvCacheImage {
+  int batch = 0, kv_heads = 1, head_dim = 1;
+  int num_pages = 0, page_size = 1, max_pages_per_seq = 1;
+  std::vector<double> k, v;          // [num_pages, kv_heads, page_size, head_dim]
+  std::vector<int32_t> block_table;  // [batch, max_pages_per_seq]; empty: sequence b is page b
+  std::vector<int32_t> lengths;      // [batch]
+
+  int capacity() const { return page_size * max_pages_per_seq; }
+  // Sequence b's length clamped to [0, capacity] (what the kernels use).
+  int length(int b) const;
+  // The page of token t of sequence b, or -1 when t is outside [0, capacity) or the block table
+  // names a page outside [0, num_pages).
+  int page_of(int b, int t) const;
+  // Index of element 0 of token t's row for kv head h (page = page_of(b, t) >= 0).
+  size_t offset(int page, int head, int t) const;
+};
+
+// Rotary tables (selfattn::Rotary): cos, sin [max_position, rotary_dim / 2].
+struct RotaryTable {
+  std::vector<double> cos, sin;
+  int max_position = 0, rotary_dim = 0;
+  bool interleaved = false;
+};
+
+// Rotates the first rotary_dim elements of one row at `position` (clamped to the table's rows).
+void rotate_row(double* row, int head_dim, int position, const RotaryTable& rotary);
+
+// append_kv: token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim]) to position
+// lengths[b] + t (length clamped), k rotated at that position when rotary is given; tokens past the
+// capacity or in a page outside the pool are dropped. lengths are not changed.
+void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std::vector<double>& v_new, int seq_new,
+               const RotaryTable* rotary = nullptr);
+
+// Sequence b's first length(b) tokens as [kv_heads, length, head_dim] (rows in a bad page are 0).
+void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::vector<double>& v);
+
+// attention_with_kv_cache: problem gives batch, heads, kv_heads, seq_q, head_dim, causal and scale
+// (seq_k and key_lengths are ignored: each sequence has cache.length(b) keys). q is
+// [batch, heads, seq_q, head_dim]; with rotary, row i of sequence b is rotated at position
+// lengths[b] - seq_q + i first.
+Result attention_with_kv_cache(const Problem& problem, const std::vector<double>& q, const KvCacheImage& cache,
+                               const RotaryTable* rotary = nullptr);
+
+// merge_states: the attention over the union of two disjoint key sets from the results over each
+// (rows of head_dim values; a row with both LSE -inf gives 0 and -inf).
+Result merge_states(const Result& a, const Result& b, int head_dim);
+
 }  // namespace selfattn::reference

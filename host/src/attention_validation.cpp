@@ -38,14 +38,6 @@ void expect_same_dtype(const char* function, const char* name, const TensorView&
   }
 }
 
-void expect_disjoint(const char* function, const char* name, const ByteRange& range, const char* other_name,
-                     const ByteRange& other) {
-  if (range.overlaps(other)) {
-    fail(function, std::string(name) + " expected not to overlap " + other_name + ", but bytes [" +
-                       std::to_string(range.begin) + ", " + std::to_string(range.end) + ") and [" +
-                       std::to_string(other.begin) + ", " + std::to_string(other.end) + ") intersect");
-  }
-}
 
 // The checks shared by the padded and the varlen entry points: each view alone, then q/k/v/out
 // against each other (dtype, head_dim, heads vs kv_heads, k vs v), then out against the inputs.
@@ -142,6 +134,15 @@ void check_causal(const char* function, Causal causal) {
 }
 
 }  // namespace
+
+void expect_disjoint(const char* function, const char* name, const ByteRange& range, const char* other_name,
+                     const ByteRange& other) {
+  if (range.overlaps(other)) {
+    fail(function, std::string(name) + " expected not to overlap " + other_name + ", but bytes [" +
+                       std::to_string(range.begin) + ", " + std::to_string(range.end) + ") and [" +
+                       std::to_string(other.begin) + ", " + std::to_string(other.end) + ") intersect");
+  }
+}
 
 void check_view(const char* function, const char* name, const TensorView& view) {
   if (view.dtype != DType::f32 && view.dtype != DType::f16 && view.dtype != DType::bf16) {

@@ -32,6 +32,11 @@ struct ByteRange {
 ByteRange byte_range(const TensorView& view);
 ByteRange byte_range(const void* data, size_t bytes);
 
+// Throws InvalidArgument "<function>: <name> expected not to overlap <other_name>, ..." when the
+// ranges intersect (shared with the KV-cache calls' validation).
+void expect_disjoint(const char* function, const char* name, const ByteRange& range, const char* other_name,
+                     const ByteRange& other);
+
 // "f16 b2 h4/2 q113 k64 d32 causal=top_left" (for messages).
 std::string describe(const AttentionCall& call);
 

@@ -4,6 +4,7 @@
 #include "selfattn/buffer.h"
 #include "selfattn/context.h"
 #include "selfattn/error.h"
+#include "selfattn/kv_cache.h"
 #include "selfattn/reference.h"
 #include "selfattn/tensor.h"
 #include "selfattn/types.h"

@@ -1,0 +1,145 @@
+#pragma once
+// Inference over a KV cache: appending new tokens' K/V (optionally rotary-embedded), attention of a
+// few new query rows per sequence against the cache, and merging partial attention results.
+//
+// The cache is memory the caller owns; the library only views it. Two layouts:
+//   contiguous  k, v: [batch, kv_heads, capacity, head_dim], any strides (TensorView::bhsd/bshd or a
+//               slice of something larger). Sequence b's token t is row t of batch b.
+//   paged       k, v: a pool of pages viewed as [num_pages, kv_heads, page_size, head_dim] with any
+//               strides, so both common pool layouts are plain TensorViews:
+//                 [num_pages, page_size, kv_heads, d]  TensorView::bshd(data, dtype, num_pages, kv_heads, page_size, d)
+//                 [num_pages, kv_heads, page_size, d]  TensorView::bhsd(data, dtype, num_pages, kv_heads, page_size, d)
+//               block_table (device int32 [batch, max_pages_per_seq], row-major) maps sequence b's
+//               token t to page block_table[b][t / page_size], row t % page_size. Pages may be
+//               shared between sequences (a common prefix) and appear in any order. Any page size
+//               from 1 works on every path (256 and more are tested as ordinary sizes).
+// lengths (device int32 [batch]) holds each sequence's number of valid tokens.
+//
+// Device metadata (block_table, lengths) is never read by the host unless options.validate_metadata
+// asks: kernels clamp every index they derive from it to the views they were given, so a wrong
+// entry can give wrong numbers but never a read or write outside the caller's buffers (a length is
+// clamped to [0, capacity]; a page index outside [0, num_pages) reads as zeros and is never written).
+//
+// Graph safety (CUDA graph capture): append_kv, attention_with_kv_cache and merge_states make no
+// host-device synchronisation, no host read of device data and, once the context's workspace has
+// grown to the shape (run the shape once before capturing), no allocation - unless
+// options.validate_metadata is set, which copies the metadata to the host (synchronous, not
+// graph-safe). attention_varlen() on the naive and cublas paths reads cu_seqlens back and is not
+// graph-safe; attention() with key_lengths is.
+//
+// Why appending is a separate call and not part of attention_with_kv_cache: the cache is the
+// engine's state, and a call that both mutates it and computes would either write the cache before
+// all its arguments are known to be valid or need a second validation pass; engines also attend to
+// the same appended tokens more than once (cascade / shared-prefix attention, speculative
+// verification), and the attention kernels stay read-only on the cache, so no block can see
+// another block's half-written token. The cost is one small extra launch per layer.
+#include <cstdint>
+#include <optional>
+
+#include "selfattn/context.h"
+#include "selfattn/tensor.h"
+#include "selfattn/types.h"
+
+namespace selfattn {
+
+struct KvCache {
+  TensorView k, v;                       // contiguous: [batch, kv_heads, capacity, d]; paged: the page pool
+  const int32_t* block_table = nullptr;  // device [batch, max_pages_per_seq]; null: contiguous cache
+  int batch = 0;                         // sequences (contiguous: must equal k.batch())
+  int max_pages_per_seq = 0;             // paged only
+  const int32_t* lengths = nullptr;      // device [batch]: valid tokens per sequence
+
+  bool paged() const { return block_table != nullptr; }
+  // Tokens one sequence can hold: k.seq() (contiguous) or max_pages_per_seq * page_size (paged).
+  int64_t capacity() const { return paged() ? int64_t(max_pages_per_seq) * k.seq() : k.seq(); }
+
+  static KvCache contiguous(const TensorView& k, const TensorView& v, const int32_t* lengths) {
+    KvCache cache;
+    cache.k = k;
+    cache.v = v;
+    cache.batch = int(k.batch());
+    cache.lengths = lengths;
+    return cache;
+  }
+  static KvCache paged_pool(const TensorView& k_pages, const TensorView& v_pages, const int32_t* block_table,
+                            int batch, int max_pages_per_seq, const int32_t* lengths) {
+    KvCache cache;
+    cache.k = k_pages;
+    cache.v = v_pages;
+    cache.block_table = block_table;
+    cache.batch = batch;
+    cache.max_pages_per_seq = max_pages_per_seq;
+    cache.lengths = lengths;
+    return cache;
+  }
+};
+
+// Rotary position embedding with the caller's tables: cos and sin are device fp32
+// [max_position, rotary_dim / 2] (row-major); the first rotary_dim elements of each row are rotated
+// by the angle of the row's position, the rest pass through. Pairs are (2i, 2i+1) when interleaved
+// (GPT-J style), (i, i + rotary_dim/2) otherwise (half-split, GPT-NeoX style):
+//   x'_a = x_a cos - x_b sin,  x'_b = x_a sin + x_b cos   (in fp32, rounded once to the dtype).
+// A position outside [0, max_position) (only possible with wrong device lengths) uses the nearest row.
+struct Rotary {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int max_position = 0;
+  int rotary_dim = 0;  // even, 2..head_dim
+  bool interleaved = false;
+};
+
+struct AppendKvOptions {
+  std::optional<Rotary> rotary;  // applied to k_new on the way into the cache (v is never rotated)
+  // Device int32 [batch] or null: receives min(lengths[b] + seq_new, capacity), the lengths to pass
+  // to the next attention call. Must not overlap cache.lengths (blocks still read those).
+  int32_t* updated_lengths = nullptr;
+  // Copies lengths and block table to the host and throws InvalidArgument naming the first bad
+  // entry (a length < 0 or with lengths[b] + seq_new > capacity, a page index outside the pool).
+  // Synchronous: not graph-safe.
+  bool validate_metadata = false;
+};
+
+// Writes token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim], the cache's dtype and
+// head_dim) at position cache.lengths[b] + t of sequence b, across page boundaries. The cache's
+// lengths are not changed (see updated_lengths). Tokens that would land past the capacity, or in
+// a page outside the pool, are dropped. k_new/v_new must not overlap the cache.
+void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+               const AppendKvOptions& options = {});
+
+struct KvAttentionOptions {
+  Path path = Path::automatic;
+  // bottom_right: new query row i of sequence b (seq_q rows) sees cache tokens [0, lengths[b] - seq_q + i];
+  // none: every cached token. (top_left is rejected: it has no meaning against a cache.)
+  Causal causal = Causal::bottom_right;
+  std::optional<float> scale;  // default 1/sqrt(head_dim)
+  float* lse = nullptr;        // device fp32 [batch, heads, seq_q], natural log; -inf for a row without keys
+  // Applied to q (at positions lengths[b] - seq_q + i) before attending; the cache is read as it is.
+  std::optional<Rotary> rotary;
+  // Fused path only: key-range splits per (sequence, kv head); 0 lets the library choose.
+  // (Reserved for the split-KV decode kernel; today every path gathers and runs its own kernels.)
+  int num_splits = 0;
+  // As in AppendKvOptions (checks lengths[b] <= capacity and the pages lengths[b] uses).
+  bool validate_metadata = false;
+};
+
+// out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),
+// after the new tokens were appended (append_kv). q, out: [batch, heads, seq_q, head_dim], the
+// cache's dtype; heads a multiple of the cache's kv_heads (GQA/MQA). A sequence with length 0
+// gives rows of 0 and LSE -inf. The naive and cublas paths (and, for now, fused) copy the
+// sequences' K/V into the context's workspace (the slot self_attention uses for its projections),
+// so workspace_limit must cover batch * kv_heads * capacity * head_dim * 2 elements plus the
+// path's own scores.
+void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
+                             const KvAttentionOptions& options = {});
+
+// Merges two attention results over disjoint key sets of the same query rows into the result over
+// their union: with m = max(lse_a, lse_b), w_x = exp(lse_x - m),
+//   out = (w_a out_a + w_b out_b) / (w_a + w_b),  lse = m + log(w_a + w_b)
+// (a row with both LSE -inf gives 0 and -inf). out_a, out_b, out: [batch, heads, seq, head_dim] of
+// one dtype; lse_a, lse_b, lse_out: device fp32 [batch, heads, seq] contiguous. out may be exactly
+// out_a (same data and strides) and lse_out exactly lse_a, for merging in place; no other overlap.
+// lse_out may be null.
+void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,
+                  const float* lse_b, const TensorView& out, float* lse_out);
+
+}  // namespace selfattn

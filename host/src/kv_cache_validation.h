@@ -1,0 +1,32 @@
+#pragma once
+// Argument checking for the KV-cache calls (kv_cache.h): every rule in one place, each failure an
+// InvalidArgument naming the argument, what was expected and what was given. Nothing here reads
+// device memory except check_metadata (options.validate_metadata).
+#include <cstdint>
+
+#include "context_state.h"
+#include "selfattn/kv_cache.h"
+
+namespace selfattn::detail {
+
+// The cache's shape as validated: kv_heads, head_dim, page size and count, capacity per sequence.
+struct CacheShape {
+  int batch = 0, kv_heads = 0, head_dim = 0;
+  int num_pages = 0, page_size = 0, max_pages_per_seq = 0;
+  int capacity = 0;
+};
+
+CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+                              const AppendKvOptions& options);
+CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                                            const KvAttentionOptions& options);
+void validate_merge_states(const TensorView& out_a, const float* lse_a, const TensorView& out_b, const float* lse_b,
+                           const TensorView& out, const float* lse_out);
+
+// options.validate_metadata: copies lengths and block table to the host (synchronously) and throws
+// InvalidArgument naming the first entry that would put a sequence's tokens [0, lengths[b] +
+// extra_tokens) outside [0, capacity) or in a page outside [0, num_pages).
+void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
+                    int extra_tokens);
+
+}  // namespace selfattn::detail

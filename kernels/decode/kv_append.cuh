@@ -1,0 +1,47 @@
+#pragma once
+// Appends new tokens' K and V to a cache (contiguous or paged): token t of sequence b goes to
+// position lengths[b] + t, K optionally rotated at that position. Tokens that would land past the
+// capacity or in a page outside the pool are dropped (kv_page_of), so no length or block-table
+// entry can make this write outside the cache.
+#include <cstdint>
+
+#include "../simt_tile.cuh"
+#include "kv_pages.cuh"
+#include "rotary.cuh"
+
+SELFATTN_KERNELS_BEGIN
+
+struct KvAppendTraits {
+  static constexpr int kThreads = 128;
+  static constexpr int kRowsPerBlock = 4;
+};
+
+template <class T>
+__global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(const KvAppendParams p) {
+  const int b = blockIdx.z, head = blockIdx.y;
+  const int first_row = blockIdx.x * KvAppendTraits::kRowsPerBlock;
+  const int d = p.cache.head_dim;
+  // The clamped length: a negative one appends at 0, one past the capacity drops every token.
+  const int start = kv_length(p.cache, b);
+  if (p.updated_lengths != nullptr && blockIdx.x == 0 && head == 0 && threadIdx.x == 0) {
+    const int capacity = kv_capacity(p.cache);
+    p.updated_lengths[b] = start + p.seq_new > capacity ? capacity : start + p.seq_new;
+  }
+  const T* k_new = static_cast<const T*>(p.k_new) + int64_t(b) * p.new_stride_batch_k + int64_t(head) * p.new_stride_head_k;
+  const T* v_new = static_cast<const T*>(p.v_new) + int64_t(b) * p.new_stride_batch_v + int64_t(head) * p.new_stride_head_v;
+  T* k_cache = static_cast<T*>(p.cache.k);
+  T* v_cache = static_cast<T*>(p.cache.v);
+  for (int i = threadIdx.x; i < KvAppendTraits::kRowsPerBlock * d; i += blockDim.x) {
+    const int t = first_row + i / d, e = i % d;
+    if (t >= p.seq_new) break;
+    const int position = start + t;
+    const int page = kv_page_of(p.cache, b, position);
+    if (page < 0) continue;
+    const T* k_row = k_new + int64_t(t) * p.new_stride_row_k;
+    const float k_value = rotary_element(p.rotary, position, e, [&](int j) { return to_float(k_row[j]); });
+    k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<T>(k_value);
+    v_cache[kv_v_offset(p.cache, page, head, position) + e] = v_new[int64_t(t) * p.new_stride_row_v + e];
+  }
+}
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,94 @@
+#pragma once
+// Parameters of the KV-cache kernels (kernels/decode/). Plain data, the same for nvcc and the host
+// compiler. Strides are in elements; head_dim's stride is 1.
+#include <cstdint>
+
+#include "../launch.h"
+#include "../params.h"
+
+namespace selfattn::kernels {
+
+// A cache as the kernels see it: a pool of pages [num_pages, kv_heads, page_size, head_dim] (any
+// strides). A contiguous cache is the same thing with one page per sequence (page_size = capacity,
+// block_table null: sequence b is page b). Token t of sequence b lives in page
+// block_table[b * max_pages_per_seq + t / page_size], row t % page_size.
+struct KvPagesView {
+  void* k;
+  void* v;
+  int64_t k_stride_page, k_stride_head, k_stride_row;
+  int64_t v_stride_page, v_stride_head, v_stride_row;
+  int num_pages, page_size, kv_heads, head_dim;
+  const int32_t* block_table;  // device, or null (contiguous)
+  int max_pages_per_seq;       // 1 when contiguous
+  const int32_t* lengths;      // device [batch]
+  int batch;
+};
+
+// Rotary tables (see selfattn::Rotary): cos/sin fp32 [max_position, rotary_dim / 2].
+struct RotaryTables {
+  const float* cos;  // null: no rotary
+  const float* sin;
+  int max_position;
+  int rotary_dim;
+  bool interleaved;
+};
+
+// kv_append: token t of k_new/v_new ([batch, kv_heads, seq_new, d]) goes to position
+// lengths[b] + t of sequence b. grid (ceil(seq_new / rows per block), kv_heads, batch).
+struct KvAppendParams {
+  KvPagesView cache;
+  const void* k_new;
+  const void* v_new;
+  int64_t new_stride_batch_k, new_stride_head_k, new_stride_row_k;
+  int64_t new_stride_batch_v, new_stride_head_v, new_stride_row_v;
+  int seq_new;
+  RotaryTables rotary;      // applied to k
+  int32_t* updated_lengths; // [batch] or null; written by the blocks with blockIdx.x == 0, y == 0
+};
+
+// kv_gather: sequence b's tokens [0, capacity) to dense [batch, kv_heads, capacity, d] buffers;
+// rows at or past the (clamped) length, and rows whose page is outside the pool, become zeros.
+// grid (ceil(capacity / rows per block), kv_heads, batch).
+struct KvGatherParams {
+  KvPagesView cache;
+  void* k_out;
+  void* v_out;
+  int capacity;  // per sequence: page_size * max_pages_per_seq
+};
+
+// rotary_rows: out[b, h, s] = rotate(in[b, h, s]) at position lengths[b] + position_offset + s.
+// grid (ceil(seq / rows per block), heads, batch).
+struct RotaryRowsParams {
+  const void* in;
+  void* out;
+  int64_t in_stride_batch, in_stride_head, in_stride_row;
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  int seq, head_dim;
+  const int32_t* lengths;  // device [batch]
+  int position_offset;
+  RotaryTables rotary;
+};
+
+// merge_states: one thread per row; grid (ceil(rows / threads), 1, 1) over rows = batch*heads*seq.
+struct MergeStatesParams {
+  const void* out_a;
+  const void* out_b;
+  void* out;
+  int64_t a_stride_batch, a_stride_head, a_stride_row;
+  int64_t b_stride_batch, b_stride_head, b_stride_row;
+  int64_t o_stride_batch, o_stride_head, o_stride_row;
+  const float* lse_a;
+  const float* lse_b;
+  float* lse_out;  // or null
+  int heads, seq, head_dim;
+  int64_t rows;
+};
+
+// One kernel instance with the block size the host launches it with.
+struct DecodeKernel {
+  KernelRef kernel;
+  int threads = 0;
+  int rows_per_block = 0;
+};
+
+}  // namespace selfattn::kernels

@@ -1,0 +1,37 @@
+#pragma once
+// Where a cached token lives, with every index derived from device metadata clamped to the view:
+// the one place the KV-cache kernels turn (sequence, token) into memory.
+#include <cstdint>
+
+#include "../common/compat.h"
+#include "kv_cache_params.h"
+
+SELFATTN_KERNELS_BEGIN
+
+__host__ __device__ inline int kv_capacity(const KvPagesView& c) { return c.page_size * c.max_pages_per_seq; }
+
+// Sequence b's length clamped to [0, capacity]: a wrong length can only mean fewer or more of the
+// sequence's own slots, never memory past them.
+__device__ inline int kv_length(const KvPagesView& c, int b) {
+  const int length = c.lengths[b];
+  return length < 0 ? 0 : (length > kv_capacity(c) ? kv_capacity(c) : length);
+}
+
+// The page holding token t of sequence b, or -1 when t is outside [0, capacity) or the block
+// table names a page outside [0, num_pages).
+__device__ inline int kv_page_of(const KvPagesView& c, int b, int t) {
+  if (t < 0 || t >= kv_capacity(c)) return -1;
+  if (c.block_table == nullptr) return b < c.num_pages ? b : -1;
+  const int page = c.block_table[int64_t(b) * c.max_pages_per_seq + t / c.page_size];
+  return (page >= 0 && page < c.num_pages) ? page : -1;
+}
+
+// Element offsets of row t's head `head` in K and V (page must be kv_page_of(c, b, t) >= 0).
+__device__ inline int64_t kv_k_offset(const KvPagesView& c, int page, int head, int t) {
+  return int64_t(page) * c.k_stride_page + int64_t(head) * c.k_stride_head + int64_t(t % c.page_size) * c.k_stride_row;
+}
+__device__ inline int64_t kv_v_offset(const KvPagesView& c, int page, int head, int t) {
+  return int64_t(page) * c.v_stride_page + int64_t(head) * c.v_stride_head + int64_t(t % c.page_size) * c.v_stride_row;
+}
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,34 @@
+#pragma once
+// Rotary position embedding of one element (selfattn::Rotary's definition): element e of a row at
+// `position`, given the row's elements through load(i). Each element is computed from itself and
+// its partner, so threads can rotate a row's elements independently.
+#include "../common/compat.h"
+#include "kv_cache_params.h"
+
+SELFATTN_KERNELS_BEGIN
+
+template <class Load>
+__device__ inline float rotary_element(const RotaryTables& r, int position, int e, Load load) {
+  if (r.cos == nullptr || e >= r.rotary_dim) return load(e);
+  const int half = r.rotary_dim / 2;
+  // Clamped so that a wrong length cannot index past the tables.
+  const int row = position < 0 ? 0 : (position >= r.max_position ? r.max_position - 1 : position);
+  bool first;
+  int pair, partner;
+  if (r.interleaved) {
+    first = e % 2 == 0;
+    pair = e / 2;
+    partner = first ? e + 1 : e - 1;
+  } else {
+    first = e < half;
+    pair = first ? e : e - half;
+    partner = first ? e + half : e - half;
+  }
+  const float c = r.cos[int64_t(row) * half + pair];
+  const float s = r.sin[int64_t(row) * half + pair];
+  const float x = load(e), y = load(partner);
+  // first: x' = x cos - y sin (x is the pair's a); second: x' = y sin + x cos (y is the pair's a).
+  return first ? x * c - y * s : y * s + x * c;
+}
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,35 @@
+#pragma once
+// Rotary position embedding of whole rows into a separate tensor: row s of sequence b is rotated at
+// position lengths[b] + position_offset + s (for new query rows: their place at the end of the
+// cache). Used to rotate q on its way into attention over a cache; the cache's K is rotated by
+// kv_append.
+#include <cstdint>
+
+#include "../simt_tile.cuh"
+#include "rotary.cuh"
+
+SELFATTN_KERNELS_BEGIN
+
+struct RotaryRowsTraits {
+  static constexpr int kThreads = 128;
+  static constexpr int kRowsPerBlock = 4;
+};
+
+template <class T>
+__global__ void __launch_bounds__(RotaryRowsTraits::kThreads) rotary_rows_kernel(const RotaryRowsParams p) {
+  const int b = blockIdx.z, head = blockIdx.y;
+  const int first_row = blockIdx.x * RotaryRowsTraits::kRowsPerBlock;
+  const int d = p.head_dim;
+  const int position0 = p.lengths[b] + p.position_offset;  // rotary_element clamps to the table
+  const T* in = static_cast<const T*>(p.in) + int64_t(b) * p.in_stride_batch + int64_t(head) * p.in_stride_head;
+  T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head;
+  for (int i = threadIdx.x; i < RotaryRowsTraits::kRowsPerBlock * d; i += blockDim.x) {
+    const int s = first_row + i / d, e = i % d;
+    if (s >= p.seq) break;
+    const T* row = in + int64_t(s) * p.in_stride_row;
+    const float value = rotary_element(p.rotary, position0 + s, e, [&](int j) { return to_float(row[j]); });
+    out[int64_t(s) * p.out_stride_row + e] = from_float<T>(value);
+  }
+}
+
+SELFATTN_KERNELS_END

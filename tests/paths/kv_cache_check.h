@@ -1,0 +1,261 @@
+#pragma once
+// Building blocks of the KV-cache tests (test_kv_cache.cpp on the sim): a cache in device memory
+// with its double-precision image for selfattn::reference, random rounded tensors, and the one
+// per-element comparison every check goes through (compare_elements: swap it in one place when the
+// shared harness derives tolerances from a low-precision reference).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_harness.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn::kv_test {
+
+using testing::load_element;
+using testing::round_to;
+using testing::store_element;
+
+// ---- the judge ---------------------------------------------------------------------------------
+
+// Tolerated |actual - expected| / (1 + |expected|) per element of an attention output, by dtype: the
+// output rounding plus P's rounding to the input dtype in the tensor-core kernels.
+inline double out_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 5e-5;
+    case DType::f16: return 5e-3;
+    case DType::bf16: return 3e-2;
+  }
+  return 0;
+}
+
+// Every check compares through here: NaN never passes, -inf must match exactly, otherwise
+// |actual - expected| <= tolerance * (1 + |expected|).
+inline ::testing::AssertionResult compare_elements(const std::string& what, const std::vector<float>& actual,
+                                                   const std::vector<double>& expected, double tolerance) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected " << expected.size();
+  }
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double a = actual[i], e = expected[i];
+    bool ok;
+    if (std::isnan(a) || std::isnan(e)) ok = false;
+    else if (std::isinf(e) || std::isinf(a)) ok = a == e;
+    else ok = std::fabs(a - e) <= tolerance * (1.0 + std::fabs(e));
+    if (!ok && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << bad << " of " << actual.size() << " elements off; first ["
+                                       << first << "] = " << actual[first] << ", expected " << expected[first]
+                                       << " (tolerance " << tolerance << " x (1 + |expected|))";
+}
+
+// ---- device tensors ----------------------------------------------------------------------------
+
+inline std::mt19937_64 rng_for(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : name) h = (h ^ uint8_t(ch)) * 1099511628211ull;
+  const char* env = std::getenv("SELFATTN_SIM_SEED");
+  return std::mt19937_64(h ^ (env ? std::strtoull(env, nullptr, 10) : 1) * 0x9E3779B97F4A7C15ull);
+}
+
+// Random values rounded to the dtype, as doubles and as device bytes ([batch, heads, seq, d] BHSD).
+struct Tensor {
+  DType dtype = DType::f32;
+  std::vector<double> values;
+  DeviceBuffer<unsigned char> device;
+  TensorView view;
+};
+
+inline Tensor random_tensor(Context& ctx, DType dtype, int batch, int heads, int seq, int d, std::mt19937_64& rng) {
+  Tensor t;
+  t.dtype = dtype;
+  const size_t count = size_t(batch) * heads * seq * d;
+  std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(dtype));
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  t.values.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    t.values[i] = round_to(dtype, uniform(rng));
+    store_element(host.data(), dtype, i, float(t.values[i]));
+  }
+  t.device = DeviceBuffer<unsigned char>(ctx, host.size(), "kv test tensor");
+  t.device.copy_from_host(host);
+  t.view = TensorView::bhsd(t.device.data(), dtype, batch, heads, seq, d);
+  return t;
+}
+
+// A poisoned (all 0xff bytes: NaN in every dtype) output of `count` elements.
+inline DeviceBuffer<unsigned char> poisoned(Context& ctx, DType dtype, size_t count) {
+  DeviceBuffer<unsigned char> buffer(ctx, std::max<size_t>(count, 1) * dtype_size(dtype), "kv test output");
+  buffer.fill_bytes(0xff);
+  return buffer;
+}
+
+inline std::vector<float> download(const DeviceBuffer<unsigned char>& buffer, DType dtype, size_t count) {
+  const std::vector<unsigned char> bytes = buffer.to_host();
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = load_element(bytes.data(), dtype, i);
+  return values;
+}
+
+// ---- a cache -----------------------------------------------------------------------------------
+
+struct CacheSpec {
+  DType dtype = DType::f16;
+  int batch = 1, kv_heads = 1, head_dim = 64;
+  bool paged = true;
+  bool head_major = true;     // pool [pages, kv_heads, page_size, d]; else [pages, page_size, kv_heads, d]
+  int page_size = 16;         // contiguous: the capacity
+  int max_pages_per_seq = 1;  // paged only
+  int extra_pages = 2;        // unused pages in the pool (paged)
+  bool shared_first_page = false;  // every sequence's first page is sequence 0's (a common prefix)
+  bool poison_unused = true;       // rows no sequence's length covers hold NaN (else random values)
+  std::vector<int32_t> lengths;
+
+  std::string name() const {
+    std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
+                    (paged ? "x" + std::to_string(max_pages_per_seq) : "") + (head_major ? " bhsd" : " bshd") +
+                    " kv" + std::to_string(kv_heads) + " d" + std::to_string(head_dim) + " len=[";
+    for (int32_t n : lengths) s += std::to_string(n) + ",";
+    return s + "]" + (shared_first_page ? " shared" : "");
+  }
+};
+
+// A cache in device memory and its image. Pool rows that no sequence's length covers hold NaN,
+// so a kernel that reads past a length is caught by the comparison.
+struct TestCache {
+  CacheSpec spec;
+  reference::KvCacheImage image;
+  DeviceBuffer<unsigned char> k, v;
+  DeviceBuffer<int32_t> block_table, lengths;
+  KvCache view;
+
+  size_t pool_elements() const { return size_t(image.num_pages) * image.kv_heads * image.page_size * image.head_dim; }
+  // Device element index of (page, head, row, e) in the pool's layout.
+  size_t device_index(int page, int head, int row, int e) const { return size_t(view.k.offset(page, head, row, e)); }
+};
+
+inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64& rng) {
+  TestCache c;
+  c.spec = spec;
+  reference::KvCacheImage& im = c.image;
+  im.batch = spec.batch;
+  im.kv_heads = spec.kv_heads;
+  im.head_dim = spec.head_dim;
+  im.page_size = spec.page_size;
+  im.max_pages_per_seq = spec.paged ? spec.max_pages_per_seq : 1;
+  im.num_pages = spec.paged ? spec.batch * spec.max_pages_per_seq + spec.extra_pages : spec.batch;
+  im.lengths = spec.lengths;
+  if (spec.paged) {
+    // Pages in shuffled order; with a shared prefix, every sequence's page 0 is sequence 0's.
+    std::vector<int32_t> pages(size_t(im.num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    im.block_table.assign(size_t(spec.batch) * im.max_pages_per_seq, 0);
+    for (size_t i = 0; i < im.block_table.size(); ++i) im.block_table[i] = pages[i];
+    if (spec.shared_first_page)
+      for (int b = 1; b < spec.batch; ++b) im.block_table[size_t(b) * im.max_pages_per_seq] = im.block_table[0];
+  }
+  const size_t count = size_t(im.num_pages) * im.kv_heads * im.page_size * im.head_dim;
+  const DType dtype = spec.dtype;
+  const int64_t pool_batch = im.num_pages, seq = im.page_size;
+  auto make_view = [&](void* data) {
+    return spec.head_major ? TensorView::bhsd(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim)
+                           : TensorView::bshd(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
+  };
+  // Which pool rows hold tokens.
+  std::vector<char> live(size_t(im.num_pages) * im.page_size, 0);
+  for (int b = 0; b < spec.batch; ++b)
+    for (int t = 0; t < im.length(b); ++t) {
+      const int page = im.page_of(b, t);
+      if (page >= 0) live[size_t(page) * im.page_size + size_t(t % im.page_size)] = 1;
+    }
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const TensorView layout = make_view(nullptr);
+  for (int which = 0; which < 2; ++which) {
+    std::vector<double>& image = which == 0 ? im.k : im.v;
+    image.assign(count, std::numeric_limits<double>::quiet_NaN());
+    std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(dtype), 0xff);
+    for (int page = 0; page < im.num_pages; ++page)
+      for (int h = 0; h < im.kv_heads; ++h)
+        for (int row = 0; row < im.page_size; ++row) {
+          if (spec.poison_unused && !live[size_t(page) * im.page_size + size_t(row)]) continue;
+          for (int e = 0; e < im.head_dim; ++e) {
+            const float value = round_to(dtype, uniform(rng));
+            image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] = value;
+            store_element(host.data(), dtype, size_t(layout.offset(page, h, row, e)), value);
+          }
+        }
+    DeviceBuffer<unsigned char>& device = which == 0 ? c.k : c.v;
+    device = DeviceBuffer<unsigned char>(ctx, host.size(), which == 0 ? "cache k" : "cache v");
+    device.copy_from_host(host);
+  }
+  c.lengths = DeviceBuffer<int32_t>(ctx, std::max<size_t>(im.lengths.size(), 1), "cache lengths");
+  if (!im.lengths.empty()) c.lengths.copy_from_host(im.lengths);
+  if (spec.paged) {
+    c.block_table = DeviceBuffer<int32_t>(ctx, im.block_table.size(), "block table");
+    c.block_table.copy_from_host(im.block_table);
+    c.view = KvCache::paged_pool(make_view(c.k.data()), make_view(c.v.data()), c.block_table.data(), spec.batch,
+                                 im.max_pages_per_seq, c.lengths.data());
+  } else {
+    c.view = KvCache::contiguous(make_view(c.k.data()), make_view(c.v.data()), c.lengths.data());
+  }
+  return c;
+}
+
+// The device pool read back into the image's layout (as the reference sees it).
+inline std::vector<double> download_pool(const TestCache& c, const DeviceBuffer<unsigned char>& device) {
+  const std::vector<unsigned char> bytes = device.to_host();
+  const reference::KvCacheImage& im = c.image;
+  std::vector<double> image(c.pool_elements());
+  for (int page = 0; page < im.num_pages; ++page)
+    for (int h = 0; h < im.kv_heads; ++h)
+      for (int row = 0; row < im.page_size; ++row)
+        for (int e = 0; e < im.head_dim; ++e)
+          image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
+              load_element(bytes.data(), c.spec.dtype, c.device_index(page, h, row, e));
+  return image;
+}
+
+// ---- rotary tables -----------------------------------------------------------------------------
+
+struct TestRotary {
+  reference::RotaryTable table;
+  DeviceBuffer<float> cos, sin;
+  Rotary view;
+};
+
+inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bool interleaved, std::mt19937_64& rng) {
+  TestRotary r;
+  r.table.max_position = max_position;
+  r.table.rotary_dim = rotary_dim;
+  r.table.interleaved = interleaved;
+  const size_t count = size_t(max_position) * (rotary_dim / 2);
+  std::vector<float> cos(count), sin(count);
+  std::uniform_real_distribution<float> angle(-3.14159f, 3.14159f);
+  for (size_t i = 0; i < count; ++i) {
+    const float a = angle(rng);
+    cos[i] = std::cos(a);
+    sin[i] = std::sin(a);
+  }
+  r.table.cos.assign(cos.begin(), cos.end());
+  r.table.sin.assign(sin.begin(), sin.end());
+  r.cos = DeviceBuffer<float>(ctx, count, "rotary cos");
+  r.sin = DeviceBuffer<float>(ctx, count, "rotary sin");
+  r.cos.copy_from_host(cos);
+  r.sin.copy_from_host(sin);
+  r.view = Rotary{r.cos.data(), r.sin.data(), max_position, rotary_dim, interleaved};
+  return r;
+}
+
+}  // namespace selfattn::kv_test

@@ -1,0 +1,537 @@
+// The KV-cache calls on the sim (kv_cache.h): attention over contiguous and paged caches on every
+// path, append_kv (across page boundaries, with rotary), merge_states, determinism across
+// schedules, every bad argument, and wrong device metadata (clamped, or named by validate_metadata).
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <selfattn_sim/sim.h>
+
+#include "kv_cache_check.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn {
+namespace {
+
+using namespace kv_test;
+
+struct AttendCase {
+  CacheSpec cache;
+  int heads = 1, seq_q = 1;
+  Causal causal = Causal::bottom_right;
+  bool with_lse = true;
+  std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
+
+  std::string name() const {
+    std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
+    if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
+    return s;
+  }
+};
+
+AttendCase attend(CacheSpec cache, int heads, int seq_q, Causal causal = Causal::bottom_right, bool with_lse = true) {
+  AttendCase c;
+  c.cache = std::move(cache);
+  c.heads = heads;
+  c.seq_q = seq_q;
+  c.causal = causal;
+  c.with_lse = with_lse;
+  return c;
+}
+
+reference::Problem problem_of(const AttendCase& c) {
+  reference::Problem p;
+  p.batch = c.cache.batch;
+  p.heads = c.heads;
+  p.kv_heads = c.cache.kv_heads;
+  p.seq_q = c.seq_q;
+  p.head_dim = c.cache.head_dim;
+  p.causal = c.causal;
+  return p;
+}
+
+// Runs attention_with_kv_cache on `cache` and compares out and lse with the reference.
+::testing::AssertionResult attend_and_check(Context& ctx, const AttendCase& c, const TestCache& cache, Path path,
+                                            std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
+  const DType dtype = c.cache.dtype;
+  const int batch = c.cache.batch, d = c.cache.head_dim;
+  Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng);
+  const size_t rows = size_t(batch) * c.heads * c.seq_q;
+  DeviceBuffer<unsigned char> out = poisoned(ctx, dtype, rows * d);
+  DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, rows);
+  KvAttentionOptions options;
+  options.path = path;
+  options.causal = c.causal;
+  if (c.with_lse) options.lse = reinterpret_cast<float*>(lse.data());
+  if (rotary) options.rotary = rotary->view;
+  attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
+                          options);
+  ctx.synchronize();
+  const reference::Result expected =
+      reference::attention_with_kv_cache(problem_of(c), q.values, cache.image, rotary ? &rotary->table : nullptr);
+  const std::string what = c.name() + " " + to_string(path);
+  ::testing::AssertionResult result =
+      compare_elements(what + " out", download(out, dtype, rows * d), expected.out, out_tolerance(dtype));
+  if (!result || !c.with_lse) return result;
+  return compare_elements(what + " lse", download(lse, DType::f32, rows), expected.lse,
+                          testing::lse_tolerance(dtype));
+}
+
+::testing::AssertionResult check_attend(Context& ctx, const AttendCase& c, Path path) {
+  std::mt19937_64 rng = rng_for(c.name() + to_string(path));
+  const TestCache cache = make_cache(ctx, c.cache, rng);
+  std::optional<TestRotary> rotary;
+  if (c.rotary) rotary = make_rotary(ctx, cache.image.capacity() + 3, c.rotary->first, c.rotary->second, rng);
+  return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
+}
+
+CacheSpec paged(DType dtype, int batch, int kv_heads, int head_dim, int page_size, int max_pages,
+                std::vector<int32_t> lengths, bool head_major = true) {
+  CacheSpec s;
+  s.dtype = dtype;
+  s.batch = batch;
+  s.kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.page_size = page_size;
+  s.max_pages_per_seq = max_pages;
+  s.lengths = std::move(lengths);
+  s.head_major = head_major;
+  return s;
+}
+
+CacheSpec contiguous(DType dtype, int batch, int kv_heads, int head_dim, int capacity, std::vector<int32_t> lengths,
+                     bool head_major) {
+  CacheSpec s = paged(dtype, batch, kv_heads, head_dim, capacity, 1, std::move(lengths), head_major);
+  s.paged = false;
+  return s;
+}
+
+const Path kPaths[] = {Path::naive, Path::cublas, Path::fused};
+
+// Cache lengths 0, 1, page_size - 1, page_size, page_size + 1 with page sizes 1, 16 and 256, shuffled
+// pages, both pool layouts, GQA 1/4/8, 1 and 7 new rows, head dims 64/128/256, every dtype.
+TEST(KvCacheAttention, PagedEveryPath) {
+  Context ctx;
+  std::vector<AttendCase> cases;
+  cases.push_back(attend(paged(DType::f32, 5, 1, 64, 16, 3, {0, 1, 15, 16, 17}), 4, 1));
+  cases.push_back(attend(paged(DType::f16, 5, 1, 128, 16, 3, {17, 16, 15, 1, 0}, false), 8, 7));
+  cases.push_back(attend(paged(DType::bf16, 4, 2, 64, 1, 20, {0, 1, 2, 19}), 2, 7));
+  cases.push_back(attend(paged(DType::f16, 4, 2, 64, 256, 2, {255, 256, 257, 1}, false), 8, 1));
+  cases.push_back(attend(paged(DType::bf16, 2, 1, 256, 16, 2, {9, 31}), 2, 3, Causal::none));
+  for (const AttendCase& c : cases)
+    for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+}
+
+TEST(KvCacheAttention, ContiguousAnyLayoutEveryPath) {
+  Context ctx;
+  std::vector<AttendCase> cases;
+  cases.push_back(attend(contiguous(DType::f16, 3, 2, 128, 40, {0, 33, 40}, false), 4, 7, Causal::none));
+  cases.push_back(attend(contiguous(DType::f32, 2, 1, 64, 20, {7, 20}, true), 2, 3));
+  cases.push_back(attend(contiguous(DType::bf16, 2, 4, 64, 17, {1, 16}, false), 4, 1, Causal::bottom_right, false));
+  for (const AttendCase& c : cases)
+    for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+}
+
+// Pages shared between sequences (a common first page) and appearing in any order.
+TEST(KvCacheAttention, SharedPrefixPages) {
+  Context ctx;
+  AttendCase c = attend(paged(DType::f16, 3, 2, 64, 16, 3, {16, 20, 40}), 4, 7);
+  c.cache.shared_first_page = true;
+  for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+}
+
+// Rotary on q (interleaved and half-split, full and partial rotary_dim).
+TEST(KvCacheAttention, RotaryOnQuery) {
+  Context ctx;
+  AttendCase interleaved = attend(paged(DType::f16, 2, 1, 64, 16, 3, {5, 33}), 4, 3);
+  interleaved.rotary = std::make_pair(64, true);
+  AttendCase half_split = attend(paged(DType::f32, 2, 2, 64, 16, 2, {1, 17}), 2, 7);
+  half_split.rotary = std::make_pair(32, false);
+  EXPECT_TRUE(check_attend(ctx, interleaved, Path::fused));
+  EXPECT_TRUE(check_attend(ctx, half_split, Path::naive));
+}
+
+// append_kv writes exactly the new tokens' rows (checked element by element against the reference,
+// every other byte of the pool unchanged), across page boundaries, and attention then sees them.
+::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,
+                                                    std::optional<std::pair<int, bool>> rotary_spec, Path path) {
+  AttendCase c = attend(spec, heads, seq_new);
+  c.rotary = rotary_spec;
+  const std::string name = "append " + c.name() + " new" + std::to_string(seq_new);
+  std::mt19937_64 rng = rng_for(name);
+  TestCache cache = make_cache(ctx, spec, rng);
+  std::optional<TestRotary> rotary;
+  if (rotary_spec) rotary = make_rotary(ctx, cache.image.capacity() + 3, rotary_spec->first, rotary_spec->second, rng);
+  Tensor k_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng);
+  Tensor v_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng);
+  DeviceBuffer<int32_t> updated(ctx, size_t(spec.batch), "updated lengths");
+  updated.fill_bytes(0xff);
+  const std::vector<unsigned char> k_before = cache.k.to_host(), v_before = cache.v.to_host();
+
+  AppendKvOptions options;
+  options.updated_lengths = updated.data();
+  if (rotary) options.rotary = rotary->view;
+  append_kv(ctx, cache.view, k_new.view, v_new.view, options);
+  ctx.synchronize();
+
+  reference::KvCacheImage expected = cache.image;
+  reference::append_kv(expected, k_new.values, v_new.values, seq_new, rotary ? &rotary->table : nullptr);
+  // Which pool rows the append targets.
+  std::vector<char> target(size_t(expected.num_pages) * expected.page_size, 0);
+  for (int b = 0; b < spec.batch; ++b)
+    for (int t = 0; t < seq_new; ++t) {
+      const int page = expected.page_of(b, expected.length(b) + t);
+      if (page >= 0) target[size_t(page) * expected.page_size + size_t((expected.length(b) + t) % expected.page_size)] = 1;
+    }
+  const size_t element = dtype_size(spec.dtype);
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<unsigned char>& before = which == 0 ? k_before : v_before;
+    const std::vector<unsigned char> after = (which == 0 ? cache.k : cache.v).to_host();
+    const std::vector<double>& image = which == 0 ? expected.k : expected.v;
+    std::vector<float> written;
+    std::vector<double> wanted;
+    for (int page = 0; page < expected.num_pages; ++page)
+      for (int h = 0; h < expected.kv_heads; ++h)
+        for (int row = 0; row < expected.page_size; ++row)
+          for (int e = 0; e < expected.head_dim; ++e) {
+            const size_t index = cache.device_index(page, h, row, e);
+            if (target[size_t(page) * expected.page_size + size_t(row)]) {
+              written.push_back(load_element(after.data(), spec.dtype, index));
+              wanted.push_back(image[expected.offset(page, h, row) + size_t(e)]);
+            } else if (std::memcmp(after.data() + index * element, before.data() + index * element, element) != 0) {
+              return ::testing::AssertionFailure() << name << ": cache " << (which ? "v" : "k") << " page " << page
+                                                   << " head " << h << " row " << row << " changed but is no new token's";
+            }
+          }
+    // Without rotary the copy is exact; rotary rounds once from fp32.
+    const double tolerance = rotary ? 2 * out_tolerance(spec.dtype) / 5 : 0.0;
+    ::testing::AssertionResult result = compare_elements(name + (which ? " v" : " k"), written, wanted, tolerance);
+    if (!result) return result;
+  }
+  const std::vector<int32_t> new_lengths = updated.to_host();
+  for (int b = 0; b < spec.batch; ++b) {
+    const int wanted = std::min(expected.length(b) + seq_new, expected.capacity());
+    if (new_lengths[size_t(b)] != wanted) {
+      return ::testing::AssertionFailure() << name << ": updated_lengths[" << b << "] = " << new_lengths[size_t(b)]
+                                           << ", expected " << wanted;
+    }
+  }
+  // Attend with the updated lengths over what the device wrote (the reference fed the rounded cache).
+  cache.image.k = download_pool(cache, cache.k);
+  cache.image.v = download_pool(cache, cache.v);
+  cache.image.lengths = new_lengths;
+  cache.view.lengths = updated.data();
+  return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
+}
+
+TEST(KvCacheAppend, AcrossPageBoundariesThenAttend) {
+  Context ctx;
+  // Lengths ending just before, on and after a page boundary; 7 new tokens cross it.
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f16, 4, 2, 64, 16, 3, {9, 15, 16, 0}), 4, 7, std::nullopt,
+                                       Path::fused));
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::bf16, 3, 1, 128, 16, 2, {0, 17, 31}, false), 8, 1,
+                                       std::nullopt, Path::naive));
+  // Page size 1: every token its own page.
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f32, 2, 2, 64, 1, 12, {0, 4}), 2, 7, std::nullopt,
+                                       Path::cublas));
+  // Contiguous, BSHD; the last sequence is full up to 3 slots: 4 of its 7 tokens are dropped.
+  EXPECT_TRUE(check_append_then_attend(ctx, contiguous(DType::f16, 2, 2, 64, 23, {3, 20}, false), 2, 7, std::nullopt,
+                                       Path::fused));
+}
+
+TEST(KvCacheAppend, RotaryOnKeysAndQueries) {
+  Context ctx;
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f16, 2, 2, 64, 16, 2, {14, 3}), 4, 7,
+                                       std::make_pair(64, true), Path::fused));
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f32, 2, 1, 64, 16, 2, {5, 16}), 2, 3,
+                                       std::make_pair(48, false), Path::naive));
+  EXPECT_TRUE(check_append_then_attend(ctx, contiguous(DType::bf16, 1, 1, 128, 20, {11}, true), 1, 1,
+                                       std::make_pair(128, false), Path::cublas));
+}
+
+// merge_states on two disjoint key sets: the two halves of a contiguous cache, attended separately
+// on the device and merged, against the reference's merge of the reference halves. Sequence 1 has no
+// key in part a (merged with a side of LSE -inf) and sequence 2 none at all (0 and -inf).
+TEST(KvCacheMerge, DisjointKeySetsAgainstReference) {
+  Context ctx;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (bool in_place : {false, true}) {
+      const int batch = 3, kv_heads = 2, heads = 4, d = 64, seq_q = 3, capacity = 40, split = 17;
+      const std::string name = std::string("merge ") + to_string(dtype) + (in_place ? " in place" : "");
+      std::mt19937_64 rng = rng_for(name);
+      CacheSpec spec = contiguous(dtype, batch, kv_heads, d, capacity, {capacity, capacity, 0}, true);
+      TestCache cache = make_cache(ctx, spec, rng);
+      Tensor q = random_tensor(ctx, dtype, batch, heads, seq_q, d, rng);
+      // Part a: rows [0, split) (lengths split, 0, 0); part b: rows [split, capacity) (a view that starts there).
+      const std::vector<int32_t> lengths_a = {split, 0, 0}, lengths_b = {capacity - split, capacity - split, 0};
+      DeviceBuffer<int32_t> a_lengths(ctx, 3, "lengths a"), b_lengths(ctx, 3, "lengths b");
+      a_lengths.copy_from_host(lengths_a);
+      b_lengths.copy_from_host(lengths_b);
+      KvCache part_a = cache.view, part_b = cache.view;
+      part_a.lengths = a_lengths.data();
+      part_b.lengths = b_lengths.data();
+      const size_t shift = size_t(split) * d * dtype_size(dtype);
+      part_b.k.data = static_cast<unsigned char*>(cache.k.data()) + shift;
+      part_b.v.data = static_cast<unsigned char*>(cache.v.data()) + shift;
+      part_b.k.shape[2] = part_b.v.shape[2] = capacity - split;
+      const size_t rows = size_t(batch) * heads * seq_q;
+      DeviceBuffer<unsigned char> out_a = poisoned(ctx, dtype, rows * d), out_b = poisoned(ctx, dtype, rows * d);
+      DeviceBuffer<float> lse_a(ctx, rows, "lse a"), lse_b(ctx, rows, "lse b");
+      const TensorView view_a = TensorView::bhsd(out_a.data(), dtype, batch, heads, seq_q, d);
+      const TensorView view_b = TensorView::bhsd(out_b.data(), dtype, batch, heads, seq_q, d);
+      KvAttentionOptions options;
+      options.causal = Causal::none;
+      options.lse = lse_a.data();
+      attention_with_kv_cache(ctx, q.view, part_a, view_a, options);
+      options.lse = lse_b.data();
+      attention_with_kv_cache(ctx, q.view, part_b, view_b, options);
+
+      DeviceBuffer<unsigned char> merged = poisoned(ctx, dtype, rows * d);
+      DeviceBuffer<float> merged_lse(ctx, rows, "merged lse");
+      merged_lse.fill_bytes(0xff);
+      const TensorView merged_view = in_place ? view_a : TensorView::bhsd(merged.data(), dtype, batch, heads, seq_q, d);
+      float* merged_lse_ptr = in_place ? lse_a.data() : merged_lse.data();
+      merge_states(ctx, view_a, lse_a.data(), view_b, lse_b.data(), merged_view, merged_lse_ptr);
+      ctx.synchronize();
+
+      reference::Problem problem;
+      problem.batch = batch;
+      problem.heads = heads;
+      problem.kv_heads = kv_heads;
+      problem.seq_q = seq_q;
+      problem.head_dim = d;
+      problem.causal = Causal::none;
+      reference::KvCacheImage image_a = cache.image, image_b = cache.image;
+      image_a.lengths = lengths_a;
+      // Part b as its own contiguous cache: rows [split, capacity) of each sequence.
+      image_b.page_size = capacity - split;
+      image_b.lengths = lengths_b;
+      image_b.k.clear();
+      image_b.v.clear();
+      for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < kv_heads; ++h)
+          for (int t = split; t < capacity; ++t)
+            for (int e = 0; e < d; ++e) {
+              image_b.k.push_back(cache.image.k[cache.image.offset(b, h, t) + size_t(e)]);
+              image_b.v.push_back(cache.image.v[cache.image.offset(b, h, t) + size_t(e)]);
+            }
+      const reference::Result expected =
+          reference::merge_states(reference::attention_with_kv_cache(problem, q.values, image_a),
+                                  reference::attention_with_kv_cache(problem, q.values, image_b), d);
+      EXPECT_TRUE(compare_elements(name + " out", download(in_place ? out_a : merged, dtype, rows * d), expected.out,
+                                   out_tolerance(dtype)));
+      const std::vector<float> lse = (in_place ? lse_a : merged_lse).to_host();
+      EXPECT_TRUE(compare_elements(name + " lse", lse, expected.lse, testing::lse_tolerance(dtype)));
+    }
+  }
+}
+
+// The same decode call under two sim schedules: bitwise-equal out and lse (no atomics, fixed order).
+std::vector<unsigned char> decode_once(Context& ctx, Path path, uint64_t schedule_seed) {
+  std::mt19937_64 rng(77);
+  const TestCache cache = make_cache(ctx, paged(DType::f16, 3, 2, 64, 16, 3, {1, 17, 40}), rng);
+  Tensor q = random_tensor(ctx, DType::f16, 3, 4, 7, 64, rng);
+  const size_t rows = 3 * 4 * 7;
+  DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, rows * 64);
+  DeviceBuffer<float> lse(ctx, rows, "lse");
+  sim::Options sim_options = sim::options();
+  const sim::Options saved = sim_options;
+  sim_options.seed = schedule_seed;
+  sim::set_options(sim_options);
+  KvAttentionOptions options;
+  options.path = path;
+  options.lse = lse.data();
+  attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), DType::f16, 3, 4, 7, 64), options);
+  ctx.synchronize();
+  sim::set_options(saved);
+  std::vector<unsigned char> bytes = out.to_host();
+  const std::vector<float> lse_host = lse.to_host();
+  const auto* lse_bytes = reinterpret_cast<const unsigned char*>(lse_host.data());
+  bytes.insert(bytes.end(), lse_bytes, lse_bytes + lse_host.size() * sizeof(float));
+  return bytes;
+}
+
+TEST(KvCacheDeterminism, BitwiseEqualUnderDifferentSchedules) {
+  Context ctx;
+  for (Path path : {Path::fused, Path::naive}) {
+    const std::vector<unsigned char> first = decode_once(ctx, path, 11), second = decode_once(ctx, path, 12345);
+    ASSERT_EQ(first.size(), second.size());
+    EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size()), 0) << to_string(path);
+  }
+}
+
+// ---- bad arguments: a clear InvalidArgument naming the argument, out and the cache untouched ----
+
+struct Call {
+  TensorView q, out, k_new, v_new;
+  KvCache cache;
+  KvAttentionOptions attend;
+  AppendKvOptions append;
+};
+
+struct BadArgumentFixture {
+  Context ctx;
+  std::mt19937_64 rng{5};
+  TestCache cache = make_cache(ctx, paged(DType::f16, 2, 2, 64, 16, 3, {5, 20}), rng);
+  Tensor q = random_tensor(ctx, DType::f16, 2, 4, 3, 64, rng);
+  Tensor k_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng);
+  Tensor v_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng);
+  DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 2 * 4 * 3 * 64);
+  DeviceBuffer<float> lse{ctx, 2 * 4 * 3, "lse"};
+  DeviceBuffer<int32_t> bad_lengths{ctx, 2, "bad lengths"}, bad_table{ctx, 6, "bad table"};
+  TestRotary rotary = make_rotary(ctx, 64, 64, true, rng);
+
+  Call valid() {
+    Call call;
+    call.q = q.view;
+    call.out = TensorView::bhsd(out.data(), DType::f16, 2, 4, 3, 64);
+    call.k_new = k_new.view;
+    call.v_new = v_new.view;
+    call.cache = cache.view;
+    call.attend.lse = lse.data();
+    return call;
+  }
+
+  // Runs `run` on a mutated valid call: it must throw InvalidArgument mentioning `expected`, and
+  // out and both pools must be byte-for-byte what they were.
+  void expect_rejected(const std::string& expected, const std::function<void(Call&)>& mutate,
+                       const std::function<void(Context&, const Call&)>& run) {
+    Call call = valid();
+    mutate(call);
+    const std::vector<unsigned char> out_before = out.to_host(), k_before = cache.k.to_host(), v_before = cache.v.to_host();
+    try {
+      run(ctx, call);
+      ctx.synchronize();
+      ADD_FAILURE() << "no exception; expected InvalidArgument naming " << expected;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "message: " << e.what();
+    }
+    EXPECT_TRUE(out.to_host() == out_before) << expected << ": out was written";
+    EXPECT_TRUE(cache.k.to_host() == k_before) << expected << ": cache k was written";
+    EXPECT_TRUE(cache.v.to_host() == v_before) << expected << ": cache v was written";
+  }
+};
+
+void run_attend(Context& ctx, const Call& call) { attention_with_kv_cache(ctx, call.q, call.cache, call.out, call.attend); }
+void run_append(Context& ctx, const Call& call) { append_kv(ctx, call.cache, call.k_new, call.v_new, call.append); }
+
+TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
+  BadArgumentFixture f;
+  f.bad_lengths.copy_from_host(std::vector<int32_t>{5, 49});
+  f.bad_table.copy_from_host(std::vector<int32_t>{0, 1, 2, 8, 3, 4});
+  const std::vector<std::pair<std::string, std::function<void(Call&)>>> cases = {
+      {"q.dtype", [](Call& c) { c.q.dtype = DType::bf16; }},
+      {"out.dtype", [](Call& c) { c.out.dtype = DType::f32; }},
+      {"q.shape[0]", [](Call& c) { c.q.shape[0] = 3; }},
+      {"q.shape[1] (heads)", [](Call& c) { c.q.shape[1] = 3; c.out.shape[1] = 3; }},
+      {"q.shape[3]", [](Call& c) { c.q.shape[3] = 32; }},
+      {"out.shape[2]", [](Call& c) { c.out.shape[2] = 2; }},
+      {"q.strides[3]", [](Call& c) { c.q.strides[3] = 2; }},
+      {"out expected not to overlap q", [](Call& c) { c.out.data = c.q.data; }},
+      {"cache.lengths expected non-null", [](Call& c) { c.cache.lengths = nullptr; }},
+      {"cache.max_pages_per_seq", [](Call& c) { c.cache.max_pages_per_seq = 0; }},
+      {"cache.batch", [](Call& c) { c.cache.batch = -1; }},
+      {"cache.v.shape[0]", [](Call& c) { c.cache.v.shape[0] -= 1; }},
+      {"cache.v.dtype", [](Call& c) { c.cache.v.dtype = DType::f32; }},
+      {"cache.k.shape[2] (page_size)", [](Call& c) { c.cache.k.shape[2] = c.cache.v.shape[2] = 0; }},
+      {"cache.v expected not to overlap cache.k", [](Call& c) { c.cache.v.data = c.cache.k.data; }},
+      {"options.causal", [](Call& c) { c.attend.causal = Causal::top_left; }},
+      {"options.scale", [](Call& c) { c.attend.scale = std::numeric_limits<float>::infinity(); }},
+      {"options.num_splits", [](Call& c) { c.attend.num_splits = -1; }},
+      {"options.lse expected not to overlap out", [](Call& c) { c.attend.lse = static_cast<float*>(c.out.data); }},
+      {"options.rotary.rotary_dim", [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->rotary_dim = 7; }},
+      {"options.rotary.cos", [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->cos = nullptr; }},
+      {"options.rotary.max_position", [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->max_position = 0; }},
+      {"cache.lengths[1] expected <= 48",
+       [&](Call& c) { c.cache.lengths = f.bad_lengths.data(); c.attend.validate_metadata = true; }},
+      {"cache.block_table[1][0] expected a page in [0, 8)",
+       [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.attend.validate_metadata = true; }},
+      {"cache.batch expected 8 (cache.k.shape[0], a contiguous cache)", [](Call& c) { c.cache.block_table = nullptr; }},
+  };
+  for (const auto& [expected, mutate] : cases) f.expect_rejected(expected, mutate, run_attend);
+}
+
+TEST(KvCacheArguments, AppendRejectsEachBadArgument) {
+  BadArgumentFixture f;
+  f.bad_lengths.copy_from_host(std::vector<int32_t>{46, 0});
+  f.bad_table.copy_from_host(std::vector<int32_t>{0, 1, 2, -1, 3, 4});
+  const std::vector<std::pair<std::string, std::function<void(Call&)>>> cases = {
+      {"k_new.dtype", [](Call& c) { c.k_new.dtype = DType::bf16; }},
+      {"k_new.shape[1] (kv_heads)", [](Call& c) { c.k_new.shape[1] = 1; }},
+      {"k_new.shape[0] (batch)", [](Call& c) { c.k_new.shape[0] = 1; }},
+      {"v_new.shape[2]", [](Call& c) { c.v_new.shape[2] = 2; }},
+      {"k_new expected not to overlap cache.k", [](Call& c) { c.k_new.data = c.cache.k.data; }},
+      {"options.updated_lengths expected not to overlap cache.lengths",
+       [](Call& c) { c.append.updated_lengths = const_cast<int32_t*>(c.cache.lengths); }},
+      {"options.rotary.rotary_dim", [&](Call& c) { c.append.rotary = f.rotary.view; c.append.rotary->rotary_dim = 66; }},
+      {"cache.lengths[0] expected <= 45 (capacity 48 - seq_new 3)",
+       [&](Call& c) { c.cache.lengths = f.bad_lengths.data(); c.append.validate_metadata = true; }},
+      {"cache.block_table[1][0] expected a page in [0, 8)",
+       [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.append.validate_metadata = true; }},
+  };
+  for (const auto& [expected, mutate] : cases) f.expect_rejected(expected, mutate, run_append);
+}
+
+TEST(KvCacheArguments, MergeRejectsEachBadArgument) {
+  Context ctx;
+  std::mt19937_64 rng(9);
+  Tensor a = random_tensor(ctx, DType::f16, 1, 2, 3, 8, rng), b = random_tensor(ctx, DType::f16, 1, 2, 3, 8, rng);
+  DeviceBuffer<float> lse_a(ctx, 6, "lse a"), lse_b(ctx, 6, "lse b"), lse_out(ctx, 6, "lse out");
+  DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 48);
+  const TensorView out_view = TensorView::bhsd(out.data(), DType::f16, 1, 2, 3, 8);
+  auto expect = [&](const std::string& expected, TensorView out_a, const float* la, TensorView out_b, const float* lb,
+                    TensorView o, float* lo) {
+    const std::vector<unsigned char> before = out.to_host();
+    try {
+      merge_states(ctx, out_a, la, out_b, lb, o, lo);
+      ADD_FAILURE() << "no exception; expected InvalidArgument naming " << expected;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "message: " << e.what();
+    }
+    EXPECT_TRUE(out.to_host() == before) << expected;
+  };
+  TensorView wrong_shape = b.view;
+  wrong_shape.shape[3] = 4;
+  TensorView wrong_dtype = out_view;
+  wrong_dtype.dtype = DType::bf16;
+  expect("out_b.shape[3]", a.view, lse_a.data(), wrong_shape, lse_b.data(), out_view, lse_out.data());
+  expect("out.dtype", a.view, lse_a.data(), b.view, lse_b.data(), wrong_dtype, lse_out.data());
+  expect("lse_a expected non-null", a.view, nullptr, b.view, lse_b.data(), out_view, lse_out.data());
+  expect("out expected not to overlap out_b", a.view, lse_a.data(), b.view, lse_b.data(), b.view, lse_out.data());
+  expect("lse_out expected not to overlap lse_b", a.view, lse_a.data(), b.view, lse_b.data(), out_view, lse_b.data());
+}
+
+// Wrong device metadata without validate_metadata: lengths past the capacity or negative, block
+// table entries outside the pool. The kernels clamp: nothing outside the buffers is touched (the
+// sim's guard zones would fail the launch), and every output is finite.
+TEST(KvCacheMetadata, WrongEntriesAreClampedNotFollowed) {
+  Context ctx;
+  std::mt19937_64 rng(3);
+  CacheSpec spec = paged(DType::f16, 3, 2, 64, 16, 2, {5, 9, 20});
+  spec.poison_unused = false;  // wrong lengths reach rows no sequence owns: they must be finite here
+  TestCache cache = make_cache(ctx, spec, rng);
+  cache.lengths.copy_from_host(std::vector<int32_t>{-7, 1 << 30, 20});
+  cache.block_table.copy_from_host(std::vector<int32_t>{-1, 999, INT_MAX, 0, 1, INT_MIN});
+  Tensor q = random_tensor(ctx, DType::f16, 3, 4, 3, 64, rng);
+  Tensor k_new = random_tensor(ctx, DType::f16, 3, 2, 5, 64, rng);
+  for (Path path : kPaths) {
+    DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 3 * 4 * 3 * 64);
+    KvAttentionOptions options;
+    options.path = path;
+    attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), DType::f16, 3, 4, 3, 64), options);
+    ctx.synchronize();
+    for (float value : download(out, DType::f16, 3 * 4 * 3 * 64)) {
+      ASSERT_TRUE(std::isfinite(value)) << to_string(path);
+    }
+  }
+  AppendKvOptions options;
+  append_kv(ctx, cache.view, k_new.view, k_new.view, options);
+  ctx.synchronize();
+}
+
+}  // namespace
+}  // namespace selfattn

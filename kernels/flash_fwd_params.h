@@ -33,6 +33,7 @@ struct FlashFwdParams {
   const int32_t* cu_seqlens_k;  // [batch + 1]; set exactly when cu_seqlens_q is
 
   int seq_q, seq_k;  // padded batches: the lengths; varlen: unused (the cu_seqlens give them)
+  int total_q, total_k;  // varlen: rows of the packed q/out and k/v views (cu_seqlens are clamped to them)
   int head_dim;      // the tensor-core kernel's instance fixes it; the SIMT kernel reads it
   int heads_per_kv_head;  // GQA group size: head h reads kv head h / heads_per_kv_head
   float scale_log2;       // softmax scale * log2(e): scores go straight into exp2

@@ -24,13 +24,22 @@ struct FlashSequence {
   int k_len;
 };
 
+__host__ __device__ inline int32_t flash_clamp_row(int32_t row, int32_t low, int32_t high) {
+  return row < low ? low : (row > high ? high : row);
+}
+
 __host__ __device__ inline FlashSequence flash_sequence(const FlashFwdParams& p, int batch) {
   FlashSequence s;
   if (p.cu_seqlens_q != nullptr) {
-    s.q_row_start = p.cu_seqlens_q[batch];
-    s.q_len = int(p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch]);
-    s.k_row_start = p.cu_seqlens_k[batch];
-    s.k_len = int(p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch]);
+    // cu_seqlens are device data nobody checked: each sequence's rows are clamped into the views
+    // ([0, total_q) of q/out/lse, [0, total_k) of k/v), so a wrong entry gives a wrong (possibly
+    // empty) sequence but no access outside them.
+    const int32_t q_begin = flash_clamp_row(p.cu_seqlens_q[batch], 0, p.total_q);
+    const int32_t k_begin = flash_clamp_row(p.cu_seqlens_k[batch], 0, p.total_k);
+    s.q_row_start = q_begin;
+    s.q_len = flash_clamp_row(p.cu_seqlens_q[batch + 1], q_begin, p.total_q) - q_begin;
+    s.k_row_start = k_begin;
+    s.k_len = flash_clamp_row(p.cu_seqlens_k[batch + 1], k_begin, p.total_k) - k_begin;
   } else {
     s.q_row_start = 0;
     s.k_row_start = 0;

@@ -113,6 +113,8 @@ kernels::FlashFwdParams make_params(const AttentionCall& call) {
   p.cu_seqlens_k = call.cu_seqlens_k;
   p.seq_q = call.seq_q;
   p.seq_k = call.seq_k;
+  p.total_q = int(call.q.seq());
+  p.total_k = int(call.k.seq());
   p.head_dim = call.head_dim;
   p.heads_per_kv_head = call.heads / call.kv_heads;
   p.scale_log2 = float(double(call.scale) * 1.4426950408889634);

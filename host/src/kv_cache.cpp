@@ -7,6 +7,7 @@
 // bottom-right alignment of new rows at the end of each sequence. Nothing reads device metadata on
 // the host unless validate_metadata asks, so the calls are graph-safe once the workspace is warm.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "kernel_args.h"
@@ -76,6 +77,135 @@ kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// q rotated at positions lengths[b] - seq_q + i (its rows are the last seq_q tokens of the sequence).
+void rotate_query(ContextState& state, const TensorView& q, const TensorView& rotated, const int32_t* lengths,
+                  const Rotary& rotary) {
+  const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, q.dtype);
+  kernels::RotaryRowsParams params{};
+  params.in = q.data;
+  params.out = rotated.data;
+  params.in_stride_batch = q.strides[0];
+  params.in_stride_head = q.strides[1];
+  params.in_stride_row = q.strides[2];
+  params.out_stride_batch = rotated.strides[0];
+  params.out_stride_head = rotated.strides[1];
+  params.out_stride_row = rotated.strides[2];
+  params.seq = int(q.seq());
+  params.head_dim = int(q.head_dim());
+  params.lengths = lengths;
+  params.position_offset = -int(q.seq());
+  params.rotary = rotary_tables(rotary);
+  state.device->launch(rotate.kernel, rows_grid(rotate, q.seq(), q.heads(), q.batch()), &params);
+}
+
+// ---- split-KV decode (the fused path) ----
+
+// SMs the split heuristic fills: the H200's 132 (the device's own count is not queried, so that a
+// call never touches the driver; the override is options.num_splits).
+constexpr int kAssumedMultiprocessors = 132;
+constexpr int kKeysPerSplitTile = 32;   // decode_split_kv's key tile
+constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in combine than it saves
+constexpr int kMaxAutomaticSplits = 64;
+
+DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
+  if (state.device->backend() == Backend::sim)
+    return kernels::sim_target::decode_split_kv_instance(detail::element_of(dtype), head_dim);
+#if SELFATTN_HAVE_CUDA
+  return kernels::cuda_target::decode_split_kv_instance(detail::element_of(dtype), head_dim);
+#else
+  return DecodeKernel{};
+#endif
+}
+
+// Whether this call runs the split-KV kernel: path fused, or automatic where the kernel takes the
+// head_dim; an explicit fused path that cannot run throws NotAvailable before anything is written.
+bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape) {
+  if (path != Path::fused && path != Path::automatic) return false;
+  const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape.head_dim);
+  const char* reason = !kernel.kernel                        ? "this build has no split-KV decode kernel for the backend"
+                       : shape.head_dim > kernel.max_head_dim ? "head_dim above 256 needs the naive or cublas path"
+                                                              : nullptr;
+  if (reason == nullptr) return true;
+  if (path == Path::fused) throw NotAvailable(std::string("attention_with_kv_cache: path fused: ") + reason);
+  return false;
+}
+
+int64_t group_row_blocks(const TensorView& q, const CacheShape& shape, const DecodeKernel& kernel) {
+  const int64_t group_rows = q.heads() / shape.kv_heads * q.seq();
+  return (group_rows + kernel.rows_per_block - 1) / kernel.rows_per_block;
+}
+
+// Enough (sequence, kv head, row block, split) blocks for two waves, each split at least
+// kMinTilesPerSplit key tiles of the capacity (the lengths are device data, not read here).
+int choose_splits(int requested, const TensorView& q, const CacheShape& shape, const DecodeKernel& kernel) {
+  if (requested > 0) return requested;
+  const int64_t blocks = int64_t(shape.batch) * shape.kv_heads * group_row_blocks(q, shape, kernel);
+  const int64_t wanted = (2 * kAssumedMultiprocessors + blocks - 1) / blocks;
+  const int64_t tiles = (int64_t(shape.capacity) + kKeysPerSplitTile - 1) / kKeysPerSplitTile;
+  const int64_t most = std::max<int64_t>(1, tiles / kMinTilesPerSplit);
+  return int(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxAutomaticSplits));
+}
+
+size_t partial_bytes(int splits, const TensorView& q) {
+  if (splits <= 1) return 0;
+  const size_t rows = size_t(q.batch()) * size_t(q.heads()) * size_t(q.seq());
+  return aligned(size_t(splits) * rows * size_t(q.head_dim()) * sizeof(float)) + aligned(size_t(splits) * rows * sizeof(float));
+}
+
+void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
+                  const CacheShape& shape, const TensorView& out, float* lse, float scale, Causal causal, int splits,
+                  unsigned char* work) {
+  kernels::DecodeSplitKvParams params{};
+  params.cache = pages_view(cache, shape);
+  params.q = q.data;
+  params.out = out.data;
+  params.q_stride_batch = q.strides[0];
+  params.q_stride_head = q.strides[1];
+  params.q_stride_row = q.strides[2];
+  params.out_stride_batch = out.strides[0];
+  params.out_stride_head = out.strides[1];
+  params.out_stride_row = out.strides[2];
+  params.lse = lse;
+  params.rows = q.batch() * q.heads() * q.seq();
+  params.partial_out = splits > 1 ? reinterpret_cast<float*>(work) : nullptr;
+  params.partial_lse = splits > 1 ? reinterpret_cast<float*>(
+                                        work + aligned(size_t(splits) * size_t(params.rows) * size_t(q.head_dim()) * sizeof(float)))
+                                  : nullptr;
+  params.heads = int(q.heads());
+  params.seq_q = int(q.seq());
+  params.head_dim = shape.head_dim;
+  params.heads_per_kv = int(q.heads()) / shape.kv_heads;
+  params.num_splits = splits;
+  params.row_blocks = int(group_row_blocks(q, shape, kernel));
+  params.scale_log2 = float(double(scale) * 1.4426950408889634);
+  params.causal = detail::causal_mask_of(causal);
+  kernels::LaunchShape launch;
+  launch.grid = dim3(unsigned(int64_t(splits) * params.row_blocks), unsigned(shape.kv_heads), unsigned(shape.batch));
+  launch.block = dim3(unsigned(kernel.threads));
+  launch.dynamic_smem_bytes = kernel.smem_bytes;
+  state.device->launch(kernel.kernel, launch, &params);
+  if (splits == 1) return;  // the block wrote out and lse itself
+
+  const DecodeKernel combine = SELFATTN_DECODE_KERNEL(state, decode_combine_instance, q.dtype);
+  kernels::DecodeCombineParams merge{};
+  merge.partial_out = params.partial_out;
+  merge.partial_lse = params.partial_lse;
+  merge.out = out.data;
+  merge.out_stride_batch = out.strides[0];
+  merge.out_stride_head = out.strides[1];
+  merge.out_stride_row = out.strides[2];
+  merge.lse = lse;
+  merge.rows = params.rows;
+  merge.heads = params.heads;
+  merge.seq_q = params.seq_q;
+  merge.head_dim = params.head_dim;
+  merge.num_splits = splits;
+  kernels::LaunchShape combine_launch;
+  combine_launch.grid = dim3(unsigned(params.rows));
+  combine_launch.block = dim3(unsigned(combine.threads));
+  state.device->launch(combine.kernel, combine_launch, &merge);
+}
+
 }  // namespace
 
 void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
@@ -125,36 +255,34 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
     return;
   }
 
-  // Workspace: gathered K and V, then the rotated q when asked.
+  // The fused path is the split-KV decode kernel, read straight from the cache; the others gather.
+  const bool split_kv = use_split_kv(state, options.path, shape);
+  const DecodeKernel split_kernel = split_kv ? split_kv_kernel(state, q.dtype, shape.head_dim) : DecodeKernel{};
+  const int splits = split_kv ? choose_splits(options.num_splits, q, shape, split_kernel) : 0;
+  // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V.
   const size_t element = dtype_size(q.dtype);
-  const size_t kv_bytes = aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim * element);
   const size_t q_bytes = options.rotary ? aligned(size_t(q.numel()) * element) : 0;
+  const size_t kv_bytes = aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim * element);
+  const size_t work_bytes = split_kv ? partial_bytes(splits, q) : 2 * kv_bytes;
   auto* workspace = static_cast<unsigned char*>(state.workspace.reserve(
-      2 * kv_bytes + q_bytes, "attention_with_kv_cache's gathered K/V", detail::WorkspaceSlot::projections));
-  const TensorView k = TensorView::bhsd(workspace, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
-  const TensorView v = TensorView::bhsd(workspace + kv_bytes, q.dtype, shape.batch, shape.kv_heads, shape.capacity,
-                                        shape.head_dim);
+      q_bytes + work_bytes, "attention_with_kv_cache (rotated q, split partials or gathered K/V)",
+      detail::WorkspaceSlot::projections));
+
   TensorView q_used = q;
   if (options.rotary) {
-    q_used = TensorView::bhsd(workspace + 2 * kv_bytes, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
-    const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, q.dtype);
-    kernels::RotaryRowsParams params{};
-    params.in = q.data;
-    params.out = q_used.data;
-    params.in_stride_batch = q.strides[0];
-    params.in_stride_head = q.strides[1];
-    params.in_stride_row = q.strides[2];
-    params.out_stride_batch = q_used.strides[0];
-    params.out_stride_head = q_used.strides[1];
-    params.out_stride_row = q_used.strides[2];
-    params.seq = int(q.seq());
-    params.head_dim = int(q.head_dim());
-    params.lengths = cache.lengths;
-    params.position_offset = -int(q.seq());  // new rows are the last seq_q tokens of each sequence
-    params.rotary = rotary_tables(options.rotary);
-    state.device->launch(rotate.kernel, rows_grid(rotate, q.seq(), q.heads(), q.batch()), &params);
+    q_used = TensorView::bhsd(workspace, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
+    rotate_query(state, q, q_used, cache.lengths, *options.rotary);
+  }
+  unsigned char* work = workspace + q_bytes;
+  if (split_kv) {
+    const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
+    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal, splits, work);
+    return;
   }
 
+  const TensorView k = TensorView::bhsd(work, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
+  const TensorView v = TensorView::bhsd(work + kv_bytes, q.dtype, shape.batch, shape.kv_heads, shape.capacity,
+                                        shape.head_dim);
   const DecodeKernel gather = SELFATTN_DECODE_KERNEL(state, kv_gather_instance, q.dtype);
   kernels::KvGatherParams params{};
   params.cache = pages_view(cache, shape);

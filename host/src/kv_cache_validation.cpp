@@ -173,7 +173,9 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   if (options.scale && !std::isfinite(*options.scale)) {
     fail(function, "options.scale expected a finite number, got " + std::to_string(*options.scale));
   }
-  if (options.num_splits < 0) fail(function, "options.num_splits expected >= 0, got " + str(options.num_splits));
+  if (options.num_splits < 0 || options.num_splits > 4096) {
+    fail(function, "options.num_splits expected 0 (automatic) to 4096, got " + str(options.num_splits));
+  }
   check_rotary(function, "options.rotary", options.rotary, shape.head_dim);
 
   const ByteRange out_range = byte_range(out);

@@ -1,6 +1,7 @@
 #pragma once
 // Parameters of the KV-cache kernels (kernels/decode/). Plain data, the same for nvcc and the host
 // compiler. Strides are in elements; head_dim's stride is 1.
+#include <cstddef>
 #include <cstdint>
 
 #include "../launch.h"
@@ -84,11 +85,46 @@ struct MergeStatesParams {
   int64_t rows;
 };
 
+// decode_split_kv: attention of the new query rows over a cache, the keys of each (sequence, kv
+// head) split into num_splits ranges (flash-decoding). The query heads sharing a kv head are one
+// group of heads_per_kv * seq_q rows, processed together so each K/V element is read once per kv
+// head. grid (num_splits * row_blocks, kv_heads, batch). With one split the block writes out/lse
+// itself; otherwise each split writes its normalised partial O and LSE to fp32 workspace and
+// decode_combine merges them.
+struct DecodeSplitKvParams {
+  KvPagesView cache;
+  const void* q;
+  void* out;
+  int64_t q_stride_batch, q_stride_head, q_stride_row;
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  float* lse;            // [batch, heads, seq_q] or null
+  float* partial_out;    // [num_splits, rows, head_dim] (rows = batch * heads * seq_q), fp32
+  float* partial_lse;    // [num_splits, rows]
+  int64_t rows;
+  int heads, seq_q, head_dim, heads_per_kv;
+  int num_splits, row_blocks;
+  float scale_log2;      // softmax scale * log2(e)
+  CausalMask causal;     // none or bottom_right, against each sequence's length
+};
+
+// decode_combine: out and lse of each row from its num_splits partial results. grid (rows).
+struct DecodeCombineParams {
+  const float* partial_out;
+  const float* partial_lse;
+  void* out;
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  float* lse;  // or null
+  int64_t rows;
+  int heads, seq_q, head_dim, num_splits;
+};
+
 // One kernel instance with the block size the host launches it with.
 struct DecodeKernel {
   KernelRef kernel;
   int threads = 0;
   int rows_per_block = 0;
+  size_t smem_bytes = 0;  // dynamic shared memory
+  int max_head_dim = 0;   // decode_split_kv: the largest head_dim it takes
 };
 
 }  // namespace selfattn::kernels

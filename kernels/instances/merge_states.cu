@@ -8,11 +8,11 @@ DecodeKernel merge_states_instance(Element element) {
   using Traits = MergeStatesTraits;
   switch (element) {
     case Element::f32:
-      return {make_kernel_ref<MergeStatesParams, merge_states_kernel<float>>("merge_states<f32>"), Traits::kThreads, 1};
+      return {make_kernel_ref<MergeStatesParams, merge_states_kernel<float>>("merge_states<f32>"), Traits::kThreads, 1, 0, 0};
     case Element::f16:
-      return {make_kernel_ref<MergeStatesParams, merge_states_kernel<__half>>("merge_states<f16>"), Traits::kThreads, 1};
+      return {make_kernel_ref<MergeStatesParams, merge_states_kernel<__half>>("merge_states<f16>"), Traits::kThreads, 1, 0, 0};
     case Element::bf16:
-      return {make_kernel_ref<MergeStatesParams, merge_states_kernel<__nv_bfloat16>>("merge_states<bf16>"), Traits::kThreads, 1};
+      return {make_kernel_ref<MergeStatesParams, merge_states_kernel<__nv_bfloat16>>("merge_states<bf16>"), Traits::kThreads, 1, 0, 0};
   }
   return {};
 }

@@ -25,10 +25,12 @@ struct AttendCase {
   Causal causal = Causal::bottom_right;
   bool with_lse = true;
   std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
+  int num_splits = 0;                          // fused path: 0 automatic
 
   std::string name() const {
     std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
+    if (num_splits) s += " splits" + std::to_string(num_splits);
     return s;
   }
 };
@@ -66,6 +68,7 @@ reference::Problem problem_of(const AttendCase& c) {
   KvAttentionOptions options;
   options.path = path;
   options.causal = c.causal;
+  options.num_splits = c.num_splits;
   if (c.with_lse) options.lse = reinterpret_cast<float*>(lse.data());
   if (rotary) options.rotary = rotary->view;
   attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
@@ -153,6 +156,23 @@ TEST(KvCacheAttention, RotaryOnQuery) {
   half_split.rotary = std::make_pair(32, false);
   EXPECT_TRUE(check_attend(ctx, interleaved, Path::fused));
   EXPECT_TRUE(check_attend(ctx, half_split, Path::naive));
+}
+
+// The split-KV kernel (the fused path): one split, 3, more splits than key tiles (empty ones),
+// automatic; lengths 0 and ones that end inside a tile; query groups larger than one block's rows
+// (8 heads x 7 rows per kv head).
+TEST(KvCacheSplitKv, SplitCountsMergeExactly) {
+  Context ctx;
+  for (int splits : {1, 3, 64, 0}) {
+    for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+      AttendCase c = attend(paged(dtype, 5, 1, 64, 16, 7, {0, 1, 33, 95, 112}), 8, 7);
+      c.num_splits = splits;
+      EXPECT_TRUE(check_attend(ctx, c, Path::fused));
+    }
+    AttendCase wide = attend(contiguous(DType::f16, 2, 2, 128, 70, {70, 9}, false), 4, 1, Causal::none);
+    wide.num_splits = splits;
+    EXPECT_TRUE(check_attend(ctx, wide, Path::fused));
+  }
 }
 
 // append_kv writes exactly the new tokens' rows (checked element by element against the reference,
@@ -330,7 +350,7 @@ TEST(KvCacheMerge, DisjointKeySetsAgainstReference) {
   }
 }
 
-// The same decode call under two sim schedules: bitwise-equal out and lse (no atomics, fixed order).
+// The same decode call (3 splits on the fused path) under two sim schedules: bitwise-equal out and lse (no atomics, fixed order).
 std::vector<unsigned char> decode_once(Context& ctx, Path path, uint64_t schedule_seed) {
   std::mt19937_64 rng(77);
   const TestCache cache = make_cache(ctx, paged(DType::f16, 3, 2, 64, 16, 3, {1, 17, 40}), rng);
@@ -345,6 +365,7 @@ std::vector<unsigned char> decode_once(Context& ctx, Path path, uint64_t schedul
   KvAttentionOptions options;
   options.path = path;
   options.lse = lse.data();
+  options.num_splits = path == Path::fused ? 3 : 0;  // partials and the combine too
   attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), DType::f16, 3, 4, 7, 64), options);
   ctx.synchronize();
   sim::set_options(saved);

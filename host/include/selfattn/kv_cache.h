@@ -115,8 +115,9 @@ struct KvAttentionOptions {
   float* lse = nullptr;        // device fp32 [batch, heads, seq_q], natural log; -inf for a row without keys
   // Applied to q (at positions lengths[b] - seq_q + i) before attending; the cache is read as it is.
   std::optional<Rotary> rotary;
-  // Fused path only: key-range splits per (sequence, kv head); 0 lets the library choose.
-  // (Reserved for the split-KV decode kernel; today every path gathers and runs its own kernels.)
+  // Fused path only: the key range of each (sequence, kv head) is split over this many blocks
+  // (flash-decoding), 0..4096; 0 lets the library choose from the work and the GPU's size.
+  // More splits than key tiles is allowed (the extra splits are empty and weigh nothing).
   int num_splits = 0;
   // As in AppendKvOptions (checks lengths[b] <= capacity and the pages lengths[b] uses).
   bool validate_metadata = false;
@@ -125,10 +126,17 @@ struct KvAttentionOptions {
 // out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),
 // after the new tokens were appended (append_kv). q, out: [batch, heads, seq_q, head_dim], the
 // cache's dtype; heads a multiple of the cache's kv_heads (GQA/MQA). A sequence with length 0
-// gives rows of 0 and LSE -inf. The naive and cublas paths (and, for now, fused) copy the
-// sequences' K/V into the context's workspace (the slot self_attention uses for its projections),
-// so workspace_limit must cover batch * kv_heads * capacity * head_dim * 2 elements plus the
-// path's own scores.
+// gives rows of 0 and LSE -inf. Paths:
+//   fused (and automatic, for head_dim <= 256): the split-KV decode kernel reads the cache in
+//     place; the query heads sharing a kv head are processed together, so each K/V element is read
+//     once per kv head. SIMT with fp32 arithmetic for every dtype (tensor cores are future work).
+//     Any page size works; pages of 32 tokens or more keep a key tile within one page.
+//     Workspace: num_splits * batch * heads * seq_q * (head_dim + 1) floats when num_splits > 1.
+//   naive, cublas (and automatic above head_dim 256): the sequences' K/V are copied into the
+//     workspace (batch * kv_heads * capacity * head_dim * 2 elements) and the path runs on them
+//     as on a padded batch with key lengths.
+// The workspace used is the slot self_attention keeps its projections in (plus, for naive and
+// cublas, the path's own scores), and a rotated q when options.rotary is set.
 void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
                              const KvAttentionOptions& options = {});
 

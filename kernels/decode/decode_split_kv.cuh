@@ -1,0 +1,149 @@
+#pragma once
+// Split-KV decode attention (flash-decoding), SIMT with fp32 arithmetic for every dtype: a block
+// takes up to kRows query rows of one (sequence, kv head) group - the heads_per_kv query heads
+// that share the kv head, times seq_q new rows - and one of num_splits ranges of the sequence's
+// keys. It streams the range through shared memory in tiles of kKeys keys read straight from the
+// cache (pages resolved per key by kv_pages.cuh, clamped), and keeps an online softmax per row:
+// warp w owns rows w * kRowsPerWarp + j, lane n scores key n of the tile, and each lane
+// accumulates head_dim / 32 columns of O.
+//
+// Split s covers key tiles [s * per_split, (s + 1) * per_split) of the sequence's length, with
+// per_split = ceil(tiles / num_splits): a split past the last tile (more splits than tiles, or a
+// length of 0) is empty and writes LSE -inf and O = 0, which the combine weighs as nothing.
+#include <cmath>
+#include <cstdint>
+
+#include "../causal_mask.cuh"
+#include "../common/primitives.cuh"
+#include "../simt_tile.cuh"
+#include "kv_cache_params.h"
+#include "kv_pages.cuh"
+
+SELFATTN_KERNELS_BEGIN
+
+struct DecodeSplitKvTraits {
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRows = 16;  // query rows per block (a whole GQA group of 8 heads x 2 rows)
+  static constexpr int kRowsPerWarp = kRows / kWarps;
+  static constexpr int kKeys = 32;  // one key per lane
+  static constexpr int kMaxHeadDim = 256;
+  static constexpr int kColsPerLane = kMaxHeadDim / 32;
+  // Shared memory in floats: Q [kRows][d], K [kKeys][d + 1] (the +1 spreads lane n's row n over
+  // banks), V [kKeys][d], P [kRows][kKeys].
+  __host__ __device__ static constexpr size_t smem_bytes(int head_dim) {
+    return (size_t(kRows) * head_dim + size_t(kKeys) * (head_dim + 1) + size_t(kKeys) * head_dim +
+            size_t(kRows) * kKeys) * sizeof(float);
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv_kernel(const DecodeSplitKvParams p) {
+  using Traits = DecodeSplitKvTraits;
+  constexpr int RW = Traits::kRowsPerWarp, N = Traits::kKeys, C = Traits::kColsPerLane;
+  const int split = int(blockIdx.x) % p.num_splits, row_block = int(blockIdx.x) / p.num_splits;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int d = p.head_dim, group_rows = p.heads_per_kv * p.seq_q;
+  const int row0 = row_block * Traits::kRows;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+
+  const int length = kv_length(p.cache, b);
+  const int tiles = (length + N - 1) / N;
+  const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  const int key_begin = split * per_split * N;
+  const int key_end = key_begin + per_split * N < length ? key_begin + per_split * N : length;
+
+  float* q_s = dynamic_smem<float>();
+  float* k_s = q_s + Traits::kRows * d;
+  float* v_s = k_s + N * (d + 1);
+  float* p_s = v_s + N * d;
+
+  // Q rows of the group (row g: query head kv_head * heads_per_kv + g / seq_q, new row g % seq_q);
+  // rows past the group are zero and never stored.
+  const T* q = static_cast<const T*>(p.q);
+  for (int i = threadIdx.x; i < Traits::kRows * d; i += Traits::kThreads) {
+    const int g = row0 + i / d, e = i % d;
+    float value = 0.0f;
+    if (g < group_rows) {
+      const int head = kv_head * p.heads_per_kv + g / p.seq_q;
+      value = to_float(q[int64_t(b) * p.q_stride_batch + int64_t(head) * p.q_stride_head +
+                         int64_t(g % p.seq_q) * p.q_stride_row + e]);
+    }
+    q_s[i] = value;
+  }
+
+  int visible[RW];
+  float row_max[RW], row_sum[RW], acc[RW][C];
+  for (int j = 0; j < RW; ++j) {
+    const int g = row0 + warp * RW + j;
+    visible[j] = g < group_rows ? visible_keys(g % p.seq_q, p.seq_q, length, p.causal) : 0;
+    row_max[j] = -INFINITY;
+    row_sum[j] = 0.0f;
+    for (int c = 0; c < C; ++c) acc[j][c] = 0.0f;
+  }
+
+  const T* k_cache = static_cast<const T*>(p.cache.k);
+  const T* v_cache = static_cast<const T*>(p.cache.v);
+  for (int key0 = key_begin; key0 < key_end; key0 += N) {
+    __syncthreads();  // the previous tile's K and V are no longer read (and Q is written)
+    for (int i = threadIdx.x; i < N * d; i += Traits::kThreads) {
+      const int n = i / d, e = i % d, key = key0 + n;
+      const int page = key < key_end ? kv_page_of(p.cache, b, key) : -1;
+      k_s[n * (d + 1) + e] = page >= 0 ? to_float(k_cache[kv_k_offset(p.cache, page, kv_head, key) + e]) : 0.0f;
+      v_s[n * d + e] = page >= 0 ? to_float(v_cache[kv_v_offset(p.cache, page, kv_head, key) + e]) : 0.0f;
+    }
+    __syncthreads();
+
+    for (int j = 0; j < RW; ++j) {
+      const int r = warp * RW + j;
+      const int key = key0 + lane;
+      float score = -INFINITY;
+      if (key < key_end && key < visible[j]) {
+        float dot = 0.0f;
+        for (int e = 0; e < d; ++e) dot = fmaf(q_s[r * d + e], k_s[lane * (d + 1) + e], dot);
+        score = dot * p.scale_log2;
+      }
+      const float tile_max = warp_reduce_max<32>(score);
+      if (tile_max == -INFINITY) continue;  // warp-uniform: no key of this tile for this row
+      const float new_max = fmaxf(row_max[j], tile_max);
+      const float rescale = exp2f(row_max[j] - new_max);  // 0 on the row's first keys
+      const float weight = exp2f(score - new_max);        // 0 for masked keys
+      row_sum[j] = row_sum[j] * rescale + warp_reduce_sum<32>(weight);
+      row_max[j] = new_max;
+      p_s[r * N + lane] = weight;
+      __syncwarp();
+      for (int c = 0; c < C; ++c) {
+        const int col = lane + 32 * c;
+        if (col >= d) break;
+        float o = acc[j][c] * rescale;
+        for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * d + col], o);
+        acc[j][c] = o;
+      }
+      __syncwarp();  // P of row r is read by every lane before the next tile rewrites it
+    }
+  }
+
+  for (int j = 0; j < RW; ++j) {
+    const int g = row0 + warp * RW + j;
+    if (g >= group_rows) continue;
+    const int head = kv_head * p.heads_per_kv + g / p.seq_q, i = g % p.seq_q;
+    const int64_t row = (int64_t(b) * p.heads + head) * p.seq_q + i;
+    const bool any = row_sum[j] > 0.0f;
+    const float lse = any ? (row_max[j] + log2f(row_sum[j])) * 0.6931471805599453f : -INFINITY;
+    const float inverse = any ? 1.0f / row_sum[j] : 0.0f;
+    if (p.num_splits == 1) {
+      T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
+               int64_t(i) * p.out_stride_row;
+      for (int c = 0; c < C; ++c)
+        if (lane + 32 * c < d) out[lane + 32 * c] = from_float<T>(acc[j][c] * inverse);
+      if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+    } else {
+      float* out = p.partial_out + (int64_t(split) * p.rows + row) * d;
+      for (int c = 0; c < C; ++c)
+        if (lane + 32 * c < d) out[lane + 32 * c] = acc[j][c] * inverse;
+      if (lane == 0) p.partial_lse[int64_t(split) * p.rows + row] = lse;
+    }
+  }
+}
+
+SELFATTN_KERNELS_END

@@ -1,0 +1,40 @@
+// Instances of decode/decode_split_kv.cuh and decode/decode_combine.cuh, one per element type.
+#include "../decode/decode_combine.cuh"
+#include "../decode/decode_split_kv.cuh"
+#include "../registry.h"
+
+SELFATTN_KERNELS_BEGIN
+
+namespace {
+template <class T>
+DecodeKernel split_kv(const char* name, int head_dim) {
+  using Traits = DecodeSplitKvTraits;
+  DecodeKernel kernel{make_kernel_ref<DecodeSplitKvParams, decode_split_kv_kernel<T>>(name), Traits::kThreads,
+                      Traits::kRows, Traits::smem_bytes(head_dim), Traits::kMaxHeadDim};
+  return kernel;
+}
+template <class T>
+DecodeKernel combine(const char* name) {
+  return {make_kernel_ref<DecodeCombineParams, decode_combine_kernel<T>>(name), DecodeCombineTraits::kThreads, 1, 0, 0};
+}
+}  // namespace
+
+DecodeKernel decode_split_kv_instance(Element element, int head_dim) {
+  switch (element) {
+    case Element::f32: return split_kv<float>("decode_split_kv<f32>", head_dim);
+    case Element::f16: return split_kv<__half>("decode_split_kv<f16>", head_dim);
+    case Element::bf16: return split_kv<__nv_bfloat16>("decode_split_kv<bf16>", head_dim);
+  }
+  return {};
+}
+
+DecodeKernel decode_combine_instance(Element element) {
+  switch (element) {
+    case Element::f32: return combine<float>("decode_combine<f32>");
+    case Element::f16: return combine<__half>("decode_combine<f16>");
+    case Element::bf16: return combine<__nv_bfloat16>("decode_combine<bf16>");
+  }
+  return {};
+}
+
+SELFATTN_KERNELS_END

@@ -2,6 +2,7 @@
 // launches run the kernel's sim build on the SIMT engine, GEMMs run on the CPU. Everything is
 // synchronous, so "async" work is already done when the call returns.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -9,9 +10,25 @@
 #include <selfattn_sim/sim.h>
 
 #include "device.h"
+#include "sim_capture_scope.h"
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
+
+namespace {
+std::atomic<int> capture_scopes{0};
+
+// Throws when a SimCaptureScope is open: `what` could not be part of a captured CUDA graph.
+void refuse_during_capture(const char* what) {
+  if (capture_scopes.load() > 0) {
+    throw BackendError(std::string("sim: ") + what + " inside a SimCaptureScope (not allowed in CUDA graph capture)");
+  }
+}
+}  // namespace
+
+SimCaptureScope::SimCaptureScope() { ++capture_scopes; }
+SimCaptureScope::~SimCaptureScope() { --capture_scopes; }
+
 namespace {
 
 class SimDevice final : public Device {
@@ -27,6 +44,7 @@ class SimDevice final : public Device {
   void* stream() const override { return nullptr; }
 
   void* allocate(size_t bytes, const char* label) override {
+    refuse_during_capture("allocate");
     if (bytes == 0) return nullptr;
     try {
       return sim::device_alloc(bytes, label);
@@ -37,6 +55,8 @@ class SimDevice final : public Device {
   }
 
   void deallocate(void* ptr) noexcept override {
+    // Not refused in a SimCaptureScope (noexcept): the library frees only when the workspace grows,
+    // and growing allocates, which is refused.
     if (ptr == nullptr) return;
     try {
       sim::device_free(ptr);
@@ -47,7 +67,8 @@ class SimDevice final : public Device {
 
   // Copies, fills and GEMMs write device memory from the host, outside any launch: check the guard
   // zones right after them too, so an overrun is blamed on the call that made it.
-  void copy(void* dst, const void* src, size_t bytes, bool) override {
+  void copy(void* dst, const void* src, size_t bytes, bool async) override {
+    if (!async) refuse_during_capture("synchronous copy");
     if (bytes > 0) std::memmove(dst, src, bytes);
     check_guards_after("copy");
   }
@@ -57,7 +78,7 @@ class SimDevice final : public Device {
     check_guards_after("fill");
   }
 
-  void synchronize() override {}
+  void synchronize() override { refuse_during_capture("synchronize"); }
 
   void launch(const kernels::KernelRef& kernel, const kernels::LaunchShape& shape, const void* params) override {
     if (kernel.sim_entry == nullptr) {

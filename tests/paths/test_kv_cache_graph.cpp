@@ -1,0 +1,115 @@
+// Graph-friendliness of the KV-cache calls on the sim: once the context's workspace is warm,
+// append_kv, attention_with_kv_cache (every path) and merge_states run inside a SimCaptureScope,
+// where the sim device refuses synchronous copies (host reads of device data), allocations and
+// stream synchronisation - what a CUDA graph capture cannot contain - and give the same bytes as
+// outside it. The calls documented as not graph-safe are refused there.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kv_cache_check.h"
+#include "selfattn/selfattn.h"
+#include "sim_capture_scope.h"
+
+namespace selfattn {
+namespace {
+
+using namespace kv_test;
+
+struct DecodeStep {
+  Context ctx;
+  std::mt19937_64 rng{21};
+  TestCache cache;
+  Tensor q, k_new, v_new;
+  DeviceBuffer<int32_t> updated{ctx, 3, "updated lengths"};
+  DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 3 * 4 * 2 * 64);
+  DeviceBuffer<unsigned char> merged = poisoned(ctx, DType::f16, 3 * 4 * 2 * 64);
+  DeviceBuffer<float> lse{ctx, 3 * 4 * 2, "lse"}, merged_lse{ctx, 3 * 4 * 2, "merged lse"};
+
+  DecodeStep() {
+    CacheSpec spec;
+    spec.dtype = DType::f16;
+    spec.batch = 3;
+    spec.kv_heads = 2;
+    spec.head_dim = 64;
+    spec.page_size = 16;
+    spec.max_pages_per_seq = 4;
+    spec.lengths = {0, 17, 40};
+    cache = make_cache(ctx, spec, rng);
+    q = random_tensor(ctx, DType::f16, 3, 4, 2, 64, rng);
+    k_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng);
+    v_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng);
+  }
+
+  TensorView out_view(DeviceBuffer<unsigned char>& buffer) {
+    return TensorView::bhsd(buffer.data(), DType::f16, 3, 4, 2, 64);
+  }
+
+  // One layer's decode step: append the new tokens (the updated lengths go to a second array),
+  // attend with those lengths, merge the result with itself (a stand-in for a cascade's parts).
+  void run(Path path) {
+    AppendKvOptions append;
+    append.updated_lengths = updated.data();
+    append_kv(ctx, cache.view, k_new.view, v_new.view, append);
+    KvCache after = cache.view;
+    after.lengths = updated.data();
+    KvAttentionOptions options;
+    options.path = path;
+    options.lse = lse.data();
+    options.num_splits = 3;
+    attention_with_kv_cache(ctx, q.view, after, out_view(out), options);
+    merge_states(ctx, out_view(out), lse.data(), out_view(out), lse.data(), out_view(merged), merged_lse.data());
+  }
+
+  std::vector<unsigned char> results() {
+    std::vector<unsigned char> bytes = out.to_host(), more = merged.to_host();
+    bytes.insert(bytes.end(), more.begin(), more.end());
+    return bytes;
+  }
+};
+
+TEST(KvCacheGraph, WarmDecodeStepMakesNoSyncNoAllocation) {
+  for (Path path : {Path::fused, Path::naive, Path::cublas}) {
+    DecodeStep step;
+    step.run(path);  // grows the workspace
+    step.ctx.synchronize();
+    const std::vector<unsigned char> outside = step.results();
+    step.out.fill_bytes(0xff);
+    step.merged.fill_bytes(0xff);
+    {
+      detail::SimCaptureScope capture;
+      EXPECT_NO_THROW(step.run(path)) << to_string(path);
+    }
+    step.ctx.synchronize();
+    EXPECT_TRUE(step.results() == outside) << to_string(path) << ": different bytes inside the scope";
+  }
+}
+
+// The scope does refuse: a cold context allocates its workspace, validate_metadata reads the
+// metadata back, and attention_varlen on the naive path reads cu_seqlens back.
+TEST(KvCacheGraph, ScopeRefusesWhatIsNotGraphSafe) {
+  DecodeStep step;
+  {
+    detail::SimCaptureScope capture;
+    EXPECT_THROW(step.run(Path::fused), BackendError);  // the workspace is not grown yet
+  }
+  step.run(Path::fused);
+  KvAttentionOptions options;
+  options.validate_metadata = true;
+  DeviceBuffer<int32_t> cu(step.ctx, 2, "cu_seqlens");
+  cu.copy_from_host(std::vector<int32_t>{0, 2});
+  AttentionOptions naive;
+  naive.path = Path::naive;
+  const TensorView q1 = TensorView::bhsd(step.q.device.data(), DType::f16, 1, 4, 2, 64);
+  const TensorView k1 = TensorView::bhsd(step.k_new.device.data(), DType::f16, 1, 2, 2, 64);
+  const TensorView v1 = TensorView::bhsd(step.v_new.device.data(), DType::f16, 1, 2, 2, 64);
+  const TensorView out1 = TensorView::bhsd(step.out.data(), DType::f16, 1, 4, 2, 64);
+  detail::SimCaptureScope capture;
+  EXPECT_THROW(attention_with_kv_cache(step.ctx, step.q.view, step.cache.view, step.out_view(step.out), options),
+               BackendError);
+  EXPECT_THROW(attention_varlen(step.ctx, q1, k1, v1, out1, cu.data(), cu.data(), 1, 2, 2, naive),
+               BackendError);
+}
+
+}  // namespace
+}  // namespace selfattn

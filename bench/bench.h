@@ -124,6 +124,19 @@ Ceilings measure_ceilings(selfattn::Context& ctx);
 // L2 size in bytes (0 on the sim): sizes the rotation of input copies.
 size_t device_l2_bytes(selfattn::Context& ctx);
 
+// decode.cpp: --mode decode, attention_with_kv_cache over a paged cache (bytes-per-second rates).
+struct DecodeSweep {
+  std::vector<int> batches, cache_lengths, page_sizes;
+  std::vector<int> new_tokens{1};
+  int heads = 32, kv_heads = 8, head_dim = 128;
+  DType dtype = DType::bf16;
+  int splits = 0;  // 0: the library's heuristic
+  std::vector<Path> paths{Path::fused, Path::cublas, Path::naive};
+};
+DecodeSweep default_decode_sweep(Backend backend);
+// Prints one line per case; returns 1 when a case threw (other than a too small workspace).
+int run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings, const Ceilings& ceilings);
+
 // report.cpp
 struct RunHeader {
   std::string backend, gpu, library_version, git_commit, command_line;

@@ -69,6 +69,9 @@ int main(int argc, char** argv) {
   double tolerance = 0;
   std::string json_file, csv_file;
   bool no_ceilings = false;
+  std::string mode = "attention";
+  std::vector<int> cache_len, page_size, new_tokens;
+  int splits = 0;
 
   app.add_option("--backend", backend_word, "cuda or sim (default: $SELFATTN_BACKEND, else cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cuda", "sim"}));
@@ -100,6 +103,16 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed calls per case (default 30 on cuda, 3 on sim)")->check(CLI::PositiveNumber);
   app.add_option("--json", json_file, "write the results as JSON (schema: bench/README.md)");
   app.add_option("--csv", csv_file, "write the results as CSV");
+  app.add_option("--mode", mode, "attention (default) or decode: attention_with_kv_cache over a paged cache")
+      ->check(CLI::IsMember({"attention", "decode"}));
+  app.add_option("--cache-len", cache_len, "decode: tokens per sequence in the cache (default 1k,4k,16k,32k on cuda)")
+      ->delimiter(',')->check(CLI::PositiveNumber)->option_text("N,...")->group("Decode (--mode decode)");
+  app.add_option("--page-size", page_size, "decode: tokens per page (default 16,64 on cuda)")
+      ->delimiter(',')->check(CLI::PositiveNumber)->option_text("N,...")->group("Decode (--mode decode)");
+  app.add_option("--new-tokens", new_tokens, "decode: query rows per sequence (default 1)")
+      ->delimiter(',')->check(CLI::PositiveNumber)->option_text("N,...")->group("Decode (--mode decode)");
+  app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
+      ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
   try {
     app.parse(argc, argv);
@@ -125,6 +138,35 @@ int main(int argc, char** argv) {
   settings.warmup = warmup >= 0 ? warmup : (on_cuda ? 5 : 1);
   settings.iters = iters > 0 ? iters : (on_cuda ? 30 : 3);
   if (app.count("--tolerance")) settings.tolerance = tolerance;
+
+  if (mode == "decode") {
+    sb::DecodeSweep decode = sb::default_decode_sweep(backend);
+    if (!batch.empty()) decode.batches = batch;
+    if (!heads.empty()) decode.heads = heads.front();
+    if (!kv_heads.empty()) decode.kv_heads = kv_heads.front();
+    if (!head_dim.empty()) decode.head_dim = head_dim.front();
+    if (!dtype_words.empty()) decode.dtype = kDTypes.at(dtype_words.front());
+    if (!cache_len.empty()) decode.cache_lengths = cache_len;
+    if (!page_size.empty()) decode.page_sizes = page_size;
+    if (!new_tokens.empty()) decode.new_tokens = new_tokens;
+    decode.splits = splits;
+    try {
+      if (!path_words.empty()) decode.paths = parse_paths(path_words);
+    } catch (const CLI::Error& e) {
+      app.exit(e);
+      return 2;
+    }
+    sb::Ceilings ceilings;
+    if (on_cuda && !no_ceilings) {
+      try {
+        ceilings = sb::measure_ceilings(*ctx);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "selfattn-bench: ceilings not measured: %s\n", e.what());
+      }
+    }
+    if (!on_cuda) std::fprintf(stderr, "selfattn-bench: backend sim: times are the CPU simulator's wall clock.\n");
+    return sb::run_decode(*ctx, decode, settings, ceilings);
+  }
 
   // The sweep: the default one, with any list given on the command line replacing its counterpart.
   sb::Sweep sweep = sb::default_sweep(backend);

@@ -4,8 +4,8 @@
 // that share the kv head, times seq_q new rows - and one of num_splits ranges of the sequence's
 // keys. It streams the range through shared memory in tiles of kKeys keys read straight from the
 // cache (pages resolved per key by kv_pages.cuh, clamped), and keeps an online softmax per row:
-// warp w owns rows w * kRowsPerWarp + j, lane n scores key n of the tile, and each lane
-// accumulates head_dim / 32 columns of O.
+// warp w owns rows j * kWarps + w (so the 4 rows of a GQA-4 decode group keep every warp busy),
+// lane n scores key n of the tile, and each lane accumulates head_dim / 32 columns of O.
 //
 // Split s covers key tiles [s * per_split, (s + 1) * per_split) of the sequence's length, with
 // per_split = ceil(tiles / num_splits): a split past the last tile (more splits than tiles, or a
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   int visible[RW];
   float row_max[RW], row_sum[RW], acc[RW][C];
   for (int j = 0; j < RW; ++j) {
-    const int g = row0 + warp * RW + j;
+    const int g = row0 + j * Traits::kWarps + warp;
     visible[j] = g < group_rows ? visible_keys(g % p.seq_q, p.seq_q, length, p.causal) : 0;
     row_max[j] = -INFINITY;
     row_sum[j] = 0.0f;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     __syncthreads();
 
     for (int j = 0; j < RW; ++j) {
-      const int r = warp * RW + j;
+      const int r = j * Traits::kWarps + warp;
       const int key = key0 + lane;
       float score = -INFINITY;
       if (key < key_end && key < visible[j]) {
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   }
 
   for (int j = 0; j < RW; ++j) {
-    const int g = row0 + warp * RW + j;
+    const int g = row0 + j * Traits::kWarps + warp;
     if (g >= group_rows) continue;
     const int head = kv_head * p.heads_per_kv + g / p.seq_q, i = g % p.seq_q;
     const int64_t row = (int64_t(b) * p.heads + head) * p.seq_q + i;

@@ -1,5 +1,5 @@
 #pragma once
-// Building blocks of the KV-cache tests (test_kv_cache.cpp on the sim): a cache in device memory
+// Building blocks of the KV-cache tests (test_kv_cache.cpp on the sim, test_kv_cache_gpu.cpp): a cache in device memory
 // with its double-precision image for selfattn::reference, random rounded tensors, and the one
 // per-element comparison every check goes through (compare_elements: swap it in one place when the
 // shared harness derives tolerances from a low-precision reference).
@@ -256,6 +256,102 @@ inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bo
   r.sin.copy_from_host(sin);
   r.view = Rotary{r.cos.data(), r.sin.data(), max_position, rotary_dim, interleaved};
   return r;
+}
+
+// ---- one attention call against the reference ------------------------------------------------
+
+struct AttendCase {
+  CacheSpec cache;
+  int heads = 1, seq_q = 1;
+  Causal causal = Causal::bottom_right;
+  bool with_lse = true;
+  std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
+  int num_splits = 0;                          // fused path: 0 automatic
+
+  std::string name() const {
+    std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
+    if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
+    if (num_splits) s += " splits" + std::to_string(num_splits);
+    return s;
+  }
+};
+
+inline AttendCase attend(CacheSpec cache, int heads, int seq_q, Causal causal = Causal::bottom_right, bool with_lse = true) {
+  AttendCase c;
+  c.cache = std::move(cache);
+  c.heads = heads;
+  c.seq_q = seq_q;
+  c.causal = causal;
+  c.with_lse = with_lse;
+  return c;
+}
+
+inline reference::Problem problem_of(const AttendCase& c) {
+  reference::Problem p;
+  p.batch = c.cache.batch;
+  p.heads = c.heads;
+  p.kv_heads = c.cache.kv_heads;
+  p.seq_q = c.seq_q;
+  p.head_dim = c.cache.head_dim;
+  p.causal = c.causal;
+  return p;
+}
+
+// Runs attention_with_kv_cache on `cache` and compares out and lse with the reference.
+inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCase& c, const TestCache& cache, Path path,
+                                            std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
+  const DType dtype = c.cache.dtype;
+  const int batch = c.cache.batch, d = c.cache.head_dim;
+  Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng);
+  const size_t rows = size_t(batch) * c.heads * c.seq_q;
+  DeviceBuffer<unsigned char> out = poisoned(ctx, dtype, rows * d);
+  DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, rows);
+  KvAttentionOptions options;
+  options.path = path;
+  options.causal = c.causal;
+  options.num_splits = c.num_splits;
+  if (c.with_lse) options.lse = reinterpret_cast<float*>(lse.data());
+  if (rotary) options.rotary = rotary->view;
+  attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
+                          options);
+  ctx.synchronize();
+  const reference::Result expected =
+      reference::attention_with_kv_cache(problem_of(c), q.values, cache.image, rotary ? &rotary->table : nullptr);
+  const std::string what = c.name() + " " + to_string(path);
+  ::testing::AssertionResult result =
+      compare_elements(what + " out", download(out, dtype, rows * d), expected.out, out_tolerance(dtype));
+  if (!result || !c.with_lse) return result;
+  return compare_elements(what + " lse", download(lse, DType::f32, rows), expected.lse,
+                          testing::lse_tolerance(dtype));
+}
+
+inline ::testing::AssertionResult check_attend(Context& ctx, const AttendCase& c, Path path) {
+  std::mt19937_64 rng = rng_for(c.name() + to_string(path));
+  const TestCache cache = make_cache(ctx, c.cache, rng);
+  std::optional<TestRotary> rotary;
+  if (c.rotary) rotary = make_rotary(ctx, cache.image.capacity() + 3, c.rotary->first, c.rotary->second, rng);
+  return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
+}
+
+inline CacheSpec paged(DType dtype, int batch, int kv_heads, int head_dim, int page_size, int max_pages,
+                std::vector<int32_t> lengths, bool head_major = true) {
+  CacheSpec s;
+  s.dtype = dtype;
+  s.batch = batch;
+  s.kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.page_size = page_size;
+  s.max_pages_per_seq = max_pages;
+  s.lengths = std::move(lengths);
+  s.head_major = head_major;
+  return s;
+}
+
+inline CacheSpec contiguous(DType dtype, int batch, int kv_heads, int head_dim, int capacity, std::vector<int32_t> lengths,
+                     bool head_major) {
+  CacheSpec s = paged(dtype, batch, kv_heads, head_dim, capacity, 1, std::move(lengths), head_major);
+  s.paged = false;
+  return s;
 }
 
 }  // namespace selfattn::kv_test

@@ -152,6 +152,16 @@ size_t partial_bytes(int splits, const TensorView& q) {
   return aligned(size_t(splits) * rows * size_t(q.head_dim()) * sizeof(float)) + aligned(size_t(splits) * rows * sizeof(float));
 }
 
+// Whether every row of the view starts on 16 bytes and holds whole 16-byte chunks (the split-KV
+// kernel then stages K/V with 16-byte loads).
+bool rows_on_16_bytes(const TensorView& view) {
+  const int64_t element = int64_t(dtype_size(view.dtype));
+  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0 || (view.head_dim() * element) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if ((view.strides[i] * element) % 16 != 0) return false;
+  return true;
+}
+
 void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
                   const CacheShape& shape, const TensorView& out, float* lse, float scale, Causal causal, int splits,
                   unsigned char* work) {
@@ -179,6 +189,7 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   params.row_blocks = int(group_row_blocks(q, shape, kernel));
   params.scale_log2 = float(double(scale) * 1.4426950408889634);
   params.causal = detail::causal_mask_of(causal);
+  params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);
   kernels::LaunchShape launch;
   launch.grid = dim3(unsigned(int64_t(splits) * params.row_blocks), unsigned(shape.kv_heads), unsigned(shape.batch));
   launch.block = dim3(unsigned(kernel.threads));

@@ -12,6 +12,7 @@
 // length of 0) is empty and writes LSE -inf and O = 0, which the combine weighs as nothing.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "../causal_mask.cuh"
 #include "../common/primitives.cuh"
@@ -29,13 +30,49 @@ struct DecodeSplitKvTraits {
   static constexpr int kKeys = 32;  // one key per lane
   static constexpr int kMaxHeadDim = 256;
   static constexpr int kColsPerLane = kMaxHeadDim / 32;
-  // Shared memory in floats: Q [kRows][d], K [kKeys][d + 1] (the +1 spreads lane n's row n over
-  // banks), V [kKeys][d], P [kRows][kKeys].
+  // Shared memory: fp32 Q [kRows][d], K [kKeys][d + 1] (the +1 spreads lane n's row n over
+  // banks), V [kKeys][d], P [kRows][kKeys] (an even number of floats in all: 80 d + 544), then the
+  // tile's K and V row offsets, int64 [kKeys] each.
+  __host__ __device__ static constexpr size_t smem_floats(int head_dim) {
+    return size_t(kRows) * head_dim + size_t(kKeys) * (head_dim + 1) + size_t(kKeys) * head_dim + size_t(kRows) * kKeys;
+  }
   __host__ __device__ static constexpr size_t smem_bytes(int head_dim) {
-    return (size_t(kRows) * head_dim + size_t(kKeys) * (head_dim + 1) + size_t(kKeys) * head_dim +
-            size_t(kRows) * kKeys) * sizeof(float);
+    return smem_floats(head_dim) * sizeof(float) + 2 * size_t(kKeys) * sizeof(int64_t);
   }
 };
+
+// Stages one tile's K and V rows as fp32 (rows without a page as zeros), from the row offsets
+// resolved once per key: 16-byte loads when `vectors` (the host checked that every row starts on
+// 16 bytes and head_dim fills whole 16-byte chunks), else one element per load.
+template <class T>
+__device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, const int64_t* k_rows,
+                                         const int64_t* v_rows, int d, bool vectors, float* k_s, float* v_s) {
+  constexpr int N = DecodeSplitKvTraits::kKeys, kThreads = DecodeSplitKvTraits::kThreads;
+  if (vectors) {
+    constexpr int V = 16 / int(sizeof(T));
+    const int chunks = d / V;
+    for (int i = threadIdx.x; i < N * chunks; i += kThreads) {
+      const int n = i / chunks, e0 = (i % chunks) * V;
+      T k_values[V], v_values[V];
+      if (k_rows[n] >= 0) {
+        const uint4 k_raw = *reinterpret_cast<const uint4*>(k_cache + k_rows[n] + e0);
+        const uint4 v_raw = *reinterpret_cast<const uint4*>(v_cache + v_rows[n] + e0);
+        memcpy(static_cast<void*>(k_values), &k_raw, 16);
+        memcpy(static_cast<void*>(v_values), &v_raw, 16);
+      }
+      for (int t = 0; t < V; ++t) {
+        k_s[n * (d + 1) + e0 + t] = k_rows[n] >= 0 ? to_float(k_values[t]) : 0.0f;
+        v_s[n * d + e0 + t] = k_rows[n] >= 0 ? to_float(v_values[t]) : 0.0f;
+      }
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < N * d; i += kThreads) {
+    const int n = i / d, e = i % d;
+    k_s[n * (d + 1) + e] = k_rows[n] >= 0 ? to_float(k_cache[k_rows[n] + e]) : 0.0f;
+    v_s[n * d + e] = k_rows[n] >= 0 ? to_float(v_cache[v_rows[n] + e]) : 0.0f;
+  }
+}
 
 template <class T>
 __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv_kernel(const DecodeSplitKvParams p) {
@@ -57,6 +94,8 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   float* k_s = q_s + Traits::kRows * d;
   float* v_s = k_s + N * (d + 1);
   float* p_s = v_s + N * d;
+  int64_t* k_rows = reinterpret_cast<int64_t*>(q_s + Traits::smem_floats(d));
+  int64_t* v_rows = k_rows + N;
 
   // Q rows of the group (row g: query head kv_head * heads_per_kv + g / seq_q, new row g % seq_q);
   // rows past the group are zero and never stored.
@@ -85,13 +124,15 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   const T* k_cache = static_cast<const T*>(p.cache.k);
   const T* v_cache = static_cast<const T*>(p.cache.v);
   for (int key0 = key_begin; key0 < key_end; key0 += N) {
-    __syncthreads();  // the previous tile's K and V are no longer read (and Q is written)
-    for (int i = threadIdx.x; i < N * d; i += Traits::kThreads) {
-      const int n = i / d, e = i % d, key = key0 + n;
+    __syncthreads();  // the previous tile's K, V and row offsets are no longer read (and Q is written)
+    if (threadIdx.x < N) {  // each key's page once per tile
+      const int key = key0 + int(threadIdx.x);
       const int page = key < key_end ? kv_page_of(p.cache, b, key) : -1;
-      k_s[n * (d + 1) + e] = page >= 0 ? to_float(k_cache[kv_k_offset(p.cache, page, kv_head, key) + e]) : 0.0f;
-      v_s[n * d + e] = page >= 0 ? to_float(v_cache[kv_v_offset(p.cache, page, kv_head, key) + e]) : 0.0f;
+      k_rows[threadIdx.x] = page >= 0 ? kv_k_offset(p.cache, page, kv_head, key) : -1;
+      v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;
     }
+    __syncthreads();
+    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, p.vector_loads, k_s, v_s);
     __syncthreads();
 
     for (int j = 0; j < RW; ++j) {

@@ -105,6 +105,7 @@ struct DecodeSplitKvParams {
   int num_splits, row_blocks;
   float scale_log2;      // softmax scale * log2(e)
   CausalMask causal;     // none or bottom_right, against each sequence's length
+  bool vector_loads;     // every K/V row starts on 16 bytes and head_dim fills 16-byte chunks
 };
 
 // decode_combine: out and lse of each row from its num_splits partial results. grid (rows).

@@ -78,6 +78,13 @@ TEST(KvCacheSplitKv, SplitCountsMergeExactly) {
     AttendCase wide = attend(contiguous(DType::f16, 2, 2, 128, 70, {70, 9}, false), 4, 1, Causal::none);
     wide.num_splits = splits;
     EXPECT_TRUE(check_attend(ctx, wide, Path::fused));
+    // Rows of 72 bytes (not whole 16-byte chunks): the per-element loads; 80 bytes: 16-byte loads.
+    AttendCase scalar_rows = attend(paged(DType::f16, 2, 2, 36, 16, 3, {40, 17}), 4, 2);
+    scalar_rows.num_splits = splits;
+    EXPECT_TRUE(check_attend(ctx, scalar_rows, Path::fused));
+    AttendCase chunk_rows = attend(paged(DType::bf16, 2, 1, 40, 16, 3, {5, 48}, false), 2, 3);
+    chunk_rows.num_splits = splits;
+    EXPECT_TRUE(check_attend(ctx, chunk_rows, Path::fused));
   }
 }
 

@@ -1,8 +1,10 @@
 // append_kv, attention_with_kv_cache and merge_states (kv_cache.h): validate everything first
 // (kv_cache_validation.cpp), then launch the kernels of kernels/decode/.
 //
-// Attention over a cache runs on the existing paths: kv_gather copies each sequence's K/V (from
-// pages or a strided contiguous cache) into dense [batch, kv_heads, capacity, d] buffers in the
+// Attention over a cache: the fused path is the split-KV decode kernel (decode_split_kv, then
+// decode_combine when there is more than one split), reading the cache in place. The naive and
+// cublas paths run as they do on any padded batch: kv_gather copies each sequence's K/V (from pages
+// or a strided contiguous cache) into dense [batch, kv_heads, capacity, d] buffers in the
 // workspace, and attention() runs on them with key_lengths = cache.lengths, which gives exactly the
 // bottom-right alignment of new rows at the end of each sequence. Nothing reads device metadata on
 // the host unless validate_metadata asks, so the calls are graph-safe once the workspace is warm.
@@ -106,6 +108,7 @@ constexpr int kAssumedMultiprocessors = 132;
 constexpr int kKeysPerSplitTile = 32;   // decode_split_kv's key tile
 constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in combine than it saves
 constexpr int kMaxAutomaticSplits = 64;
+constexpr int64_t kMaxCombineBlocks = int64_t(1) << 20;  // decode_combine strides over the rest
 
 DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
   if (state.device->backend() == Backend::sim)
@@ -144,6 +147,11 @@ int choose_splits(int requested, const TensorView& q, const CacheShape& shape, c
   const int64_t tiles = (int64_t(shape.capacity) + kKeysPerSplitTile - 1) / kKeysPerSplitTile;
   const int64_t most = std::max<int64_t>(1, tiles / kMinTilesPerSplit);
   return int(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxAutomaticSplits));
+}
+
+// grid.x holds splits x row blocks: at most 2^31 - 1 (only a huge seq_q with many splits gets near).
+int fit_grid(int splits, int64_t row_blocks) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t(1) << 31) / std::max<int64_t>(row_blocks, 1) - 1)));
 }
 
 size_t partial_bytes(int splits, const TensorView& q) {
@@ -212,7 +220,7 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   merge.head_dim = params.head_dim;
   merge.num_splits = splits;
   kernels::LaunchShape combine_launch;
-  combine_launch.grid = dim3(unsigned(params.rows));
+  combine_launch.grid = dim3(unsigned(std::min<int64_t>(params.rows, kMaxCombineBlocks)));
   combine_launch.block = dim3(unsigned(combine.threads));
   state.device->launch(combine.kernel, combine_launch, &merge);
 }
@@ -269,7 +277,9 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
   // The fused path is the split-KV decode kernel, read straight from the cache; the others gather.
   const bool split_kv = use_split_kv(state, options.path, shape);
   const DecodeKernel split_kernel = split_kv ? split_kv_kernel(state, q.dtype, shape.head_dim) : DecodeKernel{};
-  const int splits = split_kv ? choose_splits(options.num_splits, q, shape, split_kernel) : 0;
+  const int splits = split_kv ? fit_grid(choose_splits(options.num_splits, q, shape, split_kernel),
+                                         group_row_blocks(q, shape, split_kernel))
+                              : 0;
   // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V.
   const size_t element = dtype_size(q.dtype);
   const size_t q_bytes = options.rotary ? aligned(size_t(q.numel()) * element) : 0;

@@ -2,7 +2,8 @@
 // Combines the num_splits partial results of decode_split_kv into out and lse: with
 // M = max_s lse_s and lse = M + log(sum_s exp(lse_s - M)), out = sum_s exp(lse_s - lse) O_s.
 // Empty splits (LSE -inf) weigh nothing; a row with no key anywhere gets 0 and -inf. One block
-// per row, the splits summed in order (deterministic).
+// per row (striding over the rows when there are more than blocks), the splits summed in order
+// (deterministic).
 #include <cmath>
 #include <cstdint>
 
@@ -17,28 +18,30 @@ struct DecodeCombineTraits {
 
 template <class T>
 __global__ void __launch_bounds__(DecodeCombineTraits::kThreads) decode_combine_kernel(const DecodeCombineParams p) {
-  const int64_t row = blockIdx.x;
-  const int i = int(row % p.seq_q), head = int((row / p.seq_q) % p.heads);
-  const int64_t b = row / p.seq_q / p.heads;
-  float max_lse = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[int64_t(s) * p.rows + row]);
-  float lse = -INFINITY;
-  if (max_lse != -INFINITY) {
-    float sum = 0.0f;
-    for (int s = 0; s < p.num_splits; ++s) sum += expf(p.partial_lse[int64_t(s) * p.rows + row] - max_lse);
-    lse = max_lse + logf(sum);
-  }
-  T* out = static_cast<T*>(p.out) + b * p.out_stride_batch + int64_t(head) * p.out_stride_head + int64_t(i) * p.out_stride_row;
-  for (int e = threadIdx.x; e < p.head_dim; e += blockDim.x) {
-    float value = 0.0f;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float split_lse = p.partial_lse[int64_t(s) * p.rows + row];
-      if (split_lse == -INFINITY) continue;  // an empty split: its O is 0 and weighs nothing
-      value = fmaf(expf(split_lse - lse), p.partial_out[(int64_t(s) * p.rows + row) * p.head_dim + e], value);
+  // Grid-stride over rows: any number of rows with any grid.
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int i = int(row % p.seq_q), head = int((row / p.seq_q) % p.heads);
+    const int64_t b = row / p.seq_q / p.heads;
+    float max_lse = -INFINITY;
+    for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[int64_t(s) * p.rows + row]);
+    float lse = -INFINITY;
+    if (max_lse != -INFINITY) {
+      float sum = 0.0f;
+      for (int s = 0; s < p.num_splits; ++s) sum += expf(p.partial_lse[int64_t(s) * p.rows + row] - max_lse);
+      lse = max_lse + logf(sum);
     }
-    out[e] = from_float<T>(value);
+    T* out = static_cast<T*>(p.out) + b * p.out_stride_batch + int64_t(head) * p.out_stride_head + int64_t(i) * p.out_stride_row;
+    for (int e = threadIdx.x; e < p.head_dim; e += blockDim.x) {
+      float value = 0.0f;
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float split_lse = p.partial_lse[int64_t(s) * p.rows + row];
+        if (split_lse == -INFINITY) continue;  // an empty split: its O is 0 and weighs nothing
+        value = fmaf(expf(split_lse - lse), p.partial_out[(int64_t(s) * p.rows + row) * p.head_dim + e], value);
+      }
+      out[e] = from_float<T>(value);
+    }
+    if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = lse;
   }
-  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = lse;
 }
 
 SELFATTN_KERNELS_END

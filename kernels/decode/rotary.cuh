@@ -8,11 +8,11 @@
 SELFATTN_KERNELS_BEGIN
 
 template <class Load>
-__device__ inline float rotary_element(const RotaryTables& r, int position, int e, Load load) {
+__device__ inline float rotary_element(const RotaryTables& r, int64_t position, int e, Load load) {
   if (r.cos == nullptr || e >= r.rotary_dim) return load(e);
   const int half = r.rotary_dim / 2;
   // Clamped so that a wrong length cannot index past the tables.
-  const int row = position < 0 ? 0 : (position >= r.max_position ? r.max_position - 1 : position);
+  const int row = position < 0 ? 0 : (position >= r.max_position ? r.max_position - 1 : int(position));
   bool first;
   int pair, partner;
   if (r.interleaved) {

@@ -20,7 +20,8 @@ __global__ void __launch_bounds__(RotaryRowsTraits::kThreads) rotary_rows_kernel
   const int b = blockIdx.z, head = blockIdx.y;
   const int first_row = blockIdx.x * RotaryRowsTraits::kRowsPerBlock;
   const int d = p.head_dim;
-  const int position0 = p.lengths[b] + p.position_offset;  // rotary_element clamps to the table
+  // 64-bit: any length plus the offset; rotary_element clamps it to the table.
+  const int64_t position0 = int64_t(p.lengths[b]) + p.position_offset;
   const T* in = static_cast<const T*>(p.in) + int64_t(b) * p.in_stride_batch + int64_t(head) * p.in_stride_head;
   T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head;
   for (int i = threadIdx.x; i < RotaryRowsTraits::kRowsPerBlock * d; i += blockDim.x) {

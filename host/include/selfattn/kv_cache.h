@@ -130,7 +130,9 @@ struct KvAttentionOptions {
 //   fused (and automatic, for head_dim <= 256): the split-KV decode kernel reads the cache in
 //     place; the query heads sharing a kv head are processed together, so each K/V element is read
 //     once per kv head. SIMT with fp32 arithmetic for every dtype (tensor cores are future work).
-//     Any page size works; pages of 32 tokens or more keep a key tile within one page.
+//     Any page size works at the same cost per key (each key's page is looked up once per tile);
+//     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a
+//     multiple of 8, base and strides aligned) are read with 16-byte loads, others element-wise.
 //     Workspace: num_splits * batch * heads * seq_q * (head_dim + 1) floats when num_splits > 1.
 //   naive, cublas (and automatic above head_dim 256): the sequences' K/V are copied into the
 //     workspace (batch * kv_heads * capacity * head_dim * 2 elements) and the path runs on them

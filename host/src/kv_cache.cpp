@@ -110,6 +110,16 @@ constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in 
 constexpr int kMaxAutomaticSplits = 64;
 constexpr int64_t kMaxCombineBlocks = int64_t(1) << 20;  // decode_combine strides over the rest
 
+// Whether every row of the view starts on 16 bytes and holds whole 16-byte chunks (the split-KV
+// kernel then stages K/V with 16-byte loads).
+bool rows_on_16_bytes(const TensorView& view) {
+  const int64_t element = int64_t(dtype_size(view.dtype));
+  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0 || (view.head_dim() * element) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if ((view.strides[i] * element) % 16 != 0) return false;
+  return true;
+}
+
 DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
   if (state.device->backend() == Backend::sim)
     return kernels::sim_target::decode_split_kv_instance(detail::element_of(dtype), head_dim);
@@ -118,6 +128,24 @@ DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_di
 #else
   return DecodeKernel{};
 #endif
+}
+
+// The split-KV kernel for this call: the tensor-core one where it has an instance (f16/bf16, head
+// dims 64 and 128) and q, K and V rows are all on 16 bytes; the SIMT one otherwise.
+DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
+                                 int head_dim) {
+  if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {
+    DecodeKernel mma{};
+    if (state.device->backend() == Backend::sim) {
+      mma = kernels::sim_target::decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim);
+    } else {
+#if SELFATTN_HAVE_CUDA
+      mma = kernels::cuda_target::decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim);
+#endif
+    }
+    if (mma.kernel) return mma;
+  }
+  return split_kv_kernel(state, q.dtype, head_dim);
 }
 
 // Whether this call runs the split-KV kernel: path fused, or automatic where the kernel takes the
@@ -158,16 +186,6 @@ size_t partial_bytes(int splits, const TensorView& q) {
   if (splits <= 1) return 0;
   const size_t rows = size_t(q.batch()) * size_t(q.heads()) * size_t(q.seq());
   return aligned(size_t(splits) * rows * size_t(q.head_dim()) * sizeof(float)) + aligned(size_t(splits) * rows * sizeof(float));
-}
-
-// Whether every row of the view starts on 16 bytes and holds whole 16-byte chunks (the split-KV
-// kernel then stages K/V with 16-byte loads).
-bool rows_on_16_bytes(const TensorView& view) {
-  const int64_t element = int64_t(dtype_size(view.dtype));
-  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0 || (view.head_dim() * element) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i)
-    if ((view.strides[i] * element) % 16 != 0) return false;
-  return true;
 }
 
 void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
@@ -276,7 +294,7 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
 
   // The fused path is the split-KV decode kernel, read straight from the cache; the others gather.
   const bool split_kv = use_split_kv(state, options.path, shape);
-  const DecodeKernel split_kernel = split_kv ? split_kv_kernel(state, q.dtype, shape.head_dim) : DecodeKernel{};
+  const DecodeKernel split_kernel = split_kv ? split_kv_kernel_for(state, q, cache, shape.head_dim) : DecodeKernel{};
   const int splits = split_kv ? fit_grid(choose_splits(options.num_splits, q, shape, split_kernel),
                                          group_row_blocks(q, shape, split_kernel))
                               : 0;

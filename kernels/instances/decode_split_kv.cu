@@ -1,6 +1,8 @@
-// Instances of decode/decode_split_kv.cuh and decode/decode_combine.cuh, one per element type.
+// Instances of decode/decode_split_kv.cuh and decode/decode_combine.cuh, one per element type, and
+// of decode/decode_split_kv_mma.cuh for f16/bf16 at head_dim 64 and 128.
 #include "../decode/decode_combine.cuh"
 #include "../decode/decode_split_kv.cuh"
+#include "../decode/decode_split_kv_mma.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN
@@ -12,6 +14,12 @@ DecodeKernel split_kv(const char* name, int head_dim) {
   DecodeKernel kernel{make_kernel_ref<DecodeSplitKvParams, decode_split_kv_kernel<T>>(name), Traits::kThreads,
                       Traits::kRows, Traits::smem_bytes(head_dim), Traits::kMaxHeadDim};
   return kernel;
+}
+template <class T, int D>
+DecodeKernel split_kv_mma(const char* name) {
+  using Traits = DecodeSplitKvMmaTraits<D>;
+  return {make_kernel_ref<DecodeSplitKvParams, decode_split_kv_mma_kernel<T, D>>(name), Traits::kThreads,
+          Traits::kRows, Traits::kSmemBytes, D};
 }
 template <class T>
 DecodeKernel combine(const char* name) {
@@ -25,6 +33,14 @@ DecodeKernel decode_split_kv_instance(Element element, int head_dim) {
     case Element::f16: return split_kv<__half>("decode_split_kv<f16>", head_dim);
     case Element::bf16: return split_kv<__nv_bfloat16>("decode_split_kv<bf16>", head_dim);
   }
+  return {};
+}
+
+DecodeKernel decode_split_kv_mma_instance(Element element, int head_dim) {
+  if (element == Element::f16 && head_dim == 64) return split_kv_mma<__half, 64>("decode_split_kv_mma<f16,64>");
+  if (element == Element::f16 && head_dim == 128) return split_kv_mma<__half, 128>("decode_split_kv_mma<f16,128>");
+  if (element == Element::bf16 && head_dim == 64) return split_kv_mma<__nv_bfloat16, 64>("decode_split_kv_mma<bf16,64>");
+  if (element == Element::bf16 && head_dim == 128) return split_kv_mma<__nv_bfloat16, 128>("decode_split_kv_mma<bf16,128>");
   return {};
 }
 

@@ -129,7 +129,8 @@ struct KvAttentionOptions {
 // gives rows of 0 and LSE -inf. Paths:
 //   fused (and automatic, for head_dim <= 256): the split-KV decode kernel reads the cache in
 //     place; the query heads sharing a kv head are processed together, so each K/V element is read
-//     once per kv head. SIMT with fp32 arithmetic for every dtype (tensor cores are future work).
+//     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim 64 and 128 when every
+//     q, K and V row starts on 16 bytes; a SIMT kernel with fp32 arithmetic for everything else.
 //     Any page size works at the same cost per key (each key's page is looked up once per tile);
 //     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a
 //     multiple of 8, base and strides aligned) are read with 16-byte loads, others element-wise.

@@ -41,6 +41,10 @@ class Device {
 
   virtual void launch(const kernels::KernelRef& kernel, const kernels::LaunchShape& shape, const void* params) = 0;
   virtual void gemm_strided_batched(const GemmBatch& gemm) = 0;
+  // out[i] = in[0] + ... + in[i] for i < count, on the stream (cuda: CUB's DeviceScan; sim: a CPU
+  // loop). scan_scratch_bytes(count) bytes of device scratch must be passed as `scratch`.
+  virtual size_t scan_scratch_bytes(int count) = 0;
+  virtual void inclusive_sum_int32(const int32_t* in, int32_t* out, int count, void* scratch, size_t scratch_bytes) = 0;
 };
 
 std::shared_ptr<Device> make_sim_device();

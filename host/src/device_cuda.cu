@@ -2,6 +2,7 @@
 // ordered allocation where the device supports it, launches through cudaLaunchKernel and GEMMs
 // through a lazily created cuBLAS handle bound to the stream. Every failure becomes a BackendError
 // naming the call.
+#include <cub/device/device_scan.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -147,6 +148,20 @@ class CudaDevice final : public Device {
     void* args[] = {const_cast<void*>(params)};
     check(cudaLaunchKernel(kernel.device_entry, shape.grid, shape.block, args, shape.dynamic_smem_bytes, stream_),
           "cudaLaunchKernel(" + name + ")");
+  }
+
+  size_t scan_scratch_bytes(int count) override {
+    size_t bytes = 0;
+    check(cub::DeviceScan::InclusiveSum(nullptr, bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                        count, stream_),
+          "cub::DeviceScan::InclusiveSum (scratch size)");
+    return bytes;
+  }
+
+  void inclusive_sum_int32(const int32_t* in, int32_t* out, int count, void* scratch, size_t scratch_bytes) override {
+    if (count == 0) return;
+    const CurrentDevice current(ordinal_);
+    check(cub::DeviceScan::InclusiveSum(scratch, scratch_bytes, in, out, count, stream_), "cub::DeviceScan::InclusiveSum");
   }
 
   void gemm_strided_batched(const GemmBatch& g) override {

@@ -99,6 +99,18 @@ class SimDevice final : public Device {
     check_guards_after("gemm_strided_batched");
   }
 
+  size_t scan_scratch_bytes(int) override { return 0; }
+
+  // Sums in int64 and stores the low 32 bits, as a 32-bit device scan wraps.
+  void inclusive_sum_int32(const int32_t* in, int32_t* out, int count, void*, size_t) override {
+    int64_t sum = 0;
+    for (int i = 0; i < count; ++i) {
+      sum += in[i];
+      out[i] = int32_t(uint32_t(uint64_t(sum)));
+    }
+    check_guards_after("inclusive_sum_int32");
+  }
+
  private:
   static void check_guards_after(const char* what) {
     try {

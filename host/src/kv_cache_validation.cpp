@@ -241,6 +241,14 @@ void validate_merge_states(const TensorView& out_a, const float* lse_a, const Te
   }
 }
 
+void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const int32_t* cu_seqlens) {
+  const char* function = "cu_seqlens_from_lengths";
+  if (batch < 0) fail(function, "batch expected >= 0, got " + str(batch));
+  if (batch > 0 && lengths == nullptr) fail(function, "lengths expected non-null (batch > 0), got null");
+  if (cu_seqlens == nullptr) fail(function, "cu_seqlens expected non-null (batch + 1 entries), got null");
+  expect_disjoint(function, "cu_seqlens", int_range(cu_seqlens, int64_t(batch) + 1), "lengths", int_range(lengths, batch));
+}
+
 void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
                     int extra_tokens) {
   if (shape.batch == 0) return;

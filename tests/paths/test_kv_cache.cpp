@@ -439,6 +439,34 @@ TEST(KvCacheArguments, MergeRejectsEachBadArgument) {
   expect("lse_out expected not to overlap lse_b", a.view, lse_a.data(), b.view, lse_b.data(), out_view, lse_b.data());
 }
 
+// cu_seqlens from device lengths on the device (batch 0 gives the single 0), and its bad arguments.
+TEST(KvCacheDeviceHelpers, CuSeqlensFromLengths) {
+  Context ctx;
+  DeviceBuffer<int32_t> lengths(ctx, 5, "lengths"), cu(ctx, 6, "cu_seqlens");
+  lengths.copy_from_host(std::vector<int32_t>{3, 0, 7, 1, 1000});
+  cu.fill_bytes(0xff);
+  cu_seqlens_from_lengths(ctx, lengths.data(), 5, cu.data());
+  EXPECT_EQ(cu.to_host(), (std::vector<int32_t>{0, 3, 3, 10, 11, 1011}));
+  cu.fill_bytes(0xff);
+  cu_seqlens_from_lengths(ctx, lengths.data(), 0, cu.data());
+  EXPECT_EQ(cu.to_host()[0], 0);
+  EXPECT_EQ(cu.to_host()[1], -1);  // only batch + 1 entries are written
+  const std::vector<int32_t> before = cu.to_host();
+  auto expect_rejected = [&](const std::string& expected, const int32_t* in, int batch, int32_t* out) {
+    try {
+      cu_seqlens_from_lengths(ctx, in, batch, out);
+      ADD_FAILURE() << "no exception; expected InvalidArgument naming " << expected;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "message: " << e.what();
+    }
+    EXPECT_EQ(cu.to_host(), before) << expected;
+  };
+  expect_rejected("batch expected >= 0", lengths.data(), -1, cu.data());
+  expect_rejected("lengths expected non-null", nullptr, 2, cu.data());
+  expect_rejected("cu_seqlens expected non-null", lengths.data(), 2, nullptr);
+  expect_rejected("cu_seqlens expected not to overlap lengths", cu.data() + 1, 3, cu.data());
+}
+
 // Wrong device metadata without validate_metadata: lengths past the capacity or negative, block
 // table entries outside the pool. The kernels clamp: nothing outside the buffers is touched (the
 // sim's guard zones would fail the launch), and every output is finite.

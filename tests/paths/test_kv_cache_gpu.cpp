@@ -49,5 +49,22 @@ TEST(KvCacheGpu, LargerDecodeSplitCounts) {
   }
 }
 
+// CUB's device scan behind cu_seqlens_from_lengths.
+TEST(KvCacheGpu, CuSeqlensFromLengths) {
+  std::string reason;
+  std::optional<Context> ctx = cuda_context(reason);
+  if (!ctx) GTEST_SKIP() << reason;
+  std::vector<int32_t> lengths(1000), expected(1001, 0);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    lengths[i] = int32_t(i * 7 % 13);
+    expected[i + 1] = expected[i] + lengths[i];
+  }
+  DeviceBuffer<int32_t> device_lengths(*ctx, lengths.size(), "lengths"), cu(*ctx, expected.size(), "cu_seqlens");
+  device_lengths.copy_from_host(lengths);
+  cu.fill_bytes(0xff);
+  cu_seqlens_from_lengths(*ctx, device_lengths.data(), int(lengths.size()), cu.data());
+  EXPECT_EQ(cu.to_host(), expected);
+}
+
 }  // namespace
 }  // namespace selfattn

@@ -1,5 +1,6 @@
 // Graph-friendliness of the KV-cache calls on the sim: once the context's workspace is warm,
-// append_kv, attention_with_kv_cache (every path) and merge_states run inside a SimCaptureScope,
+// append_kv, attention_with_kv_cache (every path), merge_states and cu_seqlens_from_lengths run
+// inside a SimCaptureScope,
 // where the sim device refuses synchronous copies (host reads of device data), allocations and
 // stream synchronisation - what a CUDA graph capture cannot contain - and give the same bytes as
 // outside it. The calls documented as not graph-safe are refused there.
@@ -25,6 +26,7 @@ struct DecodeStep {
   DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 3 * 4 * 2 * 64);
   DeviceBuffer<unsigned char> merged = poisoned(ctx, DType::f16, 3 * 4 * 2 * 64);
   DeviceBuffer<float> lse{ctx, 3 * 4 * 2, "lse"}, merged_lse{ctx, 3 * 4 * 2, "merged lse"};
+  DeviceBuffer<int32_t> cu_seqlens{ctx, 4, "cu_seqlens"};
 
   DecodeStep() {
     CacheSpec spec;
@@ -46,7 +48,8 @@ struct DecodeStep {
   }
 
   // One layer's decode step: append the new tokens (the updated lengths go to a second array),
-  // attend with those lengths, merge the result with itself (a stand-in for a cascade's parts).
+  // attend with those lengths, merge the result with itself (a stand-in for a cascade's parts),
+  // and derive varlen offsets from the new lengths.
   void run(Path path) {
     AppendKvOptions append;
     append.updated_lengths = updated.data();
@@ -59,11 +62,15 @@ struct DecodeStep {
     options.num_splits = 3;
     attention_with_kv_cache(ctx, q.view, after, out_view(out), options);
     merge_states(ctx, out_view(out), lse.data(), out_view(out), lse.data(), out_view(merged), merged_lse.data());
+    cu_seqlens_from_lengths(ctx, updated.data(), 3, cu_seqlens.data());
   }
 
   std::vector<unsigned char> results() {
     std::vector<unsigned char> bytes = out.to_host(), more = merged.to_host();
     bytes.insert(bytes.end(), more.begin(), more.end());
+    const std::vector<int32_t> cu = cu_seqlens.to_host();
+    const auto* cu_bytes = reinterpret_cast<const unsigned char*>(cu.data());
+    bytes.insert(bytes.end(), cu_bytes, cu_bytes + cu.size() * sizeof(int32_t));
     return bytes;
   }
 };

@@ -153,4 +153,12 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
 void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,
                   const float* lse_b, const TensorView& out, float* lse_out);
 
+// Device-side prefix sum for engines that keep per-sequence lengths and need varlen offsets:
+// cu_seqlens (device int32 [batch + 1]) = 0, l0, l0 + l1, ... from lengths (device int32 [batch]),
+// computed on the device (CUB's DeviceScan on cuda) without a host read. Lengths are summed as
+// given (negative ones are the caller's bug; attention_varlen's fused kernel clamps whatever
+// comes out). Graph-safe once the context's workspace holds the scan's scratch (run once first).
+// lengths and cu_seqlens must not overlap.
+void cu_seqlens_from_lengths(Context& ctx, const int32_t* lengths, int batch, int32_t* cu_seqlens);
+
 }  // namespace selfattn

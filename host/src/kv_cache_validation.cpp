@@ -134,6 +134,7 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   expect_disjoint(function, "v_new", byte_range(v_new), "cache.k", k);
   expect_disjoint(function, "v_new", byte_range(v_new), "cache.v", v);
   check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.k", k);
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.v", v);
   if (options.updated_lengths != nullptr) {
     const ByteRange updated = int_range(options.updated_lengths, shape.batch);
     expect_disjoint(function, "options.updated_lengths", updated, "cache.lengths", int_range(cache.lengths, shape.batch));

@@ -12,7 +12,7 @@
 //               block_table (device int32 [batch, max_pages_per_seq], row-major) maps sequence b's
 //               token t to page block_table[b][t / page_size], row t % page_size. Pages may be
 //               shared between sequences (a common prefix) and appear in any order. Any page size
-//               from 1 works on every path (256 and more are tested as ordinary sizes).
+//               from 1 works on every path (1, 16, 64 and 256 are among the tested ones).
 // lengths (device int32 [batch]) holds each sequence's number of valid tokens.
 //
 // Device metadata (block_table, lengths) is never read by the host unless options.validate_metadata
@@ -20,12 +20,14 @@
 // entry can give wrong numbers but never a read or write outside the caller's buffers (a length is
 // clamped to [0, capacity]; a page index outside [0, num_pages) reads as zeros and is never written).
 //
-// Graph safety (CUDA graph capture): append_kv, attention_with_kv_cache and merge_states make no
-// host-device synchronisation, no host read of device data and, once the context's workspace has
-// grown to the shape (run the shape once before capturing), no allocation - unless
-// options.validate_metadata is set, which copies the metadata to the host (synchronous, not
-// graph-safe). attention_varlen() on the naive and cublas paths reads cu_seqlens back and is not
-// graph-safe; attention() with key_lengths is.
+// Graph safety (CUDA graph capture): append_kv, attention_with_kv_cache, merge_states and
+// cu_seqlens_from_lengths make no host-device synchronisation, no host read of device data and,
+// once the context's workspace has grown to the shape (run the shape once before capturing), no
+// allocation - unless options.validate_metadata is set, which copies the metadata to the host
+// (synchronous, not graph-safe), or the cache has no slot at all (capacity 0) and options.lse is
+// set (attention()'s no-key case copies the -inf LSE from the host). attention_varlen() on the
+// naive and cublas paths reads cu_seqlens back and is not graph-safe; attention() with key_lengths
+// is. tests/paths/test_kv_cache_graph proves the graph-safe ones on the sim.
 //
 // Why appending is a separate call and not part of attention_with_kv_cache: the cache is the
 // engine's state, and a call that both mutates it and computes would either write the cache before

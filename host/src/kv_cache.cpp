@@ -12,7 +12,9 @@
 #include <cmath>
 #include <string>
 
+#include "attention_validation.h"
 #include "kernel_args.h"
+#include "paths.h"
 #include "kernels/registry.h"
 #include "kv_cache_validation.h"
 #include "selfattn/attention.h"
@@ -275,6 +277,7 @@ void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, cons
 
 void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
                              const KvAttentionOptions& options) {
+  constexpr const char* kFunction = "attention_with_kv_cache";
   ContextState& state = ctx.state();
   const CacheShape shape = detail::validate_attention_with_kv_cache(q, cache, out, options);
   if (options.validate_metadata) detail::check_metadata("attention_with_kv_cache", state, cache, shape, 0);
@@ -298,39 +301,54 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
   const int splits = split_kv ? fit_grid(choose_splits(options.num_splits, q, shape, split_kernel),
                                          group_row_blocks(q, shape, split_kernel))
                               : 0;
-  // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V.
+  // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V (and,
+  // on naive/cublas, the attention step's scores after them, as self_attention() does).
   const size_t element = dtype_size(q.dtype);
   const size_t q_bytes = options.rotary ? aligned(size_t(q.numel()) * element) : 0;
   const size_t kv_bytes = aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim * element);
   const size_t work_bytes = split_kv ? partial_bytes(splits, q) : 2 * kv_bytes;
-  auto* workspace = static_cast<unsigned char*>(state.workspace.reserve(
-      q_bytes + work_bytes, "attention_with_kv_cache (rotated q, split partials or gathered K/V)",
-      detail::WorkspaceSlot::projections));
+  const size_t reserved = q_bytes + work_bytes;
+  const std::string what = std::string(kFunction) + ": rotated q, split partials or gathered K/V";
+  auto* workspace = static_cast<unsigned char*>(state.workspace.reserve(reserved, what));
+  const auto rotated_q_at = [&](unsigned char* base) {
+    return options.rotary ? TensorView::bhsd(base, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim()) : q;
+  };
 
-  TensorView q_used = q;
-  if (options.rotary) {
-    q_used = TensorView::bhsd(workspace, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
-    rotate_query(state, q, q_used, cache.lengths, *options.rotary);
-  }
-  unsigned char* work = workspace + q_bytes;
   if (split_kv) {
+    const TensorView q_used = rotated_q_at(workspace);
+    if (options.rotary) rotate_query(state, q, q_used, cache.lengths, *options.rotary);
     const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
-    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal, splits, work);
+    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal, splits,
+                 workspace + q_bytes);
     return;
   }
 
-  const TensorView k = TensorView::bhsd(work, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
-  const TensorView v = TensorView::bhsd(work + kv_bytes, q.dtype, shape.batch, shape.kv_heads, shape.capacity,
-                                        shape.head_dim);
+  // Gathered K and V, then attention() on them. Everything that can throw (the path, the scores'
+  // workspace) is planned before the first kernel; the plan's views lie in the workspace, so plan
+  // again if growing it for the scores moved it.
+  const auto gathered_at = [&](unsigned char* base, size_t offset) {
+    return TensorView::bhsd(base + offset, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
+  };
+  const auto plan_at = [&](unsigned char* base) {
+    const detail::AttentionCall call =
+        detail::validate_attention(kFunction, rotated_q_at(base), gathered_at(base, q_bytes),
+                                   gathered_at(base, q_bytes + kv_bytes), out, attention_options);
+    return detail::plan_attention(state, call, options.path, kFunction, reserved);
+  };
+  detail::PlannedAttention planned = plan_at(workspace);
+  auto* sized = static_cast<unsigned char*>(
+      state.workspace.reserve(reserved + planned.scores.workspace_bytes, std::string(kFunction) + ": gathered K/V and scores"));
+  if (sized != workspace) planned = plan_at(workspace = sized);
+
+  if (options.rotary) rotate_query(state, q, rotated_q_at(workspace), cache.lengths, *options.rotary);
   const DecodeKernel gather = SELFATTN_DECODE_KERNEL(state, kv_gather_instance, q.dtype);
   kernels::KvGatherParams params{};
   params.cache = pages_view(cache, shape);
-  params.k_out = k.data;
-  params.v_out = v.data;
+  params.k_out = workspace + q_bytes;
+  params.v_out = workspace + q_bytes + kv_bytes;
   params.capacity = shape.capacity;
   state.device->launch(gather.kernel, rows_grid(gather, shape.capacity, shape.kv_heads, shape.batch), &params);
-
-  attention(ctx, q_used, k, v, out, attention_options);
+  detail::run_planned(state, planned, workspace + reserved);
 }
 
 void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,

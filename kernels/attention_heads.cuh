@@ -22,18 +22,21 @@ __host__ __device__ inline const T* head_rows(const HeadsView& view, int batch, 
   return static_cast<const T*>(view.data) + batch * view.stride_batch + head * view.stride_head;
 }
 
-// Keys [0, visible) that query row `row` (of the whole call) of batch `batch` sees.
-__host__ __device__ inline int visible_keys(const KeyMask& mask, int batch, int row, int seq_k) {
-  return visible_keys(row, mask.seq_q, key_length(mask.key_lengths, batch, seq_k), mask.causal);
+// Keys [begin, end) that query row `row` (of the whole call) of batch `batch` sees.
+__host__ __device__ inline KeyRange visible_key_range(const KeyMask& mask, int batch, int row, int seq_k) {
+  return visible_key_range(row, mask.seq_q, key_length(mask.key_lengths, batch, seq_k), mask.causal,
+                           mask.window_left, mask.window_right);
 }
 
-// Keys the chunk rows [row0, row0 + tile_rows) see at most: those of the tile's last row (the count
-// is non-decreasing in row). Key tiles past it are skipped by Q K^T and summed by nobody in P V.
-// ChunkParams: QkParams or PvParams (mask, rows, row_begin, seq_k).
+// Keys the chunk rows [row0, row0 + tile_rows) see at most: from the first row's begin to the last
+// row's end (both bounds are non-decreasing in row). Key tiles outside are skipped by Q K^T and
+// summed by nobody in P V. ChunkParams: QkParams or PvParams (mask, rows, row_begin, seq_k).
 template <class ChunkParams>
-__device__ inline int tile_visible_keys(const ChunkParams& p, int batch, int row0, int tile_rows) {
+__device__ inline KeyRange tile_visible_keys(const ChunkParams& p, int batch, int row0, int tile_rows) {
   const int last = (row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;
-  return visible_keys(p.mask, batch, p.row_begin + last, p.seq_k);
+  const KeyRange first_row = visible_key_range(p.mask, batch, p.row_begin + row0, p.seq_k);
+  const KeyRange last_row = visible_key_range(p.mask, batch, p.row_begin + last, p.seq_k);
+  return {first_row.begin, last_row.end};
 }
 
 SELFATTN_KERNELS_END

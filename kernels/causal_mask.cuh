@@ -27,4 +27,33 @@ __host__ __device__ inline int visible_keys(int row, int q_len, int k_len, Causa
   return visible < k_len ? visible : k_len;
 }
 
+// The key position row `row` is aligned with (selfattn::Causal in types.h): row itself under
+// top_left, row + (k_len - q_len) under bottom_right and under none (so a window or ALiBi without a
+// causal mask is aligned at the last key, as FlashAttention does).
+__host__ __device__ inline int aligned_row(int row, int q_len, int k_len, CausalMask causal) {
+  return causal == CausalMask::top_left ? row : row + (k_len - q_len);
+}
+
+// Keys [begin, end) that query `row` sees under the causal mask and the sliding window
+// (window_left, window_right; -1 unbounded): with i' = aligned_row(row),
+//   end   = min(visible_keys(row), i' + window_right + 1)
+//   begin = max(0, i' - window_left)
+// and begin >= end means none (normalised to begin == end, both in [0, k_len]). Both bounds are non-decreasing in row, so the first and the last
+// row of a tile bound the keys any row of it sees.
+struct KeyRange {
+  int begin, end;
+  __host__ __device__ bool empty() const { return begin >= end; }
+};
+__host__ __device__ inline KeyRange visible_key_range(int row, int q_len, int k_len, CausalMask causal, int window_left,
+                                                      int window_right) {
+  const int i = aligned_row(row, q_len, k_len, causal);
+  KeyRange range{0, visible_keys(row, q_len, k_len, causal)};
+  // int64 sums: an aligned row near INT_MAX plus a wide window must not wrap.
+  if (window_right >= 0 && int64_t(i) + window_right + 1 < range.end) range.end = int(int64_t(i) + window_right + 1);
+  if (window_left >= 0 && int64_t(i) - window_left > 0) range.begin = int(int64_t(i) - window_left);
+  if (range.end < 0) range.end = 0;
+  if (range.begin > range.end) range.begin = range.end;
+  return range;
+}
+
 SELFATTN_KERNELS_END

@@ -5,9 +5,11 @@
 // One block computes one query tile of one (batch, head):
 //   1. the Q tile is copied to shared memory once;
 //   2. K/V tiles stream through two shared-memory stages (cp.async: tile j+1 is in flight while
-//      tile j is computed); tiles beyond the last key the block's rows can see are never loaded;
+//      tile j is computed); tiles outside the keys the block's rows can see (causal mask, key
+//      length, sliding window) are never loaded, so a window's cost does not grow with seq_k;
 //   3. per tile, each warp computes S = Q K^T for its own rows in registers, folds it into the
-//      online softmax (running row max m and row sum l, O rescaled by exp2(m_old - m_new)), turns
+//      score modifiers (score_mods.cuh) and online softmax (running row max m and row sum l, O
+//      rescaled by exp2(m_old - m_new)), turns
 //      the probabilities into the A operand of the P V mma without leaving registers (the C
 //      fragment of m16n8k16 holds, per thread, exactly the elements the A fragment wants), and
 //      accumulates O += P V;
@@ -104,10 +106,10 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
                seq.k_row_start * p.v_stride_row;
 
   const int block_q_rows = seq.q_len - block_row0 < Traits::kBlockRows ? seq.q_len - block_row0 : Traits::kBlockRows;
-  const int block_keys = visible_keys(block_row0 + block_q_rows - 1, seq.q_len, seq.k_len, p.causal);
-  // Keys below this are visible to every row of the block: tiles entirely below it need no mask.
-  const int unmasked_keys = visible_keys(block_row0, seq.q_len, seq.k_len, p.causal);
-  const int key_tiles = (block_keys + Traits::kBlockKeys - 1) / Traits::kBlockKeys;
+  const FlashBlockKeys block_keys = flash_block_keys(p, seq, block_row0, block_q_rows, Traits::kBlockKeys);
+  const int key_tiles = block_keys.end_tile - block_keys.first_tile;
+  const int first_key = block_keys.first_tile * Traits::kBlockKeys;
+  const HeadScoreMods mods = head_score_mods(p.mods, batch, head);
 
   T* q_tile = dynamic_smem<T>();
   T* k_stages = q_tile + Traits::kQElems;
@@ -115,14 +117,17 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
 
   if (key_tiles > 0) {
     flash_load_tile<Traits>(q_tile, q + block_row0 * p.q_stride_row, p.q_stride_row, Traits::kBlockRows, block_q_rows);
-    flash_load_tile<Traits>(k_stages, k, p.k_stride_row, Traits::kBlockKeys, seq.k_len);
-    flash_load_tile<Traits>(v_stages, v, p.v_stride_row, Traits::kBlockKeys, seq.k_len);
+    flash_load_tile<Traits>(k_stages, k + first_key * p.k_stride_row, p.k_stride_row, Traits::kBlockKeys,
+                            seq.k_len - first_key);
+    flash_load_tile<Traits>(v_stages, v + first_key * p.v_stride_row, p.v_stride_row, Traits::kBlockKeys,
+                            seq.k_len - first_key);
     cp_async_commit();
   }
 
   // This thread's two rows of each m-tile: group and group + 8.
   const int warp_row0 = warp * Traits::kWarpRows;
-  int visible[MT][2];
+  KeyRange visible[MT][2];
+  int aligned[MT][2];  // the rows' aligned positions (ALiBi distances)
   float row_max[MT][2], row_sum[MT][2];
   float acc[MT][DT][4];
   SELFATTN_FLASH_UNROLL
@@ -130,7 +135,8 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half) {
       const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
-      visible[mt][half] = visible_keys(row, seq.q_len, seq.k_len, p.causal);
+      visible[mt][half] = flash_visible_keys(p, seq, row);
+      aligned[mt][half] = aligned_row(row, seq.q_len, seq.k_len, p.causal);
       row_max[mt][half] = -INFINITY;
       row_sum[mt][half] = 0.0f;  // this thread's columns only; the quad's sum is taken at the end
     }
@@ -141,7 +147,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
   }
 
   for (int tile = 0; tile < key_tiles; ++tile) {
-    const int key0 = tile * Traits::kBlockKeys;
+    const int key0 = first_key + tile * Traits::kBlockKeys;
     const T* k_tile = k_stages + (tile % 2) * Traits::kKVTileElems;
     const T* v_tile = v_stages + (tile % 2) * Traits::kKVTileElems;
     if (tile + 1 < key_tiles) {
@@ -186,11 +192,12 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
     }
 
     // ---- online softmax; score becomes the probabilities P (unnormalised, fp32).
-    const bool needs_mask = key0 + Traits::kBlockKeys > unmasked_keys;
+    const bool needs_mask = !flash_tile_unmasked(block_keys, key0, Traits::kBlockKeys);
     SELFATTN_FLASH_UNROLL
     for (int mt = 0; mt < MT; ++mt) {
       SELFATTN_FLASH_UNROLL
       for (int half = 0; half < 2; ++half) {
+        const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
         float tile_max = -INFINITY;
         SELFATTN_FLASH_UNROLL
         for (int nt = 0; nt < NT; ++nt) {
@@ -198,7 +205,14 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
           for (int j = 0; j < 2; ++j) {
             float& s = score[mt][nt][2 * half + j];
             const int key = key0 + nt * 8 + 2 * in_group + j;
-            s = needs_mask && key >= visible[mt][half] ? -INFINITY : s * p.scale_log2;
+            const KeyRange seen = visible[mt][half];
+            if (needs_mask && (key < seen.begin || key >= seen.end)) {
+              s = -INFINITY;
+            } else if (mods.changes_values) {
+              s = modified_score(mods, s * p.scale, row, aligned[mt][half], key) * 1.4426950408889634f;
+            } else {
+              s *= p.scale_log2;
+            }
             tile_max = fmaxf(tile_max, s);
           }
         }

@@ -37,7 +37,9 @@ struct FlashFwdParams {
   int head_dim;      // the tensor-core kernel's instance fixes it; the SIMT kernel reads it
   int heads_per_kv_head;  // GQA group size: head h reads kv head h / heads_per_kv_head
   float scale_log2;       // softmax scale * log2(e): scores go straight into exp2
+  float scale;            // the softmax scale itself: modifiers work on natural-log scores
   CausalMask causal;
+  ScoreMods mods;         // sliding window, softcap, ALiBi, bias (score_mods.cuh)
 };
 
 // What the host needs to launch one instance: the kernel and the shape it was compiled for.

@@ -6,6 +6,7 @@
 #include "causal_mask.cuh"
 #include "common/compat.h"
 #include "flash_fwd_params.h"
+#include "score_mods.cuh"
 
 // Loops over register fragments must be unrolled completely, or the fragment arrays they index
 // move to local memory (nvcc). The host compiler (sim) does not need it.
@@ -47,6 +48,35 @@ __host__ __device__ inline FlashSequence flash_sequence(const FlashFwdParams& p,
     s.k_len = key_length(p.key_lengths, batch, p.seq_k);
   }
   return s;
+}
+
+// Keys [begin, end) that row `row` of the sequence sees (causal mask, key length, window).
+__host__ __device__ inline KeyRange flash_visible_keys(const FlashFwdParams& p, const FlashSequence& seq, int row) {
+  return visible_key_range(row, seq.q_len, seq.k_len, p.causal, p.mods.window_left, p.mods.window_right);
+}
+
+// The keys a block of query rows [row0, row0 + rows) works on: tiles of tile_keys from first_tile
+// to end_tile (exclusive) cover every key any of its rows sees; keys in [unmasked.begin,
+// unmasked.end) are seen by every row, so a tile inside that range needs no mask.
+struct FlashBlockKeys {
+  int first_tile, end_tile;
+  KeyRange unmasked;
+};
+__host__ __device__ inline FlashBlockKeys flash_block_keys(const FlashFwdParams& p, const FlashSequence& seq, int row0,
+                                                           int rows, int tile_keys) {
+  const KeyRange first = flash_visible_keys(p, seq, row0);
+  const KeyRange last = flash_visible_keys(p, seq, row0 + rows - 1);
+  FlashBlockKeys keys;
+  keys.first_tile = first.begin / tile_keys;
+  keys.end_tile = (last.end + tile_keys - 1) / tile_keys;
+  if (keys.end_tile < keys.first_tile) keys.end_tile = keys.first_tile;
+  keys.unmasked = {last.begin, first.end};
+  return keys;
+}
+
+// Whether the tile of keys [key0, key0 + tile_keys) is entirely seen by every row of the block.
+__host__ __device__ inline bool flash_tile_unmasked(const FlashBlockKeys& keys, int key0, int tile_keys) {
+  return key0 >= keys.unmasked.begin && key0 + tile_keys <= keys.unmasked.end;
 }
 
 SELFATTN_KERNELS_END

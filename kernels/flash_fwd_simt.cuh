@@ -84,22 +84,26 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
     q_tile[i] = row < seq.q_len && col < d ? flash_simt_load(q, row * p.q_stride_row + col) : 0.0f;
   }
 
-  const int last_row = (block_row0 + Traits::kBlockRows < seq.q_len ? block_row0 + Traits::kBlockRows : seq.q_len) - 1;
-  const int block_keys = visible_keys(last_row, seq.q_len, seq.k_len, p.causal);
+  const int block_q_rows = seq.q_len - block_row0 < Traits::kBlockRows ? seq.q_len - block_row0 : Traits::kBlockRows;
+  const FlashBlockKeys block_keys = flash_block_keys(p, seq, block_row0, block_q_rows, N);
+  const int key_end = block_keys.end_tile * N < seq.k_len ? block_keys.end_tile * N : seq.k_len;
+  const HeadScoreMods mods = head_score_mods(p.mods, batch, head);
 
   const int warp_row0 = warp * R;  // within the block
-  int visible[R];
+  KeyRange visible[R];
+  int aligned[R];  // the rows' aligned positions (ALiBi distances)
   float row_max[R], row_sum[R], acc[R][C];
   SELFATTN_FLASH_UNROLL
   for (int r = 0; r < R; ++r) {
-    visible[r] = visible_keys(block_row0 + warp_row0 + r, seq.q_len, seq.k_len, p.causal);
+    visible[r] = flash_visible_keys(p, seq, block_row0 + warp_row0 + r);
+    aligned[r] = aligned_row(block_row0 + warp_row0 + r, seq.q_len, seq.k_len, p.causal);
     row_max[r] = -INFINITY;
     row_sum[r] = 0.0f;  // this lane's keys only; the warp's sum is taken once at the end
     SELFATTN_FLASH_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
   }
 
-  for (int key0 = 0; key0 < block_keys; key0 += N) {
+  for (int key0 = block_keys.first_tile * N; key0 < key_end; key0 += N) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
     for (int i = threadIdx.x; i < N * q_cols; i += Traits::kThreads) {
       const int key = key0 + i / q_cols, col = i % q_cols;
@@ -127,7 +131,13 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
 
     SELFATTN_FLASH_UNROLL
     for (int r = 0; r < R; ++r) {
-      const float s = key0 + lane < visible[r] ? score[r] * p.scale_log2 : -INFINITY;
+      const int key = key0 + lane;
+      float s = -INFINITY;
+      if (key >= visible[r].begin && key < visible[r].end) {
+        s = mods.changes_values
+                ? modified_score(mods, score[r] * p.scale, block_row0 + warp_row0 + r, aligned[r], key) * 1.4426950408889634f
+                : score[r] * p.scale_log2;
+      }
       const float new_max = fmaxf(row_max[r], warp_reduce_max<32>(s));
       // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps exp2 away from
       // (-inf) - (-inf) and still gives exp2(-inf) = 0 for its masked scores.
@@ -142,7 +152,7 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
     }
     __syncwarp();  // P rows are written by all lanes of the warp and read by all
 
-    const int tile_keys = block_keys - key0 < N ? block_keys - key0 : N;
+    const int tile_keys = key_end - key0 < N ? key_end - key0 : N;
     for (int n = 0; n < tile_keys; ++n) {
       SELFATTN_FLASH_UNROLL
       for (int c = 0; c < C; ++c) {

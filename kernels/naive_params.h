@@ -20,12 +20,13 @@ struct HeadsView {
   int64_t stride_batch, stride_head, stride_seq;
 };
 
-// Which keys each query row sees (visible_keys() in attention_heads.cuh). Softmax applies it; Q K^T
-// and P V use it to skip key tiles that no row of a tile sees.
+// Which keys each query row sees (visible_key_range() in attention_heads.cuh). Softmax applies it;
+// Q K^T and P V use it to skip key tiles that no row of a tile sees.
 struct KeyMask {
   const int32_t* key_lengths;  // [batch] or null
   CausalMask causal;
   int seq_q;                   // of the whole call (rows are chunk-relative + row_begin)
+  int window_left, window_right;  // sliding window (ScoreMods); -1 unbounded
 };
 
 // S = Q K^T (unscaled) for the chunk; key tiles no row of the tile sees are skipped (left unwritten).
@@ -50,6 +51,7 @@ struct SoftmaxParams {
   float* lse;                         // lse[bh * lse_pair_stride + query], or null
   int64_t lse_pair_stride;            // seq_q for [batch, heads, seq_q]; total_q for a varlen sequence
   KeyMask mask;
+  ScoreMods mods;  // softcap, ALiBi, bias (score_mods.cuh); the window is in mask
   float scale;
   int heads;
   int bh_begin, row_begin, rows;

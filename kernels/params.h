@@ -11,6 +11,23 @@ enum class Element : uint8_t { f32, f16, bf16 };
 // visible_keys() in causal_mask.cuh.
 enum class CausalMask : uint8_t { none, top_left, bottom_right };
 
+// Which keys a query row sees beyond the causal mask, and what happens to its scores before the
+// softmax (AttentionOptions in attention.h; applied by score_mods.cuh, window in causal_mask.cuh).
+// Every kernel that computes a softmax takes one of these.
+struct ScoreMods {
+  int window_left, window_right;  // sliding window around the aligned row; -1: unbounded on that side
+  float softcap;                  // > 0: s -> softcap * tanh(s / softcap); 0: off
+  const float* alibi_slopes;      // [batch, heads] or [heads] (alibi_stride_batch 0); null: off
+  int64_t alibi_stride_batch;
+  const void* bias;               // additive bias, element (b, h, row, key) at the strides below; null: off
+  Element bias_element;
+  int64_t bias_stride_batch, bias_stride_head, bias_stride_row, bias_stride_key;  // 0 broadcasts
+  int bias_rows, bias_keys;       // extent of the bias: rows or keys outside it are masked, never read
+  // True when softcap, ALiBi or bias change score values (the window only masks). Kernels test it
+  // once so calls without them keep their original arithmetic.
+  bool changes_values;
+};
+
 struct FillParams {
   float* data;
   int64_t count;

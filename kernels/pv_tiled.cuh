@@ -31,8 +31,10 @@ __global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel
   const int col0 = int(blockIdx.x) * Tile::kTileN;
 
   float acc[Tile::kPerThread][Tile::kPerThread] = {};
-  const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
-  for (int j0 = 0; j0 < key_end; j0 += Tile::kTileK) {
+  // Keys outside the tile's visible range have P = 0: they add nothing.
+  const KeyRange seen = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
+  const int key_end = seen.end;
+  for (int j0 = seen.begin; j0 < key_end; j0 += Tile::kTileK) {
     stage_k_contiguous(a_tile, probs, p.p_row_stride, row0, p.rows, j0, key_end);
     stage_n_contiguous(b_tile, v, p.v.stride_seq, j0, key_end, col0, p.head_dim);
     __syncthreads();
@@ -67,8 +69,9 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) pv_tiled_mma_kernel(c
   const int warp_row0 = int(threadIdx.x / 32) * 16;
 
   float acc[Tile::kWarpTilesN][4] = {};
-  const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
-  for (int j0 = 0; j0 < key_end; j0 += Tile::kSliceK) {
+  const KeyRange seen = tile_visible_keys(p, at.batch, row0, Tile::kTileM);  // P = 0 outside it
+  const int key_end = seen.end;
+  for (int j0 = seen.begin; j0 < key_end; j0 += Tile::kSliceK) {
     stage_rows<Tile::kTileM, Tile::kSliceK>(p_tile, Tile::kLdRowsK, probs, p.p_row_stride, row0, p.rows, j0, key_end);
     stage_rows<Tile::kSliceK, Tile::kTileN>(v_tile, Tile::kLdRowsN, v + int64_t(j0) * p.v.stride_seq, p.v.stride_seq, 0,
                                             key_end - j0, col0, p.head_dim);

@@ -1,6 +1,6 @@
 #pragma once
 // S = Q K^T per (batch, head) of a chunk, unscaled, fp32, into the workspace (see QkParams); key
-// tiles that no row of the block's row tile sees (causal, key lengths) are skipped, never read.
+// tiles that no row of the block's row tile sees (causal, key lengths, window) are skipped, never read.
 // Grid: x = key tiles, y = query-row tiles, z = (batch, head) pairs of the chunk.
 //
 // qk_tiled_simt_kernel<T>: any dtype, any head_dim >= 1 (K slices zero-padded), fp32 FMA.
@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(SimtTileTraits::kThreads) qk_tiled_simt_kernel
   const T* k = head_rows<T>(p.k, at.batch, at.kv_head);
   const int row0 = int(blockIdx.y) * Tile::kTileM;
   const int key0 = int(blockIdx.x) * Tile::kTileN;
-  if (key0 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;  // no row here sees these keys
+  const KeyRange seen = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
+  if (key0 >= seen.end || key0 + Tile::kTileN <= seen.begin) return;  // no row here sees these keys
 
   float acc[Tile::kPerThread][Tile::kPerThread] = {};
   for (int d0 = 0; d0 < p.head_dim; d0 += Tile::kTileK) {
@@ -63,7 +64,8 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) qk_tiled_mma_kernel(c
   const T* k = head_rows<T>(p.k, at.batch, at.kv_head);
   const int row0 = int(blockIdx.y) * Tile::kTileM;
   const int key0 = int(blockIdx.x) * Tile::kTileN;
-  if (key0 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;  // no row here sees these keys
+  const KeyRange seen = tile_visible_keys(p, at.batch, row0, Tile::kTileM);
+  if (key0 >= seen.end || key0 + Tile::kTileN <= seen.begin) return;  // no row here sees these keys
   const int warp_row0 = int(threadIdx.x / 32) * 16;
 
   float acc[Tile::kWarpTilesN][4] = {};

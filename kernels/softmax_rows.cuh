@@ -1,8 +1,10 @@
 #pragma once
-// P = softmax(scale * S + mask) row by row, plus the row's natural-log LSE; shared by the naive and
-// cublas paths (see SoftmaxParams). Query row i sees keys [0, visible_keys(i)) (attention_heads.cuh);
-// keys in [visible, seq_k) get P = 0; a row that sees no key gets P = 0 everywhere and LSE = -inf,
-// never NaN (no exp(-inf - -inf) is ever evaluated).
+// P = softmax(modified(scale * S) + mask) row by row, plus the row's natural-log LSE; shared by the
+// naive and cublas paths (see SoftmaxParams). Query row i sees keys [begin, end) of
+// visible_key_range(i) (attention_heads.cuh), each score passed through modified_score()
+// (score_mods.cuh: softcap, ALiBi, bias); other keys get P = 0. A row that sees no key, or whose
+// every visible key the bias masks (-inf), gets P = 0 everywhere and LSE = -inf, never NaN (no
+// exp(-inf - -inf) is ever evaluated, and the sum is tested, not the count).
 //
 // A "row group" of Group threads owns one row: a warp (Group 32, 4 rows per 128-thread block) for
 // short rows, the whole block (Group 256) for long ones. Cached: the row is read once into registers
@@ -16,6 +18,7 @@
 #include "attention_heads.cuh"
 #include "common/primitives.cuh"
 #include "naive_params.h"
+#include "score_mods.cuh"
 #include "simt_tile.cuh"
 
 SELFATTN_KERNELS_BEGIN
@@ -74,7 +77,14 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   const int bh = p.bh_begin + int(blockIdx.y);
   const int batch = bh / p.heads;
   const int query = p.row_begin + row;
-  const int visible = visible_keys(p.mask, batch, query, p.seq_k);
+  const KeyRange seen = visible_key_range(p.mask, batch, query, p.seq_k);
+  const HeadScoreMods mods = head_score_mods(p.mods, batch, bh % p.heads);
+  const int aligned = aligned_row(query, p.mask.seq_q, key_length(p.mask.key_lengths, batch, p.seq_k), p.mask.causal);
+  // The score the softmax takes for a visible key.
+  const auto score = [&](float s_value, int key) {
+    const float scaled = s_value * p.scale;
+    return mods.changes_values ? modified_score(mods, scaled, query, aligned, key) : scaled;
+  };
 
   const float* s = p.s + int64_t(blockIdx.y) * p.s_bh_stride + int64_t(row) * p.s_row_stride;
   P* out = static_cast<P*>(p.p) + int64_t(blockIdx.y) * p.p_bh_stride + int64_t(row) * p.p_row_stride;
@@ -85,7 +95,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
     float thread_max = -INFINITY;
     for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
       const int key = member + c * Group;
-      x[c] = key < visible ? s[key] * p.scale : -INFINITY;
+      x[c] = key >= seen.begin && key < seen.end ? score(s[key], key) : -INFINITY;
       thread_max = fmaxf(thread_max, x[c]);
     }
     row_max = group_max<Group>(thread_max, partials);
@@ -95,28 +105,29 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
       thread_sum += x[c];
     }
     row_sum = group_sum<Group>(thread_sum, partials);
-    const float inverse = visible > 0 ? 1.0f / row_sum : 0.0f;
+    const float inverse = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
     for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
       const int key = member + c * Group;
       if (key < p.seq_k) out[key] = from_float<P>(x[c] * inverse);
     }
   } else {
     float thread_max = -INFINITY, thread_sum = 0;
-    for (int key = member; key < visible; key += Group) {
-      const float x = s[key] * p.scale;
+    for (int key = seen.begin + member; key < seen.end; key += Group) {
+      const float x = score(s[key], key);
       const float new_max = fmaxf(thread_max, x);
-      thread_sum = thread_sum * exp_below(thread_max, new_max) + expf(x - new_max);
+      thread_sum = thread_sum * exp_below(thread_max, new_max) + exp_below(x, new_max);
       thread_max = new_max;
     }
     row_max = group_max<Group>(thread_max, partials);
     row_sum = group_sum<Group>(thread_sum * exp_below(thread_max, row_max), partials);
-    const float inverse = visible > 0 ? 1.0f / row_sum : 0.0f;
+    const float inverse = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
     for (int key = member; key < p.seq_k; key += Group)
-      out[key] = from_float<P>(key < visible ? exp_below(s[key] * p.scale, row_max) * inverse : 0.0f);
+      out[key] = from_float<P>(key >= seen.begin && key < seen.end ? exp_below(score(s[key], key), row_max) * inverse
+                                                                   : 0.0f);
   }
 
   if (p.lse && member == 0)
-    p.lse[int64_t(bh) * p.lse_pair_stride + query] = visible > 0 ? row_max + logf(row_sum) : -INFINITY;
+    p.lse[int64_t(bh) * p.lse_pair_stride + query] = row_sum > 0.0f ? row_max + logf(row_sum) : -INFINITY;
 }
 
 SELFATTN_KERNELS_END

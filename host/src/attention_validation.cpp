@@ -127,6 +127,87 @@ AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorVi
   return call;
 }
 
+// The window, softcap, ALiBi and bias of a call whose logical extent is [batch, heads, seq_q, seq_k]
+// (varlen: sequences and max lengths), checked and stored in `call`. Slopes and bias are read while
+// out and lse are written: neither may overlap them.
+void check_score_mods(const char* function, const AttentionOptions& options, int64_t batch, int64_t heads,
+                      int64_t seq_q, int64_t seq_k, const TensorView& q, const TensorView& out, int64_t lse_rows,
+                      bool check_out_overlap, AttentionCall& call) {
+  for (const auto& [name, value] : {std::pair<const char*, int>{"options.window_left", options.window_left},
+                                    {"options.window_right", options.window_right}}) {
+    if (value < -1) fail(function, std::string(name) + " expected -1 (unbounded) or >= 0, got " + std::to_string(value));
+  }
+  call.window_left = options.window_left;
+  call.window_right = options.window_right;
+
+  if (options.softcap) {
+    if (!std::isfinite(*options.softcap) || !(*options.softcap > 0)) {
+      fail(function, "options.softcap expected a finite number > 0 (or unset), got " + std::to_string(*options.softcap));
+    }
+    call.softcap = *options.softcap;
+  }
+
+  const ByteRange out_range = check_out_overlap ? byte_range(out) : ByteRange{};
+  const ByteRange lse_range = byte_range(options.lse, size_t(std::max<int64_t>(lse_rows, 0)) * sizeof(float));
+
+  if (options.alibi_slopes != nullptr || options.alibi_slopes_count != 0) {
+    if (options.alibi_slopes == nullptr) {
+      fail(function, "options.alibi_slopes expected non-null when options.alibi_slopes_count is set (" +
+                         std::to_string(options.alibi_slopes_count) + "), got null");
+    }
+    if (options.alibi_slopes_count != heads && options.alibi_slopes_count != batch * heads) {
+      fail(function, "options.alibi_slopes_count expected heads = " + std::to_string(heads) +
+                         " ([heads]) or batch * heads = " + std::to_string(batch * heads) + " ([batch, heads]), got " +
+                         std::to_string(options.alibi_slopes_count));
+    }
+    if (reinterpret_cast<uintptr_t>(options.alibi_slopes) % alignof(float) != 0) {
+      fail(function, "options.alibi_slopes expected 4-byte alignment (fp32), got a misaligned pointer");
+    }
+    const ByteRange slopes = byte_range(options.alibi_slopes, size_t(options.alibi_slopes_count) * sizeof(float));
+    expect_disjoint(function, "options.alibi_slopes", slopes, "out", out_range);
+    expect_disjoint(function, "options.alibi_slopes", slopes, "options.lse", lse_range);
+    call.alibi_slopes = options.alibi_slopes;
+    // [batch, heads] when it has more than one batch's slopes (batch 1: both readings agree).
+    call.alibi_stride_batch = options.alibi_slopes_count == heads ? 0 : heads;
+  }
+
+  if (options.bias) {
+    TensorView bias = *options.bias;
+    if (bias.dtype != DType::f32 && bias.dtype != q.dtype) {
+      const bool known = bias.dtype == DType::f16 || bias.dtype == DType::bf16;
+      fail(function, std::string("options.bias.dtype expected f32 or q.dtype (") + to_string(q.dtype) + "), got " +
+                         (known ? std::string(to_string(bias.dtype)) : "value " + std::to_string(int(bias.dtype))));
+    }
+    static constexpr std::array<const char*, 4> kBiasDims{"batch", "heads", "seq_q", "seq_k"};
+    const std::array<int64_t, 4> extent{batch, heads, seq_q, seq_k};
+    for (int i = 0; i < 4; ++i) {
+      const std::string dim_name = "options.bias.shape[" + std::to_string(i) + "] (" + kBiasDims[i] + ")";
+      if (bias.shape[i] != extent[i] && bias.shape[i] != 1) {
+        fail(function, dim_name + " expected " + std::to_string(extent[i]) + " or 1 (broadcast), got " +
+                           std::to_string(bias.shape[i]));
+      }
+      if (bias.strides[i] < 0) {
+        fail(function, "options.bias.strides[" + std::to_string(i) + "] (" + kBiasDims[i] + ") expected >= 0, got " +
+                           std::to_string(bias.strides[i]));
+      }
+      // A broadcast dimension is read at index 0 whatever its stride says.
+      if (bias.shape[i] == 1) bias.strides[i] = 0;
+    }
+    const bool has_elements = bias.shape[0] * bias.shape[1] * bias.shape[2] * bias.shape[3] > 0;
+    if (has_elements && bias.data == nullptr) fail(function, "options.bias.data expected non-null, got null");
+    if (reinterpret_cast<uintptr_t>(bias.data) % dtype_size(bias.dtype) != 0) {
+      fail(function, "options.bias.data expected alignment to its element size " + std::to_string(dtype_size(bias.dtype)) +
+                         ", got a misaligned pointer");
+    }
+    // The range it is read from, with its own extents: then the full extent with broadcast strides.
+    const ByteRange bias_range = byte_range(bias);
+    expect_disjoint(function, "options.bias", bias_range, "out", out_range);
+    expect_disjoint(function, "options.bias", bias_range, "options.lse", lse_range);
+    for (int i = 0; i < 4; ++i) bias.shape[i] = extent[i];
+    call.bias = bias;
+  }
+}
+
 void check_causal(const char* function, Causal causal) {
   if (causal != Causal::none && causal != Causal::top_left && causal != Causal::bottom_right) {
     fail(function, "options.causal expected none, top_left or bottom_right, got value " + std::to_string(int(causal)));
@@ -201,6 +282,12 @@ std::string describe(const AttentionCall& call) {
   if (call.causal != Causal::none) text += std::string(" causal=") + to_string(call.causal);
   if (call.key_lengths) text += " key_lengths";
   if (call.lse) text += " lse";
+  if (call.window_left >= 0 || call.window_right >= 0) {
+    text += " window=" + std::to_string(call.window_left) + "," + std::to_string(call.window_right);
+  }
+  if (call.softcap > 0) text += " softcap=" + std::to_string(call.softcap);
+  if (call.alibi_slopes) text += " alibi";
+  if (call.bias) text += std::string(" bias=") + to_string(call.bias->dtype);
   if (call.varlen()) text += " varlen";
   return text;
 }
@@ -211,7 +298,10 @@ AttentionCall validate_attention(const char* function, const TensorView& q, cons
   check_causal(function, options.causal);
   check_lse(function, options, q.batch() * q.heads() * q.seq(), q, k, v, out, check_out_overlap);
   check_key_lengths(function, options, q.batch(), q.batch() * q.heads() * q.seq(), out, check_out_overlap);
-  return make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
+  AttentionCall call = make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
+  check_score_mods(function, options, q.batch(), q.heads(), q.seq(), k.seq(), q, out, q.batch() * q.heads() * q.seq(),
+                   check_out_overlap, call);
+  return call;
 }
 
 AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -251,6 +341,8 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
   call.seq_k = max_seqlen_k;
   call.cu_seqlens_q = cu_seqlens_q;
   call.cu_seqlens_k = cu_seqlens_k;
+  check_score_mods(function, options, batch, q.heads(), max_seqlen_q, max_seqlen_k, q, out, q.heads() * q.seq(), true,
+                   call);
   return call;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The host's enums as the kernels spell them (kernels/ knows nothing of the public API).
 #include "../../kernels/params.h"
+#include "paths.h"
 #include "selfattn/types.h"
 
 namespace selfattn::detail {
@@ -21,6 +22,29 @@ inline kernels::CausalMask causal_mask_of(Causal causal) {
     case Causal::bottom_right: return kernels::CausalMask::bottom_right;
   }
   return kernels::CausalMask::none;
+}
+
+// The call's window, softcap, ALiBi and bias as every kernel takes them (kernels/score_mods.cuh).
+inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
+  kernels::ScoreMods mods{};
+  mods.window_left = call.window_left;
+  mods.window_right = call.window_right;
+  mods.softcap = call.softcap;
+  mods.alibi_slopes = call.alibi_slopes;
+  mods.alibi_stride_batch = call.alibi_stride_batch;
+  if (call.bias) {
+    const TensorView& bias = *call.bias;
+    mods.bias = bias.data;
+    mods.bias_element = element_of(bias.dtype);
+    mods.bias_stride_batch = bias.strides[0];
+    mods.bias_stride_head = bias.strides[1];
+    mods.bias_stride_row = bias.strides[2];
+    mods.bias_stride_key = bias.strides[3];
+    mods.bias_rows = int(bias.shape[2]);
+    mods.bias_keys = int(bias.shape[3]);
+  }
+  mods.changes_values = call.softcap > 0 || call.alibi_slopes != nullptr || call.bias.has_value();
+  return mods;
 }
 
 }  // namespace selfattn::detail

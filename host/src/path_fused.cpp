@@ -118,7 +118,9 @@ kernels::FlashFwdParams make_params(const AttentionCall& call) {
   p.head_dim = call.head_dim;
   p.heads_per_kv_head = call.heads / call.kv_heads;
   p.scale_log2 = float(double(call.scale) * 1.4426950408889634);
+  p.scale = call.scale;
   p.causal = causal_mask_of(call.causal);
+  p.mods = score_mods_of(call);
   return p;
 }
 

@@ -3,6 +3,7 @@
 // it. attention.cpp validates arguments once, resolves `automatic`, plans the call (every check
 // that can throw) and then runs one of these.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "context_state.h"
@@ -23,6 +24,14 @@ struct AttentionCall {
   float* lse = nullptr;                   // device, [batch, heads, seq_q] (varlen: [heads, total_q]) or null
   const int32_t* cu_seqlens_q = nullptr;  // device, [batch + 1]; varlen only
   const int32_t* cu_seqlens_k = nullptr;
+  // Masks and score modifiers (AttentionOptions), validated. bias, when present, is normalised to
+  // the call's full extent [batch, heads, seq_q, seq_k] (varlen: max lengths) with stride 0 on every
+  // broadcast dimension; alibi_stride_batch is heads for [batch, heads] slopes, 0 for [heads].
+  int window_left = -1, window_right = -1;
+  float softcap = 0;  // 0: none
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride_batch = 0;
+  std::optional<TensorView> bias;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

@@ -19,6 +19,21 @@ int visible_keys(int row, int seq_q, int len_k, Causal causal) {
   return len_k;
 }
 
+int aligned_row(int row, int seq_q, int len_k, Causal causal) {
+  return causal == Causal::top_left ? row : row + (len_k - seq_q);
+}
+
+KeyRange visible_key_range(int row, int seq_q, int len_k, Causal causal, int window_left, int window_right) {
+  const int64_t i = aligned_row(row, seq_q, len_k, causal);
+  int64_t end = visible_keys(row, seq_q, len_k, causal);
+  int64_t begin = 0;
+  if (window_right >= 0) end = std::min(end, i + window_right + 1);
+  if (window_left >= 0) begin = std::max<int64_t>(0, i - window_left);
+  end = std::max<int64_t>(end, 0);
+  begin = std::min(begin, end);
+  return {int(begin), int(end)};
+}
+
 namespace {
 
 void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size) {
@@ -37,6 +52,17 @@ void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size
   if (!p.key_lengths.empty() && p.key_lengths.size() != size_t(p.batch)) {
     fail("key_lengths expected empty or " + std::to_string(p.batch) + " entries, got " +
          std::to_string(p.key_lengths.size()));
+  }
+  if (p.window_left < -1 || p.window_right < -1) fail("window sides expected -1 or >= 0");
+  if (!(p.softcap >= 0) || !std::isfinite(p.softcap)) fail("softcap expected 0 (none) or a finite number > 0");
+  const size_t heads = size_t(p.heads), pairs = size_t(p.batch) * p.heads;
+  if (!p.alibi_slopes.empty() && p.alibi_slopes.size() != heads && p.alibi_slopes.size() != pairs) {
+    fail("alibi_slopes expected empty, " + std::to_string(heads) + " or " + std::to_string(pairs) + " entries, got " +
+         std::to_string(p.alibi_slopes.size()));
+  }
+  const size_t bias_expected = pairs * p.seq_q * p.seq_k;
+  if (!p.bias.empty() && p.bias.size() != bias_expected) {
+    fail("bias expected empty or " + std::to_string(bias_expected) + " entries, got " + std::to_string(p.bias.size()));
   }
 }
 
@@ -60,27 +86,38 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
       const int kv_h = h / group;
       const double* k_head = k.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
       const double* v_head = v.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
+      const double slope = p.alibi_slopes.empty()
+                               ? 0.0
+                               : p.alibi_slopes[p.alibi_slopes.size() == size_t(p.heads) ? size_t(h)
+                                                                                         : size_t(b) * p.heads + h];
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;
-        const int n = visible_keys(i, p.seq_q, len_k, p.causal);
-        if (n == 0) continue;  // a row that sees no key: output 0, LSE -inf (already there)
+        const KeyRange keys = visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
+        const int aligned = aligned_row(i, p.seq_q, len_k, p.causal);
 
+        // The scores of the visible keys, after the modifiers (attention.h): softcap, ALiBi, bias.
         double max_score = -std::numeric_limits<double>::infinity();
-        for (int j = 0; j < n; ++j) {
+        for (int j = keys.begin; j < keys.end; ++j) {
           double dot = 0;
           for (size_t e = 0; e < d; ++e) dot += q_row[e] * k_head[size_t(j) * d + e];
-          scores[j] = scale * dot;
-          max_score = std::max(max_score, scores[j]);
+          double s = scale * dot;
+          if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+          s -= slope * std::abs(double(aligned) - double(j));
+          if (!p.bias.empty()) s += p.bias[row * p.seq_k + j];
+          scores[j] = s;
+          max_score = std::max(max_score, s);
         }
+        // No key, or only keys the bias masks: output 0, LSE -inf (already there).
+        if (max_score == -std::numeric_limits<double>::infinity()) continue;
         // Subtracting the row maximum keeps exp() in range; it cancels in the normalisation.
         double sum = 0;
-        for (int j = 0; j < n; ++j) {
+        for (int j = keys.begin; j < keys.end; ++j) {
           scores[j] = std::exp(scores[j] - max_score);
           sum += scores[j];
         }
         double* out_row = result.out.data() + row * d;
-        for (int j = 0; j < n; ++j) {
+        for (int j = keys.begin; j < keys.end; ++j) {
           const double weight = scores[j] / sum;
           for (size_t e = 0; e < d; ++e) out_row[e] += weight * v_head[size_t(j) * d + e];
         }

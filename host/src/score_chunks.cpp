@@ -73,6 +73,13 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
     padded.k = rows_from(call.k, k0, len_k);
     padded.v = rows_from(call.v, k0, len_k);
     padded.lse = call.lse ? call.lse + q0 : nullptr;
+    // Per-sequence bias and slopes: sequence b is batch b of them (rows and keys from 0).
+    if (call.bias) {
+      padded.bias->data = static_cast<unsigned char*>(call.bias->data) +
+                          b * call.bias->strides[0] * int64_t(dtype_size(call.bias->dtype));
+      padded.bias->shape[0] = 1;
+    }
+    if (call.alibi_slopes) padded.alibi_slopes = call.alibi_slopes + b * call.alibi_stride_batch;
     calls.push_back({padded, total_q, b});
   }
   return calls;
@@ -81,7 +88,7 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
 }  // namespace
 
 kernels::KeyMask key_mask(const AttentionCall& call) {
-  return {call.key_lengths, causal_mask_of(call.causal), call.seq_q};
+  return {call.key_lengths, causal_mask_of(call.causal), call.seq_q, call.window_left, call.window_right};
 }
 
 ScorePlan plan_scores(ContextState& ctx, const AttentionCall& call, ScoreLayout (*layout_of)(const AttentionCall&),
@@ -150,6 +157,7 @@ void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& c
   params.lse = call.lse;
   params.lse_pair_stride = lse_pair_stride;
   params.mask = key_mask(call);
+  params.mods = score_mods_of(call);
   params.scale = scale;
   params.heads = call.heads;
   params.bh_begin = chunk.pair_begin;

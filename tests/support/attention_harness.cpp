@@ -28,6 +28,7 @@ std::string AttentionCase::name() const {
   if (scale) s << " scale=" << *scale;
   if (batch_gap) s << " batch_gap=" << batch_gap;
   if (row_gap) s << " row_gap=" << row_gap;
+  s << mods.name();
   return s.str();
 }
 
@@ -294,6 +295,11 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
     options.key_lengths = key_lengths.data();
   }
   if (c.with_lse) options.lse = lse_buffer.data();
+  ScoreModsData mods;
+  if (c.mods.any()) {
+    mods = make_score_mods(ctx, c.mods, c.dtype, c.batch, c.heads, c.seq_q, c.seq_k, rng);
+    mods.apply(c.mods, options);
+  }
 
   try {
     attention(ctx, q.tensor.view, k.tensor.view, v.tensor.view, out, options);
@@ -312,6 +318,7 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
   problem.causal = c.causal;
   problem.scale = c.scale ? double(*c.scale) : 0.0;
   problem.key_lengths = c.key_lengths;
+  if (c.mods.any()) mods.apply(c.mods, problem);
   const reference::Result ref = reference::attention(problem, q.logical, k.logical, v.logical);
 
   const std::vector<unsigned char> out_host = download(out_tensor, c.batch);
@@ -382,7 +389,7 @@ std::string VarlenCase::name() const {
   s << "] k=[";
   for (size_t i = 0; i < seq_k.size(); ++i) s << (i ? "," : "") << seq_k[i];
   s << "] causal=" << selfattn::to_string(causal) << " " << to_string(layout) << (with_lse ? " lse" : "") << " "
-    << selfattn::to_string(path);
+    << selfattn::to_string(path) << mods.name();
   return s.str();
 }
 
@@ -422,6 +429,11 @@ std::string VarlenCase::name() const {
   if (c.with_lse) options.lse = lse_buffer.data();
   const int max_q = batch ? *std::max_element(c.seq_q.begin(), c.seq_q.end()) : 0;
   const int max_k = batch ? *std::max_element(c.seq_k.begin(), c.seq_k.end()) : 0;
+  ScoreModsData mods;
+  if (c.mods.any()) {
+    mods = make_score_mods(ctx, c.mods, c.dtype, batch, c.heads, max_q, max_k, rng);
+    mods.apply(c.mods, options);
+  }
   try {
     attention_varlen(ctx, q.tensor.view, k.tensor.view, v.tensor.view, out_tensor.view, cu_q_device.data(),
                      cu_k_device.data(), batch, max_q, max_k, options);
@@ -453,6 +465,7 @@ std::string VarlenCase::name() const {
     problem.seq_k = c.seq_k[b];
     problem.head_dim = d;
     problem.causal = c.causal;
+    if (c.mods.any()) mods.apply_sequence(c.mods, problem, b, c.seq_q[b], c.seq_k[b]);
     const reference::Result ref =
         reference::attention(problem, slice(q, c.heads, total_q, cu_q[b], c.seq_q[b]),
                              slice(k, c.kv_heads, total_k, cu_k[b], c.seq_k[b]), slice(v, c.kv_heads, total_k, cu_k[b], c.seq_k[b]));

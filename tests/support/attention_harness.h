@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "score_mods_case.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -48,6 +49,8 @@ struct AttentionCase {
   // stride exceeds the dense one, as in a slice of a packed QKV projection. The harness checks that
   // out's gaps stay untouched.
   int64_t row_gap = 0;
+  // Sliding window, softcap, ALiBi, bias (score_mods_case.h); default none.
+  ScoreModsCase mods;
 
   // "f16 b2 h4/2 q113 k64 d32 causal=top_left keys=[0,64] bshd lse naive": names a failing case.
   std::string name() const;
@@ -101,6 +104,7 @@ struct VarlenCase {
   Layout layout = Layout::bshd;
   bool with_lse = false;
   Path path = Path::automatic;
+  ScoreModsCase mods;  // the bias is [sequences, heads, max_q, max_k]
   std::string name() const;
 };
 

@@ -15,12 +15,43 @@ struct AttentionOptions {
   // Device memory, int32 [batch]: batch b uses keys [0, key_lengths[b]) only (padding). Values are
   // clamped to [0, seq_k]. A length of 0 gives output rows of 0 and LSE -inf.
   const int32_t* key_lengths = nullptr;
-  // Device memory, fp32 [batch, heads, seq_q] contiguous: log(sum_j exp(scale * q.k_j)) per row
-  // (natural log), -inf for a row that sees no key. Not written when null.
+  // Device memory, fp32 [batch, heads, seq_q] contiguous: log(sum_j exp(s_j)) per row over the
+  // scores s_j the softmax takes (natural log), -inf for a row that sees no key. Not written when null.
   float* lse = nullptr;
+
+  // ---- Masks and score modifiers (any combination, every path and entry point). For query row i
+  // and key j the softmax takes s = scale * q_i.k_j, then, in this order:
+  //   softcap  s = softcap * tanh(s / softcap)
+  //   ALiBi    s = s - slope[b, h] * |i' - j|
+  //   bias     s = s + bias[b, h, i, j]            (-inf masks the key)
+  // over the keys the causal mask, key lengths and the sliding window leave visible. i' is row i
+  // aligned as the causal mask in force aligns it (types.h): i' = i under top_left, i + (len_k -
+  // seq_q) under bottom_right AND under none (a window or ALiBi without a causal mask is aligned at
+  // the last key, FlashAttention's convention). A row left with no key, or whose every visible key
+  // the bias masks, outputs 0 and LSE -inf.
+
+  // Sliding window: row i sees key j only when i' - window_left <= j <= i' + window_right; -1 means
+  // unbounded on that side (the default: no window). (0, 0) sees key i' alone; with top_left or
+  // bottom_right causal, window_right beyond 0 changes nothing. The fused path skips whole key
+  // tiles outside the window: its cost grows with the window, not with seq_k.
+  int window_left = -1, window_right = -1;
+  // Logit soft-capping (Gemma 2, Grok): when set, a finite value > 0.
+  std::optional<float> softcap;
+  // ALiBi: device fp32 slopes, alibi_slopes_count of them: heads ([heads], shared by the batch) or
+  // batch * heads ([batch, heads]; varlen: one row per sequence). Adds -slope * |i' - j|
+  // (FlashAttention's convention: a positive slope penalises distance). Null: no ALiBi.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_count = 0;
+  // Additive bias: a device view [batch, heads, seq_q, seq_k] (varlen: [batch, heads, max_seqlen_q,
+  // max_seqlen_k], sequence b's rows and keys counted from 0) in fp32 or q's dtype. A dimension of
+  // extent 1 broadcasts, and so does any stride of 0: [1, heads, q, k], [batch, 1, q, k] and
+  // [1, 1, q, k] (or the full shape with stride 0) are views of one copy. Entries are finite or -inf
+  // (a mask: a boolean mask is a bias of 0 where allowed and -inf where not). Any strides >= 0;
+  // 64-bit offsets. Must not overlap out or lse.
+  std::optional<TensorView> bias;
 };
 
-// out = softmax(scale * q k^T + mask) v, per (batch, head).
+// out = softmax(mods(scale * q k^T) + mask) v, per (batch, head) (mods: see AttentionOptions).
 //   q:   [batch, heads,    seq_q, head_dim]
 //   k,v: [batch, kv_heads, seq_k, head_dim]  kv_heads divides heads (GQA/MQA: head h reads kv head h / (heads/kv_heads))
 //   out: [batch, heads,    seq_q, head_dim]  same dtype as q

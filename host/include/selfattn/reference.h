@@ -14,6 +14,11 @@ struct Problem {
   Causal causal = Causal::none;
   double scale = 0;                  // 0: 1/sqrt(head_dim)
   std::vector<int32_t> key_lengths;  // empty, or [batch]
+  // Masks and score modifiers, as AttentionOptions (attention.h) defines them.
+  int window_left = -1, window_right = -1;  // -1: unbounded
+  double softcap = 0;                       // 0: none
+  std::vector<double> alibi_slopes;         // empty, [heads] or [batch, heads]
+  std::vector<double> bias;                 // empty, or dense [batch, heads, seq_q, seq_k]; -inf masks
 };
 
 struct Result {
@@ -25,8 +30,21 @@ struct Result {
 Result attention(const Problem& problem, const std::vector<double>& q, const std::vector<double>& k,
                  const std::vector<double>& v);
 
-// Number of keys (a prefix [0, n)) that query `row` sees: the mask in one place.
+// Number of keys (a prefix [0, n)) that query `row` sees under the causal mask alone.
 int visible_keys(int row, int seq_q, int len_k, Causal causal);
+
+// The key position row `row` is aligned with: row under top_left, row + (len_k - seq_q) under
+// bottom_right and none (types.h). Sliding windows and ALiBi distances are measured from it.
+int aligned_row(int row, int seq_q, int len_k, Causal causal);
+
+// Keys [begin, end) that query `row` sees under the causal mask and the sliding window: the mask in
+// one place (kernels/causal_mask.cuh is its device twin). With i' = aligned_row(row):
+//   end = min(visible_keys(row), i' + window_right + 1), begin = max(0, i' - window_left)
+// (-1: that side unbounded); an empty range has begin == end, both in [0, len_k].
+struct KeyRange {
+  int begin = 0, end = 0;
+};
+KeyRange visible_key_range(int row, int seq_q, int len_k, Causal causal, int window_left, int window_right);
 
 // ---- KV cache semantics (selfattn/kv_cache.h) ----
 

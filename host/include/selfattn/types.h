@@ -26,6 +26,10 @@ const char* to_string(Path path);
 //   bottom_right: j <= i + (len_k - seq_q)        (the last row sees every key; aligned at the last key)
 // They agree when seq_q == len_k. len_k is the batch's key length when key lengths are given, else seq_k.
 // A row that sees no key outputs 0 (and LSE -inf).
+// The sliding window and ALiBi (AttentionOptions) measure distances from row i's aligned key
+// position i': i under top_left; i + (len_k - seq_q) under bottom_right and under none (none
+// aligns at the last key, as FlashAttention's windows do). reference::visible_key_range() and
+// kernels/causal_mask.cuh state the whole rule.
 enum class Causal : uint8_t { none, top_left, bottom_right };
 const char* to_string(Causal causal);
 

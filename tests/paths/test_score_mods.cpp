@@ -1,0 +1,281 @@
+// Masks and score modifiers (sliding window, softcap, ALiBi, additive bias) on every path, on the
+// sim, against the double reference: each feature alone, then combined with each other and with
+// both causal alignments, GQA, key lengths, varlen; windows of width 0 and wider than the sequence;
+// bias with -inf rows and columns in every broadcast layout and both element types; odd shapes.
+// Then the arguments the options must reject. Each test runs once per path.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention_harness.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn {
+namespace {
+
+using testing::AlibiSlopes;
+using testing::AttentionCase;
+using testing::BiasLayout;
+using testing::Layout;
+using testing::make_case;
+using testing::ScoreModsCase;
+using testing::VarlenCase;
+
+constexpr Causal none = Causal::none, top_left = Causal::top_left, bottom_right = Causal::bottom_right;
+
+ScoreModsCase window(int left, int right) {
+  ScoreModsCase m;
+  m.window_left = left;
+  m.window_right = right;
+  return m;
+}
+
+AttentionCase with(AttentionCase c, const ScoreModsCase& mods) {
+  c.mods = mods;
+  return c;
+}
+
+class ScoreMods : public ::testing::TestWithParam<Path> {
+ protected:
+  Path path() const { return GetParam(); }
+  // Shorthand: dtype, batch, heads / kv_heads, seq_q x seq_k, head_dim, causal, lse, key lengths.
+  AttentionCase make(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
+                     Causal causal, std::vector<int32_t> key_lengths = {}, Layout layout = Layout::bhsd) const {
+    return make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, true,
+                     std::move(key_lengths), path());
+  }
+};
+
+// The window alone: both sides, one side, width 0, wider than the sequence, under each alignment.
+// head_dim 32 f16 takes the fused path's tensor-core kernel; f32 its SIMT kernel.
+TEST_P(ScoreMods, SlidingWindow) {
+  Context ctx;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 1, 2, 1, 113, 203, 7, none), window(16, 8)),
+      with(make(DType::f16, 1, 2, 2, 113, 203, 32, top_left), window(0, 0)),
+      with(make(DType::bf16, 2, 2, 1, 64, 113, 32, bottom_right, {113, 40}), window(5, -1)),
+      with(make(DType::f32, 1, 1, 1, 7, 64, 16, none), window(-1, 3)),
+      with(make(DType::f16, 1, 1, 1, 64, 64, 64, none), window(500, 500)),
+      with(make(DType::f32, 1, 1, 1, 113, 7, 2, bottom_right), window(2, 0)),  // first rows see nothing
+  });
+}
+
+// A narrow window over many keys: the fused kernels start past key tile 0 and stop early.
+TEST_P(ScoreMods, NarrowWindowOverLongKeys) {
+  Context ctx;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f16, 1, 1, 1, 70, 1000, 64, bottom_right), window(40, 0)),
+      with(make(DType::f32, 1, 1, 1, 33, 700, 8, top_left, {}, Layout::bshd), window(20, 0)),
+      with(make(DType::bf16, 1, 1, 1, 40, 900, 32, none), window(30, 30)),
+  });
+}
+
+TEST_P(ScoreMods, Softcap) {
+  Context ctx;
+  ScoreModsCase cap;
+  cap.softcap = 1.5f;
+  AttentionCase big_scores = make(DType::f32, 1, 2, 1, 113, 64, 32, none);
+  big_scores.scale = 1.0f;  // scores of a few units: the cap bends them hard
+  testing::expect_all_pass(ctx, {
+      with(big_scores, cap),
+      with(make(DType::f16, 2, 2, 1, 64, 113, 64, top_left), cap),
+      with(make(DType::bf16, 1, 1, 1, 7, 203, 7, bottom_right, {150}), cap),
+  });
+}
+
+TEST_P(ScoreMods, Alibi) {
+  Context ctx;
+  ScoreModsCase per_head, per_batch;
+  per_head.alibi = AlibiSlopes::heads;
+  per_batch.alibi = AlibiSlopes::batch_heads;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 2, 4, 2, 64, 113, 16, none), per_head),
+      with(make(DType::f16, 3, 2, 1, 113, 64, 32, top_left, {64, 20, 0}), per_batch),
+      with(make(DType::bf16, 2, 2, 2, 7, 203, 64, bottom_right), per_batch),
+  });
+}
+
+// Every bias layout, fp32 and the input dtype, with -inf rows (rows that see no key: out 0, LSE
+// -inf) and -inf columns.
+TEST_P(ScoreMods, BiasLayoutsAndMasks) {
+  Context ctx;
+  std::vector<AttentionCase> cases;
+  const BiasLayout layouts[] = {BiasLayout::full, BiasLayout::heads, BiasLayout::batch, BiasLayout::keys,
+                                BiasLayout::stride0};
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  for (int i = 0; i < 5; ++i) {
+    ScoreModsCase bias;
+    bias.bias = layouts[i];
+    bias.bias_in_input_dtype = i % 2 == 1;
+    bias.masked_row_period = i % 2 == 0 ? 5 : 0;
+    bias.masked_key_period = i < 3 ? 7 : 0;
+    const DType dtype = dtypes[i % 3];
+    cases.push_back(with(make(dtype, 2, 2, 1, 33 + 20 * i, 71 - 10 * i, i % 2 ? 32 : 7, i % 3 == 0 ? none : top_left),
+                         bias));
+  }
+  testing::expect_all_pass(ctx, cases);
+}
+
+// A bias that masks every key of every row: all outputs 0, every LSE -inf, no NaN.
+TEST_P(ScoreMods, BiasMasksEverything) {
+  Context ctx;
+  ScoreModsCase all;
+  all.bias = BiasLayout::keys;
+  all.masked_row_period = 1;  // row r is masked when r % 1 == 0: every row
+  testing::expect_all_pass(ctx, {with(make(DType::f16, 1, 2, 1, 17, 40, 32, none), all),
+                                 with(make(DType::f32, 1, 1, 1, 9, 13, 3, bottom_right), all)});
+}
+
+// Everything at once, on odd shapes: window + causal (both alignments) + softcap + ALiBi + bias
+// + GQA + key lengths, and the same through attention_varlen.
+TEST_P(ScoreMods, Combined) {
+  Context ctx;
+  ScoreModsCase all = window(30, 10);
+  all.softcap = 4.0f;
+  all.alibi = AlibiSlopes::batch_heads;
+  all.bias = BiasLayout::full;
+  all.masked_row_period = 11;
+  all.masked_key_period = 9;
+  ScoreModsCase all_heads = all;
+  all_heads.alibi = AlibiSlopes::heads;
+  all_heads.bias = BiasLayout::heads;
+  all_heads.bias_in_input_dtype = true;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 2, 4, 2, 113, 203, 7, bottom_right, {203, 150}), all),
+      with(make(DType::f16, 2, 2, 1, 113, 203, 64, top_left, {100, 203}, Layout::bshd), all_heads),
+      with(make(DType::bf16, 1, 3, 1, 64, 113, 32, none), all),
+  });
+
+  VarlenCase varlen;
+  varlen.dtype = DType::f16;
+  varlen.heads = 4;
+  varlen.kv_heads = 2;
+  varlen.head_dim = 32;
+  varlen.seq_q = {37, 0, 64, 5};
+  varlen.seq_k = {90, 12, 64, 0};
+  varlen.causal = bottom_right;
+  varlen.with_lse = true;
+  varlen.path = path();
+  varlen.mods = all;
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen)) << varlen.name();
+  varlen.dtype = DType::f32;
+  varlen.head_dim = 7;
+  varlen.causal = none;
+  varlen.mods = all_heads;
+  varlen.mods.bias_in_input_dtype = false;
+  varlen.mods.bias = BiasLayout::stride0;
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen)) << varlen.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPath, ScoreMods, ::testing::Values(Path::naive, Path::cublas, Path::fused),
+                         [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
+
+// ---- arguments the options must reject: InvalidArgument naming the option, out untouched.
+class ScoreModsArguments : public ::testing::Test {
+ protected:
+  Context ctx;
+  DeviceBuffer<float> q{ctx, 2 * 3 * 4, "q"}, k{ctx, 2 * 5 * 4, "k"}, v{ctx, 2 * 5 * 4, "v"}, out{ctx, 2 * 3 * 4, "out"};
+  DeviceBuffer<float> slopes{ctx, 4, "slopes"}, bias{ctx, 2 * 2 * 3 * 5, "bias"};
+  TensorView qv = TensorView::bhsd(q.data(), DType::f32, 1, 2, 3, 4);
+  TensorView kv = TensorView::bhsd(k.data(), DType::f32, 1, 2, 5, 4);
+  TensorView vv = TensorView::bhsd(v.data(), DType::f32, 1, 2, 5, 4);
+  TensorView ov = TensorView::bhsd(out.data(), DType::f32, 1, 2, 3, 4);
+
+  ScoreModsArguments() {
+    out.fill_bytes(0x5A);
+    q.fill_bytes(0);
+    k.fill_bytes(0);
+    v.fill_bytes(0);
+    slopes.fill_bytes(0);
+    bias.fill_bytes(0);
+  }
+  TensorView full_bias() const {
+    TensorView b = TensorView::bhsd(bias.data(), DType::f32, 1, 2, 3, 5);
+    return b;
+  }
+  // The call throws InvalidArgument whose message names `what`, and out keeps its bytes.
+  void expect_rejected(const AttentionOptions& options, const std::string& what) {
+    try {
+      attention(ctx, qv, kv, vv, ov, options);
+      ADD_FAILURE() << "expected InvalidArgument naming " << what;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    for (float x : out.to_host()) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      ASSERT_EQ(bits, 0x5A5A5A5Au) << "out was written";
+    }
+  }
+};
+
+TEST_F(ScoreModsArguments, Window) {
+  AttentionOptions o;
+  o.window_left = -2;
+  expect_rejected(o, "options.window_left");
+  o = {};
+  o.window_right = -7;
+  expect_rejected(o, "options.window_right");
+}
+
+TEST_F(ScoreModsArguments, Softcap) {
+  AttentionOptions o;
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    o.softcap = bad;
+    expect_rejected(o, "options.softcap");
+  }
+}
+
+TEST_F(ScoreModsArguments, AlibiSlopes) {
+  AttentionOptions o;
+  o.alibi_slopes = slopes.data();
+  o.alibi_slopes_count = 3;  // heads is 2, batch * heads is 2
+  expect_rejected(o, "options.alibi_slopes_count");
+  o.alibi_slopes = nullptr;
+  o.alibi_slopes_count = 2;
+  expect_rejected(o, "options.alibi_slopes");
+  o.alibi_slopes = reinterpret_cast<const float*>(reinterpret_cast<const char*>(slopes.data()) + 1);
+  expect_rejected(o, "options.alibi_slopes");
+  o.alibi_slopes = out.data();  // read while out is written
+  expect_rejected(o, "options.alibi_slopes");
+}
+
+TEST_F(ScoreModsArguments, Bias) {
+  AttentionOptions o;
+  TensorView b = full_bias();
+  b.shape[3] = 4;  // neither seq_k 5 nor 1
+  o.bias = b;
+  expect_rejected(o, "options.bias.shape[3]");
+  b = full_bias();
+  b.shape[1] = 3;
+  o.bias = b;
+  expect_rejected(o, "options.bias.shape[1]");
+  b = full_bias();
+  b.dtype = DType::f16;  // q is f32: only f32 is accepted
+  o.bias = b;
+  expect_rejected(o, "options.bias.dtype");
+  b = full_bias();
+  b.strides[2] = -5;
+  o.bias = b;
+  expect_rejected(o, "options.bias.strides[2]");
+  b = full_bias();
+  b.data = nullptr;
+  o.bias = b;
+  expect_rejected(o, "options.bias.data");
+  b = full_bias();
+  b.data = out.data();  // one broadcast element, read while out's first element is written
+  b.shape = {1, 1, 1, 1};
+  o.bias = b;
+  expect_rejected(o, "options.bias expected not to overlap out");
+  // A bias that broadcasts through stride 0 over a full shape is fine (and valid stride 0 on seq_k).
+  b = full_bias();
+  b.strides = {0, 0, 0, 0};
+  o.bias = b;
+  EXPECT_NO_THROW(attention(ctx, qv, kv, vv, ov, o));
+}
+
+}  // namespace
+}  // namespace selfattn

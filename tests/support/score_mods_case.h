@@ -1,0 +1,63 @@
+#pragma once
+// Masks and score modifiers of a test case (sliding window, softcap, ALiBi, additive bias): what a
+// case asks for, and the inputs made from it - random slopes and bias uploaded to the device in the
+// asked layout, and the same values, expanded to dense [batch, heads, seq_q, seq_k], for the
+// double reference. Used by the attention harness (AttentionCase::mods, VarlenCase::mods).
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "selfattn/selfattn.h"
+
+namespace selfattn::testing {
+
+// How the bias is stored. Each is a view of one allocation, never an expanded copy:
+//   full    [batch, heads, seq_q, seq_k], rows padded (row stride seq_k + 3)
+//   heads   [1, heads, seq_q, seq_k]      shared by the batch (extent 1)
+//   batch   [batch, 1, seq_q, seq_k]      shared by the heads
+//   keys    [1, 1, seq_q, seq_k]          one [q, k] matrix for every (batch, head)
+//   stride0 [batch, heads, seq_q, seq_k]  full shape, strides 0 on batch and heads
+enum class BiasLayout : uint8_t { none, full, heads, batch, keys, stride0 };
+const char* to_string(BiasLayout layout);
+
+enum class AlibiSlopes : uint8_t { none, heads, batch_heads };
+
+struct ScoreModsCase {
+  int window_left = -1, window_right = -1;
+  std::optional<float> softcap;
+  AlibiSlopes alibi = AlibiSlopes::none;
+  BiasLayout bias = BiasLayout::none;
+  bool bias_in_input_dtype = false;  // else fp32
+  // -inf entries of the bias: query rows r with r % masked_row_period == masked_row_period - 1
+  // entirely (rows that see no key), keys k with k % masked_key_period == 1 (columns). 0: none.
+  int masked_row_period = 0, masked_key_period = 0;
+
+  bool any() const;
+  // "" when none, else " window=L,R softcap=C alibi=heads bias=full/f32 -inf=rows5,keys7".
+  std::string name() const;
+};
+
+// The device inputs of one case's modifiers and their logical values.
+struct ScoreModsData {
+  DeviceBuffer<float> slopes;
+  DeviceBuffer<unsigned char> bias_storage;
+  std::optional<TensorView> bias;
+  std::vector<double> slopes_logical;  // as uploaded: [heads] or [batch, heads]
+  std::vector<double> bias_logical;    // dense [batch, heads, seq_q, seq_k]
+  int batch = 0, heads = 0, seq_q = 0, seq_k = 0;
+
+  void apply(const ScoreModsCase& c, AttentionOptions& options) const;
+  // The reference problem of the whole call, or (varlen) of sequence `b` alone with len_q rows and
+  // len_k keys of the [batch, heads, max_q, max_k] bias.
+  void apply(const ScoreModsCase& c, reference::Problem& problem) const;
+  void apply_sequence(const ScoreModsCase& c, reference::Problem& problem, int b, int len_q, int len_k) const;
+};
+
+// Random slopes (positive, ALiBi-sized) and bias (normal, with the case's -inf pattern) for a call
+// of extent [batch, heads, seq_q, seq_k]; dtype is q's (for bias_in_input_dtype).
+ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype, int batch, int heads, int seq_q,
+                              int seq_k, std::mt19937_64& rng);
+
+}  // namespace selfattn::testing

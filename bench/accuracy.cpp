@@ -34,22 +34,29 @@ void reference_row(const Case& c, const std::vector<float>& q, const std::vector
   const float* q_row = &q[((int64_t(b) * c.heads + h) * c.seq_q + row) * d];
   const float* k_head = &k[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * d];
   const float* v_head = &v[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * d];
-  const int visible = selfattn::reference::visible_keys(row, c.seq_q, c.seq_k, c.causal);
+  const selfattn::reference::KeyRange keys = selfattn::reference::visible_key_range(
+      row, c.seq_q, c.seq_k, c.causal, c.mods.window_left, c.mods.window_right);
+  const int aligned = selfattn::reference::aligned_row(row, c.seq_q, c.seq_k, c.causal);
   out_row.assign(d, 0.0);
-  if (visible <= 0) return;
+  if (keys.end <= keys.begin) return;
   const double scale = 1.0 / std::sqrt(double(d));
-  std::vector<double> scores(visible);
+  const double slope = c.mods.alibi ? alibi_slope(c, h) : 0.0;
+  std::vector<double> scores(size_t(keys.end - keys.begin));
   double max_score = -INFINITY;
-  for (int j = 0; j < visible; ++j) {
+  for (int j = keys.begin; j < keys.end; ++j) {
     double dot = 0;
     for (int x = 0; x < d; ++x) dot += double(q_row[x]) * double(k_head[int64_t(j) * d + x]);
-    scores[j] = dot * scale;
-    max_score = std::max(max_score, scores[j]);
+    double s = dot * scale;  // then the modifiers, in AttentionOptions' order
+    if (c.mods.softcap > 0) s = c.mods.softcap * std::tanh(s / c.mods.softcap);
+    s -= slope * std::abs(double(aligned - j));
+    if (c.mods.bias != BiasKind::none) s += bias_value(c, b, h, row, j);
+    scores[j - keys.begin] = s;
+    max_score = std::max(max_score, s);
   }
   double sum = 0;
   for (double& s : scores) sum += (s = std::exp(s - max_score));
-  for (int j = 0; j < visible; ++j) {
-    const double p = scores[j] / sum;
+  for (int j = keys.begin; j < keys.end; ++j) {
+    const double p = scores[j - keys.begin] / sum;
     for (int x = 0; x < d; ++x) out_row[x] += p * double(v_head[int64_t(j) * d + x]);
   }
 }
@@ -99,6 +106,18 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
     problem.seq_k = c.seq_k;
     problem.head_dim = c.head_dim;
     problem.causal = c.causal;
+    problem.window_left = c.mods.window_left;
+    problem.window_right = c.mods.window_right;
+    problem.softcap = c.mods.softcap;
+    if (c.mods.alibi)
+      for (int h = 0; h < c.heads; ++h) problem.alibi_slopes.push_back(alibi_slope(c, h));
+    if (c.mods.bias != BiasKind::none) {
+      problem.bias.reserve(size_t(c.batch) * c.heads * c.seq_q * c.seq_k);
+      for (int b = 0; b < c.batch; ++b)
+        for (int h = 0; h < c.heads; ++h)
+          for (int row = 0; row < c.seq_q; ++row)
+            for (int key = 0; key < c.seq_k; ++key) problem.bias.push_back(bias_value(c, b, h, row, key));
+    }
     const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
     const selfattn::reference::Result ref = selfattn::reference::attention(problem, qd, kd, vd);
     for (size_t i = 0; i < out.size(); ++i) sums.add(out[i], ref.out[i]);

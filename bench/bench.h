@@ -17,13 +17,35 @@ using selfattn::Path;
 
 enum class Layout { bhsd, bshd };
 
+// Additive bias of a case (AttentionOptions::bias), in the input dtype, a view of:
+//   full [batch, heads, q, k]; heads [1, heads, q, k]; batch [batch, 1, q, k].
+enum class BiasKind { none, full, heads, batch };
+
+// Masks and score modifiers of a case (AttentionOptions).
+struct ScoreMods {
+  int window_left = -1, window_right = -1;  // -1: unbounded
+  float softcap = 0;                        // 0: none
+  bool alibi = false;                       // slopes 2^(-8 (h + 1) / heads), [heads]
+  BiasKind bias = BiasKind::none;
+  bool any() const { return window_left >= 0 || window_right >= 0 || softcap > 0 || alibi || bias != BiasKind::none; }
+};
+
 struct Case {
   Path path = Path::fused;
   DType dtype = DType::bf16;
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   Causal causal = Causal::none;
   Layout layout = Layout::bhsd;
+  ScoreMods mods;
 };
+
+// "w256,0 cap30 alibi bias=heads", or "-" without modifiers.
+std::string describe_mods(const ScoreMods& mods);
+// The bias value the bench stores at (b, h, row, key) of a case, rounded to its dtype: a cheap
+// deterministic pattern (the check recomputes it instead of keeping a copy).
+float bias_value(const Case& c, int b, int h, int row, int key);
+// ALiBi slope of head h.
+float alibi_slope(const Case& c, int h);
 
 // Everything the sweep needs besides the list of cases.
 struct RunSettings {
@@ -70,7 +92,8 @@ const char* name(Layout layout);
 const char* name(DType dtype);
 const char* name(Status status);
 
-// FlashAttention's convention: 4 * b * h * d per visible (query, key) pair; masked pairs not counted.
+// FlashAttention's convention: 4 * b * h * d per visible (query, key) pair; pairs masked by the causal
+// mask or the sliding window are not counted (the bench's bias masks nothing).
 double attention_flops(const Case& c);
 // Bytes of q, k, v read once and out written once.
 double attention_bytes(const Case& c);
@@ -85,6 +108,8 @@ struct Sweep {
   std::vector<Causal> causals;
   std::vector<Layout> layouts;
   std::vector<Path> paths;
+  ScoreMods mods;          // applied to every case of the product
+  std::vector<Case> extra; // cases beyond the product (the default cuda sweep's sliding-window line)
 };
 Sweep default_sweep(Backend backend);
 std::vector<Case> expand(const Sweep& sweep);

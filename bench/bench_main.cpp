@@ -2,6 +2,7 @@
 // reference on request, and reports a table, JSON and CSV. See bench/README.md.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -47,7 +48,7 @@ std::string describe(const sb::Case& c) {
   std::snprintf(text, sizeof text, "%s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
                 sb::name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, sb::name(c.causal),
                 sb::name(c.layout));
-  return text;
+  return c.mods.any() ? std::string(text) + " " + sb::describe_mods(c.mods) : std::string(text);
 }
 
 }  // namespace
@@ -72,6 +73,10 @@ int main(int argc, char** argv) {
   std::string mode = "attention";
   std::vector<int> cache_len, page_size, new_tokens;
   int splits = 0;
+  double sweep_mods_softcap = 0;
+  bool sweep_mods_alibi = false;
+  std::vector<int> window;
+  std::string bias_word = "none";
 
   app.add_option("--backend", backend_word, "cuda or sim (default: $SELFATTN_BACKEND, else cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cuda", "sim"}));
@@ -91,6 +96,13 @@ int main(int argc, char** argv) {
       ->delimiter(',')->check(CLI::IsMember({"none", "top_left", "bottom_right"}))->option_text("MASK,...");
   app.add_option("--layout", layout_words, "bhsd or bshd (default bhsd)")
       ->delimiter(',')->check(CLI::IsMember({"bhsd", "bshd"}))->option_text("LAYOUT,...");
+  app.add_option("--window", window, "sliding window L,R: keys i'-L..i'+R, -1 unbounded (default: none)")
+      ->delimiter(',')->expected(2)->check(CLI::Range(-1, 1 << 30))->option_text("L,R")->group("Masks and score modifiers");
+  app.add_option("--softcap", sweep_mods_softcap, "logit soft-cap C > 0: s -> C tanh(s / C) (default: none)")
+      ->check(CLI::PositiveNumber)->group("Masks and score modifiers");
+  app.add_flag("--alibi", sweep_mods_alibi, "ALiBi with slopes 2^(-8 (h+1) / heads)")->group("Masks and score modifiers");
+  app.add_option("--bias", bias_word, "additive bias in the input dtype: full [b,h,q,k], heads [1,h,q,k], batch [b,1,q,k], none")
+      ->check(CLI::IsMember({"full", "heads", "batch", "none"}))->group("Masks and score modifiers");
   app.add_flag("--check", settings.check,
                "compare each case with the double-precision CPU reference (sampled rows for large shapes); "
                "exit 1 when any check fails");
@@ -200,6 +212,23 @@ int main(int argc, char** argv) {
   mapped(kDTypes, dtype_words, sweep.dtypes);
   mapped(kCausals, causal_words, sweep.causals);
   mapped(kLayouts, layout_words, sweep.layouts);
+  if (!window.empty()) {
+    sweep.mods.window_left = window[0];
+    sweep.mods.window_right = window[1];
+  }
+  sweep.mods.softcap = float(sweep_mods_softcap);
+  sweep.mods.alibi = sweep_mods_alibi;
+  sweep.mods.bias = bias_word == "full"    ? sb::BiasKind::full
+                    : bias_word == "heads" ? sb::BiasKind::heads
+                    : bias_word == "batch" ? sb::BiasKind::batch
+                                           : sb::BiasKind::none;
+  // The default sweep's extra lines (sliding window) run only as they are: any shape or modifier
+  // option replaces them, a path list keeps those on its paths.
+  if (custom_shape || sweep.mods.any()) sweep.extra.clear();
+  std::vector<sb::Case> kept;
+  for (const sb::Case& c : sweep.extra)
+    if (std::find(sweep.paths.begin(), sweep.paths.end(), c.path) != sweep.paths.end()) kept.push_back(c);
+  sweep.extra = kept;
   const std::vector<sb::Case> cases = sb::expand(sweep);
 
   sb::RunHeader header;

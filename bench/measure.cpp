@@ -111,12 +111,43 @@ std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, co
   return bhsd;
 }
 
+// The case's bias as a device view over `storage` (filled here), in the input dtype.
+selfattn::TensorView make_bias(selfattn::Context& ctx, const Case& c, selfattn::DeviceBuffer<unsigned char>& storage) {
+  const int batch = c.mods.bias == BiasKind::heads ? 1 : c.batch;
+  const int heads = c.mods.bias == BiasKind::batch ? 1 : c.heads;
+  const size_t elem = selfattn::dtype_size(c.dtype);
+  std::vector<unsigned char> bytes(size_t(batch) * heads * c.seq_q * c.seq_k * elem);
+  size_t at = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int row = 0; row < c.seq_q; ++row)
+        for (int key = 0; key < c.seq_k; ++key, at += elem) {
+          const float x = bias_value(c, b, h, row, key);
+          if (c.dtype == DType::f32) {
+            std::memcpy(&bytes[at], &x, 4);
+          } else {
+            const uint16_t bits = to_half_bits(x, c.dtype);
+            std::memcpy(&bytes[at], &bits, 2);
+          }
+        }
+  storage = selfattn::DeviceBuffer<unsigned char>(ctx, std::max<size_t>(bytes.size(), 1), "bench bias");
+  storage.copy_from_host(bytes);
+  return selfattn::TensorView::bhsd(storage.data(), c.dtype, batch, heads, c.seq_q, c.seq_k);
+}
+
 bool same_shape(const Case& a, const Case& b) {
   return a.dtype == b.dtype && a.batch == b.batch && a.heads == b.heads && a.kv_heads == b.kv_heads &&
          a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && a.layout == b.layout;
 }
 
 }  // namespace
+
+float bias_value(const Case& c, int b, int h, int row, int key) {
+  if (c.mods.bias == BiasKind::heads) b = 0;
+  if (c.mods.bias == BiasKind::batch) h = 0;
+  // Structure of about one unit, varying with the distance, the head and the batch.
+  return round_to(0.5f * std::sin(0.37f * float(row - key) + 0.9f * float(h) + 1.7f * float(b)), c.dtype);
+}
 
 // The inputs of the last shape measured: the host values (for the check) and the device copies.
 struct InputCache::Inputs {
@@ -185,6 +216,20 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
   selfattn::AttentionOptions options;
   options.path = c.path;
   options.causal = c.causal;
+  options.window_left = c.mods.window_left;
+  options.window_right = c.mods.window_right;
+  if (c.mods.softcap > 0) options.softcap = c.mods.softcap;
+  selfattn::DeviceBuffer<float> slopes;
+  selfattn::DeviceBuffer<unsigned char> bias;
+  if (c.mods.alibi) {
+    std::vector<float> host(size_t(c.heads));
+    for (int h = 0; h < c.heads; ++h) host[h] = alibi_slope(c, h);
+    slopes = selfattn::DeviceBuffer<float>(ctx, host.size(), "bench alibi slopes");
+    slopes.copy_from_host(host);
+    options.alibi_slopes = slopes.data();
+    options.alibi_slopes_count = c.heads;
+  }
+  if (c.mods.bias != BiasKind::none) options.bias = make_bias(ctx, c, bias);
   auto run = [&](int copy) {
     InputCache::Inputs::Set& set = in.sets[size_t(copy) % in.sets.size()];
     selfattn::attention(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
@@ -261,8 +306,11 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
 
 double attention_flops(const Case& c) {
   double visible_pairs = 0;
-  for (int row = 0; row < c.seq_q; ++row)
-    visible_pairs += std::max(0, selfattn::reference::visible_keys(row, c.seq_q, c.seq_k, c.causal));
+  for (int row = 0; row < c.seq_q; ++row) {
+    const selfattn::reference::KeyRange keys = selfattn::reference::visible_key_range(
+        row, c.seq_q, c.seq_k, c.causal, c.mods.window_left, c.mods.window_right);
+    visible_pairs += keys.end - keys.begin;
+  }
   return 4.0 * c.batch * c.heads * c.head_dim * visible_pairs;
 }
 

@@ -1,4 +1,7 @@
 // Names and the default sweeps.
+#include <cmath>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "bench.h"
@@ -41,6 +44,24 @@ const char* name(Status status) {
   return "?";
 }
 
+std::string describe_mods(const ScoreMods& m) {
+  std::string text;
+  auto add = [&](const std::string& word) { text += (text.empty() ? "" : " ") + word; };
+  if (m.window_left >= 0 || m.window_right >= 0) add("w" + std::to_string(m.window_left) + "," + std::to_string(m.window_right));
+  if (m.softcap > 0) {
+    char cap[32];
+    std::snprintf(cap, sizeof cap, "cap%g", m.softcap);
+    add(cap);
+  }
+  if (m.alibi) add("alibi");
+  if (m.bias == BiasKind::full) add("bias=full");
+  if (m.bias == BiasKind::heads) add("bias=heads");
+  if (m.bias == BiasKind::batch) add("bias=batch");
+  return text.empty() ? "-" : text;
+}
+
+float alibi_slope(const Case& c, int h) { return std::exp2(-8.0f * float(h + 1) / float(c.heads)); }
+
 Sweep default_sweep(Backend backend) {
   Sweep sweep;
   sweep.paths = {Path::naive, Path::cublas, Path::fused};
@@ -51,6 +72,19 @@ Sweep default_sweep(Backend backend) {
     // FlashAttention's benchmark shape: 16k tokens per batch (batch = 16384 / seq), model width
     // 2048 = 16 heads of 128, with and without the causal mask.
     for (int seq : {1024, 2048, 4096, 8192, 16384}) sweep.shapes.push_back({16384 / seq, 16, 16, seq, seq, 128});
+    // Sliding window (Mistral-style, 256 keys back, causal): the fused kernel skips key tiles outside
+    // the window, so its time should stay flat as seq_k grows from 4k to 32k (one batch of 16 heads).
+    for (int seq : {4096, 8192, 16384, 32768}) {
+      Case c;
+      c.path = Path::fused;
+      c.heads = c.kv_heads = 16;
+      c.seq_q = c.seq_k = seq;
+      c.head_dim = 128;
+      c.causal = Causal::bottom_right;
+      c.mods.window_left = 256;
+      c.mods.window_right = 0;
+      sweep.extra.push_back(c);
+    }
   } else {
     // The sim runs each CUDA thread as a fiber on the CPU: a few small shapes (one with GQA and
     // seq_q != seq_k) so the whole sweep takes seconds. Its times say nothing about a GPU.
@@ -78,8 +112,10 @@ std::vector<Case> expand(const Sweep& sweep) {
             c.head_dim = s.head_dim;
             c.causal = causal;
             c.layout = layout;
+            c.mods = sweep.mods;
             cases.push_back(c);
           }
+  cases.insert(cases.end(), sweep.extra.begin(), sweep.extra.end());
   return cases;
 }
 

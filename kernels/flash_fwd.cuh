@@ -126,17 +126,12 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
 
   // This thread's two rows of each m-tile: group and group + 8.
   const int warp_row0 = warp * Traits::kWarpRows;
-  KeyRange visible[MT][2];
-  int aligned[MT][2];  // the rows' aligned positions (ALiBi distances)
   float row_max[MT][2], row_sum[MT][2];
   float acc[MT][DT][4];
   SELFATTN_FLASH_UNROLL
   for (int mt = 0; mt < MT; ++mt) {
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half) {
-      const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
-      visible[mt][half] = flash_visible_keys(p, seq, row);
-      aligned[mt][half] = aligned_row(row, seq.q_len, seq.k_len, p.causal);
       row_max[mt][half] = -INFINITY;
       row_sum[mt][half] = 0.0f;  // this thread's columns only; the quad's sum is taken at the end
     }
@@ -198,6 +193,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
       SELFATTN_FLASH_UNROLL
       for (int half = 0; half < 2; ++half) {
         const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
+        // Recomputed per tile rather than held in registers across the loop (a few integer ops).
+        const KeyRange seen = needs_mask ? flash_visible_keys(p, seq, row) : KeyRange{0, 0};
+        const int aligned = aligned_row(row, seq.q_len, seq.k_len, p.causal);
         float tile_max = -INFINITY;
         SELFATTN_FLASH_UNROLL
         for (int nt = 0; nt < NT; ++nt) {
@@ -205,11 +203,10 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
           for (int j = 0; j < 2; ++j) {
             float& s = score[mt][nt][2 * half + j];
             const int key = key0 + nt * 8 + 2 * in_group + j;
-            const KeyRange seen = visible[mt][half];
             if (needs_mask && (key < seen.begin || key >= seen.end)) {
               s = -INFINITY;
-            } else if (mods.changes_values) {
-              s = modified_score(mods, s * p.scale, row, aligned[mt][half], key) * 1.4426950408889634f;
+            } else if (p.mods.changes_values) {
+              s = modified_score(p.mods, mods, s * p.scale, row, aligned, key) * kLog2e;
             } else {
               s *= p.scale_log2;
             }

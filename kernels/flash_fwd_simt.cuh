@@ -90,13 +90,9 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
   const HeadScoreMods mods = head_score_mods(p.mods, batch, head);
 
   const int warp_row0 = warp * R;  // within the block
-  KeyRange visible[R];
-  int aligned[R];  // the rows' aligned positions (ALiBi distances)
   float row_max[R], row_sum[R], acc[R][C];
   SELFATTN_FLASH_UNROLL
   for (int r = 0; r < R; ++r) {
-    visible[r] = flash_visible_keys(p, seq, block_row0 + warp_row0 + r);
-    aligned[r] = aligned_row(block_row0 + warp_row0 + r, seq.q_len, seq.k_len, p.causal);
     row_max[r] = -INFINITY;
     row_sum[r] = 0.0f;  // this lane's keys only; the warp's sum is taken once at the end
     SELFATTN_FLASH_UNROLL
@@ -131,12 +127,17 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
 
     SELFATTN_FLASH_UNROLL
     for (int r = 0; r < R; ++r) {
-      const int key = key0 + lane;
-      float s = -INFINITY;
-      if (key >= visible[r].begin && key < visible[r].end) {
-        s = mods.changes_values
-                ? modified_score(mods, score[r] * p.scale, block_row0 + warp_row0 + r, aligned[r], key) * 1.4426950408889634f
-                : score[r] * p.scale_log2;
+      // The row's range is recomputed per tile rather than held in registers across the loop.
+      const int key = key0 + lane, row = block_row0 + warp_row0 + r;
+      const KeyRange seen = flash_visible_keys(p, seq, row);
+      float s;
+      if (key < seen.begin || key >= seen.end) {
+        s = -INFINITY;
+      } else if (p.mods.changes_values) {
+        const int aligned = aligned_row(row, seq.q_len, seq.k_len, p.causal);
+        s = modified_score(p.mods, mods, score[r] * p.scale, row, aligned, key) * kLog2e;
+      } else {
+        s = score[r] * p.scale_log2;
       }
       const float new_max = fmaxf(row_max[r], warp_reduce_max<32>(s));
       // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps exp2 away from

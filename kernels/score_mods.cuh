@@ -15,56 +15,49 @@
 
 SELFATTN_KERNELS_BEGIN
 
-// The modifiers of one (batch, head): its ALiBi slope and the start of its bias rows, looked up
-// once per block rather than per score.
+// log2(e): the fused kernels keep scores in log2 units (one exp2 per probability), so a modified
+// score, computed in natural-log units, is converted with it.
+constexpr float kLog2e = 1.4426950408889634f;
+
+// What one (batch, head) adds to the call's ScoreMods: its ALiBi slope and the start of its bias,
+// looked up once per block. Everything else is read from the kernel's parameters where used, so the
+// fused kernels hold two values in registers for it, not the whole struct.
 struct HeadScoreMods {
-  float softcap;
   float slope;       // 0 without ALiBi
   const void* bias;  // this head's bias, or null
-  Element bias_element;
-  int64_t bias_stride_row, bias_stride_key;
-  int bias_rows, bias_keys;
-  bool changes_values;
 };
 
 __host__ __device__ inline HeadScoreMods head_score_mods(const ScoreMods& m, int batch, int head) {
-  HeadScoreMods h;
-  h.softcap = m.softcap;
-  h.slope = m.alibi_slopes != nullptr ? m.alibi_slopes[batch * m.alibi_stride_batch + head] : 0.0f;
-  h.bias_element = m.bias_element;
-  h.bias = nullptr;
+  HeadScoreMods h{0.0f, nullptr};
+  if (m.alibi_slopes != nullptr) h.slope = m.alibi_slopes[batch * m.alibi_stride_batch + head];
   if (m.bias != nullptr) {
     const int64_t offset = batch * m.bias_stride_batch + head * m.bias_stride_head;
     const int element_bytes = m.bias_element == Element::f32 ? 4 : 2;
     h.bias = static_cast<const unsigned char*>(m.bias) + offset * element_bytes;
   }
-  h.bias_stride_row = m.bias_stride_row;
-  h.bias_stride_key = m.bias_stride_key;
-  h.bias_rows = m.bias_rows;
-  h.bias_keys = m.bias_keys;
-  h.changes_values = m.changes_values;
   return h;
 }
 
-__device__ inline float load_bias(const HeadScoreMods& h, int64_t offset) {
-  switch (h.bias_element) {
-    case Element::f16: return __half2float(static_cast<const __half*>(h.bias)[offset]);
-    case Element::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(h.bias)[offset]);
+__device__ inline float load_bias(Element element, const void* bias, int64_t offset) {
+  switch (element) {
+    case Element::f16: return __half2float(static_cast<const __half*>(bias)[offset]);
+    case Element::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[offset]);
     case Element::f32: break;
   }
-  return static_cast<const float*>(h.bias)[offset];
+  return static_cast<const float*>(bias)[offset];
 }
 
 // The score of query `row` (aligned position `aligned`) and key `key` after the modifiers, from
 // its scaled score (natural-log units). -INFINITY when the bias masks the key, and for a row or
 // key outside the bias's extent (only wrong varlen metadata gets there; nothing is read).
-__device__ inline float modified_score(const HeadScoreMods& h, float scaled, int row, int aligned, int key) {
+__device__ inline float modified_score(const ScoreMods& m, const HeadScoreMods& h, float scaled, int row, int aligned,
+                                       int key) {
   float s = scaled;
-  if (h.softcap > 0.0f) s = h.softcap * tanhf(s / h.softcap);
+  if (m.softcap > 0.0f) s = m.softcap * tanhf(s / m.softcap);
   if (h.slope != 0.0f) s -= h.slope * fabsf(float(aligned - key));
   if (h.bias != nullptr) {
-    if (row >= h.bias_rows || key >= h.bias_keys) return -INFINITY;
-    s += load_bias(h, row * h.bias_stride_row + key * h.bias_stride_key);
+    if (row >= m.bias_rows || key >= m.bias_keys) return -INFINITY;
+    s += load_bias(m.bias_element, h.bias, row * m.bias_stride_row + key * m.bias_stride_key);
   }
   return s;
 }

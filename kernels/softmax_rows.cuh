@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   // The score the softmax takes for a visible key.
   const auto score = [&](float s_value, int key) {
     const float scaled = s_value * p.scale;
-    return mods.changes_values ? modified_score(mods, scaled, query, aligned, key) : scaled;
+    return p.mods.changes_values ? modified_score(p.mods, mods, scaled, query, aligned, key) : scaled;
   };
 
   const float* s = p.s + int64_t(blockIdx.y) * p.s_bh_stride + int64_t(row) * p.s_row_stride;

@@ -159,15 +159,14 @@ TEST_P(ScoreMods, Combined) {
   varlen.causal = bottom_right;
   varlen.with_lse = true;
   varlen.path = path();
-  varlen.mods = all;
-  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen)) << varlen.name();
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, all)) << varlen.name() << all.name();
   varlen.dtype = DType::f32;
   varlen.head_dim = 7;
   varlen.causal = none;
-  varlen.mods = all_heads;
-  varlen.mods.bias_in_input_dtype = false;
-  varlen.mods.bias = BiasLayout::stride0;
-  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen)) << varlen.name();
+  ScoreModsCase varlen_mods = all_heads;
+  varlen_mods.bias_in_input_dtype = false;
+  varlen_mods.bias = BiasLayout::stride0;
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, varlen_mods)) << varlen.name() << varlen_mods.name();
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPath, ScoreMods, ::testing::Values(Path::naive, Path::cublas, Path::fused),

@@ -389,11 +389,16 @@ std::string VarlenCase::name() const {
   s << "] k=[";
   for (size_t i = 0; i < seq_k.size(); ++i) s << (i ? "," : "") << seq_k[i];
   s << "] causal=" << selfattn::to_string(causal) << " " << to_string(layout) << (with_lse ? " lse" : "") << " "
-    << selfattn::to_string(path) << mods.name();
+    << selfattn::to_string(path);
   return s.str();
 }
 
 ::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, Measured* measured) {
+  return check_attention_varlen(ctx, c, ScoreModsCase{}, measured);
+}
+
+::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, const ScoreModsCase& mods_case,
+                                                  Measured* measured) {
   if (c.seq_q.size() != c.seq_k.size()) return ::testing::AssertionFailure() << c.name() << ": seq_q and seq_k differ in size";
   const int batch = int(c.seq_q.size());
   std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
@@ -430,9 +435,9 @@ std::string VarlenCase::name() const {
   const int max_q = batch ? *std::max_element(c.seq_q.begin(), c.seq_q.end()) : 0;
   const int max_k = batch ? *std::max_element(c.seq_k.begin(), c.seq_k.end()) : 0;
   ScoreModsData mods;
-  if (c.mods.any()) {
-    mods = make_score_mods(ctx, c.mods, c.dtype, batch, c.heads, max_q, max_k, rng);
-    mods.apply(c.mods, options);
+  if (mods_case.any()) {
+    mods = make_score_mods(ctx, mods_case, c.dtype, batch, c.heads, max_q, max_k, rng);
+    mods.apply(mods_case, options);
   }
   try {
     attention_varlen(ctx, q.tensor.view, k.tensor.view, v.tensor.view, out_tensor.view, cu_q_device.data(),
@@ -465,7 +470,7 @@ std::string VarlenCase::name() const {
     problem.seq_k = c.seq_k[b];
     problem.head_dim = d;
     problem.causal = c.causal;
-    if (c.mods.any()) mods.apply_sequence(c.mods, problem, b, c.seq_q[b], c.seq_k[b]);
+    if (mods_case.any()) mods.apply_sequence(mods_case, problem, b, c.seq_q[b], c.seq_k[b]);
     const reference::Result ref =
         reference::attention(problem, slice(q, c.heads, total_q, cu_q[b], c.seq_q[b]),
                              slice(k, c.kv_heads, total_k, cu_k[b], c.seq_k[b]), slice(v, c.kv_heads, total_k, cu_k[b], c.seq_k[b]));

@@ -104,13 +104,15 @@ struct VarlenCase {
   Layout layout = Layout::bshd;
   bool with_lse = false;
   Path path = Path::automatic;
-  ScoreModsCase mods;  // the bias is [sequences, heads, max_q, max_k]
   std::string name() const;
 };
 
 // As check_attention, each sequence compared with the reference run on that sequence alone; LSE
 // is [heads, total_q].
 ::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, Measured* measured = nullptr);
+// The same with masks and score modifiers; the bias is [sequences, heads, max_q, max_k].
+::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, const ScoreModsCase& mods,
+                                                  Measured* measured = nullptr);
 
 // Host conversions used to round inputs to the device dtype (round to nearest even).
 uint16_t float_to_half_bits(float x);

@@ -38,8 +38,8 @@ __host__ __device__ inline int aligned_row(int row, int q_len, int k_len, Causal
 // (window_left, window_right; -1 unbounded): with i' = aligned_row(row),
 //   end   = min(visible_keys(row), i' + window_right + 1)
 //   begin = max(0, i' - window_left)
-// and begin >= end means none (normalised to begin == end, both in [0, k_len]). Both bounds are non-decreasing in row, so the first and the last
-// row of a tile bound the keys any row of it sees.
+// and begin >= end means none (normalised to begin == end, both in [0, k_len]). Both bounds are
+// non-decreasing in row, so the first and the last row of a tile bound the keys any row of it sees.
 struct KeyRange {
   int begin, end;
   __host__ __device__ bool empty() const { return begin >= end; }

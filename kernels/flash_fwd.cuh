@@ -7,12 +7,11 @@
 //   2. K/V tiles stream through two shared-memory stages (cp.async: tile j+1 is in flight while
 //      tile j is computed); tiles outside the keys the block's rows can see (causal mask, key
 //      length, sliding window) are never loaded, so a window's cost does not grow with seq_k;
-//   3. per tile, each warp computes S = Q K^T for its own rows in registers, folds it into the
-//      score modifiers (score_mods.cuh) and online softmax (running row max m and row sum l, O
-//      rescaled by exp2(m_old - m_new)), turns
-//      the probabilities into the A operand of the P V mma without leaving registers (the C
-//      fragment of m16n8k16 holds, per thread, exactly the elements the A fragment wants), and
-//      accumulates O += P V;
+//   3. per tile, each warp computes S = Q K^T for its own rows in registers, applies the score
+//      modifiers (score_mods.cuh), folds it into the online softmax (running row max m and row
+//      sum l, O rescaled by exp2(m_old - m_new)), turns the probabilities into the A operand of
+//      the P V mma without leaving registers (the C fragment of m16n8k16 holds, per thread,
+//      exactly the elements the A fragment wants), and accumulates O += P V;
 //   4. O / l and the LSE are written once.
 // Scores are kept in log2 units (scale * log2(e) folded into one multiply) so every exponential
 // is a single exp2.

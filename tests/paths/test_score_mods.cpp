@@ -169,6 +169,24 @@ TEST_P(ScoreMods, Combined) {
   EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, varlen_mods)) << varlen.name() << varlen_mods.name();
 }
 
+// The naive and cublas paths split a call into chunks of heads and of rows when the workspace is
+// small: rows of a later chunk keep their window, ALiBi distance and bias row (the fused path, which
+// needs no workspace, runs the same cases whole).
+TEST_P(ScoreMods, ChunkedByWorkspaceLimit) {
+  ContextOptions options;
+  options.workspace_limit = 48 * 1024;  // about 60 rows of 203 keys
+  Context ctx(options);
+  ScoreModsCase all = window(20, 3);
+  all.softcap = 3.0f;
+  all.alibi = AlibiSlopes::heads;
+  all.bias = BiasLayout::batch;
+  all.masked_key_period = 5;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 2, 2, 1, 150, 203, 16, bottom_right, {203, 90}), all),
+      with(make(DType::bf16, 1, 2, 2, 257, 203, 32, top_left), all),
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryPath, ScoreMods, ::testing::Values(Path::naive, Path::cublas, Path::fused),
                          [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
 

@@ -169,6 +169,17 @@ TEST_P(ScoreMods, Combined) {
   EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, varlen_mods)) << varlen.name() << varlen_mods.name();
 }
 
+// Batch 1 of the bias starts 2^31 elements after batch 0: bias offsets need 64 bits.
+TEST_P(ScoreMods, BiasOffsetsPast32Bits) {
+  Context ctx;
+  ScoreModsCase far;
+  far.bias = BiasLayout::batch;
+  far.bias_in_input_dtype = true;
+  far.bias_batch_gap = int64_t(1) << 31;
+  far.masked_key_period = 4;
+  testing::expect_all_pass(ctx, {with(make(DType::f16, 2, 2, 1, 7, 64, 32, top_left), far)});
+}
+
 // The naive and cublas paths split a call into chunks of heads and of rows when the workspace is
 // small: rows of a later chunk keep their window, ALiBi distance and bias row (the fused path, which
 // needs no workspace, runs the same cases whole).

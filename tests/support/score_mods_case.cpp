@@ -33,6 +33,7 @@ std::string ScoreModsCase::name() const {
   if (bias != BiasLayout::none) {
     s << " bias=" << to_string(bias) << (bias_in_input_dtype ? "/input" : "/f32");
     if (masked_row_period || masked_key_period) s << " -inf=rows" << masked_row_period << ",keys" << masked_key_period;
+    if (bias_batch_gap) s << " bias_batch_gap=" << bias_batch_gap;
   }
   return s.str();
 }
@@ -72,6 +73,8 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
       view.shape = {batch, heads, seq_q, seq_k};
       view.strides[0] = view.strides[1] = 0;
     }
+    const int64_t block = int64_t(stored_heads) * seq_q * row_stride;  // elements of one stored batch
+    if (per_batch) view.strides[0] = block + c.bias_batch_gap;
     const size_t elements = size_t(stored_batch) * stored_heads * seq_q * size_t(row_stride);
     std::vector<unsigned char> host(std::max<size_t>(elements, 1) * dtype_size(bias_type), 0);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -87,8 +90,12 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
             stored[at] = masked ? minus_inf : round_to(bias_type, normal(rng));
             store_element(host.data(), bias_type, at, stored[at]);
           }
-    data.bias_storage = DeviceBuffer<unsigned char>(ctx, host.size(), "test bias");
-    data.bias_storage.copy_from_host(host);
+    // Batch by batch: with a gap, only the blocks are written.
+    const size_t element = dtype_size(bias_type), block_bytes = size_t(block) * element;
+    const size_t device_bytes = stored_batch > 0 ? size_t((stored_batch - 1) * view.strides[0] + block) * element : 0;
+    data.bias_storage = DeviceBuffer<unsigned char>(ctx, std::max<size_t>(device_bytes, 1), "test bias");
+    for (int b = 0; b < stored_batch; ++b)
+      data.bias_storage.copy_from_host(host.data() + b * block_bytes, block_bytes, size_t(b * view.strides[0]) * element);
     view.data = data.bias_storage.data();
     data.bias = view;
 

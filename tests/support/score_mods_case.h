@@ -33,6 +33,9 @@ struct ScoreModsCase {
   // -inf entries of the bias: query rows r with r % masked_row_period == masked_row_period - 1
   // entirely (rows that see no key), keys k with k % masked_key_period == 1 (columns). 0: none.
   int masked_row_period = 0, masked_key_period = 0;
+  // Extra elements between the bias's batches (full and batch layouts): 2^31 puts batch 1 past
+  // 32-bit element offsets; only the batches' blocks are touched (the sim reserves the gap).
+  int64_t bias_batch_gap = 0;
 
   bool any() const;
   // "" when none, else " window=L,R softcap=C alibi=heads bias=full/f32 -inf=rows5,keys7".

@@ -72,11 +72,13 @@ Sweep default_sweep(Backend backend) {
     // FlashAttention's benchmark shape: 16k tokens per batch (batch = 16384 / seq), model width
     // 2048 = 16 heads of 128, with and without the causal mask.
     for (int seq : {1024, 2048, 4096, 8192, 16384}) sweep.shapes.push_back({16384 / seq, 16, 16, seq, seq, 128});
-    // Sliding window (Mistral-style, 256 keys back, causal): the fused kernel skips key tiles outside
-    // the window, so its time should stay flat as seq_k grows from 4k to 32k (one batch of 16 heads).
+    // Sliding window (Mistral-style, 256 keys back, causal) over 32k tokens per call (batch = 32768 /
+    // seq): the fused kernel skips key tiles outside the window, so each query row costs the same at
+    // every seq_k and the time should stay flat from 4k to 32k.
     for (int seq : {4096, 8192, 16384, 32768}) {
       Case c;
       c.path = Path::fused;
+      c.batch = 32768 / seq;
       c.heads = c.kv_heads = 16;
       c.seq_q = c.seq_k = seq;
       c.head_dim = 128;

@@ -5,8 +5,11 @@
 // Then the arguments the options must reject. Each test runs once per path.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -127,6 +130,66 @@ TEST_P(ScoreMods, BiasMasksEverything) {
   all.masked_row_period = 1;  // row r is masked when r % 1 == 0: every row
   testing::expect_all_pass(ctx, {with(make(DType::f16, 1, 2, 1, 17, 40, 32, none), all),
                                  with(make(DType::f32, 1, 1, 1, 9, 13, 3, bottom_right), all)});
+}
+
+// The fused and naive paths never touch key tiles outside every row's window: with keys [0, 832)
+// of K and V set to NaN (bottom_right, window 40 back: row 0 of 64 over 1000 keys starts at key
+// 896), any such tile read would turn outputs NaN (P = 0 times V = NaN). The cublas path's GEMMs
+// cover every key by design, so it is not run here.
+TEST_P(ScoreMods, KeysOutsideTheWindowAreNeverRead) {
+  if (path() == Path::cublas) GTEST_SKIP() << "the cublas path multiplies whole rows";
+  Context ctx;
+  for (const auto& [dtype, head_dim] : {std::pair<DType, int>{DType::f16, 64}, {DType::f32, 8}}) {
+    const int seq_q = 64, seq_k = 1000, poisoned = 832;
+    std::mt19937_64 rng{uint64_t(head_dim)};
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<double> q(size_t(seq_q) * head_dim), k(size_t(seq_k) * head_dim), v(k.size());
+    for (auto* t : {&q, &k, &v})
+      for (double& x : *t) x = testing::round_to(dtype, normal(rng));
+    auto upload = [&](const std::vector<double>& values, int rows, bool poison) {
+      std::vector<unsigned char> bytes(values.size() * dtype_size(dtype));
+      for (size_t i = 0; i < values.size(); ++i) {
+        const bool nan = poison && int(i / head_dim) < poisoned;
+        testing::store_element(bytes.data(), dtype, i, nan ? std::numeric_limits<float>::quiet_NaN() : float(values[i]));
+      }
+      DeviceBuffer<unsigned char> buffer(ctx, bytes.size(), "test tensor");
+      buffer.copy_from_host(bytes);
+      return std::make_pair(std::move(buffer), TensorView::bhsd(nullptr, dtype, 1, 1, rows, head_dim));
+    };
+    auto [q_buf, q_view] = upload(q, seq_q, false);
+    auto [k_buf, k_view] = upload(k, seq_k, true);
+    auto [v_buf, v_view] = upload(v, seq_k, true);
+    auto [out_buf, out_view] = upload(q, seq_q, false);
+    q_view.data = q_buf.data();
+    k_view.data = k_buf.data();
+    v_view.data = v_buf.data();
+    out_view.data = out_buf.data();
+    AttentionOptions options;
+    options.path = path();
+    options.causal = bottom_right;
+    options.window_left = 40;
+    options.window_right = 0;
+    attention(ctx, q_view, k_view, v_view, out_view, options);
+    ctx.synchronize();
+
+    reference::Problem problem;
+    problem.seq_q = seq_q;
+    problem.seq_k = seq_k;
+    problem.head_dim = head_dim;
+    problem.causal = bottom_right;
+    problem.window_left = 40;
+    problem.window_right = 0;
+    const reference::Result ref = reference::attention(problem, q, k, v);  // reads only visible keys
+    const std::vector<unsigned char> got = out_buf.to_host();
+    double diff2 = 0, ref2 = 0;
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      const double x = testing::load_element(got.data(), dtype, i);
+      ASSERT_FALSE(std::isnan(x)) << to_string(dtype) << ": out[" << i << "] is NaN: a key outside the window was read";
+      diff2 += (x - ref.out[i]) * (x - ref.out[i]);
+      ref2 += ref.out[i] * ref.out[i];
+    }
+    EXPECT_LE(std::sqrt(diff2 / ref2), testing::tolerance(dtype)) << to_string(dtype);
+  }
 }
 
 // Everything at once, on odd shapes: window + causal (both alignments) + softcap + ALiBi + bias

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "attention_expected.h"
 #include "attention_harness.h"
 #include "self_attention_reference.h"
 #include "selfattn/selfattn.h"
@@ -99,34 +100,24 @@ std::string first_difference(const std::vector<std::vector<unsigned char>>& a,
 
 // ---- judging ----
 
-// out (elements of dtype, in the order of `expected`): all finite, ||out - expected|| / ||expected||
-// within `tolerance` (expected all zero: out exactly zero).
-::testing::AssertionResult out_matches(const std::vector<unsigned char>& out, DType dtype,
-                                       const std::vector<double>& expected, double tolerance) {
-  double diff2 = 0, ref2 = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double got = load_element(out.data(), dtype, i);
-    if (!std::isfinite(got)) return ::testing::AssertionFailure() << "out element " << i << " is " << got;
-    diff2 += (got - expected[i]) * (got - expected[i]);
-    ref2 += expected[i] * expected[i];
-  }
-  const double error = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
-  if (error > tolerance) return ::testing::AssertionFailure() << "out relative error " << error << " > " << tolerance;
-  return ::testing::AssertionSuccess();
+// out (elements of dtype) and lse (fp32), in the order of the expectations, by the shared rule
+// (judge.h).
+::testing::AssertionResult matches(const std::vector<unsigned char>& out, DType dtype, const testing::Expected& out_expected,
+                                   const std::vector<unsigned char>& lse, const testing::Expected& lse_expected) {
+  std::vector<double> out_values(out_expected.size()), lse_values(lse_expected.size());
+  for (size_t i = 0; i < out_values.size(); ++i) out_values[i] = load_element(out.data(), dtype, i);
+  for (size_t i = 0; i < lse_values.size(); ++i) lse_values[i] = load_element(lse.data(), DType::f32, i);
+  ::testing::AssertionResult verdict = testing::judge("out", out_values, out_expected);
+  return verdict ? testing::judge("lse", lse_values, lse_expected) : verdict;
 }
 
-// lse (fp32, in the order of `expected`): -inf exactly where expected, else within `tolerance`
-// relative to max(1, |expected|).
-::testing::AssertionResult lse_matches(const std::vector<unsigned char>& lse, const std::vector<double>& expected,
-                                       double tolerance) {
-  for (size_t i = 0; i < expected.size(); ++i) {
-    float got;
-    std::memcpy(&got, lse.data() + 4 * i, 4);
-    const double allowed = tolerance * std::max(1.0, std::abs(expected[i]));
-    const bool ok = std::isinf(expected[i]) ? double(got) == expected[i] : std::abs(got - expected[i]) <= allowed;
-    if (!ok) return ::testing::AssertionFailure() << "lse " << i << " is " << got << ", expected " << expected[i];
+// Copies `rows` rows of `from` starting at row `from_row` to row `to_row` of `to` (same row length).
+void place_rows(const testing::Expected& from, size_t from_row, testing::Expected& to, size_t to_row, size_t rows) {
+  const size_t n = size_t(from.row_length);
+  for (auto member : {&testing::Expected::exact, &testing::Expected::allowed, &testing::Expected::scale,
+                      &testing::Expected::floor}) {
+    std::copy_n((from.*member).begin() + ptrdiff_t(from_row * n), rows * n, (to.*member).begin() + ptrdiff_t(to_row * n));
   }
-  return ::testing::AssertionSuccess();
 }
 
 std::vector<double> random_values(size_t n, DType dtype, std::mt19937& rng) {
@@ -172,12 +163,21 @@ Trial attention_trial(Context& ctx, const AttentionSpec& s, std::mt19937& rng) {
   const std::vector<double> q = random_values(size_t(s.batch) * s.heads * s.seq_q * s.head_dim, s.dtype, rng);
   const std::vector<double> k = random_values(size_t(s.batch) * s.kv_heads * s.seq_k * s.head_dim, s.dtype, rng);
   const std::vector<double> v = random_values(k.size(), s.dtype, rng);
-  const reference::Result expected = reference::attention(problem, q, k, v);
-
   t.inputs.push_back(upload(ctx, q, s.dtype));
   t.inputs.push_back(upload(ctx, k, s.dtype));
   t.inputs.push_back(upload(ctx, v, s.dtype));
   t.inputs.push_back(upload_int32(ctx, s.key_lengths));
+  testing::AttentionArithmetic arithmetic;
+  arithmetic.dtype = s.dtype;
+  {
+    AttentionOptions options;
+    options.causal = s.causal;
+    const TensorView q_view = TensorView::bhsd(t.inputs[0].data(), s.dtype, s.batch, s.heads, s.seq_q, s.head_dim);
+    const TensorView k_view = TensorView::bhsd(t.inputs[1].data(), s.dtype, s.batch, s.kv_heads, s.seq_k, s.head_dim);
+    const TensorView v_view = TensorView::bhsd(t.inputs[2].data(), s.dtype, s.batch, s.kv_heads, s.seq_k, s.head_dim);
+    arithmetic.p_rounded = testing::rounds_probabilities(ctx, s.path, q_view, k_view, v_view, q_view, options);
+  }
+  const testing::AttentionExpected expected = testing::expected_attention(problem, q, k, v, arithmetic);
   t.outputs.emplace_back(ctx, q.size() * dtype_size(s.dtype));
   t.outputs.emplace_back(ctx, expected.lse.size() * sizeof(float));
 
@@ -193,8 +193,7 @@ Trial attention_trial(Context& ctx, const AttentionSpec& s, std::mt19937& rng) {
               TensorView::bhsd(t.outputs[0].data(), s.dtype, s.batch, s.heads, s.seq_q, s.head_dim), options);
   };
   t.judge = [s, expected](const std::vector<std::vector<unsigned char>>& out) {
-    ::testing::AssertionResult verdict = out_matches(out[0], s.dtype, expected.out, testing::tolerance(s.dtype));
-    return verdict ? lse_matches(out[1], expected.lse, testing::lse_tolerance(s.dtype)) : verdict;
+    return matches(out[0], s.dtype, expected.out, out[1], expected.lse);
   };
   return t;
 }
@@ -234,8 +233,25 @@ Trial varlen_trial(Context& ctx, const VarlenSpec& s, std::mt19937& rng) {
   const std::vector<double> q = random_values(size_t(s.heads) * total_q * d, s.dtype, rng);
   const std::vector<double> k = random_values(size_t(s.kv_heads) * total_k * d, s.dtype, rng);
   const std::vector<double> v = random_values(k.size(), s.dtype, rng);
-  // The reference on each sequence alone, placed where the packed out and lse hold it.
-  std::vector<double> expected_out(q.size()), expected_lse(size_t(s.heads) * total_q);
+  // The expectation of each sequence alone, placed where the packed out and lse hold it.
+  testing::AttentionArithmetic arithmetic;
+  arithmetic.dtype = s.dtype;
+  {
+    // Which kernel a path picks depends on the dtype, head_dim and alignment, not on the lengths.
+    std::vector<unsigned char> probe(256 * 3);
+    const TensorView q_view = TensorView::bhsd(probe.data(), s.dtype, 1, s.heads, 1, d);
+    const TensorView kv_view = TensorView::bhsd(probe.data() + 256, s.dtype, 1, s.kv_heads, 1, d);
+    arithmetic.p_rounded = testing::rounds_probabilities(ctx, s.path, q_view, kv_view, kv_view, q_view, {});
+  }
+  testing::AttentionExpected expected;
+  expected.out.row_length = d;
+  for (testing::Expected* e : {&expected.out, &expected.lse}) {
+    const size_t n = e == &expected.out ? q.size() : size_t(s.heads) * total_q;
+    for (auto member : {&testing::Expected::exact, &testing::Expected::allowed, &testing::Expected::scale,
+                        &testing::Expected::floor}) {
+      (e->*member).assign(n, 0.0);
+    }
+  }
   for (int b = 0; b < batch; ++b) {
     auto slice = [&](const std::vector<double>& x, int heads, int total, int first, int len) {
       std::vector<double> part(size_t(heads) * len * d);
@@ -248,16 +264,14 @@ Trial varlen_trial(Context& ctx, const VarlenSpec& s, std::mt19937& rng) {
     reference::Problem problem;
     problem.heads = s.heads, problem.kv_heads = s.kv_heads, problem.head_dim = d, problem.causal = s.causal;
     problem.seq_q = s.seq_q[b], problem.seq_k = s.seq_k[b];
-    const reference::Result ref = reference::attention(problem, slice(q, s.heads, total_q, cu_q[b], s.seq_q[b]),
-                                                       slice(k, s.kv_heads, total_k, cu_k[b], s.seq_k[b]),
-                                                       slice(v, s.kv_heads, total_k, cu_k[b], s.seq_k[b]));
-    for (int h = 0; h < s.heads; ++h)
-      for (int r = 0; r < s.seq_q[b]; ++r) {
-        const size_t row = size_t(h) * total_q + cu_q[b] + r;
-        const auto from = ref.out.begin() + (ptrdiff_t(h) * s.seq_q[b] + r) * d;
-        std::copy(from, from + d, expected_out.begin() + ptrdiff_t(row) * d);
-        expected_lse[row] = ref.lse[size_t(h) * s.seq_q[b] + r];
-      }
+    const testing::AttentionExpected part = testing::expected_attention(
+        problem, slice(q, s.heads, total_q, cu_q[b], s.seq_q[b]), slice(k, s.kv_heads, total_k, cu_k[b], s.seq_k[b]),
+        slice(v, s.kv_heads, total_k, cu_k[b], s.seq_k[b]), arithmetic);
+    for (int h = 0; h < s.heads; ++h) {
+      const size_t from = size_t(h) * s.seq_q[b], to = size_t(h) * total_q + cu_q[b];
+      place_rows(part.out, from, expected.out, to, size_t(s.seq_q[b]));
+      place_rows(part.lse, from, expected.lse, to, size_t(s.seq_q[b]));
+    }
   }
 
   t.function = "attention_varlen";
@@ -267,7 +281,7 @@ Trial varlen_trial(Context& ctx, const VarlenSpec& s, std::mt19937& rng) {
   t.inputs.push_back(upload_int32(ctx, cu_q));
   t.inputs.push_back(upload_int32(ctx, cu_k));
   t.outputs.emplace_back(ctx, q.size() * dtype_size(s.dtype));
-  t.outputs.emplace_back(ctx, expected_lse.size() * sizeof(float));
+  t.outputs.emplace_back(ctx, expected.lse.size() * sizeof(float));
   t.call = [s, batch, total_q, total_k, max_q, max_k](Context& c, const Trial& t) {
     AttentionOptions options;
     options.path = s.path;
@@ -280,9 +294,8 @@ Trial varlen_trial(Context& ctx, const VarlenSpec& s, std::mt19937& rng) {
                      reinterpret_cast<const int32_t*>(t.inputs[3].data()),
                      reinterpret_cast<const int32_t*>(t.inputs[4].data()), batch, max_q, max_k, options);
   };
-  t.judge = [s, expected_out, expected_lse](const std::vector<std::vector<unsigned char>>& out) {
-    ::testing::AssertionResult verdict = out_matches(out[0], s.dtype, expected_out, testing::tolerance(s.dtype));
-    return verdict ? lse_matches(out[1], expected_lse, testing::lse_tolerance(s.dtype)) : verdict;
+  t.judge = [s, expected](const std::vector<std::vector<unsigned char>>& out) {
+    return matches(out[0], s.dtype, expected.out, out[1], expected.lse);
   };
   return t;
 }
@@ -324,9 +337,7 @@ Trial self_attention_trial(Context& ctx, const host_test::SelfAttentionCase& c, 
                    matrix(3, c.d_model, c.kv_heads * c.head_dim), c.heads, out, options, c.d_out > 0 ? &wo : nullptr);
   };
   t.judge = [c, p](const std::vector<std::vector<unsigned char>>& out) {
-    const double tolerance = host_test::self_attention_tolerance(c.dtype);
-    ::testing::AssertionResult verdict = out_matches(out[0], c.dtype, p.out, tolerance);
-    return verdict ? lse_matches(out[1], p.lse, 1e-3) : verdict;
+    return matches(out[0], c.dtype, p.out, out[1], p.lse);
   };
   return t;
 }

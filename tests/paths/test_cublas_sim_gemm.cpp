@@ -1,6 +1,7 @@
 // The sim's strided-batched GEMM (gemm_sim.cpp) against a plain loop written from cuBLAS's
 // documentation: column-major, op(A) op(B), leading dimensions larger than the rows, batch strides
-// with gaps, alpha/beta, f32/f16/bf16 storage. It runs on host memory directly.
+// with gaps, alpha/beta, f32/f16/bf16 storage; judged by the shared rule (judge.h). It runs on host
+// memory directly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -62,25 +63,40 @@ void check_gemm(const GemmCase& t, uint64_t seed) {
   g.batch_count = t.batch;
   detail::sim_gemm_strided_batched(g);
 
-  const double tolerance = t.out_type == DType::f32 ? 1e-5 : (t.out_type == DType::f16 ? 2e-3 : 1e-2);
+  // Judged by the shared rule (judge.h): the exact product in double; the allowed one summed in fp32
+  // in one chain and stored in C's type; each element's scale is |result| + the root sum of its
+  // terms squared (|beta c| included).
+  testing::Expected expected;
+  expected.row_length = t.m;  // a column of C
+  std::vector<double> got;
   for (int p = 0; p < t.batch; ++p) {
     for (int col = 0; col < t.n; ++col) {
       for (int row = 0; row < t.m; ++row) {
-        double sum = 0;
+        double sum = 0, terms2 = 0;
+        float allowed_sum = 0;
         for (int i = 0; i < t.k; ++i) {
           // op(A)(row, i) and op(B)(i, col), read from the stored column-major matrices.
-          const double a_value = t.trans_a ? a.at(p * stride_a + i + row * lda) : a.at(p * stride_a + row + i * lda);
-          const double b_value = t.trans_b ? b.at(p * stride_b + col + i * ldb) : b.at(p * stride_b + i + col * ldb);
-          sum += a_value * b_value;
+          const float a_value = t.trans_a ? a.at(p * stride_a + i + row * lda) : a.at(p * stride_a + row + i * lda);
+          const float b_value = t.trans_b ? b.at(p * stride_b + col + i * ldb) : b.at(p * stride_b + i + col * ldb);
+          sum += double(a_value) * b_value;
+          allowed_sum += a_value * b_value;
+          terms2 += double(t.alpha) * a_value * b_value * (double(t.alpha) * a_value * b_value);
         }
         const int64_t c_index = p * stride_c + row + col * ldc;
-        const double expected = t.alpha * sum + (t.beta == 0 ? 0.0 : t.beta * double(c_before.at(c_index)));
-        const double got = c.at(c_index);
-        ASSERT_NEAR(got, expected, tolerance * (1 + std::abs(expected)) * std::sqrt(double(t.k)))
-            << "batch " << p << " row " << row << " col " << col << " trans " << t.trans_a << t.trans_b;
+        const double c_term = t.beta == 0 ? 0.0 : t.beta * double(c_before.at(c_index));
+        const double exact = t.alpha * sum + c_term;
+        const float allowed = t.alpha * allowed_sum + (t.beta == 0 ? 0.0f : t.beta * c_before.at(c_index));
+        const double scale = std::abs(exact) + std::sqrt(terms2 + c_term * c_term);
+        expected.exact.push_back(exact);
+        expected.allowed.push_back(testing::round_to(t.out_type, allowed));
+        expected.scale.push_back(scale);
+        expected.floor.push_back(testing::rounding_floor(t.out_type, 4 + std::sqrt(double(t.k)), scale));
+        got.push_back(c.at(c_index));
       }
     }
   }
+  EXPECT_TRUE(testing::judge("C", got, expected))
+      << "m " << t.m << " n " << t.n << " k " << t.k << " trans " << t.trans_a << t.trans_b;
   // Nothing outside the matrices was written: the padding rows and the gaps keep their values.
   for (int64_t i = 0; i < stride_c * t.batch; ++i) {
     const int64_t within = i % stride_c, col = within / ldc, row = within % ldc;
@@ -91,7 +107,7 @@ void check_gemm(const GemmCase& t, uint64_t seed) {
 }
 
 TEST(SimGemm, MatchesPlainLoopForEveryTransposeAndType) {
-  uint64_t seed = testing::input_seed(testing::AttentionCase{});
+  uint64_t seed = testing::input_seed("SimGemm");
   for (bool trans_a : {false, true})
     for (bool trans_b : {false, true}) {
       check_gemm({trans_a, trans_b, 7, 5, 9, 3, DType::f32, DType::f32, 1.0f, 0.0f}, ++seed);

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "attention_harness.h"
-#include "fused_varlen_check.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -52,14 +51,16 @@ TEST(FusedPathGpu, Varlen) {
   std::string reason;
   std::optional<Context> ctx = cuda_context(reason);
   if (!ctx) GTEST_SKIP() << reason;
-  const std::vector<fused_test::VarlenCase> cases = {
-      {DType::f16, 4, 2, 128, {300, 0, 1, 129}, {512, 7, 0, 129}, Causal::bottom_right, true},
-      {DType::bf16, 2, 1, 64, {64, 700}, {1000, 65}, Causal::top_left, true},
-      {DType::f16, 2, 2, 256, {33, 200}, {100, 300}, Causal::none, true},
-      {DType::f32, 2, 1, 96, {50, 0, 70}, {130, 3, 0}, Causal::bottom_right, true},
-      {DType::bf16, 2, 1, 64, {90, 33}, {40, 170}, Causal::top_left, true, 1},
+  constexpr Layout bhsd = Layout::bhsd, bshd = Layout::bshd;
+  constexpr Path fused = Path::fused;
+  const std::vector<testing::VarlenCase> cases = {
+      {DType::f16, 4, 2, 128, {300, 0, 1, 129}, {512, 7, 0, 129}, Causal::bottom_right, bshd, true, fused},
+      {DType::bf16, 2, 1, 64, {64, 700}, {1000, 65}, Causal::top_left, bhsd, true, fused},
+      {DType::f16, 2, 2, 256, {33, 200}, {100, 300}, Causal::none, bshd, true, fused},
+      {DType::f32, 2, 1, 96, {50, 0, 70}, {130, 3, 0}, Causal::bottom_right, bhsd, true, fused},
+      {DType::bf16, 2, 1, 64, {90, 33}, {40, 170}, Causal::top_left, bhsd, true, fused, 1},
   };
-  for (const fused_test::VarlenCase& c : cases) EXPECT_TRUE(fused_test::check_varlen(*ctx, c, fused_test::seed_for(c)));
+  for (const testing::VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(*ctx, c));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The fused path on variable-length batches (attention_varlen: packed sequences, cu_seqlens, zero-
-// length sequences) and its determinism (bitwise-equal results under different sim schedules).
-// The varlen check itself (each sequence against the reference on its own) is fused_varlen_check.h.
+// length sequences; each sequence judged against the reference on its own by the shared harness)
+// and its determinism (bitwise-equal results under different sim schedules).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,33 +9,42 @@
 
 #include <selfattn_sim/sim.h>
 
-#include "fused_varlen_check.h"
+#include "attention_harness.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
 namespace {
 
-using fused_test::check_varlen;
-using fused_test::make_packed;
-using fused_test::Packed;
-using fused_test::seed_for;
-using fused_test::VarlenCase;
+using testing::Layout;
+using testing::VarlenCase;
 
 TEST(FusedVarlen, PackedSequencesWithEmptyOnes) {
   Context ctx;
+  constexpr Layout bhsd = Layout::bhsd, bshd = Layout::bshd;
+  constexpr Path fused = Path::fused;
   const std::vector<VarlenCase> cases = {
-      {DType::f16, 2, 1, 64, {7, 0, 113, 1}, {64, 5, 0, 203}, Causal::none, true},
-      {DType::bf16, 4, 2, 128, {33, 64, 0}, {33, 100, 7}, Causal::bottom_right, true},
-      {DType::f16, 1, 1, 96, {0, 65, 2}, {0, 31, 9}, Causal::top_left, true},
-      {DType::bf16, 2, 2, 256, {17, 40}, {50, 8}, Causal::top_left, false},
-      {DType::f16, 3, 1, 32, {129, 3}, {70, 3}, Causal::bottom_right, true},
-      {DType::f32, 2, 1, 64, {7, 0, 40}, {70, 9, 0}, Causal::bottom_right, true},
-      {DType::f32, 1, 1, 13, {20, 5}, {20, 80}, Causal::none, true},
+      {DType::f16, 2, 1, 64, {7, 0, 113, 1}, {64, 5, 0, 203}, Causal::none, bhsd, true, fused},
+      {DType::bf16, 4, 2, 128, {33, 64, 0}, {33, 100, 7}, Causal::bottom_right, bshd, true, fused},
+      {DType::f16, 1, 1, 96, {0, 65, 2}, {0, 31, 9}, Causal::top_left, bhsd, true, fused},
+      {DType::bf16, 2, 2, 256, {17, 40}, {50, 8}, Causal::top_left, bhsd, false, fused},
+      {DType::f16, 3, 1, 32, {129, 3}, {70, 3}, Causal::bottom_right, bshd, true, fused},
+      {DType::f32, 2, 1, 64, {7, 0, 40}, {70, 9, 0}, Causal::bottom_right, bhsd, true, fused},
+      {DType::f32, 1, 1, 13, {20, 5}, {20, 80}, Causal::none, bshd, true, fused},
       // Rows not on 16 bytes: the tensor-core kernel's cp.async cannot take them; the SIMT one runs.
-      {DType::f16, 2, 1, 64, {9, 33}, {40, 70}, Causal::top_left, true, 1},
-      {DType::bf16, 1, 1, 128, {17}, {33}, Causal::none, true, 3},
+      {DType::f16, 2, 1, 64, {9, 33}, {40, 70}, Causal::top_left, bhsd, true, fused, 1},
+      {DType::bf16, 1, 1, 128, {17}, {33}, Causal::none, bhsd, true, fused, 3},
   };
-  for (const VarlenCase& c : cases) EXPECT_TRUE(check_varlen(ctx, c, seed_for(c)));
+  for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
+}
+
+// Random values already representable in the dtype, on the device.
+DeviceBuffer<unsigned char> random_device_values(Context& ctx, DType dtype, size_t count, std::mt19937_64& rng) {
+  std::vector<unsigned char> host(count * dtype_size(dtype));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t i = 0; i < count; ++i) testing::store_element(host.data(), dtype, i, testing::round_to(dtype, normal(rng)));
+  DeviceBuffer<unsigned char> buffer(ctx, host.size(), "determinism operand");
+  buffer.copy_from_host(host);
+  return buffer;
 }
 
 // Runs one padded call twice under different sim schedules; the outputs must match bit for bit
@@ -43,9 +52,9 @@ TEST(FusedVarlen, PackedSequencesWithEmptyOnes) {
 std::vector<unsigned char> run_once(Context& ctx, DType dtype, int head_dim, Causal causal, uint64_t schedule_seed) {
   const int batch = 2, heads = 2, kv_heads = 1, seq_q = 77, seq_k = 91;
   std::mt19937_64 rng(1234);
-  Packed q = make_packed(ctx, dtype, batch * heads, seq_q, head_dim, rng);
-  Packed k = make_packed(ctx, dtype, batch * kv_heads, seq_k, head_dim, rng);
-  Packed v = make_packed(ctx, dtype, batch * kv_heads, seq_k, head_dim, rng);
+  DeviceBuffer<unsigned char> q = random_device_values(ctx, dtype, size_t(batch) * heads * seq_q * head_dim, rng);
+  DeviceBuffer<unsigned char> k = random_device_values(ctx, dtype, size_t(batch) * kv_heads * seq_k * head_dim, rng);
+  DeviceBuffer<unsigned char> v = random_device_values(ctx, dtype, size_t(batch) * kv_heads * seq_k * head_dim, rng);
   DeviceBuffer<unsigned char> out(ctx, size_t(batch) * heads * seq_q * head_dim * dtype_size(dtype), "out");
   DeviceBuffer<float> lse(ctx, size_t(batch) * heads * seq_q, "lse");
   out.fill_bytes(0xff);
@@ -57,9 +66,9 @@ std::vector<unsigned char> run_once(Context& ctx, DType dtype, int head_dim, Cau
   options.path = Path::fused;
   options.causal = causal;
   options.lse = lse.data();
-  attention(ctx, TensorView::bhsd(q.device.data(), dtype, batch, heads, seq_q, head_dim),
-            TensorView::bhsd(k.device.data(), dtype, batch, kv_heads, seq_k, head_dim),
-            TensorView::bhsd(v.device.data(), dtype, batch, kv_heads, seq_k, head_dim),
+  attention(ctx, TensorView::bhsd(q.data(), dtype, batch, heads, seq_q, head_dim),
+            TensorView::bhsd(k.data(), dtype, batch, kv_heads, seq_k, head_dim),
+            TensorView::bhsd(v.data(), dtype, batch, kv_heads, seq_k, head_dim),
             TensorView::bhsd(out.data(), dtype, batch, heads, seq_q, head_dim), options);
   ctx.synchronize();
   sim::set_options(saved);

@@ -1,0 +1,136 @@
+#include "attention_expected.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "attention_harness.h"
+
+namespace selfattn::testing {
+
+namespace {
+
+// fp32 sum of values[0, n) by halves: the error of a tree of partial sums, as a kernel's per-thread
+// partials and its reductions make (no kernel adds a whole row's exponentials in one chain; one
+// chain of n near-equal positive terms would err by up to n u / 2, far more than any kernel).
+float pairwise_sum(const float* values, int n) {
+  if (n <= 2) return n == 0 ? 0.0f : n == 1 ? values[0] : values[0] + values[1];
+  const int half = n / 2;
+  return pairwise_sum(values, half) + pairwise_sum(values + half, n - half);
+}
+
+}  // namespace
+
+AttentionExpected expected_attention(const reference::Problem& p, const std::vector<double>& q,
+                                     const std::vector<double>& k, const std::vector<double>& v,
+                                     const AttentionArithmetic& arithmetic) {
+  const reference::Result exact = reference::attention(p, q, k, v);
+  const size_t d = size_t(p.head_dim);
+  const size_t rows = size_t(p.batch) * p.heads * p.seq_q;
+  // The scale as the library holds it: a float.
+  const float scale = p.scale != 0 ? float(p.scale) : 1.0f / std::sqrt(float(std::max(p.head_dim, 1)));
+  const double u32 = unit_roundoff(DType::f32);
+  const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
+
+  AttentionExpected e;
+  e.out.row_length = std::max(p.head_dim, 1);
+  e.out.exact = exact.out;
+  e.out.allowed.assign(exact.out.size(), 0.0);
+  e.out.scale.assign(exact.out.size(), 0.0);
+  e.out.floor.assign(exact.out.size(), 0.0);
+  e.lse.exact = exact.lse;
+  e.lse.allowed = exact.lse;  // rows without keys keep -inf
+  e.lse.scale.assign(rows, 0.0);
+  e.lse.floor.assign(rows, 0.0);
+
+  std::vector<float> x(size_t(p.seq_k)), probs(size_t(p.seq_k));
+  std::vector<double> magnitude(size_t(p.seq_k));  // a_j = scale * sum_e |q_e k_je|, plus what the modifiers add
+  for (int b = 0; b < p.batch; ++b) {
+    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[b]), 0, p.seq_k);
+    for (int h = 0; h < p.heads; ++h) {
+      const size_t kv = size_t(b) * p.kv_heads + size_t(h / group);
+      const double* k_head = k.data() + kv * p.seq_k * d;
+      const double* v_head = v.data() + kv * p.seq_k * d;
+      const double slope = p.alibi_slopes.empty()
+                               ? 0.0
+                               : p.alibi_slopes[p.alibi_slopes.size() == size_t(p.heads) ? size_t(h)
+                                                                                         : size_t(b) * p.heads + h];
+      for (int i = 0; i < p.seq_q; ++i) {
+        const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
+        const double* q_row = q.data() + row * d;
+        // The keys the mask rule leaves (causal and window), then the score modifiers in fp32 as the
+        // kernels apply them (kernels/score_mods.cuh): softcap, ALiBi, bias. A key the bias masks
+        // (-inf) gets probability 0; a row with no key left is 0 and -inf exactly (scale 0).
+        const reference::KeyRange keys =
+            reference::visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
+        const int aligned = reference::aligned_row(i, p.seq_q, len_k, p.causal);
+        if (keys.end <= keys.begin || !std::isfinite(exact.lse[row])) continue;
+
+        float max_score = -INFINITY;
+        double max_magnitude = 0;
+        int n = 0;  // keys with a finite score
+        for (int j = keys.begin; j < keys.end; ++j) {
+          float dot = 0;
+          double abs_dot = 0;
+          for (size_t c = 0; c < d; ++c) {
+            dot += float(q_row[c]) * float(k_head[j * d + c]);
+            abs_dot += std::abs(q_row[c] * k_head[j * d + c]);
+          }
+          float score = dot * scale;
+          double added = 0;  // magnitudes the modifiers add to the score (their own roundings)
+          if (p.softcap > 0) {
+            const float cap = float(p.softcap);
+            score = cap * std::tanh(score / cap);
+            added += p.softcap;
+          }
+          if (slope != 0) {
+            const float distance_term = float(slope) * std::abs(float(aligned - j));
+            score -= distance_term;
+            added += distance_term;
+          }
+          if (!p.bias.empty()) {
+            const double bias = p.bias[row * p.seq_k + j];
+            score += float(bias);
+            if (std::isfinite(bias)) added += std::abs(bias);
+          }
+          x[j] = score;
+          magnitude[j] = double(scale) * abs_dot + added;
+          if (score == -INFINITY) continue;
+          ++n;
+          max_score = std::max(max_score, x[j]);
+          max_magnitude = std::max(max_magnitude, magnitude[j]);
+        }
+        for (int j = keys.begin; j < keys.end; ++j) probs[j] = std::exp(x[j] - max_score);
+        const float sum = pairwise_sum(probs.data() + keys.begin, keys.end - keys.begin);
+        double weighted_magnitude = 0;
+        for (int j = keys.begin; j < keys.end; ++j) {
+          probs[j] = probs[j] / sum;
+          weighted_magnitude += double(probs[j]) * magnitude[j];
+          if (arithmetic.p_rounded) probs[j] = round_to(arithmetic.dtype, probs[j]);
+        }
+        const double fp32_steps = 4 + std::sqrt(double(n)) + 2 * max_magnitude;
+
+        const float lse = max_score + std::log(sum);
+        e.lse.allowed[row] = lse;
+        e.lse.scale[row] = std::abs(exact.lse[row]) + weighted_magnitude + 1;
+        e.lse.floor[row] = u32 * (std::abs(exact.lse[row]) + fp32_steps);
+
+        for (size_t c = 0; c < d; ++c) {
+          float acc = 0;
+          double terms2 = 0;
+          for (int j = keys.begin; j < keys.end; ++j) {
+            acc += probs[j] * float(v_head[j * d + c]);
+            const double term = double(probs[j]) * v_head[j * d + c];
+            terms2 += term * term;
+          }
+          const size_t at = row * d + c;
+          e.out.allowed[at] = round_to(arithmetic.dtype, acc);
+          e.out.scale[at] = std::abs(exact.out[at]) + std::sqrt(terms2);
+          e.out.floor[at] = rounding_floor(arithmetic.dtype, fp32_steps, e.out.scale[at]);
+        }
+      }
+    }
+  }
+  return e;
+}
+
+}  // namespace selfattn::testing

@@ -1,0 +1,142 @@
+#include "judge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace selfattn::testing {
+
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return std::ldexp(1.0, -24);
+    case DType::f16: return std::ldexp(1.0, -11);
+    case DType::bf16: return std::ldexp(1.0, -8);
+  }
+  return 0;
+}
+
+double rounding_floor(DType stored, double fp32_roundings, double scale) {
+  return (unit_roundoff(stored) + unit_roundoff(DType::f32) * fp32_roundings) * scale;
+}
+
+void Expected::append(const Expected& other) {
+  exact.insert(exact.end(), other.exact.begin(), other.exact.end());
+  allowed.insert(allowed.end(), other.allowed.begin(), other.allowed.end());
+  scale.insert(scale.end(), other.scale.begin(), other.scale.end());
+  floor.insert(floor.end(), other.floor.begin(), other.floor.end());
+}
+
+namespace {
+
+// Sums of squares of one group (an element, a row, the whole result), in scale units: the path's
+// error, the allowed computation's error, the floor. Elements judged by exactness are not counted.
+struct Group {
+  double error2 = 0, allowed2 = 0, floor2 = 0;
+  size_t count = 0;
+  void add(double error, double allowed, double floor) {
+    error2 += error * error;
+    allowed2 += allowed * allowed;
+    floor2 += floor * floor;
+    ++count;
+  }
+  double error() const { return count ? std::sqrt(error2 / double(count)) : 0.0; }
+  double allowed() const { return count ? std::sqrt(allowed2 / double(count)) : 0.0; }
+  // The floor covers the luck of one sample of the allowed computation; over a group of count
+  // elements that luck averages out as 1 / sqrt(count), and so does the floor.
+  double floor() const { return count ? std::sqrt(floor2) / double(count) : 0.0; }
+};
+
+// error / bound, 0 when both are 0 (an exact result where nothing was allowed).
+double ratio(double error, double bound) { return error == 0 ? 0.0 : error / bound; }
+
+}  // namespace
+
+::testing::AssertionResult judge(const std::string& what, const std::vector<double>& got, const Expected& expected,
+                                 Judgement* judgement, const RowNamer& row_name) {
+  const size_t n = expected.size();
+  const size_t row_length = size_t(std::max(expected.row_length, 1));
+  if (got.size() != n || expected.allowed.size() != n || expected.scale.size() != n || expected.floor.size() != n)
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " values judged against " << n;
+  auto where = [&](size_t i) {
+    std::ostringstream s;
+    const size_t row = i / row_length;
+    s << (row_name ? row_name(row) : "row " + std::to_string(row));
+    if (row_length > 1) s << " column " << i % row_length;
+    return s.str();
+  };
+
+  // Pass 1: exactness and finiteness; each element's normalised errors; the allowed worst cases.
+  std::vector<double> error(n, 0.0), allowed(n, 0.0), floor(n, 0.0);
+  std::vector<bool> measured(n, false);
+  std::vector<Group> rows((n + row_length - 1) / row_length);
+  Group all;
+  double worst_allowed_element = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double value = got[i], exact = expected.exact[i], scale = expected.scale[i];
+    if (!std::isfinite(value) && value != exact)
+      return ::testing::AssertionFailure() << what << " at " << where(i) << " is " << value
+                                           << " (never written, or not finite); expected " << exact;
+    if (!std::isfinite(exact) || scale == 0) {
+      if (value != exact)
+        return ::testing::AssertionFailure() << what << " at " << where(i) << " is " << value << ", expected exactly "
+                                             << exact;
+      continue;
+    }
+    error[i] = std::abs(value - exact) / scale;
+    allowed[i] = std::abs(expected.allowed[i] - exact) / scale;
+    floor[i] = expected.floor[i] / scale;
+    measured[i] = true;
+    rows[i / row_length].add(error[i], allowed[i], floor[i]);
+    all.add(error[i], allowed[i], floor[i]);
+    worst_allowed_element = std::max(worst_allowed_element, allowed[i]);
+  }
+  double worst_allowed_row = 0;
+  for (const Group& row : rows) worst_allowed_row = std::max(worst_allowed_row, row.allowed());
+
+  // Pass 2: each level against K x the allowed worst case at that level + the floor.
+  constexpr double K = kAllowedErrorMultiple;
+  Judgement j;
+  j.allowed_element = worst_allowed_element;
+  j.allowed_row = worst_allowed_row;
+  j.allowed_all = all.allowed();
+  auto fail = [&](const char* level, const std::string& at, double err, double allowed_worst, double fl, size_t i) {
+    ::testing::AssertionResult result = ::testing::AssertionFailure();
+    result << what << ": " << level << " error at " << at << " is " << err << " (in units of the element scale "
+           << expected.scale[i] << "), above " << K << " x allowed " << allowed_worst << " + floor " << fl;
+    result << "; got " << got[i] << ", exact " << expected.exact[i] << ", allowed computation " << expected.allowed[i];
+    if (judgement) *judgement = j;
+    return result;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (!measured[i]) continue;
+    const double bound = K * worst_allowed_element + floor[i];
+    j.element = std::max(j.element, ratio(error[i], bound));
+    if (!(error[i] <= bound)) return fail("element", where(i), error[i], worst_allowed_element, floor[i], i);
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Group& row = rows[r];
+    if (row.count == 0) continue;
+    const double bound = K * worst_allowed_row + row.floor();
+    j.row = std::max(j.row, ratio(row.error(), bound));
+    if (!(row.error() <= bound)) {
+      const size_t first = r * row_length;
+      const size_t last = std::min(n, first + row_length);
+      const size_t worst = size_t(std::max_element(error.begin() + long(first), error.begin() + long(last)) - error.begin());
+      return fail("row RMS", where(first) + " (worst " + where(worst) + ")", row.error(), worst_allowed_row,
+                  row.floor(), worst);
+    }
+  }
+  if (all.count > 0) {
+    const double bound = K * all.allowed() + all.floor();
+    j.all = ratio(all.error(), bound);
+    if (!(all.error() <= bound)) {
+      const size_t worst = size_t(std::max_element(error.begin(), error.end()) - error.begin());
+      return fail("overall RMS", "all " + std::to_string(all.count) + " elements (worst " + where(worst) + ")",
+                  all.error(), all.allowed(), all.floor(), worst);
+    }
+  }
+  if (judgement) *judgement = j;
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace selfattn::testing

@@ -66,11 +66,15 @@ TEST(FusedPath, TensorCoreHeadDims) {
 
 // Causal masks where whole key tiles lie beyond the diagonal (skipped) and where a block's rows
 // straddle it (masked per element); bottom_right with more queries than keys leaves the first rows
-// without any key (output 0, LSE -inf).
+// without any key (output 0, LSE -inf). With seq_k - seq_q = 62, each query block's first row sees
+// one key less than a whole number of key tiles (32 or 64 keys): that tile needs the mask for that
+// row alone.
 TEST(FusedPath, CausalTilesSkippedAndMasked) {
   Context ctx;
   testing::expect_all_pass(
       ctx, {
+               fused_case(f16, 1, 1, 1, 66, 128, 64, bottom_right, bhsd, true),
+               fused_case(bf16, 1, 1, 1, 130, 192, 32, bottom_right, bshd, true),
                fused_case(f16, 1, 1, 1, 257, 257, 64, top_left, bhsd, true),
                fused_case(bf16, 1, 1, 1, 203, 64, 128, bottom_right, bhsd, true),
                fused_case(f16, 1, 2, 1, 64, 203, 128, top_left, bshd, true),
@@ -78,6 +82,21 @@ TEST(FusedPath, CausalTilesSkippedAndMasked) {
                fused_case(f32, 1, 1, 1, 113, 7, 32, bottom_right, bhsd, true, {5}),
                fused_case(f32, 1, 2, 1, 70, 203, 64, top_left, bshd, true),
            });
+}
+
+// Scores that rise slowly along each row (Keys::rising): the running maximum grows a little at
+// every key tile, so the online softmax rescales O by a factor just below 1 each time - which
+// random keys almost never do - and many key tiles let a wrong rescale accumulate. Tensor-core
+// kernels in both dtypes, and the SIMT kernel.
+TEST(FusedPath, RisingScoresRescaleAtEveryTile) {
+  Context ctx;
+  std::vector<AttentionCase> cases = {
+      fused_case(f16, 1, 2, 1, 64, 1000, 64, none, bhsd, true),
+      fused_case(bf16, 1, 1, 1, 40, 700, 128, bottom_right, bshd, true),
+      fused_case(f32, 1, 2, 1, 33, 700, 32, none, bhsd, true),
+  };
+  for (AttentionCase& c : cases) c.keys = testing::Keys::rising;
+  testing::expect_all_pass(ctx, cases);
 }
 
 // Head dims without a tensor-core instance go to the SIMT kernel in every dtype.

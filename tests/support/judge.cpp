@@ -93,49 +93,49 @@ double ratio(double error, double bound) { return error == 0 ? 0.0 : error / bou
   double worst_allowed_row = 0;
   for (const Group& row : rows) worst_allowed_row = std::max(worst_allowed_row, row.allowed());
 
-  // Pass 2: each level against K x the allowed worst case at that level + the floor.
+  // Pass 2: each level against K x the allowed worst case at that level + the floor. Every level is
+  // measured before any verdict, so a report shows all three ratios.
   constexpr double K = kAllowedErrorMultiple;
   Judgement j;
   j.allowed_element = worst_allowed_element;
   j.allowed_row = worst_allowed_row;
   j.allowed_all = all.allowed();
-  auto fail = [&](const char* level, const std::string& at, double err, double allowed_worst, double fl, size_t i) {
-    ::testing::AssertionResult result = ::testing::AssertionFailure();
-    result << what << ": " << level << " error at " << at << " is " << err << " (in units of the element scale "
-           << expected.scale[i] << "), above " << K << " x allowed " << allowed_worst << " + floor " << fl;
-    result << "; got " << got[i] << ", exact " << expected.exact[i] << ", allowed computation " << expected.allowed[i];
-    if (judgement) *judgement = j;
-    return result;
+  struct Worst {
+    double ratio = 0, error = 0, floor = 0;
+    size_t first = 0, count = 0;  // the group: elements [first, first + count)
   };
+  Worst element, row, overall;
   for (size_t i = 0; i < n; ++i) {
     if (!measured[i]) continue;
-    const double bound = K * worst_allowed_element + floor[i];
-    j.element = std::max(j.element, ratio(error[i], bound));
-    if (!(error[i] <= bound)) return fail("element", where(i), error[i], worst_allowed_element, floor[i], i);
+    const double r = ratio(error[i], K * worst_allowed_element + floor[i]);
+    if (r > element.ratio) element = {r, error[i], floor[i], i, 1};
   }
   for (size_t r = 0; r < rows.size(); ++r) {
-    const Group& row = rows[r];
-    if (row.count == 0) continue;
-    const double bound = K * worst_allowed_row + row.floor();
-    j.row = std::max(j.row, ratio(row.error(), bound));
-    if (!(row.error() <= bound)) {
-      const size_t first = r * row_length;
-      const size_t last = std::min(n, first + row_length);
-      const size_t worst = size_t(std::max_element(error.begin() + long(first), error.begin() + long(last)) - error.begin());
-      return fail("row RMS", where(first) + " (worst " + where(worst) + ")", row.error(), worst_allowed_row,
-                  row.floor(), worst);
-    }
+    if (rows[r].count == 0) continue;
+    const double q = ratio(rows[r].error(), K * worst_allowed_row + rows[r].floor());
+    if (q > row.ratio) row = {q, rows[r].error(), rows[r].floor(), r * row_length, std::min(row_length, n - r * row_length)};
   }
-  if (all.count > 0) {
-    const double bound = K * all.allowed() + all.floor();
-    j.all = ratio(all.error(), bound);
-    if (!(all.error() <= bound)) {
-      const size_t worst = size_t(std::max_element(error.begin(), error.end()) - error.begin());
-      return fail("overall RMS", "all " + std::to_string(all.count) + " elements (worst " + where(worst) + ")",
-                  all.error(), all.allowed(), all.floor(), worst);
-    }
-  }
+  if (all.count > 0) overall = {ratio(all.error(), K * all.allowed() + all.floor()), all.error(), all.floor(), 0, n};
+  j.element = element.ratio;
+  j.row = row.ratio;
+  j.all = overall.ratio;
   if (judgement) *judgement = j;
+
+  auto verdict = [&](const char* level, const Worst& w, double allowed_worst) -> ::testing::AssertionResult {
+    const size_t worst = size_t(std::max_element(error.begin() + long(w.first), error.begin() + long(w.first + w.count)) -
+                                error.begin());
+    ::testing::AssertionResult result = ::testing::AssertionFailure();
+    result << what << ": " << level << " error at " << (w.count == n && n > 1 ? "all elements" : where(w.first));
+    if (w.count > 1) result << " (worst " << where(worst) << ")";
+    result << " is " << w.error << " in units of the element scale, above " << K << " x allowed " << allowed_worst
+           << " + floor " << w.floor << " (error / bound: element " << j.element << ", row " << j.row << ", overall "
+           << j.all << "); there got " << got[worst] << ", exact " << expected.exact[worst] << ", allowed computation "
+           << expected.allowed[worst] << ", scale " << expected.scale[worst];
+    return result;
+  };
+  if (!(element.ratio <= 1)) return verdict("element", element, worst_allowed_element);
+  if (!(row.ratio <= 1)) return verdict("row RMS", row, worst_allowed_row);
+  if (!(overall.ratio <= 1)) return verdict("overall RMS", overall, all.allowed());
   return ::testing::AssertionSuccess();
 }
 

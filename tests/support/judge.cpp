@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 namespace selfattn::testing {
 
@@ -57,12 +56,9 @@ double ratio(double error, double bound) { return error == 0 ? 0.0 : error / bou
   const size_t row_length = size_t(std::max(expected.row_length, 1));
   if (got.size() != n || expected.allowed.size() != n || expected.scale.size() != n || expected.floor.size() != n)
     return ::testing::AssertionFailure() << what << ": " << got.size() << " values judged against " << n;
+  auto row_where = [&](size_t row) { return row_name ? row_name(row) : "row " + std::to_string(row); };
   auto where = [&](size_t i) {
-    std::ostringstream s;
-    const size_t row = i / row_length;
-    s << (row_name ? row_name(row) : "row " + std::to_string(row));
-    if (row_length > 1) s << " column " << i % row_length;
-    return s.str();
+    return row_where(i / row_length) + (row_length > 1 ? " column " + std::to_string(i % row_length) : "");
   };
 
   // Pass 1: exactness and finiteness; each element's normalised errors; the allowed worst cases.
@@ -125,7 +121,8 @@ double ratio(double error, double bound) { return error == 0 ? 0.0 : error / bou
     const size_t worst = size_t(std::max_element(error.begin() + long(w.first), error.begin() + long(w.first + w.count)) -
                                 error.begin());
     ::testing::AssertionResult result = ::testing::AssertionFailure();
-    result << what << ": " << level << " error at " << (w.count == n && n > 1 ? "all elements" : where(w.first));
+    result << what << ": " << level << " error at "
+           << (w.count == n && n > 1 ? "all elements" : w.count > 1 ? row_where(w.first / row_length) : where(w.first));
     if (w.count > 1) result << " (worst " << where(worst) << ")";
     result << " is " << w.error << " in units of the element scale, above " << K << " x allowed " << allowed_worst
            << " + floor " << w.floor << " (error / bound: element " << j.element << ", row " << j.row << ", overall "

@@ -1,8 +1,7 @@
 #pragma once
 // Building blocks of the KV-cache tests (test_kv_cache.cpp on the sim, test_kv_cache_gpu.cpp): a cache in device memory
 // with its double-precision image for selfattn::reference, random rounded tensors, and the one
-// per-element comparison every check goes through (compare_elements: swap it in one place when the
-// shared harness derives tolerances from a low-precision reference).
+// judge every check goes through (the shared rule of judge.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_expected.h"
 #include "attention_harness.h"
 #include "selfattn/selfattn.h"
 
@@ -26,38 +26,26 @@ using testing::round_to;
 using testing::store_element;
 
 // ---- the judge ---------------------------------------------------------------------------------
+// Every check goes through the shared rule (judge.h): the exact result beside the result computed
+// again the way the library may (attention_expected.h), so the tolerance comes from the arithmetic.
 
-// Tolerated |actual - expected| / (1 + |expected|) per element of an attention output, by dtype: the
-// output rounding plus P's rounding to the input dtype in the tensor-core kernels.
-inline double out_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return 5e-5;
-    case DType::f16: return 5e-3;
-    case DType::bf16: return 3e-2;
-  }
-  return 0;
-}
-
-// Every check compares through here: NaN never passes, -inf must match exactly, otherwise
-// |actual - expected| <= tolerance * (1 + |expected|).
-inline ::testing::AssertionResult compare_elements(const std::string& what, const std::vector<float>& actual,
-                                                   const std::vector<double>& expected, double tolerance) {
+// Judges float results (as downloaded) against `expected`.
+inline ::testing::AssertionResult judge_values(const std::string& what, const std::vector<float>& actual,
+                                               const testing::Expected& expected) {
   if (actual.size() != expected.size()) {
     return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected " << expected.size();
   }
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double a = actual[i], e = expected[i];
-    bool ok;
-    if (std::isnan(a) || std::isnan(e)) ok = false;
-    else if (std::isinf(e) || std::isinf(a)) ok = a == e;
-    else ok = std::fabs(a - e) <= tolerance * (1.0 + std::fabs(e));
-    if (!ok && bad++ == 0) first = i;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << actual.size() << " elements off; first ["
-                                       << first << "] = " << actual[first] << ", expected " << expected[first]
-                                       << " (tolerance " << tolerance << " x (1 + |expected|))";
+  return testing::judge(what, std::vector<double>(actual.begin(), actual.end()), expected);
+}
+
+// A stored copy of values the device holds exactly (a cache row without rotary): equal or wrong.
+inline testing::Expected exact_copy(const std::vector<double>& values) {
+  testing::Expected e;
+  e.exact = e.allowed = values;
+  e.scale.assign(values.size(), 0.0);
+  e.floor.assign(values.size(), 0.0);
+  for (size_t i = 0; i < values.size(); ++i) e.scale[i] = std::abs(values[i]);
+  return e;
 }
 
 // ---- device tensors ----------------------------------------------------------------------------
@@ -297,6 +285,86 @@ inline reference::Problem problem_of(const AttendCase& c) {
   return p;
 }
 
+// What attention_with_kv_cache's out and lse are judged against: sequence b attends to its first
+// length(b) cache rows, bottom-right aligned, with q rotated at its positions first when `rotary` is
+// given (the library stores the rotated q in its dtype: the allowed computation rounds it, the
+// exact one does not). Rows in [batch, heads, seq_q] order, as out and lse are laid out.
+inline testing::AttentionExpected expected_kv_attention(const reference::Problem& problem, const std::vector<double>& q,
+                                                        const reference::KvCacheImage& cache, DType dtype,
+                                                        const reference::RotaryTable* rotary = nullptr) {
+  const size_t d = size_t(problem.head_dim), per_batch = size_t(problem.heads) * problem.seq_q * d;
+  std::vector<double> q_stored = q;
+  if (rotary) {
+    for (int b = 0; b < problem.batch; ++b)
+      for (int row = 0; row < problem.heads * problem.seq_q; ++row) {
+        double* values = q_stored.data() + size_t(b) * per_batch + size_t(row) * d;
+        reference::rotate_row(values, problem.head_dim, cache.length(b) - problem.seq_q + row % problem.seq_q, *rotary);
+        for (size_t e = 0; e < d; ++e) values[e] = round_to(dtype, float(values[e]));
+      }
+  }
+  testing::AttentionArithmetic arithmetic;
+  arithmetic.dtype = dtype;
+  arithmetic.p_rounded = dtype != DType::f32;  // the tensor-core kernels (split-KV, or fused after a gather)
+  testing::AttentionExpected expected;
+  expected.out.row_length = problem.head_dim;
+  for (int b = 0; b < problem.batch; ++b) {
+    reference::Problem one = problem;
+    one.batch = 1;
+    one.seq_k = cache.length(b);
+    one.causal = problem.causal;
+    std::vector<double> k, v;
+    reference::gather_kv(cache, b, k, v);
+    const std::vector<double> q_b(q_stored.begin() + ptrdiff_t(b * per_batch), q_stored.begin() + ptrdiff_t((b + 1) * per_batch));
+    const testing::AttentionExpected part = testing::expected_attention(one, q_b, k, v, arithmetic);
+    expected.out.append(part.out);
+    expected.lse.append(part.lse);
+  }
+  // The exact result rotates q in double and never rounds it.
+  const reference::Result exact = reference::attention_with_kv_cache(problem, q, cache, rotary);
+  expected.out.exact = exact.out;
+  expected.lse.exact = exact.lse;
+  return expected;
+}
+
+// merge_states of two results judged against: the exact merge of the exact parts; allowed, the merge
+// computed in fp32 from the parts as the library may have stored them (out in its dtype).
+inline testing::AttentionExpected expected_merge(const testing::AttentionExpected& a, const testing::AttentionExpected& b,
+                                                 DType dtype) {
+  const size_t d = size_t(a.out.row_length), rows = a.lse.size();
+  reference::Result exact_a{a.out.exact, a.lse.exact}, exact_b{b.out.exact, b.lse.exact};
+  const reference::Result exact = reference::merge_states(exact_a, exact_b, int(d));
+  testing::AttentionExpected e;
+  e.out.row_length = int(d);
+  e.out.exact = exact.out;
+  e.lse.exact = exact.lse;
+  e.out.allowed.assign(rows * d, 0.0);
+  e.out.scale.assign(rows * d, 0.0);
+  e.out.floor.assign(rows * d, 0.0);
+  e.lse.allowed = exact.lse;
+  e.lse.scale.assign(rows, 0.0);
+  e.lse.floor.assign(rows, 0.0);
+  const double u32 = testing::unit_roundoff(DType::f32);
+  for (size_t row = 0; row < rows; ++row) {
+    const float lse_a = float(a.lse.allowed[row]), lse_b = float(b.lse.allowed[row]);
+    const float m = std::max(lse_a, lse_b);
+    if (m == -INFINITY) continue;  // both parts saw no key: 0 and -inf exactly
+    const float w_a = std::exp(lse_a - m), w_b = std::exp(lse_b - m), sum = w_a + w_b;
+    const double share_a = double(w_a) / sum, share_b = double(w_b) / sum;
+    e.lse.allowed[row] = m + std::log(sum);
+    e.lse.scale[row] = share_a * a.lse.scale[row] + share_b * b.lse.scale[row] + 1;
+    e.lse.floor[row] = share_a * a.lse.floor[row] + share_b * b.lse.floor[row] + u32 * (std::abs(exact.lse[row]) + 4);
+    for (size_t c = 0; c < d; ++c) {
+      const size_t at = row * d + c;
+      const float o_a = float(round_to(dtype, float(a.out.allowed[at]))), o_b = float(round_to(dtype, float(b.out.allowed[at])));
+      e.out.allowed[at] = round_to(dtype, (w_a * o_a + w_b * o_b) / sum);
+      e.out.scale[at] = share_a * a.out.scale[at] + share_b * b.out.scale[at] + std::abs(exact.out[at]);
+      e.out.floor[at] = share_a * a.out.floor[at] + share_b * b.out.floor[at] +
+                        testing::rounding_floor(dtype, 4, e.out.scale[at]);
+    }
+  }
+  return e;
+}
+
 // Runs attention_with_kv_cache on `cache` and compares out and lse with the reference.
 inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCase& c, const TestCache& cache, Path path,
                                             std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
@@ -315,14 +383,12 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
   attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
                           options);
   ctx.synchronize();
-  const reference::Result expected =
-      reference::attention_with_kv_cache(problem_of(c), q.values, cache.image, rotary ? &rotary->table : nullptr);
+  const testing::AttentionExpected expected =
+      expected_kv_attention(problem_of(c), q.values, cache.image, dtype, rotary ? &rotary->table : nullptr);
   const std::string what = c.name() + " " + to_string(path);
-  ::testing::AssertionResult result =
-      compare_elements(what + " out", download(out, dtype, rows * d), expected.out, out_tolerance(dtype));
+  ::testing::AssertionResult result = judge_values(what + " out", download(out, dtype, rows * d), expected.out);
   if (!result || !c.with_lse) return result;
-  return compare_elements(what + " lse", download(lse, DType::f32, rows), expected.lse,
-                          testing::lse_tolerance(dtype));
+  return judge_values(what + " lse", download(lse, DType::f32, rows), expected.lse);
 }
 
 inline ::testing::AssertionResult check_attend(Context& ctx, const AttendCase& c, Path path) {

@@ -23,6 +23,11 @@ int aligned_row(int row, int seq_q, int len_k, Causal causal) {
   return causal == Causal::top_left ? row : row + (len_k - seq_q);
 }
 
+double alibi_slope(const Problem& p, int batch, int head) {
+  if (p.alibi_slopes.empty()) return 0.0;
+  return p.alibi_slopes[p.alibi_slopes.size() == size_t(p.heads) ? size_t(head) : size_t(batch) * p.heads + head];
+}
+
 KeyRange visible_key_range(int row, int seq_q, int len_k, Causal causal, int window_left, int window_right) {
   const int64_t i = aligned_row(row, seq_q, len_k, causal);
   int64_t end = visible_keys(row, seq_q, len_k, causal);
@@ -86,10 +91,7 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
       const int kv_h = h / group;
       const double* k_head = k.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
       const double* v_head = v.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
-      const double slope = p.alibi_slopes.empty()
-                               ? 0.0
-                               : p.alibi_slopes[p.alibi_slopes.size() == size_t(p.heads) ? size_t(h)
-                                                                                         : size_t(b) * p.heads + h];
+      const double slope = alibi_slope(p, b, h);
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;

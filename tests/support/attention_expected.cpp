@@ -50,10 +50,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
       const size_t kv = size_t(b) * p.kv_heads + size_t(h / group);
       const double* k_head = k.data() + kv * p.seq_k * d;
       const double* v_head = v.data() + kv * p.seq_k * d;
-      const double slope = p.alibi_slopes.empty()
-                               ? 0.0
-                               : p.alibi_slopes[p.alibi_slopes.size() == size_t(p.heads) ? size_t(h)
-                                                                                         : size_t(b) * p.heads + h];
+      const double slope = reference::alibi_slope(p, b, h);
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;

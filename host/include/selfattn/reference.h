@@ -37,6 +37,10 @@ int visible_keys(int row, int seq_q, int len_k, Causal causal);
 // bottom_right and none (types.h). Sliding windows and ALiBi distances are measured from it.
 int aligned_row(int row, int seq_q, int len_k, Causal causal);
 
+// The ALiBi slope of (batch, head): 0 without slopes, else slopes[head] ([heads]) or
+// slopes[batch * heads + head] ([batch, heads]).
+double alibi_slope(const Problem& problem, int batch, int head);
+
 // Keys [begin, end) that query `row` sees under the causal mask and the sliding window: the mask in
 // one place (kernels/causal_mask.cuh is its device twin). With i' = aligned_row(row):
 //   end = min(visible_keys(row), i' + window_right + 1), begin = max(0, i' - window_left)

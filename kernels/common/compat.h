@@ -77,7 +77,7 @@ T shuffle(unsigned mask, T value, int b, int width) {
   const unsigned lane = current_thread().lane;
   const In in{value, lane, unsigned(b) & 31u, Mode == ShuffleMode::up ? 0u : 31u, unsigned(32 - width) & 31u};
   T out = value;  // overwritten by the combine; initialised to keep -Wmaybe-uninitialized quiet
-  warp_collective(mask, in, out, [](const In* const* ins, T* const* outs) {
+  warp_collective(mask, in, out, [](const In* const* ins, T* const* outs) SELFATTN_SIM_UNCHECKED {
     for (unsigned l = 0; l < 32; ++l) {
       if (!outs[l]) continue;
       const In& me = *ins[l];
@@ -108,7 +108,7 @@ template <VoteMode Mode>
 unsigned vote(unsigned mask, int predicate) {
   const unsigned in = predicate != 0;
   unsigned out = 0;
-  warp_collective(mask, in, out, [](const unsigned* const* ins, unsigned* const* outs) {
+  warp_collective(mask, in, out, [](const unsigned* const* ins, unsigned* const* outs) SELFATTN_SIM_UNCHECKED {
     unsigned ballot = 0, members = 0;
     for (unsigned l = 0; l < 32; ++l) {
       if (!ins[l]) continue;
@@ -130,7 +130,7 @@ enum class ReduceMode { add, min, max };
 template <ReduceMode Mode, class T>
 T reduce(unsigned mask, T value) {
   T out{};
-  warp_collective(mask, value, out, [](const T* const* ins, T* const* outs) {
+  warp_collective(mask, value, out, [](const T* const* ins, T* const* outs) SELFATTN_SIM_UNCHECKED {
     bool first = true;
     T r{};
     for (unsigned l = 0; l < 32; ++l) {

@@ -176,13 +176,16 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 
 #if SELFATTN_SIM
 namespace sim_warp {
+// noinline: its return address is the kernel's ldmatrix, which the racecheck reports.
 template <int Count, bool Transposed>
-inline void ldmatrix_collective(uint32_t (&regs)[Count], const void* row) {
+__attribute__((noinline)) void ldmatrix_collective(uint32_t (&regs)[Count], const void* row) {
   require_full_warp(Transposed ? "ldmatrix.trans" : "ldmatrix");
   const sim::ThreadContext& t = sim::current_thread();
   if (t.lane < 8u * Count) {
     const std::string problem = ldmatrix_row_problem(row, t.dynamic_smem, t.dynamic_smem_bytes);
     if (!problem.empty()) fail(Transposed ? "ldmatrix.trans" : "ldmatrix", problem);
+    // The combine reads the row for this lane.
+    sim::racecheck_shared(row, 16, sim::SharedAccess::ldmatrix_row, __builtin_return_address(0));
   }
   const RowAddress in{row};
   LdmatrixRegs<Count> out;
@@ -241,10 +244,13 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&regs)[Count], const vo
 
 #if SELFATTN_SIM
 namespace sim_warp {
-inline void cp_async_issue(const char* what, void* dst, const void* src, unsigned cp_size, unsigned src_size) {
+// noinline: its return address is the kernel's cp.async, which the racecheck reports.
+__attribute__((noinline)) inline void cp_async_issue(const char* what, void* dst, const void* src, unsigned cp_size,
+                                                     unsigned src_size) {
   sim::ThreadContext& t = sim::current_thread();
   const std::string problem = cp_async_problem(dst, src, cp_size, src_size, t.dynamic_smem, t.dynamic_smem_bytes);
   if (!problem.empty()) fail(what, problem);
+  sim::racecheck_shared(dst, cp_size, sim::SharedAccess::cp_async_issue, __builtin_return_address(0));
   t.async_open.push_back(sim::AsyncCopy{dst, src, src_size, cp_size - src_size});
 }
 }  // namespace sim_warp

@@ -3,6 +3,8 @@
 // warp: "given what the 32 lanes bring, compute what each lane gets back". The twins hand these to
 // sim::warp_collective, whose combine receives exactly such per-lane pointer arrays; the unit tests
 // (tests/primitives/test_warp_math.cpp) call them directly, without fibers.
+// The combines are SELFATTN_SIM_UNCHECKED: they run in one lane's fiber for all 32, so the
+// racecheck must not charge their accesses to that lane (the ldmatrix twin reports each lane's row).
 // Host compiler only: nvcc never sees this file.
 #include <cmath>
 #include <cstdint>
@@ -64,7 +66,7 @@ struct MmaLaneOut {
 // rounded to nearest-even in f32 (fmaf, so a bf16 product beyond f32's range is not rounded twice).
 // A GPU's result may differ from this by a few f32 ulps of sum|a*b|; tests compare with a tolerance.
 template <Operand T, int K>
-void mma_m16n8(const MmaLaneIn<K>* const* lanes, MmaLaneOut* const* outs) {
+SELFATTN_SIM_UNCHECKED void mma_m16n8(const MmaLaneIn<K>* const* lanes, MmaLaneOut* const* outs) {
   float a[16][K], b[K][8], c[16][8];
   for (int lane = 0; lane < kWarpSize; ++lane) {
     const MmaLaneIn<K>& in = *lanes[lane];
@@ -102,7 +104,7 @@ struct LdmatrixRegs {
 
 // Lanes 8*Count and above supply no address (the ISA ignores theirs), so only the used rows are read.
 template <int Count, bool Transposed>
-void ldmatrix(const RowAddress* const* lanes, LdmatrixRegs<Count>* const* outs) {
+SELFATTN_SIM_UNCHECKED void ldmatrix(const RowAddress* const* lanes, LdmatrixRegs<Count>* const* outs) {
   static_assert(Count == 1 || Count == 2 || Count == 4, "ldmatrix loads 1, 2 or 4 matrices");
   for (int lane = 0; lane < kWarpSize; ++lane) {
     for (int m = 0; m < Count; ++m) {
@@ -121,14 +123,14 @@ void ldmatrix(const RowAddress* const* lanes, LdmatrixRegs<Count>* const* outs) 
 // ---- shuffles and butterfly reductions ------------------------------------------------------
 // out[lane] = in[lane ^ lane_mask], what __shfl_xor_sync(0xffffffff, v, lane_mask) gives each lane.
 template <class T>
-void shuffle_xor(const T* const* lanes, T* const* outs, int lane_mask) {
+SELFATTN_SIM_UNCHECKED void shuffle_xor(const T* const* lanes, T* const* outs, int lane_mask) {
   for (int lane = 0; lane < kWarpSize; ++lane) *outs[lane] = *lanes[lane ^ lane_mask];
 }
 
 // The GPU's xor butterfly step by step (offsets Width/2 .. 1, each lane combining its own value with
 // its partner's, own value first), so the sim reproduces its rounding bit for bit.
 template <int Width, class Op>
-void butterfly_reduce(const float* const* lanes, float* const* outs, Op op) {
+SELFATTN_SIM_UNCHECKED void butterfly_reduce(const float* const* lanes, float* const* outs, Op op) {
   static_assert(Width == 2 || Width == 4 || Width == 8 || Width == 16 || Width == 32, "power-of-two width");
   float value[kWarpSize];
   for (int lane = 0; lane < kWarpSize; ++lane) value[lane] = *lanes[lane];
@@ -158,13 +160,16 @@ inline std::string cp_async_problem(const void* dst, const void* src, unsigned c
   return "";
 }
 
-inline void perform(const sim::AsyncCopy& copy) {
+// The copy lands; for the racecheck, its write (in flight since the issue) happens now.
+SELFATTN_SIM_UNCHECKED inline void perform(const sim::AsyncCopy& copy) {
   if (copy.bytes) std::memcpy(copy.dst, copy.src, copy.bytes);
   if (copy.zero_fill) std::memset(static_cast<unsigned char*>(copy.dst) + copy.bytes, 0, copy.zero_fill);
+  sim::racecheck_async_landed(copy.dst, copy.bytes + copy.zero_fill);
 }
 
 // cp.async.wait_group N: every committed group but the newest `pending` is complete afterwards.
-inline void complete_all_but_newest(std::vector<std::vector<sim::AsyncCopy>>& groups, size_t pending) {
+SELFATTN_SIM_UNCHECKED inline void complete_all_but_newest(std::vector<std::vector<sim::AsyncCopy>>& groups,
+                                                           size_t pending) {
   if (groups.size() <= pending) return;
   const size_t done = groups.size() - pending;
   for (size_t g = 0; g < done; ++g)

@@ -6,11 +6,16 @@
 
 namespace selfattn::sim::detail {
 
+namespace race {
+struct LaunchState;
+}
+
 // Runs block number `linear` (x fastest) of the grid to its end on the calling OS thread, with the
-// schedule drawn from `seed` and the block number. Throws sim::Error (divergence, a kernel
-// thread's exception, a shared-memory overrun).
+// schedule drawn from `seed` and the block number; `race`: the launch's racecheck state, or nullptr
+// (off). Throws sim::Error (divergence, a kernel thread's exception, a shared-memory overrun, a
+// hazard).
 void run_block(const LaunchConfig& config, void (*body)(const void*), const void* params, uint64_t linear,
-               uint64_t seed);
+               uint64_t seed, const race::LaunchState* race);
 
 // True on an OS thread that is running a kernel thread right now.
 bool inside_kernel();

@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "crash_report.h"
+#include "racecheck.h"
 #include "selfattn_sim/sim.h"
 
 namespace selfattn::sim {
@@ -32,6 +35,7 @@ struct Allocation {
   size_t mapping_bytes;
   size_t bytes;
   std::string label;
+  std::unique_ptr<detail::race::GlobalShadow> shadow;  // the racecheck's last writer of each byte
   size_t back_guard_bytes() const { return mapping_bytes - 2 * page() - kGuardBytes - bytes; }
   static size_t page() {
     static const size_t p = size_t(sysconf(_SC_PAGESIZE));
@@ -104,6 +108,15 @@ bool describe_device_address(const void* address, char* text, size_t text_bytes)
   return false;
 }
 
+void race::device_ranges(std::vector<race::DeviceRange>& out) {
+  out.clear();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const auto& [data, a] : registry()) {  // the map is ordered by address
+    const auto begin = reinterpret_cast<uintptr_t>(data);
+    out.push_back(race::DeviceRange{begin, begin + a.bytes, a.shadow.get(), a.label.c_str()});
+  }
+}
+
 }  // namespace detail
 
 void* device_alloc(size_t bytes, const char* label) {
@@ -114,7 +127,8 @@ void* device_alloc(size_t bytes, const char* label) {
   if (p == MAP_FAILED) {
     throw Error("sim: cannot reserve " + std::to_string(bytes) + " bytes for '" + (label ? label : "") + "'");
   }
-  Allocation a{static_cast<unsigned char*>(p), mapping_bytes, bytes, label ? label : "(unlabelled)"};
+  Allocation a{static_cast<unsigned char*>(p), mapping_bytes, bytes, label ? label : "(unlabelled)",
+               std::make_unique<detail::race::GlobalShadow>(bytes)};
   // kGuardBytes is a whole number of pages, so the data and the no-access pages are page aligned.
   mprotect(a.mapping, page, PROT_NONE);
   mprotect(a.mapping + mapping_bytes - page, page, PROT_NONE);

@@ -20,6 +20,7 @@
 #include "block_runner.h"
 #include "crash_report.h"
 #include "fiber.h"
+#include "racecheck.h"
 #include "watchdog.h"
 #include "selfattn_sim/sim.h"
 
@@ -43,6 +44,7 @@ struct Fiber {
   unsigned collective_mask = 0;  // the mask it waits with, while at_collective
   Block* block = nullptr;
   detail::FaultInfo fault;
+  detail::race::ThreadState race;
 };
 
 // One warp collective that some lanes have reached. Keyed by its mask: lanes of one warp may wait
@@ -77,6 +79,7 @@ struct Block {
   std::vector<Fiber*>* released = nullptr;  // made ready since the round began: the next round's fibers
   std::exception_ptr error;
   detail::FiberContext scheduler;
+  detail::race::BlockState* race = nullptr;  // the racecheck's state, when it is on
 };
 
 // What each worker OS thread keeps between blocks: fibers with their stacks, shared memory.
@@ -87,6 +90,7 @@ struct Worker {
   unsigned char* smem = nullptr;
   size_t smem_capacity = 0;
   uint64_t switches = 0;  // published to the watchdog
+  detail::race::BlockState race;
   ~Worker() { std::free(smem); }
 };
 
@@ -218,7 +222,7 @@ void check_shared_memory_guard(const Worker& w, const Block& b, size_t bytes) {
 }  // namespace
 
 void detail::run_block(const LaunchConfig& config, void (*body)(const void*), const void* params, uint64_t linear,
-                       uint64_t seed) {
+                       uint64_t seed, const race::LaunchState* race) {
   Worker& w = t_worker;
   detail::install_crash_report();
   const dim3 bd = config.block;
@@ -271,6 +275,17 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
                                 reinterpret_cast<uintptr_t>(f.stack->guard_end()), f.stack->size()};
     detail::fiber_prepare(f.context, *f.stack, &fiber_main, &f);
   }
+  if (race) {
+    w.race.threads.resize(threads);
+    for (unsigned t = 0; t < threads; ++t) {
+      Fiber& f = *w.fibers[t];
+      f.race.stack_begin = reinterpret_cast<uintptr_t>(f.stack->base());
+      f.race.stack_bytes = f.stack->size();
+      w.race.threads[t] = &f.race;
+    }
+    race::begin_block(w.race, *race, b.index, bd, linear, w.smem, config.dynamic_smem_bytes);
+    b.race = &w.race;
+  }
 
   uint64_t rng = seed * 0xD1B54A32D192ED03ull;
   rng ^= splitmix64(rng) + linear;
@@ -279,6 +294,7 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
   struct ClearRunning {
     ~ClearRunning() {
       t_fiber = nullptr;
+      detail::race::t_thread = nullptr;
       detail::this_thread_heartbeat().running.store(nullptr, std::memory_order_relaxed);
     }
   } clear_running;
@@ -295,12 +311,15 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     }
     for (Fiber* f : w.order) {
       t_fiber = f;
+      if (b.race) detail::race::t_thread = &f->race;
       heartbeat.running.store(&f->fault, std::memory_order_relaxed);
       detail::fiber_switch(b.scheduler, f->context);
       heartbeat.running.store(nullptr, std::memory_order_relaxed);
       heartbeat.switches.store(++w.switches, std::memory_order_relaxed);
       t_fiber = nullptr;
+      detail::race::t_thread = nullptr;
       if (b.error) std::rethrow_exception(b.error);
+      if (b.race && b.race->hazard.space != detail::race::Hazard::Space::none) throw Error(detail::race::describe(*b.race));
     }
   }
   check_shared_memory_guard(w, b, config.dynamic_smem_bytes);
@@ -332,6 +351,7 @@ int syncthreads_count(int predicate) {
     b.barrier_result = b.barrier_votes;
     b.barrier_votes = 0;
     b.at_barrier = 0;
+    if (b.race) detail::race::on_barrier(*b.race);
     for (unsigned t = 0; t < b.thread_count; ++t) release(b, *b.fibers[t]);
   }
   yield_to_scheduler(f);
@@ -376,7 +396,11 @@ void warp_collective_erased(unsigned mask, const void* in, void* out, Collective
     for (unsigned l = 0; l < kWarpSize; ++l) {
       if (done.expected >> l & 1u) release(b, *b.fibers[f.thread.warp * kWarpSize + l]);
     }
-    if (done.fn) done.fn(done.ins, done.outs, combine);
+    if (done.fn) {
+      done.fn(done.ins, done.outs, combine);
+    } else if (b.race) {  // __syncwarp: the one warp collective that orders memory
+      detail::race::on_syncwarp(*b.race, f.thread.warp, done.expected);
+    }
   }
   yield_to_scheduler(f);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "block_runner.h"
+#include "racecheck.h"
 #include "watchdog.h"
 #include "selfattn_sim/sim.h"
 
@@ -29,6 +30,7 @@ struct Job {
   const void* params = nullptr;
   uint64_t blocks = 0;
   uint64_t seed = 0;
+  const detail::race::LaunchState* race = nullptr;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
@@ -40,7 +42,7 @@ struct Job {
       const uint64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= blocks) return;
       try {
-        detail::run_block(*config, body, params, i, seed);
+        detail::run_block(*config, body, params, i, seed, race);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (i < error_block) {  // report the lowest failing block: stable across worker counts
@@ -143,6 +145,11 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
   job.params = params;
   job.blocks = uint64_t(config.grid.x) * config.grid.y * config.grid.z;
   job.seed = opts.seed;
+  detail::race::LaunchState race;
+  if (opts.racecheck) {
+    detail::race::begin_launch(race, config, job.blocks);
+    job.race = &race;
+  }
   uint64_t workers = opts.worker_threads > 0 ? unsigned(opts.worker_threads)
                                              : std::max(1u, std::thread::hardware_concurrency());
   workers = std::min<uint64_t>(workers, job.blocks);

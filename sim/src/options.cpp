@@ -18,6 +18,7 @@ Options& current_options() {
     Options o;
     if (const char* seed = std::getenv("SELFATTN_SIM_SEED")) o.seed = std::strtoull(seed, nullptr, 0);
     if (const char* threads = std::getenv("SELFATTN_SIM_THREADS")) o.worker_threads = std::atoi(threads);
+    if (const char* racecheck = std::getenv("SELFATTN_SIM_RACECHECK")) o.racecheck = std::atoi(racecheck) != 0;
     return o;
   }();
   return options;

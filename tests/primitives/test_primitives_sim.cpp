@@ -6,6 +6,7 @@
 
 #include "primitive_checks.h"
 #include "selfattn/error.h"
+#include "tests/sim/sim_test_launch.h"
 
 namespace selfattn::primitive_tests {
 namespace {
@@ -34,10 +35,26 @@ TEST_F(PrimitivesSim, CpAsyncLdmatrixMmaTile) {
     for (bool n_major : {false, true}) check_tile_gemm(*device, bf16, n_major, 10 + 2 * bf16 + n_major);
 }
 
-// Includes the missing wait: before each wait the thread's own destination is still NaN.
+// Includes the missing wait: before each wait the thread's own destination is still NaN. Those
+// reads are hazards, which the racecheck reports (next test): off here, to see what they read.
 TEST_F(PrimitivesSim, CpAsyncGroupsZeroFillAndStaleReads) {
+  sim::testing::ScopedOptions unchecked(sim::testing::without_racecheck());
   check_cp_async_groups(*device, 32, true);
   check_cp_async_groups(*device, 7, true);  // copies are per thread: no warp needed
+}
+
+TEST_F(PrimitivesSim, CpAsyncReadBeforeItsWaitIsAHazard) {
+#if !defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "built without the racecheck's instrumentation";
+#endif
+  try {
+    check_cp_async_groups(*device, 32, true);
+    FAIL() << "a read of a cp.async destination before its wait was not reported";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("shared-memory hazard (cp.async in flight) in kernel 'cp_async_kernel'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(PrimitivesSim, MisalignedCpAsyncIsReported) {

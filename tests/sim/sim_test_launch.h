@@ -42,4 +42,11 @@ inline Options with_seed(uint64_t seed) {
   return o;
 }
 
+// For tests of what the schedule alone shows of a race: the racecheck would report it first.
+inline Options without_racecheck() {
+  Options o = options();
+  o.racecheck = false;
+  return o;
+}
+
 }  // namespace selfattn::sim::testing

@@ -123,7 +123,9 @@ TEST(SimEngine, BarrierOrdersSharedMemoryAndSharedMemoryStartsNaN) {
 
 TEST(SimEngine, MissingBarrierChangesTheResult) {
   // Without the barrier, under a random order most threads read their partner's slot before the
-  // partner wrote it, and find NaN.
+  // partner wrote it, and find NaN. (The racecheck reports the race first: off here, to show what
+  // the schedule alone does; test_racecheck.cpp tests the racecheck.)
+  ScopedOptions options(sim::testing::without_racecheck());
   std::vector<int> non_nan;
   const std::vector<float> wrong = run_reverse(false, 4, 128, &non_nan);
   size_t nan_reads = 0;
@@ -166,8 +168,11 @@ TEST(SimEngine, MissingTrailingBarrierInATiledLoopChangesTheResult) {
   std::vector<float> with(n, NAN), without(n, NAN);
   launch<TiledParams, neighbour_sum_over_tiles<true>>("tiled", dim3(1), dim3(n), {in.data(), with.data(), steps},
                                                       n * sizeof(float));
-  launch<TiledParams, neighbour_sum_over_tiles<false>>("tiled_racy", dim3(1), dim3(n),
-                                                       {in.data(), without.data(), steps}, n * sizeof(float));
+  {
+    ScopedOptions options(sim::testing::without_racecheck());  // as above: the schedule alone
+    launch<TiledParams, neighbour_sum_over_tiles<false>>("tiled_racy", dim3(1), dim3(n),
+                                                         {in.data(), without.data(), steps}, n * sizeof(float));
+  }
   EXPECT_EQ(with, expected);
   size_t wrong = 0;
   for (unsigned t = 0; t < n; ++t) wrong += without[t] != expected[t];

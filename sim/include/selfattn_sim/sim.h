@@ -38,6 +38,9 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
 struct Options {
   uint64_t seed = 1;        // scheduling permutation seed; env SELFATTN_SIM_SEED overrides at start-up
   int worker_threads = 0;   // 0: hardware concurrency; env SELFATTN_SIM_THREADS
+  // Shared-memory hazards and device-memory write conflicts reported as sim::Error (sim/README.md);
+  // env SELFATTN_SIM_RACECHECK=0 turns it off.
+  bool racecheck = true;
 };
 Options options();
 void set_options(const Options& options);
@@ -75,6 +78,12 @@ void syncwarp(unsigned mask);
 // it cannot see branch divergence, only absent and finished threads).
 unsigned warp_live_mask();
 
+// Sim code compiled into kernel objects that acts for a whole warp (a collective's combine, which
+// the last lane to arrive runs over every lane's data): the racecheck's instrumentation skips it,
+// so its memory accesses are not charged to the lane that happens to run it. Primitives that touch
+// shared memory for other lanes (ldmatrix) report each lane's access themselves.
+#define SELFATTN_SIM_UNCHECKED __attribute__((no_sanitize("thread")))
+
 // Warp-synchronous collective. Every lane named in `mask` calls it (with the same mask); when the
 // last one arrives, `combine` runs once as combine(ins, outs), where ins[lane] / outs[lane] point at
 // each participating lane's `in` / `out` (nullptr for lanes outside the mask); then all continue.
@@ -87,11 +96,21 @@ void warp_collective(unsigned mask, const In& in, Out& out, Combine&& combine) {
   using C = std::remove_reference_t<Combine>;
   warp_collective_erased(
       mask, &in, &out,
-      [](const void* const* ins, void* const* outs, void* fn) {
+      [](const void* const* ins, void* const* outs, void* fn) SELFATTN_SIM_UNCHECKED {
         (*static_cast<C*>(fn))(reinterpret_cast<const In* const*>(ins), reinterpret_cast<Out* const*>(outs));
       },
       const_cast<void*>(static_cast<const void*>(&combine)));
 }
+
+// The racecheck's view of what compiler instrumentation cannot see, reported by the primitives' sim
+// twins in the calling thread's name: one lane's ldmatrix row (a read of 16 bytes), a cp.async issued
+// (a write in flight from now) and landed (at the cp.async.wait_group that retires it). `site` is a
+// code address in the kernel for the report: the twin's __builtin_return_address(0), the twin being
+// noinline. No-ops outside a launch, with the racecheck off, or for addresses outside dynamic shared
+// memory.
+enum class SharedAccess { ldmatrix_row, cp_async_issue };
+void racecheck_shared(const void* address, size_t bytes, SharedAccess what, const void* site);
+void racecheck_async_landed(const void* address, size_t bytes);
 
 // Device memory. Each allocation has guard zones before and after it, checked after every launch
 // (and on free); a violation names the allocation's label and the offset. Large allocations are

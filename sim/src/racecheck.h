@@ -1,0 +1,186 @@
+#pragma once
+// The racecheck: finds shared-memory hazards (and write-write conflicts in device memory) between
+// the CUDA threads of a launch, whatever order the sim happened to run them in.
+//
+// How accesses reach it. Kernel code compiled for the sim is instrumented by the compiler's
+// ThreadSanitizer pass (-fsanitize=thread at compile time only; libtsan is never linked): every load
+// and store calls a __tsan_readN / __tsan_writeN hook, which tsan_hooks.cpp defines to call in here,
+// the way the Linux kernel's KCSAN brings its own runtime for that instrumentation. The primitives'
+// sim twins report what the instrumentation cannot see (each lane's ldmatrix row, cp.async copies)
+// through sim::racecheck_shared / racecheck_async_landed, with the right thread.
+//
+// The happens-before model (what orders two accesses by different threads of one block):
+//   - a __syncthreads between them: each access carries the block's barrier epoch, and the earlier
+//     one's epoch is smaller;
+//   - for lanes of one warp, a __syncwarp that both took part in, directly or through other lanes:
+//     per-warp vector clocks, joined at each __syncwarp over its mask. Other warp collectives
+//     (shuffles, votes, mma, ldmatrix) exchange registers, not memory: they order nothing here.
+//   - a cp.async write is in flight from its issue until the cp.async.wait_group of the issuing
+//     thread that retires it: any access to those bytes meanwhile, even by that thread, is a hazard;
+//     once retired it is a write by that thread at the time of the wait.
+// Shadow state: per byte of dynamic shared memory, the last write and up to two readers (bytes, not
+// words: two threads storing neighbouring 16-bit elements of one word is no race, and kernels do it).
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "selfattn_sim/sim.h"
+
+namespace selfattn::sim::detail::race {
+
+constexpr unsigned kWarpSize = 32;
+
+// One access, packed in 64 bits (all the happens-before test needs):
+//   bits 63..32  epoch: a per-worker counter, +1 at each block start and each __syncthreads, so a
+//                record left by an earlier block is older than every access of the running one
+//   bits 31..22  thread (linear index in the block)
+//   bit  21      in flight (a cp.async write its wait_group has not retired)
+//   bits 20..0   the thread's warp clock (saturating: past 2^21 - 1 __syncwarps in one barrier
+//                interval, accesses could only look more ordered than they are)
+using Stamp = uint64_t;
+constexpr Stamp kInFlight = Stamp(1) << 21;
+constexpr uint32_t kMaxClock = (1u << 21) - 1;
+inline Stamp make_stamp(uint32_t epoch, unsigned thread, uint32_t clock) {
+  return Stamp(epoch) << 32 | Stamp(thread) << 22 | clock;
+}
+inline uint32_t epoch_of(Stamp s) { return uint32_t(s >> 32); }
+inline unsigned thread_of(Stamp s) { return unsigned(s >> 22) & 1023u; }
+inline uint32_t clock_of(Stamp s) { return uint32_t(s) & kMaxClock; }
+
+// What an access was; kept beside its code address for the report.
+enum class Kind : uint8_t { read, write, ldmatrix_read, cp_async_write };
+
+struct Cell {  // per shared-memory byte
+  Stamp write = 0;
+  Stamp read[2] = {0, 0};
+};
+struct CellSites {  // the code address (low 56 bits) and Kind (top 8 bits) of each record of a Cell
+  uint64_t write = 0;
+  uint64_t read[2] = {0, 0};
+};
+inline uint64_t site(uintptr_t pc, Kind kind) { return uint64_t(pc) | uint64_t(kind) << 56; }
+
+// Vector clocks of one warp for one barrier interval: vc[l][k] is the latest clock of lane k that
+// lane l has synchronised with. Valid while `epoch` is the block's epoch; otherwise every lane's
+// own clock is 1 and it knows nothing of the others (a barrier already orders the earlier past).
+struct WarpClocks {
+  uint32_t epoch = 0;
+  uint32_t vc[kWarpSize][kWarpSize];
+};
+
+// ---- device memory ------------------------------------------------------------------------------
+// Per byte of a device allocation: the last writer in this process (a stamp of its own shape, see
+// GlobalStamp in racecheck.cpp) and its code address. Reserved lazily on the first checked write
+// (MAP_NORESERVE: only pages that kernels write are committed), freed with the allocation.
+struct GlobalCell {
+  std::atomic<uint64_t> stamp;
+  std::atomic<uint64_t> site;
+};
+class GlobalShadow {
+ public:
+  explicit GlobalShadow(size_t bytes) : bytes_(bytes) {}
+  ~GlobalShadow();
+  GlobalShadow(const GlobalShadow&) = delete;
+  GlobalShadow& operator=(const GlobalShadow&) = delete;
+  GlobalCell* cells();  // thread-safe; nullptr if the reservation failed
+
+ private:
+  size_t bytes_;
+  std::atomic<GlobalCell*> cells_{nullptr};
+};
+
+struct DeviceRange {
+  uintptr_t begin = 0, end = 0;
+  GlobalShadow* shadow = nullptr;
+  const char* label = "";
+};
+
+// ---- one launch ---------------------------------------------------------------------------------
+struct LaunchState {
+  const LaunchConfig* config = nullptr;
+  uint32_t first_serial = 0;   // block b of the launch has serial first_serial + b (mod 2^32)
+  uint64_t blocks = 0;
+  bool check_global = false;   // off for grids of 2^31 blocks or more (serials would alias)
+  std::vector<DeviceRange> ranges;  // sorted by begin; fixed for the launch
+  uintptr_t lowest = 0, highest = 0;
+};
+// Takes the launch's block serials and a snapshot of the device allocations. Called with the launch
+// mutex held.
+void begin_launch(LaunchState& launch, const LaunchConfig& config, uint64_t blocks);
+// The live device allocations, sorted by address (device_memory.cpp).
+void device_ranges(std::vector<DeviceRange>& out);
+
+// ---- one block ----------------------------------------------------------------------------------
+struct BlockState;
+
+// What the hooks read on every access: one per CUDA thread (fiber).
+struct ThreadState {
+  uintptr_t smem_begin = 0;
+  size_t smem_bytes = 0;
+  uintptr_t stack_begin = 0;
+  size_t stack_bytes = 0;
+  Stamp stamp = 0;  // epoch, thread, clock of the thread's next access
+  BlockState* block = nullptr;
+  const DeviceRange* last_range = nullptr;  // the allocation this thread wrote last
+};
+
+// The first hazard a block ran into, as plain data; turned into text after the fiber yields.
+struct Hazard {
+  enum class Space : uint8_t { none, shared, global } space = Space::none;
+  Stamp earlier = 0, later = 0;
+  uint64_t earlier_site = 0, later_site = 0;
+  uint64_t offset = 0;            // in shared memory, or in the buffer
+  uint32_t earlier_block = 0;     // global: the earlier writer's block (linear index)
+  const char* buffer = nullptr;   // global: the buffer's label
+};
+
+// Per worker OS thread, reused from block to block (the shadow keeps its size).
+struct BlockState {
+  const LaunchState* launch = nullptr;
+  uint3 index{};
+  dim3 block_dim{};
+  uint64_t linear = 0;
+  uint32_t serial = 0;
+  uint32_t first_epoch = 0;  // the epoch of the block's start
+  uint32_t epoch = 0;        // the current one
+  std::vector<Cell> cells;
+  std::vector<CellSites> sites;
+  std::vector<WarpClocks> warps;
+  std::vector<ThreadState*> threads;
+  Hazard hazard;
+};
+
+// Called by the engine: at block start (threads[t] is thread t's state; stacks as given), when a
+// __syncthreads completes, when a __syncwarp over `lanes` of `warp` completes.
+void begin_block(BlockState& block, const LaunchState& launch, uint3 index, dim3 block_dim, uint64_t linear,
+                 unsigned char* smem, size_t smem_bytes);
+void on_barrier(BlockState& block);
+void on_syncwarp(BlockState& block, unsigned warp, unsigned lanes);
+// The sim::Error text of the block's hazard ("" if none).
+std::string describe(const BlockState& block);
+
+// ---- what the hooks call ------------------------------------------------------------------------
+// The running kernel thread's state, or nullptr (no kernel running on this OS thread, or the
+// racecheck off). Initial-exec TLS: one %fs-relative load in every hook.
+extern thread_local ThreadState* t_thread __attribute__((tls_model("initial-exec")));
+
+void shared_access(ThreadState& t, size_t offset, size_t bytes, Kind kind, uintptr_t pc);
+void global_write(ThreadState& t, uintptr_t address, size_t bytes, uintptr_t pc);
+void async_landed(ThreadState& t, size_t offset, size_t bytes);
+
+// The filter every instrumented access goes through; inline so the hooks stay a few instructions
+// for the stack and host-memory accesses that are most of what kernels do.
+inline void on_access(const void* address, size_t bytes, bool write, uintptr_t pc) {
+  ThreadState* t = t_thread;
+  if (__builtin_expect(t == nullptr, 1)) return;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(address);
+  if (p - t->smem_begin < t->smem_bytes) {
+    shared_access(*t, p - t->smem_begin, bytes, write ? Kind::write : Kind::read, pc);
+  } else if (write && p - t->stack_begin >= t->stack_bytes) {
+    global_write(*t, p, bytes, pc);
+  }
+}
+
+}  // namespace selfattn::sim::detail::race

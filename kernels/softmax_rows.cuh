@@ -30,8 +30,9 @@ struct SoftmaxTraits {
   static constexpr size_t kSmemBytes = 32 * sizeof(float);  // one partial per warp for block reductions
 };
 
-// Reductions over the row group. A block-wide group passes partials through shared memory; the
-// trailing barrier lets the next reduction reuse it.
+// Reductions over the row group. A block-wide group passes partials through shared memory. A row
+// takes one group_max, then one group_sum: group_max ends with a barrier so that group_sum may
+// overwrite the partials it reads; group_sum, the row's last use of them, needs none.
 template <int Group>
 __device__ inline float group_max(float value, float* partials) {
   value = warp_reduce_max<32>(value);
@@ -56,7 +57,6 @@ __device__ inline float group_sum(float value, float* partials) {
     __syncthreads();
     float result = 0;
     for (int w = 0; w < Group / 32; ++w) result += partials[w];
-    __syncthreads();
     return result;
   }
 }

@@ -319,7 +319,9 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
       t_fiber = nullptr;
       detail::race::t_thread = nullptr;
       if (b.error) std::rethrow_exception(b.error);
-      if (b.race && b.race->hazard.space != detail::race::Hazard::Space::none) throw Error(detail::race::describe(*b.race));
+      if (b.race && b.race->hazard.space != detail::race::Hazard::Space::none) {
+        throw Error(detail::race::describe(*b.race));  // the first hazard the fiber ran into
+      }
     }
   }
   check_shared_memory_guard(w, b, config.dynamic_smem_bytes);

@@ -313,7 +313,9 @@ void shared_access(ThreadState& t, size_t offset, size_t bytes, Kind kind, uintp
       b.sites[i].read[slot] = where;
     } else {
       for (int r = 0; r < 2; ++r) {
-        if (c.read[r] >= floor && !ordered(b, c.read[r], now)) found_shared(b, i, c.read[r], b.sites[i].read[r], mine, where);
+        if (c.read[r] >= floor && !ordered(b, c.read[r], now)) {
+          found_shared(b, i, c.read[r], b.sites[i].read[r], mine, where);
+        }
       }
       c.write = mine;
       c.read[0] = c.read[1] = 0;

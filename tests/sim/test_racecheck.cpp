@@ -21,10 +21,13 @@ using sim::testing::ScopedOptions;
 
 namespace {
 
+// The racecheck needs this file's kernels instrumented (CMake SELFATTN_SIM_RACECHECK) and the
+// switch on (SELFATTN_SIM_RACECHECK=0 turns it off for a faster run: these tests then skip).
 #if defined(__SANITIZE_THREAD__)
-#define SKIP_WITHOUT_INSTRUMENTATION()
+#define SKIP_UNLESS_RACECHECKED() \
+  if (!sim::options().racecheck) GTEST_SKIP() << "racecheck off (SELFATTN_SIM_RACECHECK=0)"
 #else
-#define SKIP_WITHOUT_INSTRUMENTATION() GTEST_SKIP() << "built without the racecheck's instrumentation"
+#define SKIP_UNLESS_RACECHECKED() GTEST_SKIP() << "built without the racecheck's instrumentation"
 #endif
 
 // Runs the launch and returns the sim::Error's text, or "" when it did not throw.
@@ -38,7 +41,8 @@ std::string error_of(Launch&& run) {
   return "";
 }
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
 
 struct Params {
   float* out;  // host memory: a sink for values read, never checked
@@ -72,36 +76,39 @@ std::string run_two_warps(const char* name) {
   });
 }
 
+const char* access_name(Access a) { return a == Access::read ? "read" : "write"; }
+
+// The racy kernel is reported with its class, both accesses and their lines; its twin with the
+// barrier is not.
+template <Access First, Access Second>
+void expect_two_warp_hazard(const std::string& hazard_class) {
+  const std::string e = run_two_warps<First, Second, false>("racy");
+  EXPECT_CONTAINS(e, "shared-memory hazard (" + hazard_class + ") in kernel 'racy', block (0,0,0), at shared byte "
+                     "offset 4: ");
+  EXPECT_CONTAINS(e, std::string(access_name(Second)) + " by thread (32,0,0) at test_racecheck.cpp:" +
+                         std::to_string(kSecondAccessLine) + " in sim_test_launch.h:18 (epoch 0) is unordered");
+  EXPECT_CONTAINS(e, std::string("earlier ") + access_name(First) + " by thread (0,0,0) at test_racecheck.cpp:" +
+                         std::to_string(kFirstAccessLine) + " in sim_test_launch.h:18 (epoch 0)");
+  EXPECT_EQ((run_two_warps<First, Second, true>("fixed")), "");
+}
+
 TEST(SimRacecheck, ReadAfterWrite) {
-  SKIP_WITHOUT_INSTRUMENTATION();
-  const std::string e = run_two_warps<Access::write, Access::read, false>("raw");
-  EXPECT_CONTAINS(e, "shared-memory hazard (read after write) in kernel 'raw', block (0,0,0), at shared byte offset 4");
-  EXPECT_CONTAINS(e, "read by thread (32,0,0) at test_racecheck.cpp:" + std::to_string(kSecondAccessLine) + " ");
-  EXPECT_CONTAINS(e, "write by thread (0,0,0) at test_racecheck.cpp:" + std::to_string(kFirstAccessLine) + " ");
-  EXPECT_CONTAINS(e, "(epoch 0)");
-  EXPECT_EQ((run_two_warps<Access::write, Access::read, true>("raw_fixed")), "");
+  SKIP_UNLESS_RACECHECKED();
+  expect_two_warp_hazard<Access::write, Access::read>("read after write");
 }
 
 TEST(SimRacecheck, WriteAfterRead) {
-  SKIP_WITHOUT_INSTRUMENTATION();
-  const std::string e = run_two_warps<Access::read, Access::write, false>("war");
-  EXPECT_CONTAINS(e, "hazard (write after read) in kernel 'war'");
-  EXPECT_CONTAINS(e, "write by thread (32,0,0)");
-  EXPECT_CONTAINS(e, "read by thread (0,0,0)");
-  EXPECT_EQ((run_two_warps<Access::read, Access::write, true>("war_fixed")), "");
+  SKIP_UNLESS_RACECHECKED();
+  expect_two_warp_hazard<Access::read, Access::write>("write after read");
 }
 
 TEST(SimRacecheck, WriteAfterWrite) {
-  SKIP_WITHOUT_INSTRUMENTATION();
-  const std::string e = run_two_warps<Access::write, Access::write, false>("waw");
-  EXPECT_CONTAINS(e, "hazard (write after write) in kernel 'waw'");
-  EXPECT_CONTAINS(e, "write by thread (32,0,0)");
-  EXPECT_CONTAINS(e, "write by thread (0,0,0)");
-  EXPECT_EQ((run_two_warps<Access::write, Access::write, true>("waw_fixed")), "");
+  SKIP_UNLESS_RACECHECKED();
+  expect_two_warp_hazard<Access::write, Access::write>("write after write");
 }
 
 TEST(SimRacecheck, ReadsByManyThreadsAreNoHazard) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   EXPECT_EQ((run_two_warps<Access::read, Access::read, false>("read_read")), "");
 }
 
@@ -120,7 +127,7 @@ __global__ void epochs_in_the_report(const Params p) {
 }
 
 TEST(SimRacecheck, ReportNamesBothAccessesAndTheirEpochs) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   std::vector<float> sink(1);
   const std::string e = error_of([&] {
     launch<Params, epochs_in_the_report>("epochs", dim3(1), dim3(64), {sink.data()}, 16);
@@ -148,7 +155,7 @@ __global__ void lanes_exchange_through_smem(const Params p) {
 }
 
 TEST(SimRacecheck, MissingSyncwarp) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   std::vector<float> sink(1);
   const std::string e = error_of([&] {
     launch<Params, lanes_exchange_through_smem<false>>("lanes", dim3(1), dim3(32), {sink.data()}, 4);
@@ -177,7 +184,7 @@ __global__ void syncwarp_chain(const Params p) {
 }
 
 TEST(SimRacecheck, SyncwarpOrdersThroughOtherLanes) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   std::vector<float> sink(1);
   EXPECT_EQ(error_of([&] { launch<Params, syncwarp_chain<2>>("chain", dim3(1), dim3(32), {sink.data()}, 4); }), "");
   const std::string e =
@@ -230,7 +237,7 @@ std::string run_cp_async(const char* name) {
 }
 
 TEST(SimRacecheck, CpAsyncInFlight) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   std::string e = run_cp_async<CopyCase::other_thread_reads_in_flight>("in_flight");
   EXPECT_CONTAINS(e, "hazard (cp.async in flight) in kernel 'in_flight', block (0,0,0), at shared byte offset 8");
   EXPECT_CONTAINS(e, "read by thread (32,0,0)");
@@ -276,7 +283,7 @@ __global__ void ldmatrix_then_store(const LdmatrixParams p) {
 }
 
 TEST(SimRacecheck, LdmatrixAgainstAStore) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   std::vector<uint32_t> sink(32);
   const std::string e = error_of([&] {
     launch<LdmatrixParams, ldmatrix_then_store<false>>("ldmatrix_store", dim3(1), dim3(64), {sink.data()}, 128);
@@ -307,7 +314,7 @@ __global__ void neighbours_store_halves(const HalvesParams p) {
 }
 
 TEST(SimRacecheck, NeighbouringHalvesAreNoHazard) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   auto* out = static_cast<uint16_t*>(sim::device_alloc(3 * 64 * sizeof(uint16_t), "halves"));
   EXPECT_EQ(error_of([&] {
               launch<HalvesParams, neighbours_store_halves>("halves", dim3(3), dim3(64), {out}, 64 * sizeof(uint16_t));
@@ -327,7 +334,7 @@ __global__ void each_block_writes_from_another_thread(const Params p) {
 }
 
 TEST(SimRacecheck, RecordsOfEarlierBlocksAreForgotten) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   ScopedOptions one_worker(sim::testing::with_workers(1));
   std::vector<float> out(9);
   EXPECT_EQ(error_of([&] {
@@ -359,12 +366,13 @@ __global__ void two_threads_write_one_element(const GlobalParams p) {
 }
 
 TEST(SimRacecheck, GlobalWriteAfterWriteAcrossBlocks) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   float* out = static_cast<float*>(sim::device_alloc(4 * sizeof(float), "out rows"));
   std::string e = error_of([&] {
     launch<GlobalParams, blocks_write_one_element<false>>("split_rows", dim3(4), dim3(32), {out});
   });
-  EXPECT_CONTAINS(e, "global-memory write conflict in kernel 'split_rows': byte 0 of buffer 'out rows' is written by block (");
+  EXPECT_CONTAINS(e, "global-memory write conflict in kernel 'split_rows': byte 0 of buffer 'out rows' is written "
+                     "by block (");
   EXPECT_CONTAINS(e, "thread (0,0,0) at test_racecheck.cpp:");
   EXPECT_CONTAINS(e, "in one launch");
   EXPECT_EQ(error_of([&] {
@@ -377,7 +385,9 @@ TEST(SimRacecheck, GlobalWriteAfterWriteAcrossBlocks) {
             }),
             "");
 
-  e = error_of([&] { launch<GlobalParams, two_threads_write_one_element<false>>("one_block", dim3(1), dim3(64), {out}); });
+  e = error_of([&] {
+    launch<GlobalParams, two_threads_write_one_element<false>>("one_block", dim3(1), dim3(64), {out});
+  });
   EXPECT_CONTAINS(e, "global-memory write conflict in kernel 'one_block'");
   EXPECT_CONTAINS(e, "block (0,0,0) thread (32,0,0)");
   EXPECT_CONTAINS(e, "block (0,0,0) thread (0,0,0)");
@@ -392,7 +402,7 @@ TEST(SimRacecheck, GlobalWriteAfterWriteAcrossBlocks) {
 // ---- the switch -------------------------------------------------------------------------------------
 
 TEST(SimRacecheck, OffSwitch) {
-  SKIP_WITHOUT_INSTRUMENTATION();
+  SKIP_UNLESS_RACECHECKED();
   ScopedOptions off(sim::testing::without_racecheck());
   EXPECT_EQ((run_two_warps<Access::write, Access::read, false>("raw_unchecked")), "");
 }

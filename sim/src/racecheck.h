@@ -72,7 +72,7 @@ struct WarpClocks {
 
 // ---- device memory ------------------------------------------------------------------------------
 // Per byte of a device allocation: the last writer in this process (a stamp of its own shape, see
-// GlobalStamp in racecheck.cpp) and its code address. Reserved lazily on the first checked write
+// global_stamp() in racecheck.cpp) and its code address. Reserved lazily on the first checked write
 // (MAP_NORESERVE: only pages that kernels write are committed), freed with the allocation.
 struct GlobalCell {
   std::atomic<uint64_t> stamp;

@@ -127,12 +127,11 @@ AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorVi
   return call;
 }
 
-// The window, softcap, ALiBi and bias of a call whose logical extent is [batch, heads, seq_q, seq_k]
-// (varlen: sequences and max lengths), checked and stored in `call`. Slopes and bias are read while
-// out and lse are written: neither may overlap them.
+}  // namespace
+
 void check_score_mods(const char* function, const AttentionOptions& options, int64_t batch, int64_t heads,
                       int64_t seq_q, int64_t seq_k, const TensorView& q, const TensorView& out, int64_t lse_rows,
-                      bool check_out_overlap, AttentionCall& call) {
+                      bool check_out_overlap, AttentionCall& call, const char* seq_k_name) {
   for (const auto& [name, value] : {std::pair<const char*, int>{"options.window_left", options.window_left},
                                     {"options.window_right", options.window_right}}) {
     if (value < -1) fail(function, std::string(name) + " expected -1 (unbounded) or >= 0, got " + std::to_string(value));
@@ -178,16 +177,16 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
       fail(function, std::string("options.bias.dtype expected f32 or q.dtype (") + to_string(q.dtype) + "), got " +
                          (known ? std::string(to_string(bias.dtype)) : "value " + std::to_string(int(bias.dtype))));
     }
-    static constexpr std::array<const char*, 4> kBiasDims{"batch", "heads", "seq_q", "seq_k"};
+    const std::array<const char*, 4> bias_dims{"batch", "heads", "seq_q", seq_k_name};
     const std::array<int64_t, 4> extent{batch, heads, seq_q, seq_k};
     for (int i = 0; i < 4; ++i) {
-      const std::string dim_name = "options.bias.shape[" + std::to_string(i) + "] (" + kBiasDims[i] + ")";
+      const std::string dim_name = "options.bias.shape[" + std::to_string(i) + "] (" + bias_dims[i] + ")";
       if (bias.shape[i] != extent[i] && bias.shape[i] != 1) {
         fail(function, dim_name + " expected " + std::to_string(extent[i]) + " or 1 (broadcast), got " +
                            std::to_string(bias.shape[i]));
       }
       if (bias.strides[i] < 0) {
-        fail(function, "options.bias.strides[" + std::to_string(i) + "] (" + kBiasDims[i] + ") expected >= 0, got " +
+        fail(function, "options.bias.strides[" + std::to_string(i) + "] (" + bias_dims[i] + ") expected >= 0, got " +
                            std::to_string(bias.strides[i]));
       }
       // A broadcast dimension is read at index 0 whatever its stride says.
@@ -207,6 +206,8 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
     call.bias = bias;
   }
 }
+
+namespace {
 
 void check_causal(const char* function, Causal causal) {
   if (causal != Causal::none && causal != Causal::top_left && causal != Causal::bottom_right) {

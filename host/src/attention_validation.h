@@ -17,6 +17,14 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
                                         const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
                                         const AttentionOptions& options);
 
+// The window, softcap, ALiBi and bias of a call whose logical extent is [batch, heads, seq_q, seq_k]
+// (varlen: sequences and max lengths; KV cache: seq_k is the capacity), checked and stored in
+// `call`. Slopes and bias are read while out and lse (lse_rows floats) are written: neither may
+// overlap them. seq_k_name names the key dimension in messages.
+void check_score_mods(const char* function, const AttentionOptions& options, int64_t batch, int64_t heads,
+                      int64_t seq_q, int64_t seq_k, const TensorView& q, const TensorView& out, int64_t lse_rows,
+                      bool check_out_overlap, AttentionCall& call, const char* seq_k_name = "seq_k");
+
 // Checks one view on its own: sizes >= 0 and within int, strides >= 0, head_dim stride 1, data
 // non-null when it has elements, a known dtype.
 void check_view(const char* function, const char* name, const TensorView& view);

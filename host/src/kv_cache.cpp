@@ -191,8 +191,8 @@ size_t partial_bytes(int splits, const TensorView& q) {
 }
 
 void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
-                  const CacheShape& shape, const TensorView& out, float* lse, float scale, Causal causal, int splits,
-                  unsigned char* work) {
+                  const CacheShape& shape, const TensorView& out, float* lse, float scale, Causal causal,
+                  const kernels::ScoreMods& mods, int splits, unsigned char* work) {
   kernels::DecodeSplitKvParams params{};
   params.cache = pages_view(cache, shape);
   params.q = q.data;
@@ -215,7 +215,9 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   params.heads_per_kv = int(q.heads()) / shape.kv_heads;
   params.num_splits = splits;
   params.row_blocks = int(group_row_blocks(q, shape, kernel));
+  params.scale = scale;
   params.scale_log2 = float(double(scale) * 1.4426950408889634);
+  params.mods = mods;
   params.causal = detail::causal_mask_of(causal);
   params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);
   kernels::LaunchShape launch;
@@ -279,19 +281,19 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
                              const KvAttentionOptions& options) {
   constexpr const char* kFunction = "attention_with_kv_cache";
   ContextState& state = ctx.state();
-  const CacheShape shape = detail::validate_attention_with_kv_cache(q, cache, out, options);
+  detail::AttentionCall score_mods;
+  const CacheShape shape = detail::validate_attention_with_kv_cache(q, cache, out, options, score_mods);
   if (options.validate_metadata) detail::check_metadata("attention_with_kv_cache", state, cache, shape, 0);
 
-  AttentionOptions attention_options;
-  attention_options.path = options.path;
-  attention_options.causal = options.causal;
-  attention_options.scale = options.scale;
-  attention_options.key_lengths = cache.lengths;
-  attention_options.lse = options.lse;
+  // The same call as attention() over the gathered cache (kv_cache_validation.h), modifiers included.
+  const AttentionOptions attention_options = detail::attention_options_of(options, cache);
   if (q.numel() == 0 || shape.capacity == 0 || shape.kv_heads == 0) {
     // No query rows, or no cache slot at all: attention() writes nothing / zeros and -inf itself.
+    // With no key there is nothing to bias (and the bias's key extent, the capacity, may not be 0).
     TensorView empty = TensorView::bhsd(nullptr, q.dtype, q.batch(), shape.kv_heads, 0, q.head_dim());
-    attention(ctx, q, empty, empty, out, attention_options);
+    AttentionOptions no_keys = attention_options;
+    no_keys.bias.reset();
+    attention(ctx, q, empty, empty, out, no_keys);
     return;
   }
 
@@ -318,8 +320,8 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
     const TensorView q_used = rotated_q_at(workspace);
     if (options.rotary) rotate_query(state, q, q_used, cache.lengths, *options.rotary);
     const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
-    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal, splits,
-                 workspace + q_bytes);
+    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal,
+                 detail::score_mods_of(score_mods), splits, workspace + q_bytes);
     return;
   }
 

@@ -148,8 +148,24 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   return shape;
 }
 
+AttentionOptions attention_options_of(const KvAttentionOptions& options, const KvCache& cache) {
+  AttentionOptions converted;
+  converted.path = options.path;
+  converted.causal = options.causal;
+  converted.scale = options.scale;
+  converted.key_lengths = cache.lengths;
+  converted.lse = options.lse;
+  converted.window_left = options.window_left;
+  converted.window_right = options.window_right;
+  converted.softcap = options.softcap;
+  converted.alibi_slopes = options.alibi_slopes;
+  converted.alibi_slopes_count = options.alibi_slopes_count;
+  converted.bias = options.bias;
+  return converted;
+}
+
 CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
-                                            const KvAttentionOptions& options) {
+                                            const KvAttentionOptions& options, AttentionCall& score_mods) {
   const char* function = "attention_with_kv_cache";
   const CacheShape shape = check_cache(function, cache);
   check_view(function, "q", q);
@@ -202,6 +218,8 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
     }
     check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse);
   }
+  check_score_mods(function, attention_options_of(options, cache), q.batch(), q.heads(), q.seq(), shape.capacity, q, out,
+                   q.batch() * q.heads() * q.seq(), true, score_mods, "capacity");
   return shape;
 }
 

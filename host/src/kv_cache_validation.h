@@ -5,6 +5,8 @@
 #include <cstdint>
 
 #include "context_state.h"
+#include "paths.h"
+#include "selfattn/attention.h"
 #include "selfattn/kv_cache.h"
 
 namespace selfattn::detail {
@@ -18,8 +20,15 @@ struct CacheShape {
 
 CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
                               const AppendKvOptions& options);
+// The attention() options a cache call amounts to over the cache's K/V viewed as a padded batch
+// [batch, kv_heads, capacity, d] with key_lengths = cache.lengths (bottom-right alignment then puts
+// row i at position lengths[b] - seq_q + i): path, causal, scale, lse and the score modifiers.
+AttentionOptions attention_options_of(const KvAttentionOptions& options, const KvCache& cache);
+
+// Validates the call; `score_mods` receives its masks and modifiers (window, softcap, ALiBi, bias
+// over [batch, heads, seq_q, capacity]), checked by the same rule as attention()'s.
 CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
-                                            const KvAttentionOptions& options);
+                                            const KvAttentionOptions& options, AttentionCall& score_mods);
 void validate_merge_states(const TensorView& out_a, const float* lse_a, const TensorView& out_b, const float* lse_b,
                            const TensorView& out, const float* lse_out);
 

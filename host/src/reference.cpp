@@ -203,6 +203,30 @@ void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::ve
   }
 }
 
+Problem kv_sequence_problem(const Problem& problem, int b, int length) {
+  Problem one = problem;
+  one.batch = 1;
+  one.seq_k = length;
+  one.key_lengths.clear();
+  const size_t heads = size_t(problem.heads);
+  if (problem.alibi_slopes.size() == size_t(problem.batch) * heads && problem.batch > 1) {
+    one.alibi_slopes.assign(problem.alibi_slopes.begin() + long(b * heads), problem.alibi_slopes.begin() + long((b + 1) * heads));
+  }
+  if (!problem.bias.empty()) {
+    const size_t rows = heads * size_t(problem.seq_q), capacity = size_t(problem.seq_k);
+    if (problem.bias.size() != size_t(problem.batch) * rows * capacity || size_t(length) > capacity) {
+      throw InvalidArgument("reference::kv_sequence_problem: bias expected [batch, heads, seq_q, seq_k = capacity] with "
+                            "every length <= seq_k");
+    }
+    one.bias.resize(rows * size_t(length));
+    for (size_t row = 0; row < rows; ++row) {
+      const auto from = problem.bias.begin() + long((size_t(b) * rows + row) * capacity);
+      std::copy(from, from + length, one.bias.begin() + long(row * size_t(length)));
+    }
+  }
+  return one;
+}
+
 Result attention_with_kv_cache(const Problem& problem, const std::vector<double>& q, const KvCacheImage& cache,
                                const RotaryTable* rotary) {
   const size_t d = size_t(problem.head_dim);
@@ -211,10 +235,7 @@ Result attention_with_kv_cache(const Problem& problem, const std::vector<double>
   result.out.assign(size_t(problem.batch) * rows_per_sequence * d, 0.0);
   result.lse.assign(size_t(problem.batch) * rows_per_sequence, 0.0);
   for (int b = 0; b < problem.batch; ++b) {
-    Problem one = problem;
-    one.batch = 1;
-    one.seq_k = cache.length(b);
-    one.key_lengths.clear();
+    const Problem one = kv_sequence_problem(problem, b, cache.length(b));
     std::vector<double> q_b(q.begin() + long(b * rows_per_sequence * d), q.begin() + long((b + 1) * rows_per_sequence * d));
     if (rotary) {
       for (size_t row = 0; row < rows_per_sequence; ++row) {

@@ -7,16 +7,17 @@
 // warp w owns rows j * kWarps + w (so the 4 rows of a GQA-4 decode group keep every warp busy),
 // lane n scores key n of the tile, and each lane accumulates head_dim / 32 columns of O.
 //
-// Split s covers key tiles [s * per_split, (s + 1) * per_split) of the sequence's length, with
-// per_split = ceil(tiles / num_splits): a split past the last tile (more splits than tiles, or a
-// length of 0) is empty and writes LSE -inf and O = 0, which the combine weighs as nothing.
+// The split's keys are decode_split_keys() (only the tiles a sliding window leaves); each row masks
+// its own visible_key_range() and takes modified_score() (score_mods.cuh) when softcap, ALiBi or a
+// bias change the values.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#include "../causal_mask.cuh"
 #include "../common/primitives.cuh"
+#include "../score_mods.cuh"
 #include "../simt_tile.cuh"
+#include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"
 
@@ -85,10 +86,8 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
 
   const int length = kv_length(p.cache, b);
-  const int tiles = (length + N - 1) / N;
-  const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  const int key_begin = split * per_split * N;
-  const int key_end = key_begin + per_split * N < length ? key_begin + per_split * N : length;
+  const KeyRange split_keys = decode_split_keys(p, length, split, N);
+  const int key_begin = split_keys.begin, key_end = split_keys.end;
 
   float* q_s = dynamic_smem<float>();
   float* k_s = q_s + Traits::kRows * d;
@@ -111,11 +110,17 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     q_s[i] = value;
   }
 
-  int visible[RW];
+  // Row j of this warp: its keys, aligned position and head's modifiers (rows past the group see none).
+  KeyRange visible[RW];
+  int aligned[RW];
+  HeadScoreMods head_mods[RW];
   float row_max[RW], row_sum[RW], acc[RW][C];
   for (int j = 0; j < RW; ++j) {
-    const int g = row0 + j * Traits::kWarps + warp;
-    visible[j] = g < group_rows ? visible_keys(g % p.seq_q, p.seq_q, length, p.causal) : 0;
+    const int g = row0 + j * Traits::kWarps + warp, i = g % p.seq_q;
+    visible[j] = g < group_rows ? visible_key_range(i, p.seq_q, length, p.causal, p.mods.window_left, p.mods.window_right)
+                                : KeyRange{0, 0};
+    aligned[j] = aligned_row(i, p.seq_q, length, p.causal);
+    head_mods[j] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (g < group_rows ? g / p.seq_q : 0));
     row_max[j] = -INFINITY;
     row_sum[j] = 0.0f;
     for (int c = 0; c < C; ++c) acc[j][c] = 0.0f;
@@ -139,10 +144,12 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       const int r = j * Traits::kWarps + warp;
       const int key = key0 + lane;
       float score = -INFINITY;
-      if (key < key_end && key < visible[j]) {
+      if (key < key_end && key >= visible[j].begin && key < visible[j].end) {
         float dot = 0.0f;
         for (int e = 0; e < d; ++e) dot = fmaf(q_s[r * d + e], k_s[lane * (d + 1) + e], dot);
-        score = dot * p.scale_log2;
+        score = p.mods.changes_values
+                    ? modified_score(p.mods, head_mods[j], dot * p.scale, (row0 + r) % p.seq_q, aligned[j], key) * kLog2e
+                    : dot * p.scale_log2;
       }
       const float tile_max = warp_reduce_max<32>(score);
       if (tile_max == -INFINITY) continue;  // warp-uniform: no key of this tile for this row

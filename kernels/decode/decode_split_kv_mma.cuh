@@ -2,7 +2,8 @@
 // Split-KV decode attention on tensor cores (f16/bf16; head_dim 64 or 128; every K/V and q row on
 // 16 bytes). Same work split and results as decode_split_kv.cuh (the SIMT kernel, which takes
 // everything else): a block holds up to 16 query rows of one (sequence, kv head) group and one of
-// num_splits ranges of the sequence's keys.
+// num_splits ranges of the sequence's keys (decode_split_keys: only the tiles a sliding window
+// leaves), each row masking its own visible_key_range() and taking modified_score().
 //
 // Per tile of 64 keys the block stages K and V as 16-bit values (16-byte loads from rows resolved
 // once per key, rows without a page as zeros); warp w takes keys [16 w, 16 w + 16) of the tile:
@@ -15,11 +16,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../causal_mask.cuh"
 #include "../common/primitives.cuh"
 #include "../common/primitives_fragments.cuh"
 #include "../mma_tile.cuh"
+#include "../score_mods.cuh"
 #include "../simt_tile.cuh"
+#include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"
 
@@ -54,10 +56,8 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: rows g and g + 8, columns 2t, 2t + 1
 
   const int length = kv_length(p.cache, b);
-  const int tiles = (length + N - 1) / N;
-  const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  const int key_begin = split * per_split * N;
-  const int key_end = key_begin + per_split * N < length ? key_begin + per_split * N : length;
+  const KeyRange split_keys = decode_split_keys(p, length, split, N);
+  const int key_begin = split_keys.begin, key_end = split_keys.end;
 
   unsigned char* smem = dynamic_smem<unsigned char>();
   T* q_s = reinterpret_cast<T*>(smem);
@@ -85,11 +85,19 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   uint32_t q_frag[D / 16][4];
   for (int k0 = 0; k0 < D; k0 += 16) load_a(q_frag[k0 / 16], q_s, LD, 0, k0);
 
-  int visible[2];
+  // Rows g and g + 8: their keys, query index, aligned position and head's modifiers.
+  KeyRange visible[2];
+  int query_row[2], aligned[2];
+  HeadScoreMods head_mods[2];
   float row_max[2], row_sum[2], acc[D / 8][4];
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + g + 8 * h;
-    visible[h] = row < group_rows ? visible_keys(row % p.seq_q, p.seq_q, length, p.causal) : 0;
+    query_row[h] = row % p.seq_q;
+    visible[h] = row < group_rows ? visible_key_range(query_row[h], p.seq_q, length, p.causal, p.mods.window_left,
+                                                      p.mods.window_right)
+                                  : KeyRange{0, 0};
+    aligned[h] = aligned_row(query_row[h], p.seq_q, length, p.causal);
+    head_mods[h] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (row < group_rows ? row / p.seq_q : 0));
     row_max[h] = -INFINITY;
     row_sum[h] = 0.0f;
   }
@@ -136,7 +144,11 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
       for (int j = 0; j < 2; ++j)
         for (int i = 2 * h; i < 2 * h + 2; ++i) {
           const int key = key0 + kb + 8 * j + 2 * t + i % 2;
-          s[j][i] = key < key_end && key < visible[h] ? s[j][i] * p.scale_log2 : -INFINITY;
+          const bool seen = key < key_end && key >= visible[h].begin && key < visible[h].end;
+          s[j][i] = !seen                  ? -INFINITY
+                    : p.mods.changes_values ? modified_score(p.mods, head_mods[h], s[j][i] * p.scale, query_row[h],
+                                                             aligned[h], key) * kLog2e
+                                            : s[j][i] * p.scale_log2;
           tile_max = fmaxf(tile_max, s[j][i]);
         }
       tile_max = warp_reduce_max<4>(tile_max);

@@ -103,8 +103,12 @@ struct DecodeSplitKvParams {
   int64_t rows;
   int heads, seq_q, head_dim, heads_per_kv;
   int num_splits, row_blocks;
+  float scale;           // softmax scale (the modifiers take scores in natural-log units)
   float scale_log2;      // softmax scale * log2(e)
   CausalMask causal;     // none or bottom_right, against each sequence's length
+  // Window, softcap, ALiBi, bias (score_mods.cuh); the bias is [batch, heads, seq_q, capacity],
+  // rows the new query rows, keys cache positions. Rows are aligned bottom-right (aligned_row).
+  ScoreMods mods;
   bool vector_loads;     // every K/V row starts on 16 bytes and head_dim fills 16-byte chunks
 };
 

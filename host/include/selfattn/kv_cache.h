@@ -123,6 +123,23 @@ struct KvAttentionOptions {
   int num_splits = 0;
   // As in AppendKvOptions (checks lengths[b] <= capacity and the pages lengths[b] uses).
   bool validate_metadata = false;
+
+  // ---- Masks and score modifiers: the meaning, order and validation of AttentionOptions
+  // (attention.h), on every path. Row i of sequence b is aligned as the bottom-right causal mask
+  // aligns it, at cache position i' = lengths[b] - seq_q + i (with causal none too), so a window
+  // or an ALiBi distance is measured from the new token's own position.
+  // Sliding window: row i sees cache token j only when i' - window_left <= j <= i' + window_right
+  // (-1: unbounded on that side). The fused path reads only the key tiles inside the window.
+  int window_left = -1, window_right = -1;
+  std::optional<float> softcap;  // s = softcap * tanh(s / softcap); a finite value > 0
+  // ALiBi: device fp32 [heads] or [batch, heads] slopes (alibi_slopes_count of them), adding
+  // -slope * |i' - j|.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_count = 0;
+  // Additive bias: a device view [batch, heads, seq_q, capacity] (keys indexed by cache position,
+  // so the same view serves every step while lengths grow), fp32 or q's dtype, a dimension of
+  // extent 1 or stride 0 broadcasts, -inf masks a key. Must not overlap out or lse.
+  std::optional<TensorView> bias;
 };
 
 // out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),

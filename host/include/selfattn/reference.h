@@ -90,12 +90,18 @@ void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std:
 // Sequence b's first length(b) tokens as [kv_heads, length, head_dim] (rows in a bad page are 0).
 void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::vector<double>& v);
 
-// attention_with_kv_cache: problem gives batch, heads, kv_heads, seq_q, head_dim, causal and scale
-// (seq_k and key_lengths are ignored: each sequence has cache.length(b) keys). q is
+// attention_with_kv_cache: problem gives batch, heads, kv_heads, seq_q, head_dim, causal, scale and
+// the score modifiers (key_lengths is ignored: each sequence has cache.length(b) keys; seq_k is the
+// cache's capacity, the key extent of the bias [batch, heads, seq_q, capacity]). q is
 // [batch, heads, seq_q, head_dim]; with rotary, row i of sequence b is rotated at position
 // lengths[b] - seq_q + i first.
 Result attention_with_kv_cache(const Problem& problem, const std::vector<double>& q, const KvCacheImage& cache,
                                const RotaryTable* rotary = nullptr);
+
+// Sequence b's part of such a problem, over its first `length` cache tokens: batch 1, seq_k =
+// length, its row of [batch, heads] ALiBi slopes and its bias [1, heads, seq_q, length] (the first
+// length keys of its [heads, seq_q, capacity] slice).
+Problem kv_sequence_problem(const Problem& problem, int b, int length);
 
 // merge_states: the attention over the union of two disjoint key sets from the results over each
 // (rows of head_dim values; a row with both LSE -inf gives 0 and -inf).

@@ -17,6 +17,7 @@
 
 #include "attention_expected.h"
 #include "attention_harness.h"
+#include "score_mods_case.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn::kv_test {
@@ -255,12 +256,14 @@ struct AttendCase {
   bool with_lse = true;
   std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
   int num_splits = 0;                          // fused path: 0 automatic
+  // Window, softcap, ALiBi, bias; the bias is [batch, heads, seq_q, capacity].
+  testing::ScoreModsCase mods;
 
   std::string name() const {
     std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
     if (num_splits) s += " splits" + std::to_string(num_splits);
-    return s;
+    return s + mods.name();
   }
 };
 
@@ -308,10 +311,7 @@ inline testing::AttentionExpected expected_kv_attention(const reference::Problem
   testing::AttentionExpected expected;
   expected.out.row_length = problem.head_dim;
   for (int b = 0; b < problem.batch; ++b) {
-    reference::Problem one = problem;
-    one.batch = 1;
-    one.seq_k = cache.length(b);
-    one.causal = problem.causal;
+    const reference::Problem one = reference::kv_sequence_problem(problem, b, cache.length(b));
     std::vector<double> k, v;
     reference::gather_kv(cache, b, k, v);
     const std::vector<double> q_b(q_stored.begin() + ptrdiff_t(b * per_batch), q_stored.begin() + ptrdiff_t((b + 1) * per_batch));
@@ -380,11 +380,19 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
   options.num_splits = c.num_splits;
   if (c.with_lse) options.lse = reinterpret_cast<float*>(lse.data());
   if (rotary) options.rotary = rotary->view;
+  reference::Problem problem = problem_of(c);
+  problem.seq_k = int(cache.image.capacity());  // the key extent of the bias
+  testing::ScoreModsData mods;
+  if (c.mods.any()) {
+    mods = testing::make_score_mods(ctx, c.mods, dtype, batch, c.heads, c.seq_q, problem.seq_k, rng);
+    mods.apply(c.mods, options);
+    mods.apply(c.mods, problem);
+  }
   attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
                           options);
   ctx.synchronize();
   const testing::AttentionExpected expected =
-      expected_kv_attention(problem_of(c), q.values, cache.image, dtype, rotary ? &rotary->table : nullptr);
+      expected_kv_attention(problem, q.values, cache.image, dtype, rotary ? &rotary->table : nullptr);
   const std::string what = c.name() + " " + to_string(path);
   ::testing::AssertionResult result = judge_values(what + " out", download(out, dtype, rows * d), expected.out);
   if (!result || !c.with_lse) return result;

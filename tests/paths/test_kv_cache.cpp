@@ -88,6 +88,82 @@ TEST(KvCacheSplitKv, SplitCountsMergeExactly) {
   }
 }
 
+// ---- masks and score modifiers (window, softcap, ALiBi, bias) over the cache, every path ----
+
+testing::ScoreModsCase window_mods(int left, int right) {
+  testing::ScoreModsCase m;
+  m.window_left = left;
+  m.window_right = right;
+  return m;
+}
+
+// Each modifier alone, then all at once, on a paged f16 cache (GQA 2, 3 new rows), a contiguous
+// f32 one and a paged bf16 one in the token-major pool layout; lengths 0, short, full. The bias has
+// -inf columns and, with 3 rows and period 3, a fully masked last row (output 0, LSE -inf).
+TEST(KvCacheScoreMods, EachAloneAndCombinedEveryPath) {
+  Context ctx;
+  std::vector<testing::ScoreModsCase> mods;
+  mods.push_back(window_mods(9, -1));
+  mods.push_back(window_mods(0, 0));        // width 0: the aligned position alone
+  mods.push_back(window_mods(1000, 1000));  // wider than any sequence: no effect
+  testing::ScoreModsCase softcap;
+  softcap.softcap = 2.5f;
+  mods.push_back(softcap);
+  testing::ScoreModsCase alibi;
+  alibi.alibi = testing::AlibiSlopes::heads;
+  mods.push_back(alibi);
+  testing::ScoreModsCase bias;
+  bias.bias = testing::BiasLayout::full;
+  bias.masked_key_period = 5;
+  bias.masked_row_period = 3;
+  mods.push_back(bias);
+  testing::ScoreModsCase all = window_mods(20, 0);
+  all.softcap = 8.0f;
+  all.alibi = testing::AlibiSlopes::batch_heads;
+  all.bias = testing::BiasLayout::heads;
+  all.bias_in_input_dtype = true;
+  all.masked_key_period = 7;
+  mods.push_back(all);
+
+  const std::vector<AttendCase> caches = {
+      attend(paged(DType::f16, 3, 2, 64, 16, 4, {0, 37, 64}), 4, 3),
+      attend(contiguous(DType::f32, 2, 1, 32, 45, {45, 12}, true), 2, 3, Causal::none),
+      attend(paged(DType::bf16, 2, 2, 64, 16, 3, {48, 29}, false), 4, 3),
+  };
+  for (const testing::ScoreModsCase& m : mods)
+    for (AttendCase c : caches) {
+      c.mods = m;
+      for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+    }
+}
+
+// The split-KV kernels (SIMT for f32, tensor cores for f16/bf16) with 1 and 3 splits: a window
+// narrower than one split (the other splits read nothing and merge as empty), a window over
+// several tiles with causal none and keys right of the aligned position, a broadcast bias
+// ([batch, 1, q, capacity], rows 7 and -inf columns) with ALiBi and softcap, GQA 4.
+TEST(KvCacheScoreMods, SplitKvSkipsTilesOutsideTheWindow) {
+  Context ctx;
+  testing::ScoreModsCase narrow = window_mods(10, 0);
+  testing::ScoreModsCase wide = window_mods(70, 3);
+  wide.alibi = testing::AlibiSlopes::heads;
+  testing::ScoreModsCase biased = window_mods(90, -1);
+  biased.bias = testing::BiasLayout::batch;
+  biased.masked_key_period = 4;
+  biased.softcap = 4.0f;
+  biased.alibi = testing::AlibiSlopes::batch_heads;
+  for (int splits : {1, 3}) {
+    for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+      for (const testing::ScoreModsCase& m : {narrow, wide, biased}) {
+        AttendCase c = attend(paged(dtype, 2, 1, 64, 16, 13, {200, 113}), 4, 7, m.window_right > 0 ? Causal::none
+                                                                                                      : Causal::bottom_right);
+        c.num_splits = splits;
+        c.mods = m;
+        EXPECT_TRUE(check_attend(ctx, c, Path::fused));
+      }
+    }
+  }
+}
+
 // append_kv writes exactly the new tokens' rows (checked element by element against the reference,
 // every other byte of the pool unchanged), across page boundaries, and attention then sees them.
 ::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,
@@ -332,6 +408,7 @@ struct BadArgumentFixture {
   DeviceBuffer<float> lse{ctx, 2 * 4 * 3, "lse"};
   DeviceBuffer<int32_t> bad_lengths{ctx, 2, "bad lengths"}, bad_table{ctx, 6, "bad table"};
   TestRotary rotary = make_rotary(ctx, 64, 64, true, rng);
+  DeviceBuffer<float> slopes{ctx, 8, "slopes"}, bias{ctx, 2 * 4 * 3 * 48, "bias"};
 
   Call valid() {
     Call call;
@@ -399,6 +476,25 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
       {"cache.block_table[1][0] expected a page in [0, 8)",
        [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.attend.validate_metadata = true; }},
       {"cache.batch expected 8 (cache.k.shape[0], a contiguous cache)", [](Call& c) { c.cache.block_table = nullptr; }},
+      // Masks and score modifiers: the rule of attention() (attention_validation.cpp), the bias's
+      // key extent the capacity (48).
+      {"options.window_left expected -1 (unbounded) or >= 0, got -2", [](Call& c) { c.attend.window_left = -2; }},
+      {"options.window_right", [](Call& c) { c.attend.window_right = -5; }},
+      {"options.softcap expected a finite number > 0", [](Call& c) { c.attend.softcap = 0.0f; }},
+      {"options.softcap", [](Call& c) { c.attend.softcap = std::numeric_limits<float>::infinity(); }},
+      {"options.alibi_slopes_count expected heads = 4",
+       [&](Call& c) { c.attend.alibi_slopes = f.slopes.data(); c.attend.alibi_slopes_count = 3; }},
+      {"options.alibi_slopes expected non-null", [](Call& c) { c.attend.alibi_slopes_count = 4; }},
+      {"options.bias.shape[3] (capacity) expected 48 or 1 (broadcast), got 47",
+       [&](Call& c) { c.attend.bias = TensorView::bhsd(f.bias.data(), DType::f32, 2, 4, 3, 47); }},
+      {"options.bias.shape[2] (seq_q) expected 3",
+       [&](Call& c) { c.attend.bias = TensorView::bhsd(f.bias.data(), DType::f32, 2, 4, 2, 48); }},
+      {"options.bias.dtype expected f32 or q.dtype",
+       [&](Call& c) { c.attend.bias = TensorView::bhsd(f.bias.data(), DType::bf16, 2, 4, 3, 48); }},
+      {"options.bias expected not to overlap out",
+       [](Call& c) { c.attend.bias = TensorView::bhsd(c.out.data, DType::f16, 1, 1, 3, 48); }},
+      {"options.alibi_slopes expected not to overlap options.lse",
+       [](Call& c) { c.attend.alibi_slopes = c.attend.lse; c.attend.alibi_slopes_count = 4; }},
   };
   for (const auto& [expected, mutate] : cases) f.expect_rejected(expected, mutate, run_attend);
 }

@@ -112,17 +112,6 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
   return data;
 }
 
-void ScoreModsData::apply(const ScoreModsCase& c, AttentionOptions& options) const {
-  options.window_left = c.window_left;
-  options.window_right = c.window_right;
-  options.softcap = c.softcap;
-  if (!slopes_logical.empty()) {
-    options.alibi_slopes = slopes.data();
-    options.alibi_slopes_count = int64_t(slopes_logical.size());
-  }
-  options.bias = bias;
-}
-
 void ScoreModsData::apply(const ScoreModsCase& c, reference::Problem& problem) const {
   problem.window_left = c.window_left;
   problem.window_right = c.window_right;

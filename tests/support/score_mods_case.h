@@ -51,7 +51,18 @@ struct ScoreModsData {
   std::vector<double> bias_logical;    // dense [batch, heads, seq_q, seq_k]
   int batch = 0, heads = 0, seq_q = 0, seq_k = 0;
 
-  void apply(const ScoreModsCase& c, AttentionOptions& options) const;
+  // The options of attention() or attention_with_kv_cache() (the fields have the same names).
+  template <class Options>
+  void apply(const ScoreModsCase& c, Options& options) const {
+    options.window_left = c.window_left;
+    options.window_right = c.window_right;
+    options.softcap = c.softcap;
+    if (!slopes_logical.empty()) {
+      options.alibi_slopes = slopes.data();
+      options.alibi_slopes_count = int64_t(slopes_logical.size());
+    }
+    options.bias = bias;
+  }
   // The reference problem of the whole call, or (varlen) of sequence `b` alone with len_q rows and
   // len_k keys of the [batch, heads, max_q, max_k] bias.
   void apply(const ScoreModsCase& c, reference::Problem& problem) const;

@@ -1,5 +1,5 @@
 // GPU twin of test_kv_cache: attention over paged and contiguous caches on every path, split counts
-// on the fused path, and larger decode shapes (thousands of cached tokens, many splits) through the
+// on the fused path, score modifiers, and larger decode shapes (thousands of cached tokens, many splits) through the
 // cuda backend (the nvcc build of kernels/decode/). Skips, saying why, where no GPU is usable.
 #include <gtest/gtest.h>
 
@@ -45,6 +45,35 @@ TEST(KvCacheGpu, LargerDecodeSplitCounts) {
       AttendCase spec = attend(paged(dtype, 3, 1, 128, 64, 40, {2500, 63, 64}), 8, 4);
       spec.num_splits = splits;
       EXPECT_TRUE(check_attend(*ctx, spec, Path::fused));
+    }
+  }
+}
+
+// Masks and score modifiers over decode-sized caches: a window of 256 over 3200 tokens (the
+// split-KV kernel reads only its tiles), softcap, ALiBi and a bias with -inf columns, alone and
+// together, every path, splits automatic and forced.
+TEST(KvCacheGpu, ScoreModsEveryPath) {
+  std::string reason;
+  std::optional<Context> ctx = cuda_context(reason);
+  if (!ctx) GTEST_SKIP() << reason;
+  testing::ScoreModsCase window;
+  window.window_left = 256;
+  window.window_right = 0;
+  testing::ScoreModsCase all = window;
+  all.softcap = 30.0f;
+  all.alibi = testing::AlibiSlopes::batch_heads;
+  all.bias = testing::BiasLayout::heads;
+  all.masked_key_period = 9;
+  for (const testing::ScoreModsCase& mods : {window, all}) {
+    for (int splits : {0, 7}) {
+      AttendCase c = attend(paged(DType::bf16, 3, 2, 128, 16, 200, {3200, 255, 1000}, false), 8, 4);
+      c.num_splits = splits;
+      c.mods = mods;
+      for (Path path : {Path::naive, Path::cublas, Path::fused}) EXPECT_TRUE(check_attend(*ctx, c, path));
+      AttendCase f32 = attend(contiguous(DType::f32, 2, 1, 64, 700, {700, 300}, true), 4, 3, Causal::none);
+      f32.num_splits = splits;
+      f32.mods = mods;
+      EXPECT_TRUE(check_attend(*ctx, f32, Path::fused));
     }
   }
 }

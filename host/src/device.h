@@ -31,6 +31,10 @@ class Device {
   virtual Backend backend() const = 0;
   virtual std::string name() const = 0;
   virtual void* stream() const = 0;
+  // Streaming multiprocessors the device has (cuda: cudaDevAttrMultiProcessorCount, read once when
+  // the Device is made, so asking never touches the driver; sim: kSimMultiprocessors). Heuristics
+  // that size a grid to fill the GPU (the split-KV decode's split count) ask here.
+  virtual int multiprocessor_count() const = 0;
 
   virtual void* allocate(size_t bytes, const char* label) = 0;  // throws BackendError
   virtual void deallocate(void* ptr) noexcept = 0;
@@ -46,6 +50,11 @@ class Device {
   virtual size_t scan_scratch_bytes(int count) = 0;
   virtual void inclusive_sum_int32(const int32_t* in, int32_t* out, int count, void* scratch, size_t scratch_bytes) = 0;
 };
+
+// What the sim reports as its multiprocessor count: the H200's 132, so that a heuristic plans on
+// the sim as it does on the GPU the library is tuned for (the sim's own parallelism is its worker
+// threads and is not what the heuristics should fill).
+constexpr int kSimMultiprocessors = 132;
 
 std::shared_ptr<Device> make_sim_device();
 // The sim's GEMM (gemm_sim.cpp), used by the sim Device.

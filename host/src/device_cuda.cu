@@ -72,6 +72,8 @@ class CudaDevice final : public Device {
     check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_),
           "cudaDeviceGetAttribute(cudaDevAttrMemoryPoolsSupported)");
     stream_ordered_allocation_ = pools != 0;
+    check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, ordinal_),
+          "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
     if (user_stream) {
       stream_ = user_stream;
     } else {
@@ -91,6 +93,7 @@ class CudaDevice final : public Device {
   }
 
   Backend backend() const override { return Backend::cuda; }
+  int multiprocessor_count() const override { return multiprocessors_; }
   std::string name() const override { return name_; }
   void* stream() const override { return stream_; }
 
@@ -201,6 +204,7 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   bool stream_ordered_allocation_ = false;
+  int multiprocessors_ = 1;  // cudaDevAttrMultiProcessorCount
   cublasHandle_t cublas_ = nullptr;
   std::mutex mutex_;
   std::map<const void*, size_t> smem_opted_in_;  // kernel entry -> dynamic shared memory bytes allowed

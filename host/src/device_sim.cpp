@@ -34,6 +34,7 @@ namespace {
 class SimDevice final : public Device {
  public:
   Backend backend() const override { return Backend::sim; }
+  int multiprocessor_count() const override { return kSimMultiprocessors; }
 
   std::string name() const override {
     int workers = sim::options().worker_threads;

@@ -20,6 +20,7 @@
 #include "selfattn/attention.h"
 #include "selfattn/error.h"
 #include "selfattn/kv_cache.h"
+#include "split_heuristic.h"
 
 namespace selfattn {
 namespace {
@@ -104,9 +105,6 @@ void rotate_query(ContextState& state, const TensorView& q, const TensorView& ro
 
 // ---- split-KV decode (the fused path) ----
 
-// SMs the split heuristic fills: the H200's 132 (the device's own count is not queried, so that a
-// call never touches the driver; the override is options.num_splits).
-constexpr int kAssumedMultiprocessors = 132;
 constexpr int kKeysPerSplitTile = 32;   // decode_split_kv's key tile
 constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in combine than it saves
 constexpr int kMaxAutomaticSplits = 64;
@@ -168,16 +166,21 @@ int64_t group_row_blocks(const TensorView& q, const CacheShape& shape, const Dec
   return (group_rows + kernel.rows_per_block - 1) / kernel.rows_per_block;
 }
 
-// Enough (sequence, kv head, row block, split) blocks for two waves, each split at least
-// kMinTilesPerSplit key tiles of the capacity (the lengths are device data, not read here).
-int choose_splits(int requested, const TensorView& q, const CacheShape& shape, const DecodeKernel& kernel) {
+}  // namespace
+
+// Enough (sequence, kv head, row block, split) blocks for two waves over the device's SMs (the
+// Device reads the count once, so a call never touches the driver; the override is
+// options.num_splits), each split at least kMinTilesPerSplit key tiles of the capacity (the
+// lengths are device data, not read here).
+int detail::choose_splits(int requested, int64_t blocks, int64_t capacity, int multiprocessors) {
   if (requested > 0) return requested;
-  const int64_t blocks = int64_t(shape.batch) * shape.kv_heads * group_row_blocks(q, shape, kernel);
-  const int64_t wanted = (2 * kAssumedMultiprocessors + blocks - 1) / blocks;
-  const int64_t tiles = (int64_t(shape.capacity) + kKeysPerSplitTile - 1) / kKeysPerSplitTile;
+  const int64_t wanted = (2 * int64_t(std::max(multiprocessors, 1)) + blocks - 1) / std::max<int64_t>(blocks, 1);
+  const int64_t tiles = (capacity + kKeysPerSplitTile - 1) / kKeysPerSplitTile;
   const int64_t most = std::max<int64_t>(1, tiles / kMinTilesPerSplit);
   return int(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxAutomaticSplits));
 }
+
+namespace {
 
 // grid.x holds splits x row blocks: at most 2^31 - 1 (only a huge seq_q with many splits gets near).
 int fit_grid(int splits, int64_t row_blocks) {
@@ -300,8 +303,10 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
   // The fused path is the split-KV decode kernel, read straight from the cache; the others gather.
   const bool split_kv = use_split_kv(state, options.path, shape);
   const DecodeKernel split_kernel = split_kv ? split_kv_kernel_for(state, q, cache, shape.head_dim) : DecodeKernel{};
-  const int splits = split_kv ? fit_grid(choose_splits(options.num_splits, q, shape, split_kernel),
-                                         group_row_blocks(q, shape, split_kernel))
+  const int64_t row_blocks = split_kv ? group_row_blocks(q, shape, split_kernel) : 0;
+  const int splits = split_kv ? fit_grid(detail::choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
+                                                               shape.capacity, state.device->multiprocessor_count()),
+                                         row_blocks)
                               : 0;
   // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V (and,
   // on naive/cublas, the attention step's scores after them, as self_attention() does).

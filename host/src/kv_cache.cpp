@@ -394,10 +394,11 @@ void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, con
 void cu_seqlens_from_lengths(Context& ctx, const int32_t* lengths, int batch, int32_t* cu_seqlens) {
   ContextState& state = ctx.state();
   detail::validate_cu_seqlens_from_lengths(lengths, batch, cu_seqlens);
+  // The scratch first: a WorkspaceTooSmall must come before cu_seqlens[0] is written.
+  const size_t scratch_bytes = batch > 0 ? state.device->scan_scratch_bytes(batch) : 0;
+  void* scratch = scratch_bytes > 0 ? state.workspace.reserve(scratch_bytes, "cu_seqlens_from_lengths: the scan's scratch") : nullptr;
   state.device->fill(cu_seqlens, 0, sizeof(int32_t));  // cu_seqlens[0] = 0
   if (batch == 0) return;
-  const size_t scratch_bytes = state.device->scan_scratch_bytes(batch);
-  void* scratch = scratch_bytes > 0 ? state.workspace.reserve(scratch_bytes, "cu_seqlens_from_lengths' scan") : nullptr;
   state.device->inclusive_sum_int32(lengths, cu_seqlens + 1, batch, scratch, scratch_bytes);
 }
 

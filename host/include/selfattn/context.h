@@ -28,6 +28,7 @@ struct ContextOptions {
   //     whole problem when it fits, else as many rows as fit. The fused path counts nothing.
   //   self_attention(): Q, K, V and, with wo, the attention output, each round_up(bytes, 256),
   //     plus the attention step's scores as above in what remains.
+  //   attention_with_kv_cache(), append_kv(), cu_seqlens_from_lengths(): what kv_cache.h says at each.
   // A call throws WorkspaceTooSmall, before it writes anything, exactly when this count with a
   // chunk of one query row (of the sequence whose row counts most) exceeds the limit.
   size_t workspace_limit = size_t(1) << 30;

@@ -104,7 +104,7 @@ struct AppendKvOptions {
 // Writes token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim], the cache's dtype and
 // head_dim) at position cache.lengths[b] + t of sequence b, across page boundaries. The cache's
 // lengths are not changed (see updated_lengths). Tokens that would land past the capacity, or in
-// a page outside the pool, are dropped. k_new/v_new must not overlap the cache.
+// a page outside the pool, are dropped. k_new/v_new must not overlap the cache. Uses no workspace.
 void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
                const AppendKvOptions& options = {});
 
@@ -153,12 +153,17 @@ struct KvAttentionOptions {
 //     Any page size works at the same cost per key (each key's page is looked up once per tile);
 //     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a
 //     multiple of 8, base and strides aligned) are read with 16-byte loads, others element-wise.
-//     Workspace: num_splits * batch * heads * seq_q * (head_dim + 1) floats when num_splits > 1.
 //   naive, cublas (and automatic above head_dim 256): the sequences' K/V are copied into the
-//     workspace (batch * kv_heads * capacity * head_dim * 2 elements) and the path runs on them
-//     as on a padded batch with key lengths.
-// The workspace used is the slot self_attention keeps its projections in (plus, for naive and
-// cublas, the path's own scores), and a rotated q when options.rotary is set.
+//     workspace and the path runs on them as on a padded batch with key lengths.
+// Workspace (what ContextOptions::workspace_limit counts), in bytes, each piece rounded up to 256,
+// with rows = batch * heads * seq_q and e = dtype_size(q.dtype):
+//   with options.rotary: the rotated q, rows * head_dim * e; then
+//   fused: with more than one split (num_splits, or the library's choice), the partial results,
+//     splits * rows * head_dim * 4 and splits * rows * 4; nothing with one split;
+//   naive, cublas: K and V gathered, each batch * kv_heads * capacity * head_dim * e, then the
+//     scores of attention() (context.h) with seq_k = capacity, chunked in what remains.
+// WorkspaceTooSmall, before anything is written, exactly when this with a chunk of one query row
+// exceeds the limit. No query row or no cache slot (capacity 0) counts nothing.
 void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
                              const KvAttentionOptions& options = {});
 
@@ -177,7 +182,8 @@ void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, con
 // computed on the device (CUB's DeviceScan on cuda) without a host read. Lengths are summed as
 // given (negative ones are the caller's bug; attention_varlen's fused kernel clamps whatever
 // comes out). Graph-safe once the context's workspace holds the scan's scratch (run once first).
-// lengths and cu_seqlens must not overlap.
+// lengths and cu_seqlens must not overlap. Workspace: the scan's scratch (cuda: what CUB's
+// DeviceScan asks for `batch` items; sim: none), reserved before cu_seqlens is written.
 void cu_seqlens_from_lengths(Context& ctx, const int32_t* lengths, int batch, int32_t* cu_seqlens);
 
 }  // namespace selfattn

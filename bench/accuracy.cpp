@@ -155,4 +155,15 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
   return result;
 }
 
+void record_check(const AccuracyResult& acc, CaseResult& result) {
+  result.checked = true;
+  result.sampled = acc.sampled;
+  result.max_abs_err = acc.max_abs_err;
+  result.rel_err = acc.rel_err;
+  if (!acc.passed) {
+    result.status = Status::check_failed;
+    result.note = acc.failure;
+  }
+}
+
 }  // namespace selfattn_bench

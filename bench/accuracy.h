@@ -35,4 +35,7 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
                                        const std::vector<float>& v, const std::vector<float>& out,
                                        double tolerance, double whole_reference_macs = kWholeReferenceMacs);
 
+// Records a check's outcome in a case's result (a failed check: status check_failed, note why).
+void record_check(const AccuracyResult& acc, CaseResult& result);
+
 }  // namespace selfattn_bench

@@ -1,6 +1,7 @@
 #pragma once
 // What selfattn-bench measures: one Case is one shape, dtype, mask, layout and path; its CaseResult
 // holds the timings, derived rates and the accuracy check. Shared by the bench's source files.
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,13 @@ struct ScoreMods {
   bool any() const { return window_left >= 0 || window_right >= 0 || softcap > 0 || alibi || bias != BiasKind::none; }
 };
 
+// A decode case (--mode decode): attention_with_kv_cache over a paged cache of cache_len tokens per
+// sequence (Case::seq_k), new_tokens query rows (Case::seq_q), bottom-right, q/out BSHD.
+struct DecodeShape {
+  int cache_len = 0, page_size = 0, new_tokens = 0;
+  int splits = 0;  // KvAttentionOptions::num_splits as asked (0: the library's heuristic)
+};
+
 struct Case {
   Path path = Path::fused;
   DType dtype = DType::bf16;
@@ -37,6 +45,7 @@ struct Case {
   Causal causal = Causal::none;
   Layout layout = Layout::bhsd;
   ScoreMods mods;
+  std::optional<DecodeShape> decode;  // set on --mode decode cases
 };
 
 // "w256,0 cap30 alibi bias=heads", or "-" without modifiers.
@@ -46,6 +55,13 @@ std::string describe_mods(const ScoreMods& mods);
 float bias_value(const Case& c, int b, int h, int row, int key);
 // ALiBi slope of head h.
 float alibi_slope(const Case& c, int h);
+
+// measure.cpp: host conversions of a float already rounded to f16/bf16 (round to nearest even).
+uint16_t to_half_bits(float x, DType dtype);
+float from_half_bits(uint16_t bits, DType dtype);
+float round_to(float x, DType dtype);
+// A case's output as the device stored it (c.layout, c.dtype) to floats in BHSD order.
+std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c);
 
 // Everything the sweep needs besides the list of cases.
 struct RunSettings {
@@ -159,8 +175,10 @@ struct DecodeSweep {
   std::vector<Path> paths{Path::fused, Path::cublas, Path::naive};
 };
 DecodeSweep default_decode_sweep(Backend backend);
-// Prints one line per case; returns 1 when a case threw (other than a too small workspace).
-int run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings, const Ceilings& ceilings);
+// Runs every case (with --check first: the output against the double reference), printing one line
+// per case; the results go to the JSON/CSV like the attention mode's (report.cpp).
+std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings,
+                                   const Ceilings& ceilings);
 
 // report.cpp
 struct RunHeader {

@@ -151,86 +151,6 @@ int main(int argc, char** argv) {
   settings.iters = iters > 0 ? iters : (on_cuda ? 30 : 3);
   if (app.count("--tolerance")) settings.tolerance = tolerance;
 
-  if (mode == "decode") {
-    sb::DecodeSweep decode = sb::default_decode_sweep(backend);
-    if (!batch.empty()) decode.batches = batch;
-    if (!heads.empty()) decode.heads = heads.front();
-    if (!kv_heads.empty()) decode.kv_heads = kv_heads.front();
-    if (!head_dim.empty()) decode.head_dim = head_dim.front();
-    if (!dtype_words.empty()) decode.dtype = kDTypes.at(dtype_words.front());
-    if (!cache_len.empty()) decode.cache_lengths = cache_len;
-    if (!page_size.empty()) decode.page_sizes = page_size;
-    if (!new_tokens.empty()) decode.new_tokens = new_tokens;
-    decode.splits = splits;
-    try {
-      if (!path_words.empty()) decode.paths = parse_paths(path_words);
-    } catch (const CLI::Error& e) {
-      app.exit(e);
-      return 2;
-    }
-    sb::Ceilings ceilings;
-    if (on_cuda && !no_ceilings) {
-      try {
-        ceilings = sb::measure_ceilings(*ctx);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "selfattn-bench: ceilings not measured: %s\n", e.what());
-      }
-    }
-    if (!on_cuda) std::fprintf(stderr, "selfattn-bench: backend sim: times are the CPU simulator's wall clock.\n");
-    return sb::run_decode(*ctx, decode, settings, ceilings);
-  }
-
-  // The sweep: the default one, with any list given on the command line replacing its counterpart.
-  sb::Sweep sweep = sb::default_sweep(backend);
-  const bool custom_shape = !batch.empty() || !heads.empty() || !kv_heads.empty() || !seq_q.empty() ||
-                            !seq_k.empty() || !head_dim.empty();
-  if (custom_shape) {
-    if (batch.empty()) batch = {1};
-    if (heads.empty()) heads = {on_cuda ? 16 : 2};
-    if (seq_q.empty()) seq_q = !seq_k.empty() ? seq_k : std::vector<int>{on_cuda ? 1024 : 64};
-    if (head_dim.empty()) head_dim = {on_cuda ? 128 : 64};
-    sweep.shapes.clear();
-    for (int b : batch)
-      for (int h : heads)
-        for (int kvh : kv_heads.empty() ? std::vector<int>{h} : kv_heads)
-          for (int sq : seq_q)
-            for (int sk : seq_k.empty() ? std::vector<int>{sq} : seq_k)
-              for (int d : head_dim) sweep.shapes.push_back({b, h, kvh, sq, sk, d});
-    sweep.causals = {sb::Causal::none};
-  }
-  try {
-    if (!path_words.empty()) sweep.paths = parse_paths(path_words);
-  } catch (const CLI::Error& e) {
-    app.exit(e);
-    return 2;
-  }
-  auto mapped = [](const auto& table, const std::vector<std::string>& words, auto& into) {
-    if (words.empty()) return;
-    into.clear();
-    for (const std::string& w : words) into.push_back(table.at(w));
-  };
-  mapped(kDTypes, dtype_words, sweep.dtypes);
-  mapped(kCausals, causal_words, sweep.causals);
-  mapped(kLayouts, layout_words, sweep.layouts);
-  if (!window.empty()) {
-    sweep.mods.window_left = window[0];
-    sweep.mods.window_right = window[1];
-  }
-  sweep.mods.softcap = float(sweep_mods_softcap);
-  sweep.mods.alibi = sweep_mods_alibi;
-  sweep.mods.bias = bias_word == "full"    ? sb::BiasKind::full
-                    : bias_word == "heads" ? sb::BiasKind::heads
-                    : bias_word == "batch" ? sb::BiasKind::batch
-                                           : sb::BiasKind::none;
-  // The default sweep's extra lines (sliding window) run only as they are: any shape or modifier
-  // option replaces them, a path list keeps those on its paths.
-  if (custom_shape || sweep.mods.any()) sweep.extra.clear();
-  std::vector<sb::Case> kept;
-  for (const sb::Case& c : sweep.extra)
-    if (std::find(sweep.paths.begin(), sweep.paths.end(), c.path) != sweep.paths.end()) kept.push_back(c);
-  sweep.extra = kept;
-  const std::vector<sb::Case> cases = sb::expand(sweep);
-
   sb::RunHeader header;
   header.backend = selfattn::to_string(backend);
   header.gpu = ctx->device_name();
@@ -251,31 +171,103 @@ int main(int argc, char** argv) {
   }
 
   std::vector<sb::CaseResult> results;
-  sb::InputCache inputs;
-  const bool tty = isatty(fileno(stderr));
-  for (size_t i = 0; i < cases.size(); ++i) {
-    std::fprintf(stderr, "%s[%zu/%zu] %s ...", tty ? "\r\033[K" : "", i + 1, cases.size(), describe(cases[i]).c_str());
-    std::fflush(stderr);
-    sb::CaseResult r;
+  if (mode == "decode") {
+    sb::DecodeSweep decode = sb::default_decode_sweep(backend);
+    if (!batch.empty()) decode.batches = batch;
+    if (!heads.empty()) decode.heads = heads.front();
+    if (!kv_heads.empty()) decode.kv_heads = kv_heads.front();
+    if (!head_dim.empty()) decode.head_dim = head_dim.front();
+    if (!dtype_words.empty()) decode.dtype = kDTypes.at(dtype_words.front());
+    if (!cache_len.empty()) decode.cache_lengths = cache_len;
+    if (!page_size.empty()) decode.page_sizes = page_size;
+    if (!new_tokens.empty()) decode.new_tokens = new_tokens;
+    decode.splits = splits;
     try {
-      r = sb::measure_case(*ctx, cases[i], settings, inputs);
-    } catch (const std::exception& e) {  // e.g. out of memory for the inputs
-      r.c = cases[i];
-      r.resolved_path = sb::name(cases[i].path);
-      r.status = sb::Status::error;
-      r.note = e.what();
+      if (!path_words.empty()) decode.paths = parse_paths(path_words);
+    } catch (const CLI::Error& e) {
+      app.exit(e);
+      return 2;
     }
-    if (r.status == sb::Status::ok || r.status == sb::Status::check_failed)
-      std::fprintf(stderr, " %.4f ms%s%s", r.ms_median, r.checked ? " check " : "",
-                   r.checked ? (r.status == sb::Status::ok ? "pass" : "FAIL") : "");
-    else
-      std::fprintf(stderr, " %s", sb::name(r.status));
-    std::fprintf(stderr, tty ? "" : "\n");
-    results.push_back(r);
+    results = sb::run_decode(*ctx, decode, settings, header.ceilings);
+    sb::relate_results(results, header.ceilings);
+  } else {
+    // The sweep: the default one, with any list given on the command line replacing its counterpart.
+    sb::Sweep sweep = sb::default_sweep(backend);
+    const bool custom_shape = !batch.empty() || !heads.empty() || !kv_heads.empty() || !seq_q.empty() ||
+                              !seq_k.empty() || !head_dim.empty();
+    if (custom_shape) {
+      if (batch.empty()) batch = {1};
+      if (heads.empty()) heads = {on_cuda ? 16 : 2};
+      if (seq_q.empty()) seq_q = !seq_k.empty() ? seq_k : std::vector<int>{on_cuda ? 1024 : 64};
+      if (head_dim.empty()) head_dim = {on_cuda ? 128 : 64};
+      sweep.shapes.clear();
+      for (int b : batch)
+        for (int h : heads)
+          for (int kvh : kv_heads.empty() ? std::vector<int>{h} : kv_heads)
+            for (int sq : seq_q)
+              for (int sk : seq_k.empty() ? std::vector<int>{sq} : seq_k)
+                for (int d : head_dim) sweep.shapes.push_back({b, h, kvh, sq, sk, d});
+      sweep.causals = {sb::Causal::none};
+    }
+    try {
+      if (!path_words.empty()) sweep.paths = parse_paths(path_words);
+    } catch (const CLI::Error& e) {
+      app.exit(e);
+      return 2;
+    }
+    auto mapped = [](const auto& table, const std::vector<std::string>& words, auto& into) {
+      if (words.empty()) return;
+      into.clear();
+      for (const std::string& w : words) into.push_back(table.at(w));
+    };
+    mapped(kDTypes, dtype_words, sweep.dtypes);
+    mapped(kCausals, causal_words, sweep.causals);
+    mapped(kLayouts, layout_words, sweep.layouts);
+    if (!window.empty()) {
+      sweep.mods.window_left = window[0];
+      sweep.mods.window_right = window[1];
+    }
+    sweep.mods.softcap = float(sweep_mods_softcap);
+    sweep.mods.alibi = sweep_mods_alibi;
+    sweep.mods.bias = bias_word == "full"    ? sb::BiasKind::full
+                      : bias_word == "heads" ? sb::BiasKind::heads
+                      : bias_word == "batch" ? sb::BiasKind::batch
+                                             : sb::BiasKind::none;
+    // The default sweep's extra lines (sliding window) run only as they are: any shape or modifier
+    // option replaces them, a path list keeps those on its paths.
+    if (custom_shape || sweep.mods.any()) sweep.extra.clear();
+    std::vector<sb::Case> kept;
+    for (const sb::Case& c : sweep.extra)
+      if (std::find(sweep.paths.begin(), sweep.paths.end(), c.path) != sweep.paths.end()) kept.push_back(c);
+    sweep.extra = kept;
+    const std::vector<sb::Case> cases = sb::expand(sweep);
+
+    sb::InputCache inputs;
+    const bool tty = isatty(fileno(stderr));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::fprintf(stderr, "%s[%zu/%zu] %s ...", tty ? "\r\033[K" : "", i + 1, cases.size(), describe(cases[i]).c_str());
+      std::fflush(stderr);
+      sb::CaseResult r;
+      try {
+        r = sb::measure_case(*ctx, cases[i], settings, inputs);
+      } catch (const std::exception& e) {  // e.g. out of memory for the inputs
+        r.c = cases[i];
+        r.resolved_path = sb::name(cases[i].path);
+        r.status = sb::Status::error;
+        r.note = e.what();
+      }
+      if (r.status == sb::Status::ok || r.status == sb::Status::check_failed)
+        std::fprintf(stderr, " %.4f ms%s%s", r.ms_median, r.checked ? " check " : "",
+                     r.checked ? (r.status == sb::Status::ok ? "pass" : "FAIL") : "");
+      else
+        std::fprintf(stderr, " %s", sb::name(r.status));
+      std::fprintf(stderr, tty ? "" : "\n");
+      results.push_back(r);
+    }
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    sb::relate_results(results, header.ceilings);
+    sb::print_table(results, header);
   }
-  if (tty) std::fprintf(stderr, "\r\033[K");
-  sb::relate_results(results, header.ceilings);
-  sb::print_table(results, header);
 
   try {
     if (!json_file.empty()) sb::write_json(json_file, results, header);

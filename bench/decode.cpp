@@ -1,7 +1,8 @@
 // selfattn-bench --mode decode: attention_with_kv_cache over a paged cache, per path, batch, cache
 // length, page size and new tokens per sequence. Decode reads each sequence's K and V once, so it
 // is bandwidth-bound: the rate reported is bytes (K/V of the cached tokens read, q read, out
-// written) per second, and its share of the device copy ceiling measured in the same run.
+// written) per second, and its share of the device copy ceiling measured in the same run. With
+// --check the first call of each case is compared with the double reference (accuracy.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "accuracy.h"
 #include "bench.h"
 
 namespace selfattn_bench {
@@ -21,116 +23,239 @@ using selfattn::KvAttentionOptions;
 using selfattn::KvCache;
 using selfattn::TensorView;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Fills a device buffer with one random chunk repeated (the values do not matter to the timing,
-// but they must be finite; a host copy of a 16 GiB pool would not fit comfortably).
-void fill_random(DeviceBuffer<unsigned char>& buffer, DType dtype, std::mt19937_64& rng) {
-  const size_t chunk_elements = size_t(1) << 20, element = selfattn::dtype_size(dtype);
+// Fills a device buffer with one random chunk repeated (a host copy of a 16 GiB pool would not fit
+// comfortably) and returns the chunk: element i of the buffer holds chunk[i % chunk.size()],
+// already rounded to the dtype, which is all --check needs to rebuild any part of it.
+std::vector<float> fill_random(DeviceBuffer<unsigned char>& buffer, DType dtype, std::mt19937_64& rng) {
+  const size_t element = selfattn::dtype_size(dtype);
+  const size_t chunk_elements = std::min<size_t>(size_t(1) << 20, std::max<size_t>(buffer.size() / element, 1));
+  std::vector<float> values(chunk_elements);
   std::vector<unsigned char> chunk(chunk_elements * element);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (size_t i = 0; i < chunk_elements; ++i) {
-    const float value = uniform(rng);
+    values[i] = round_to(uniform(rng), dtype);
     if (dtype == DType::f32) {
-      std::memcpy(chunk.data() + i * 4, &value, 4);
+      std::memcpy(chunk.data() + i * 4, &values[i], 4);
     } else {
-      // f16 and bf16 bit patterns of small finite values: bf16 is the top half of the float;
-      // for f16 take a value in [-1, 1) built from sign, exponent 14 (0.5..1) and random mantissa.
-      uint32_t bits;
-      std::memcpy(&bits, &value, 4);
-      const uint16_t half = dtype == DType::bf16 ? uint16_t(bits >> 16)
-                                                 : uint16_t(((bits >> 16) & 0x8000u) | (14u << 10) | (bits & 0x3ffu));
-      std::memcpy(chunk.data() + i * 2, &half, 2);
+      const uint16_t bits = to_half_bits(values[i], dtype);
+      std::memcpy(chunk.data() + i * 2, &bits, 2);
     }
   }
   for (size_t offset = 0; offset < buffer.size(); offset += chunk.size())
     buffer.copy_from_host(chunk.data(), std::min(chunk.size(), buffer.size() - offset), offset);
+  return values;
+}
+
+float element_of(const std::vector<float>& chunk, size_t index) { return chunk[index % chunk.size()]; }
+
+// The sequences --check compares: all of them when the whole batch's reference is cheap, else the
+// first, middle and last.
+std::vector<int> checked_sequences(const Case& c, double whole_macs) {
+  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * c.head_dim;
+  std::vector<int> sequences;
+  if (macs <= whole_macs) {
+    for (int b = 0; b < c.batch; ++b) sequences.push_back(b);
+  } else {
+    sequences = {0, c.batch / 2, c.batch - 1};
+    sequences.erase(std::unique(sequences.begin(), sequences.end()), sequences.end());
+  }
+  return sequences;
+}
+
+// The decode inputs as the device holds them: q, out [batch, new_tokens, heads, d] (BSHD), the K/V
+// pools [num_pages, page_size, kv_heads, d] with each buffer's fill chunk, and the block table.
+struct DecodeHost {
+  std::vector<float> q, k, v;
+  std::vector<int32_t> table;
+  int pages_per_seq = 0;
+};
+
+// Compares out (downloaded, as BHSD floats) with the double reference, sequence by sequence: each checked
+// sequence's q, K/V (gathered through the block table) and out as BHSD of batch 1, where decode
+// attention is attention() with seq_k = cache_len, bottom-right (check_against_reference).
+AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::vector<float>& out, double tolerance,
+                            double whole_macs) {
+  const DecodeShape& shape = *c.decode;
+  const int d = c.head_dim;
+  AccuracyResult total;
+  total.passed = true;
+  const std::vector<int> sequences = checked_sequences(c, whole_macs);
+  total.sampled = int(sequences.size()) < c.batch;
+  Case one = c;
+  one.batch = 1;
+  for (int b : sequences) {
+    std::vector<float> q(size_t(c.heads) * c.seq_q * d), o(q.size());
+    std::vector<float> k(size_t(c.kv_heads) * c.seq_k * d), v(k.size());
+    for (int h = 0; h < c.heads; ++h)
+      for (int i = 0; i < c.seq_q; ++i)
+        for (int e = 0; e < d; ++e) {
+          const size_t device = ((size_t(b) * c.seq_q + size_t(i)) * c.heads + size_t(h)) * d + size_t(e);
+          const size_t bhsd = (size_t(h) * c.seq_q + size_t(i)) * d + size_t(e);
+          q[bhsd] = element_of(host.q, device);
+          o[bhsd] = out[size_t(b) * o.size() + bhsd];
+        }
+    for (int t = 0; t < c.seq_k; ++t) {
+      const size_t page = size_t(host.table[size_t(b) * host.pages_per_seq + size_t(t / shape.page_size)]);
+      for (int h = 0; h < c.kv_heads; ++h)
+        for (int e = 0; e < d; ++e) {
+          const size_t device = ((page * shape.page_size + size_t(t % shape.page_size)) * c.kv_heads + size_t(h)) * d + size_t(e);
+          const size_t bhsd = (size_t(h) * c.seq_k + size_t(t)) * d + size_t(e);
+          k[bhsd] = element_of(host.k, device);
+          v[bhsd] = element_of(host.v, device);
+        }
+    }
+    const AccuracyResult part = check_against_reference(one, q, k, v, o, tolerance, whole_macs);
+    total.max_abs_err = std::max(total.max_abs_err, part.max_abs_err);
+    total.rel_err = std::max(total.rel_err, part.rel_err);
+    total.sampled = total.sampled || part.sampled;
+    if (!part.passed && total.passed) {
+      total.passed = false;
+      total.failure = "sequence " + std::to_string(b) + ": " + part.failure;
+    }
+  }
+  return total;
+}
+
+void print_line(const CaseResult& r) {
+  const Case& c = r.c;
+  const DecodeShape& shape = *c.decode;
+  std::printf("%-7s %6d %8d %5d %4d %7s ", name(c.path), c.batch, shape.cache_len, shape.page_size, shape.new_tokens,
+              shape.splits ? std::to_string(shape.splits).c_str() : "auto");
+  if (r.status != Status::ok && r.status != Status::check_failed) {
+    std::printf(" %s: %s\n", r.status == Status::error ? "error" : "skipped", r.note.c_str());
+    return;
+  }
+  char pct[16] = "-", err[16] = "-";
+  if (r.pct_of_copy) std::snprintf(pct, sizeof pct, "%.1f", *r.pct_of_copy);
+  if (r.checked) std::snprintf(err, sizeof err, "%.2e", r.rel_err);
+  std::printf("%10.4f %9.3g %7s %9s %s\n", r.ms_median, r.gbps, pct, err,
+              !r.checked ? "off" : r.status == Status::ok ? "pass" : ("FAIL: " + r.note).c_str());
 }
 
 }  // namespace
 
-int run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings,
-               const Ceilings& ceilings) {
+std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings,
+                                   const Ceilings& ceilings) {
   const DType dtype = sweep.dtype;
   const size_t element = selfattn::dtype_size(dtype);
   std::printf("decode: %s, %d query heads over %d kv heads, head_dim %d, copy ceiling %s\n", name(dtype), sweep.heads,
               sweep.kv_heads, sweep.head_dim,
               ceilings.copy_gbps > 0 ? (std::to_string(int(ceilings.copy_gbps)) + " GB/s").c_str() : "not measured");
-  std::printf("%-7s %6s %8s %5s %4s %7s %10s %9s %7s\n", "path", "batch", "cache", "page", "new", "splits", "ms",
-              "GB/s", "%copy");
+  std::printf("%-7s %6s %8s %5s %4s %7s %10s %9s %7s %9s %s\n", "path", "batch", "cache", "page", "new", "splits", "ms",
+              "GB/s", "%copy", "rel_err", "check");
   std::mt19937_64 rng(2024);
-  int ran = 0, errors = 0, total = 0;
+  std::vector<CaseResult> results;
   for (int page_size : sweep.page_sizes) {
     for (int batch : sweep.batches) {
       for (int cache_len : sweep.cache_lengths) {
         for (int new_tokens : sweep.new_tokens) {
+          Case c;
+          c.dtype = dtype;
+          c.batch = batch;
+          c.heads = sweep.heads;
+          c.kv_heads = sweep.kv_heads;
+          c.seq_q = new_tokens;
+          c.seq_k = cache_len;
+          c.head_dim = sweep.head_dim;
+          c.causal = Causal::bottom_right;
+          c.layout = Layout::bshd;
+          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits};
           // The cache holds cache_len tokens per sequence (the new ones among them, appended before).
-          const int pages_per_seq = (cache_len + page_size - 1) / page_size;
-          const int num_pages = batch * pages_per_seq;
+          DecodeHost host;
+          host.pages_per_seq = (cache_len + page_size - 1) / page_size;
+          const int num_pages = batch * host.pages_per_seq;
           const size_t pool_elements = size_t(num_pages) * page_size * sweep.kv_heads * sweep.head_dim;
           std::optional<DeviceBuffer<unsigned char>> k_pool, v_pool;
           try {
             k_pool.emplace(ctx, pool_elements * element, "decode k pool");
             v_pool.emplace(ctx, pool_elements * element, "decode v pool");
           } catch (const std::exception& e) {
-            std::printf("%-7s %6d %8d %5d %4d  skipped: %s\n", "-", batch, cache_len, page_size, new_tokens, e.what());
+            for (Path path : sweep.paths) {
+              CaseResult r;
+              r.c = c;
+              r.c.path = path;
+              r.resolved_path = name(path);
+              r.note = std::string("cache pool: ") + e.what();
+              print_line(r);
+              results.push_back(r);
+            }
             continue;
           }
-          fill_random(*k_pool, dtype, rng);
-          fill_random(*v_pool, dtype, rng);
-          std::vector<int32_t> table(static_cast<size_t>(num_pages));
-          std::iota(table.begin(), table.end(), 0);
-          std::shuffle(table.begin(), table.end(), rng);  // pages in any order, as an engine's allocator leaves them
-          DeviceBuffer<int32_t> block_table(ctx, table.size(), "block table"), lengths(ctx, size_t(batch), "lengths");
-          block_table.copy_from_host(table);
+          host.k = fill_random(*k_pool, dtype, rng);
+          host.v = fill_random(*v_pool, dtype, rng);
+          host.table.resize(size_t(num_pages));
+          std::iota(host.table.begin(), host.table.end(), 0);
+          std::shuffle(host.table.begin(), host.table.end(), rng);  // pages in any order, as an engine's allocator leaves them
+          DeviceBuffer<int32_t> block_table(ctx, host.table.size(), "block table"), lengths(ctx, size_t(batch), "lengths");
+          block_table.copy_from_host(host.table);
           lengths.copy_from_host(std::vector<int32_t>(size_t(batch), cache_len));
           const TensorView k = TensorView::bshd(k_pool->data(), dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
           const TensorView v = TensorView::bshd(v_pool->data(), dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
-          const KvCache cache = KvCache::paged_pool(k, v, block_table.data(), batch, pages_per_seq, lengths.data());
+          const KvCache cache = KvCache::paged_pool(k, v, block_table.data(), batch, host.pages_per_seq, lengths.data());
           const size_t q_elements = size_t(batch) * sweep.heads * new_tokens * sweep.head_dim;
           DeviceBuffer<unsigned char> q(ctx, q_elements * element, "q"), out(ctx, q_elements * element, "out");
-          fill_random(q, dtype, rng);
+          host.q = fill_random(q, dtype, rng);
           const TensorView q_view = TensorView::bshd(q.data(), dtype, batch, sweep.heads, new_tokens, sweep.head_dim);
           const TensorView out_view = TensorView::bshd(out.data(), dtype, batch, sweep.heads, new_tokens, sweep.head_dim);
-          const double bytes = double(batch) * cache_len * sweep.kv_heads * sweep.head_dim * 2 * element +
-                               2.0 * double(q_elements) * element;
           for (Path path : sweep.paths) {
-            ++total;
+            CaseResult r;
+            r.c = c;
+            r.c.path = path;
+            r.resolved_path = name(path);
+            r.status = Status::ok;
             KvAttentionOptions options;
             options.path = path;
             options.num_splits = sweep.splits;
+            const auto call = [&] { selfattn::attention_with_kv_cache(ctx, q_view, cache, out_view, options); };
             try {
-              for (int i = 0; i < settings.warmup; ++i) selfattn::attention_with_kv_cache(ctx, q_view, cache, out_view, options);
+              // The first call is the checked one: out poisoned with NaN so an unwritten element shows.
+              out.fill_bytes(0xFF);
+              call();
+              ctx.synchronize();
+              if (settings.check) {
+                const std::vector<float> values = from_device_bytes(out.to_host(), r.c);  // BHSD
+                record_check(check_decode(r.c, host, values, settings.tolerance.value_or(default_tolerance(dtype)),
+                                          settings.whole_check_macs),
+                             r);
+              }
+              for (int i = 0; i < settings.warmup; ++i) call();
               CallTimer timer(ctx);
               for (int i = 0; i < settings.iters; ++i) {
                 timer.begin();
-                selfattn::attention_with_kv_cache(ctx, q_view, cache, out_view, options);
+                call();
                 timer.end();
               }
-              const double ms = median(timer.collect_ms());
-              const double gbps = bytes / (ms * 1e-3) / 1e9;
-              char pct[16] = "-";
-              if (ceilings.copy_gbps > 0) std::snprintf(pct, sizeof pct, "%.1f", 100.0 * gbps / ceilings.copy_gbps);
-              std::printf("%-7s %6d %8d %5d %4d %7s %10.4f %9.3g %7s\n", name(path), batch, cache_len, page_size,
-                          new_tokens, sweep.splits ? std::to_string(sweep.splits).c_str() : "auto", ms, gbps, pct);
-              ++ran;
+              std::vector<double> ms = timer.collect_ms();
+              std::sort(ms.begin(), ms.end());
+              r.ms_min = ms.front();
+              r.ms_max = ms.back();
+              r.ms_median = ms[ms.size() / 2];
+              r.gbps = attention_bytes(r.c) / (r.ms_median * 1e-3) / 1e9;  // K/V read + q read + out written
+              r.tflops = attention_flops(r.c) / (r.ms_median * 1e-3) / 1e12;
+              if (ceilings.copy_gbps > 0) r.pct_of_copy = 100.0 * r.gbps / ceilings.copy_gbps;
             } catch (const selfattn::WorkspaceTooSmall& e) {
               // naive and cublas gather the whole cache into the workspace: large sweeps outgrow it.
-              std::printf("%-7s %6d %8d %5d %4d  skipped: %s\n", name(path), batch, cache_len, page_size, new_tokens, e.what());
+              r.status = Status::skipped;
+              r.note = e.what();
             } catch (const std::exception& e) {
-              std::printf("%-7s %6d %8d %5d %4d  error: %s\n", name(path), batch, cache_len, page_size, new_tokens, e.what());
-              ++errors;
+              r.status = Status::error;
+              r.note = e.what();
             }
+            print_line(r);
+            results.push_back(r);
           }
         }
       }
     }
   }
-  std::printf("%d of %d decode cases ran, %d errors\n", ran, total, errors);
-  return errors ? 1 : 0;
+  int ran = 0, errors = 0, failed = 0;
+  for (const CaseResult& r : results) {
+    ran += r.status == Status::ok || r.status == Status::check_failed;
+    errors += r.status == Status::error;
+    failed += r.status == Status::check_failed;
+  }
+  std::printf("%d of %zu decode cases ran, %d errors, %d failed the check\n", ran, results.size(), errors, failed);
+  return results;
 }
 
 DecodeSweep default_decode_sweep(Backend backend) {

@@ -14,13 +14,6 @@
 #include "bench.h"
 
 namespace selfattn_bench {
-namespace {
-
-// Copies of the input set rotated while timing: enough that the set in use was evicted from L2 by
-// the others (twice L2 between reuses), at least 2 so the rotation is always exercised, and at
-// most 64 so tiny shapes do not allocate thousands of buffers.
-constexpr int kMinCopies = 2, kMaxCopies = 64;
-constexpr double kL2Multiple = 2.0;
 
 // Device representation of a float already rounded to the dtype (the toolkit's host conversions,
 // round to nearest even).
@@ -39,6 +32,14 @@ float from_half_bits(uint16_t bits, DType dtype) {
   return __half2float(__half(raw));
 }
 float round_to(float x, DType dtype) { return dtype == DType::f32 ? x : from_half_bits(to_half_bits(x, dtype), dtype); }
+
+namespace {
+
+// Copies of the input set rotated while timing: enough that the set in use was evicted from L2 by
+// the others (twice L2 between reuses), at least 2 so the rotation is always exercised, and at
+// most 64 so tiny shapes do not allocate thousands of buffers.
+constexpr int kMinCopies = 2, kMaxCopies = 64;
+constexpr double kL2Multiple = 2.0;
 
 // Element (b, h, s, x) of a [batch, heads, seq, head_dim] tensor stored in `layout`.
 int64_t layout_offset(Layout layout, int64_t b, int64_t h, int64_t s, int64_t x, int64_t heads, int64_t seq,
@@ -91,6 +92,8 @@ std::vector<unsigned char> to_device_bytes(const std::vector<float>& bhsd, Layou
   return bytes;
 }
 
+}  // namespace
+
 std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c) {
   const size_t elem = selfattn::dtype_size(c.dtype);
   std::vector<float> bhsd(bytes.size() / elem);
@@ -110,6 +113,8 @@ std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, co
         }
   return bhsd;
 }
+
+namespace {
 
 // The case's bias as a device view over `storage` (filled here), in the input dtype.
 selfattn::TensorView make_bias(selfattn::Context& ctx, const Case& c, selfattn::DeviceBuffer<unsigned char>& storage) {
@@ -265,15 +270,7 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
   if (settings.check) {
     const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), c);
     const double tolerance = settings.tolerance.value_or(default_tolerance(c.dtype));
-    const AccuracyResult acc = check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs);
-    result.checked = true;
-    result.sampled = acc.sampled;
-    result.max_abs_err = acc.max_abs_err;
-    result.rel_err = acc.rel_err;
-    if (!acc.passed) {
-      result.status = Status::check_failed;
-      result.note = acc.failure;
-    }
+    record_check(check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs), result);
   }
 
   try {

@@ -20,10 +20,15 @@ const char* check_word(const CaseResult& r) {
   return r.status == Status::check_failed ? "fail" : "pass";
 }
 
+bool same_decode(const Case& a, const Case& b) {
+  if (a.decode.has_value() != b.decode.has_value()) return false;
+  return !a.decode || (a.decode->page_size == b.decode->page_size && a.decode->splits == b.decode->splits);
+}
+
 bool same_problem(const Case& a, const Case& b) {
   return a.dtype == b.dtype && a.batch == b.batch && a.heads == b.heads && a.kv_heads == b.kv_heads &&
          a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && a.causal == b.causal &&
-         a.layout == b.layout && describe_mods(a.mods) == describe_mods(b.mods);
+         a.layout == b.layout && describe_mods(a.mods) == describe_mods(b.mods) && same_decode(a, b);
 }
 
 std::string utc_now() {
@@ -139,6 +144,11 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"flops", attention_flops(c)},
         {"bytes", attention_bytes(c)},
         {"input_copies", r.copies},
+        {"mode", c.decode ? "decode" : "attention"},
+        {"cache_len", c.decode ? json(c.decode->cache_len) : json(nullptr)},
+        {"page_size", c.decode ? json(c.decode->page_size) : json(nullptr)},
+        {"new_tokens", c.decode ? json(c.decode->new_tokens) : json(nullptr)},
+        {"splits", c.decode ? json(c.decode->splits) : json(nullptr)},
     });
   }
   std::ofstream out(file);

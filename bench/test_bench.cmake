@@ -1,9 +1,13 @@
-# ctest driver for selfattn-bench on the sim: cmake -DBENCH=exe -DWORKDIR=dir -DMODE=sweep|fail|default -P this
+# ctest driver for selfattn-bench on the sim: cmake -DBENCH=exe -DWORKDIR=dir -DMODE=sweep|fail|default|decode|decode_fail -P this
 #   sweep:   odd small shapes, every path, --check; exit 0; the JSON and CSV hold every case with every field,
 #            at least one case ran, and every case that ran passed its check with finite numbers. A low
 #            --check-whole-limit makes the larger shapes use the sampled-row check, the smaller the whole one.
 #   fail:    an impossible tolerance (0): the check must fail and the exit code must be 1.
 #   default: no shape options: the sim's default sweep, which must say its times are not GPU times.
+#   decode:  --mode decode, odd small caches (page sizes 1 and 16), every path, --check; exit 0; the
+#            JSON holds every case with the decode fields, each checked and passed, and its bytes are
+#            K/V read + q read + out written.
+#   decode_fail: --mode decode with an impossible tolerance (0): every check fails, exit code 1.
 file(REMOVE_RECURSE ${WORKDIR})
 file(MAKE_DIRECTORY ${WORKDIR})
 set(json ${WORKDIR}/out.json)
@@ -18,8 +22,19 @@ elseif(MODE STREQUAL "fail")
            --batch 1 --heads 2 --seq-q 17 --seq-k 33 --head-dim 64 --dtype bf16)
 elseif(MODE STREQUAL "default")
   set(args --backend sim --json ${json})
+elseif(MODE STREQUAL "decode")
+  set(decode_batch 2)
+  set(decode_heads 4)
+  set(decode_kv_heads 2)
+  set(decode_head_dim 64)
+  set(args --backend sim --mode decode --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1
+           --batch ${decode_batch} --heads ${decode_heads} --kv-heads ${decode_kv_heads} --head-dim ${decode_head_dim}
+           --cache-len 7,33 --page-size 1,16 --new-tokens 1,3 --splits 3 --dtype fp16)
+elseif(MODE STREQUAL "decode_fail")
+  set(args --backend sim --mode decode --path all --check --tolerance 0 --json ${json} --warmup 0 --iters 1
+           --batch 1 --heads 2 --kv-heads 1 --head-dim 64 --cache-len 17 --page-size 16 --new-tokens 2 --dtype bf16)
 else()
-  message(FATAL_ERROR "MODE must be sweep, fail or default")
+  message(FATAL_ERROR "MODE must be sweep, fail, default, decode or decode_fail")
 endif()
 
 execute_process(COMMAND ${BENCH} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -47,7 +62,13 @@ if(count EQUAL 0)
   message(FATAL_ERROR "no cases in the JSON")
 endif()
 set(fields backend gpu path resolved_path dtype batch heads kv_heads seq_q seq_k head_dim causal layout status
-           ms_median ms_min ms_max tflops gbps pct_of_ceiling vs_cublas max_abs_err rel_err check)
+           ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas max_abs_err rel_err check
+           bytes mode cache_len page_size new_tokens splits)
+set(checked_mode OFF)
+if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail")
+  set(checked_mode ON)
+endif()
+set(decode_checks 0)
 set(ran 0)
 set(failed 0)
 set(sampled 0)
@@ -78,7 +99,7 @@ foreach(i RANGE ${last})
         message(FATAL_ERROR "cases[${i}].${key} = ${value} (${type}): expected a positive number")
       endif()
     endforeach()
-    if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail")
+    if(checked_mode)
       string(JSON type TYPE "${case}" rel_err)
       if(NOT type STREQUAL "NUMBER")
         message(FATAL_ERROR "cases[${i}].rel_err is ${type} although --check was given")
@@ -98,6 +119,26 @@ foreach(i RANGE ${last})
         message(FATAL_ERROR "cases[${i}].flops = ${flops}, expected 4259840 (masked pairs excluded)")
       endif()
       math(EXPR flop_checks "${flop_checks} + 1")
+    endif()
+    # A decode case: its fields, and bytes = K/V of the cached tokens read + q read + out written
+    # (fp16: 2 bytes an element).
+    if(MODE STREQUAL "decode")
+      string(JSON case_mode GET "${case}" mode)
+      string(JSON cache_len GET "${case}" cache_len)
+      string(JSON new_tokens GET "${case}" new_tokens)
+      string(JSON splits GET "${case}" splits)
+      string(JSON bytes GET "${case}" bytes)
+      if(NOT case_mode STREQUAL "decode" OR NOT splits EQUAL 3)
+        message(FATAL_ERROR "cases[${i}]: mode '${case_mode}', splits ${splits}: expected decode, 3")
+      endif()
+      math(EXPR wanted "2 * (2 * ${decode_batch} * ${decode_heads} * ${new_tokens} * ${decode_head_dim} + 2 * ${decode_batch} * ${decode_kv_heads} * ${cache_len} * ${decode_head_dim})")
+      if(bytes LESS wanted OR bytes GREATER wanted)
+        message(FATAL_ERROR "cases[${i}].bytes = ${bytes}, expected ${wanted} (K/V read + q read + out written)")
+      endif()
+      if(NOT check STREQUAL "pass")
+        message(FATAL_ERROR "cases[${i}] (${path}) check is '${check}': ${case}")
+      endif()
+      math(EXPR decode_checks "${decode_checks} + 1")
     endif()
     string(JSON is_sampled GET "${case}" check_sampled)
     if(is_sampled STREQUAL "ON")
@@ -133,7 +174,12 @@ if(MODE STREQUAL "sweep")
   if(count LESS 72)
     message(FATAL_ERROR "expected 72 cases (12 shapes x 2 masks x 3 paths), found ${count}")
   endif()
-elseif(MODE STREQUAL "fail")
+elseif(MODE STREQUAL "decode")
+  if(NOT rc EQUAL 0 OR failed GREATER 0 OR NOT decode_checks EQUAL 24 OR NOT count EQUAL 24)
+    message(FATAL_ERROR "the checked decode sweep: exit ${rc}, ${failed} failed checks, ${decode_checks} of ${count} "
+                        "cases ran and passed, expected 24 (2 caches x 2 page sizes x 2 new-token counts x 3 paths):\n${err}")
+  endif()
+elseif(MODE STREQUAL "fail" OR MODE STREQUAL "decode_fail")
   if(NOT rc EQUAL 1 OR NOT failed EQUAL ran)
     message(FATAL_ERROR "tolerance 0 must fail every check that ran and exit 1 (exit ${rc}, ${failed} of ${ran} failed)")
   endif()

@@ -1,5 +1,6 @@
-// Uses the installed selfattn: one small attention call on the context's backend, checked against
-// the CPU reference. Exits 0 only when the result matches.
+// Uses the installed selfattn: one small attention call, and the same attention through a KV cache
+// (kv_cache.h), on the context's backend, each checked against the CPU reference. Exits 0 only when
+// both match.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -39,15 +40,29 @@ int main() {
       return std::vector<double>(f.begin(), f.end());
     };
     const auto ref = selfattn::reference::attention(problem, as_device_sees(q), as_device_sees(k), as_device_sees(v));
-    const std::vector<float> got = out.to_host();
-    double error = 0, norm = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      error += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
-      norm += ref.out[i] * ref.out[i];
-    }
-    const double relative = std::sqrt(error / norm);
-    std::printf("selfattn %s on %s: relative error %.2e\n", SELFATTN_VERSION_STRING, ctx.device_name().c_str(), relative);
-    return relative < 1e-5 ? 0 : 1;
+    auto relative_error = [&](selfattn::DeviceBuffer<float>& result) {
+      const std::vector<float> got = result.to_host();
+      double error = 0, norm = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        error += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
+        norm += ref.out[i] * ref.out[i];
+      }
+      return std::sqrt(error / norm);
+    };
+
+    // The same keys as a contiguous cache holding all seq tokens: with seq_q == length the cache's
+    // bottom-right mask is the top-left one above.
+    const std::vector<int32_t> length{seq};
+    selfattn::DeviceBuffer<int32_t> lengths(ctx, 1);
+    lengths.copy_from_host(length);
+    selfattn::DeviceBuffer<float> cached_out(ctx, q.size());
+    selfattn::attention_with_kv_cache(ctx, view(qd), selfattn::KvCache::contiguous(view(kd), view(vd), lengths.data()),
+                                      view(cached_out));
+
+    const double relative = relative_error(out), cached_relative = relative_error(cached_out);
+    std::printf("selfattn %s on %s: relative error %.2e, through a KV cache %.2e\n", SELFATTN_VERSION_STRING,
+                ctx.device_name().c_str(), relative, cached_relative);
+    return relative < 1e-5 && cached_relative < 1e-5 ? 0 : 1;
   } catch (const selfattn::Error& e) {
     std::fprintf(stderr, "consumer_app: %s\n", e.what());
     return 1;

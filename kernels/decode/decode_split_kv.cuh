@@ -128,8 +128,10 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
 
   const T* k_cache = static_cast<const T*>(p.cache.k);
   const T* v_cache = static_cast<const T*>(p.cache.v);
+  // No barrier opens an iteration: the previous tile's row offsets were last read while staging,
+  // before the barrier that ends staging; its K and V are last read before the barrier after the
+  // offsets below, which every thread passes before restaging; Q is written before that barrier too.
   for (int key0 = key_begin; key0 < key_end; key0 += N) {
-    __syncthreads();  // the previous tile's K, V and row offsets are no longer read (and Q is written)
     if (threadIdx.x < N) {  // each key's page once per tile
       const int key = key0 + int(threadIdx.x);
       const int page = key < key_end ? kv_page_of(p.cache, b, key) : -1;

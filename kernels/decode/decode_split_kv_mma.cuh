@@ -106,8 +106,10 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
 
   const T* k_cache = static_cast<const T*>(p.cache.k);
   const T* v_cache = static_cast<const T*>(p.cache.v);
+  // No barrier opens an iteration: the previous tile's row offsets were last read while staging,
+  // before the barrier that ends staging, and its K and V before the barrier after the offsets
+  // below, which every thread (a warp that skipped its keys too) passes before restaging.
   for (int key0 = key_begin; key0 < key_end; key0 += N) {
-    __syncthreads();  // the previous tile's K, V and row offsets are no longer read
     if (threadIdx.x < N) {
       const int key = key0 + int(threadIdx.x);
       const int page = key < key_end ? kv_page_of(p.cache, b, key) : -1;
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
     }
     __syncthreads();
     const int kb = warp * 16;  // this warp's keys of the tile
-    if (key0 + kb >= key_end) continue;  // warp-uniform; the next tile starts with a barrier all reach
+    if (key0 + kb >= key_end) continue;  // warp-uniform; the warp still reaches the next tile's barriers
 
     float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
     for (int k0 = 0; k0 < D; k0 += 16) {

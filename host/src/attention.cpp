@@ -62,27 +62,12 @@ Path choose_path(const ContextState& state, const AttentionCall& call, Path requ
                      to_string(state.device->backend()) + " backend" + reasons);
 }
 
-// Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
-void zero_fill(detail::Device& device, const TensorView& view) {
-  if (view.numel() == 0) return;
-  const size_t element = dtype_size(view.dtype);
-  if (detail::is_dense(view)) {
-    device.fill(view.data, 0, size_t(view.numel()) * element);
-    return;
-  }
-  for (int64_t b = 0; b < view.batch(); ++b)
-    for (int64_t h = 0; h < view.heads(); ++h)
-      for (int64_t s = 0; s < view.seq(); ++s)
-        device.fill(static_cast<unsigned char*>(view.data) + view.offset(b, h, s, 0) * element, 0,
-                    size_t(view.head_dim()) * element);
-}
-
 // The calls no path sees (see the top of this file). Returns true when the call is complete.
 bool run_without_keys(ContextState& state, const AttentionCall& call) {
   if (call.batch == 0 || call.heads == 0 || call.seq_q == 0) return true;
   const bool no_keys = call.seq_k == 0 || call.k.seq() == 0;
   if (!no_keys) return false;
-  zero_fill(*state.device, call.out);
+  detail::zero_fill(*state.device, call.out);
   const int64_t lse_rows =
       call.varlen() ? int64_t(call.heads) * call.q.seq() : int64_t(call.batch) * call.heads * call.seq_q;
   if (call.lse != nullptr && lse_rows > 0) {
@@ -154,6 +139,21 @@ bool path_available(const Context& ctx, Path path) {
 }
 
 namespace detail {
+
+// Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
+void zero_fill(Device& device, const TensorView& view) {
+  if (view.numel() == 0) return;
+  const size_t element = dtype_size(view.dtype);
+  if (detail::is_dense(view)) {
+    device.fill(view.data, 0, size_t(view.numel()) * element);
+    return;
+  }
+  for (int64_t b = 0; b < view.batch(); ++b)
+    for (int64_t h = 0; h < view.heads(); ++h)
+      for (int64_t s = 0; s < view.seq(); ++s)
+        device.fill(static_cast<unsigned char*>(view.data) + view.offset(b, h, s, 0) * element, 0,
+                    size_t(view.head_dim()) * element);
+}
 
 PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Path requested, const char* function,
                                 size_t reserved_before) {

@@ -308,8 +308,7 @@ AttentionCall validate_attention(const char* function, const TensorView& q, cons
 AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& out, const int32_t* cu_seqlens_q,
                                         const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
-                                        const AttentionOptions& options) {
-  const char* function = "attention_varlen";
+                                        const AttentionOptions& options, const char* function) {
   check_common(function, q, k, v, out, true);
   check_causal(function, options.causal);
   // Packed sequences live in one row range per tensor: the batch dimension of every view is 1.

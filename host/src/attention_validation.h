@@ -15,7 +15,7 @@ AttentionCall validate_attention(const char* function, const TensorView& q, cons
 AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& out, const int32_t* cu_seqlens_q,
                                         const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
-                                        const AttentionOptions& options);
+                                        const AttentionOptions& options, const char* function = "attention_varlen");
 
 // The window, softcap, ALiBi and bias of a call whose logical extent is [batch, heads, seq_q, seq_k]
 // (varlen: sequences and max lengths; KV cache: seq_k is the capacity), checked and stored in

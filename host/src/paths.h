@@ -84,6 +84,9 @@ PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Pa
 // Runs a plan with planned.scores.workspace_bytes bytes of workspace at `scores_workspace`.
 void run_planned(ContextState& ctx, const PlannedAttention& planned, void* scores_workspace);
 
+// Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
+void zero_fill(Device& device, const TensorView& view);
+
 // Each runs a plan of a call its *_unsupported accepted.
 void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);

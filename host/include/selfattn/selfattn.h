@@ -1,6 +1,7 @@
 #pragma once
 // The whole public API.
 #include "selfattn/attention.h"
+#include "selfattn/backward.h"
 #include "selfattn/buffer.h"
 #include "selfattn/context.h"
 #include "selfattn/error.h"

@@ -1,0 +1,66 @@
+#pragma once
+// The backward pass of attention(): the gradients dQ, dK, dV of a loss L given dO = dL/d(out).
+//
+// With P = softmax(mods(scale * Q K^T) + mask) the forward's probabilities (recomputed from q, k
+// and the forward's LSE, never stored by the forward), per (batch, head):
+//   dV = P^T dO
+//   dP = dO V^T,  D_i = sum_c dO_ic O_ic  (= sum_j P_ij dP_ij),  dS = P * (dP - D)   (row-wise D)
+//   dS' = dS * d mods / d s   (softcap: 1 - tanh^2(s / softcap); ALiBi and bias add constants: 1)
+//   dQ = scale dS' K,  dK = scale dS'^T Q
+// GQA/MQA: dK and dV of a kv head sum over the query heads that share it. Masked keys (causal,
+// key lengths, window, a -inf bias) get no gradient: a row that sees no key has dQ = 0, a key no
+// row sees has dK = dV = 0, exactly (never NaN).
+#include <cstdint>
+
+#include "selfattn/attention.h"
+#include "selfattn/context.h"
+#include "selfattn/tensor.h"
+
+namespace selfattn {
+
+struct BackwardOptions {
+  // Bitwise-identical gradients run to run, whatever the order in which blocks run. The naive and
+  // cublas paths always are; the fused path by default accumulates dQ with fp32 atomics from every
+  // key tile (an order that varies between runs, so the last bits of dQ do), and with this set runs
+  // a second kernel that computes dQ per query tile instead (no atomics; it recomputes S and dP
+  // once more: 7 matrix products instead of 5). bench/NOTES.md has what it costs.
+  bool deterministic = false;
+};
+
+// Gradients of attention(ctx, q, k, v, out, options) for the upstream gradient dout.
+//   q, k, v:  the forward's inputs, as attention() takes them (any strides, head_dim stride 1)
+//   out:      the forward's output [batch, heads, seq_q, head_dim], q's dtype
+//   dout:     dL/d(out), same shape and dtype as out
+//   lse:      device fp32 [batch, heads, seq_q] contiguous: the forward's options.lse output
+//             (natural log, -inf for a row that saw no key). Required when there are query rows.
+//   dq:       [batch, heads, seq_q, head_dim], dk, dv: [batch, kv_heads, seq_k, head_dim], each in q's
+//             dtype or f32, any strides (head_dim stride 1). Every element is written.
+// options: the forward's options, all of them honoured (path, causal, scale, key_lengths, window,
+// softcap, ALiBi, bias); options.lse must be null (the forward's LSE is the `lse` argument).
+// No gradient may overlap another or anything the call reads (q, k, v, out, dout, lse, key_lengths,
+// slopes, bias). Throws as attention() does (InvalidArgument naming the argument, NotAvailable,
+// WorkspaceTooSmall, BackendError), and every check runs before anything is written: on the first
+// three, dq, dk and dv are untouched.
+// Zero sizes: no query rows gives dK = dV = 0; no keys gives dQ = 0; nothing runs a path.
+// Workspace (ContextOptions::workspace_limit), in bytes, each part rounded up to 256:
+//   every path:   D, 4 per query row (batch * heads * seq_q; varlen heads * total_q)
+//   fused:        dQ accumulator, 4 * head_dim per query row, unless backward.deterministic
+//   naive/cublas: dK and dV accumulators, 2 * 4 * head_dim per key row (batch * kv_heads * seq_k),
+//                 then the score rows of a chunk of query rows: 2 * 4 * round_up(seq_k, 4) per row
+//                 (S/P and dP/dS in fp32), on cublas for f16/bf16 plus 2 * 2 * round_up(seq_k, 8)
+//                 (P and dS in that dtype); as many rows as fit, WorkspaceTooSmall when one does not.
+void attention_backward(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const float* lse, const TensorView& dq,
+                        const TensorView& dk, const TensorView& dv, const AttentionOptions& options = {},
+                        const BackwardOptions& backward = {});
+
+// The backward of attention_varlen(): views packed as there ([1, heads, total_q, head_dim] for q,
+// out, dout, dq; [1, kv_heads, total_k, head_dim] for k, v, dk, dv), lse [heads, total_q]. Rows of
+// dq outside every sequence and key rows of dk/dv outside every sequence are written as 0.
+void attention_varlen_backward(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& dout, const float* lse, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const int32_t* cu_seqlens_q,
+                               const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
+                               const AttentionOptions& options = {}, const BackwardOptions& backward = {});
+
+}  // namespace selfattn

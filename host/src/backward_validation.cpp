@@ -1,0 +1,130 @@
+// Argument checking for the backward entry points (backward_validation.h).
+#include "backward_validation.h"
+
+#include <string>
+#include <utility>
+
+#include "attention_validation.h"
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+namespace {
+
+[[noreturn]] void fail(const char* function, const std::string& message) {
+  throw InvalidArgument(std::string(function) + ": " + message);
+}
+
+const char* const kDimNames[4] = {"batch", "heads", "seq", "head_dim"};
+
+// `name` must have `like`'s shape (`like_name` in the message).
+void expect_shape(const char* function, const char* name, const TensorView& view, const char* like_name,
+                  const TensorView& like) {
+  for (int i = 0; i < 4; ++i) {
+    if (view.shape[i] != like.shape[i]) {
+      fail(function, std::string(name) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ") expected " +
+                         std::to_string(like.shape[i]) + " (" + like_name + ".shape[" + std::to_string(i) + "]), got " +
+                         std::to_string(view.shape[i]));
+    }
+  }
+}
+
+void expect_gradient_dtype(const char* function, const char* name, const TensorView& view, DType input) {
+  if (view.dtype != input && view.dtype != DType::f32) {
+    fail(function, std::string(name) + ".dtype expected " + to_string(input) + " (q.dtype) or f32, got " +
+                       to_string(view.dtype));
+  }
+}
+
+// The backward's own arguments, on top of a forward call that passed the forward's validation.
+BackwardCall check_backward(const char* function, AttentionCall forward, const TensorView& dout, const float* lse,
+                            const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                            const AttentionOptions& options, const BackwardOptions& backward) {
+  const TensorView& q = forward.q;
+  const TensorView& k = forward.k;
+  check_view(function, "dout", dout);
+  check_view(function, "dq", dq);
+  check_view(function, "dk", dk);
+  check_view(function, "dv", dv);
+  if (dout.dtype != q.dtype) {
+    fail(function, std::string("dout.dtype expected ") + to_string(q.dtype) + " (q.dtype), got " + to_string(dout.dtype));
+  }
+  expect_shape(function, "dout", dout, "q", q);
+  expect_shape(function, "dq", dq, "q", q);
+  expect_shape(function, "dk", dk, "k", k);
+  expect_shape(function, "dv", dv, "k", k);
+  expect_gradient_dtype(function, "dq", dq, q.dtype);
+  expect_gradient_dtype(function, "dk", dk, q.dtype);
+  expect_gradient_dtype(function, "dv", dv, q.dtype);
+
+  BackwardCall call;
+  call.dout = dout;
+  call.lse = lse;
+  call.dq = dq;
+  call.dk = dk;
+  call.dv = dv;
+  call.deterministic = backward.deterministic;
+  call.forward = std::move(forward);
+  const int64_t rows = backward_query_rows(call);
+  if (rows > 0 && k.seq() > 0 && lse == nullptr) {
+    fail(function, "lse expected the forward's LSE (fp32, " + std::to_string(rows) + " rows), got null");
+  }
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0) {
+    fail(function, "lse expected 4-byte alignment (fp32), got a misaligned pointer");
+  }
+
+  // Nothing written may overlap anything read, or another gradient.
+  const AttentionCall& f = call.forward;
+  const std::pair<const char*, ByteRange> written[] = {
+      {"dq", byte_range(dq)}, {"dk", byte_range(dk)}, {"dv", byte_range(dv)}};
+  std::pair<const char*, ByteRange> read[] = {
+      {"q", byte_range(q)},
+      {"k", byte_range(k)},
+      {"v", byte_range(f.v)},
+      {"out", byte_range(f.out)},
+      {"dout", byte_range(dout)},
+      {"lse", byte_range(lse, size_t(rows) * sizeof(float))},
+      {"options.key_lengths", byte_range(options.key_lengths, size_t(f.batch) * sizeof(int32_t))},
+      {"options.alibi_slopes", byte_range(options.alibi_slopes, size_t(options.alibi_slopes_count) * sizeof(float))},
+      {"options.bias", f.bias ? byte_range(*f.bias) : ByteRange{}},
+      {"cu_seqlens_q", byte_range(f.cu_seqlens_q, f.varlen() ? size_t(f.batch + 1) * sizeof(int32_t) : 0)},
+      {"cu_seqlens_k", byte_range(f.cu_seqlens_k, f.varlen() ? size_t(f.batch + 1) * sizeof(int32_t) : 0)},
+  };
+  for (size_t w = 0; w < 3; ++w) {
+    for (const auto& [name, range] : read) expect_disjoint(function, written[w].first, written[w].second, name, range);
+    for (size_t other = w + 1; other < 3; ++other) {
+      expect_disjoint(function, written[w].first, written[w].second, written[other].first, written[other].second);
+    }
+  }
+  return call;
+}
+
+void check_forward_options(const char* function, const AttentionOptions& options) {
+  if (options.lse != nullptr) {
+    fail(function, "options.lse expected null (the forward's LSE is the lse argument), got a pointer");
+  }
+}
+
+}  // namespace
+
+BackwardCall validate_backward(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& dout, const float* lse, const TensorView& dq,
+                               const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
+                               const BackwardOptions& backward) {
+  check_forward_options(function, options);
+  AttentionCall forward = validate_attention(function, q, k, v, out, options);
+  return check_backward(function, std::move(forward), dout, lse, dq, dk, dv, options, backward);
+}
+
+BackwardCall validate_varlen_backward(const char* function, const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const TensorView& out, const TensorView& dout,
+                                      const float* lse, const TensorView& dq, const TensorView& dk,
+                                      const TensorView& dv, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                      int batch, int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options,
+                                      const BackwardOptions& backward) {
+  check_forward_options(function, options);
+  AttentionCall forward = validate_attention_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q,
+                                                    max_seqlen_k, options, function);
+  return check_backward(function, std::move(forward), dout, lse, dq, dk, dv, options, backward);
+}
+
+}  // namespace selfattn::detail

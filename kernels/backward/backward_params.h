@@ -1,0 +1,47 @@
+#pragma once
+// Parameters of the kernels every backward path shares (kernels/backward/): the preprocessing of
+// D = rowsum(dO * O) and the store of an fp32 gradient accumulator. Plain data, the same for nvcc
+// and the host compiler. Strides are in elements; head_dim's stride is 1.
+//
+// The backward's row layout (D, and the forward's LSE it sits beside): [batch, heads, rows]
+// contiguous, rows = seq_q; a varlen call is batch 1 with rows = total_q (its views are
+// [1, heads, total_q, head_dim]).
+#include <cstddef>
+#include <cstdint>
+
+#include "../launch.h"
+#include "../params.h"
+
+namespace selfattn::kernels {
+
+// d[(b * heads + h) * rows + i] = sum_c dout[b, h, i, c] * out[b, h, i, c] in fp32.
+// One warp per row; grid.x blocks of BackwardDotTraits::kRowsPerBlock rows, a grid-stride loop over
+// the batch * heads * rows rows.
+struct BackwardDotParams {
+  const void* out;
+  const void* dout;
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  int64_t dout_stride_batch, dout_stride_head, dout_stride_row;
+  float* d;
+  int batch, heads, rows, head_dim;
+};
+
+// out[b, h, s, c] = multiplier * accumulator[((b * heads + h) * seq + s) * head_dim + c], stored in
+// out's element type (the kernel's template argument) at out's strides. Grid-stride over elements.
+struct StoreGradientParams {
+  const float* accumulator;
+  void* out;
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  int batch, heads, seq, head_dim;
+  float multiplier;
+};
+
+// What the registry hands the host for one of these kernels.
+struct BackwardKernel {
+  KernelRef kernel;
+  int threads = 0;
+  int rows_per_block = 0;  // backward_dot: rows per block; store_gradient: elements per thread step
+  size_t smem_bytes = 0;
+};
+
+}  // namespace selfattn::kernels

@@ -1,0 +1,99 @@
+// The CPU reference of the backward pass (reference.h): the gradients of reference::attention() in
+// double precision, one (batch, head, query row) at a time, written for clarity.
+//
+// For row i with visible keys j (the mask rule of visible_key_range), raw score r_ij = scale q_i.k_j,
+// modified score x_ij = mods(r_ij), P_ij = softmax_j(x_ij), out_i = sum_j P_ij v_j:
+//   dv_j  += P_ij dout_i
+//   dP_ij  = dout_i . v_j,  D_i = sum_j P_ij dP_ij,  dx_ij = P_ij (dP_ij - D_i)
+//   dr_ij  = dx_ij * dmods/dr  (softcap: 1 - tanh^2(r / softcap); ALiBi and bias add constants)
+//   dq_i  += scale dr_ij k_j,  dk_j += scale dr_ij q_i
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "selfattn/error.h"
+#include "selfattn/reference.h"
+
+namespace selfattn::reference {
+
+Gradients attention_backward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
+                             const std::vector<double>& v, const std::vector<double>& dout) {
+  // The forward's own checks (shapes, options) first; then dout's size.
+  (void)attention(p, q, k, v);
+  if (dout.size() != q.size()) {
+    throw InvalidArgument("reference::attention_backward: dout expected " + std::to_string(q.size()) +
+                          " elements (q's), got " + std::to_string(dout.size()));
+  }
+  const double scale = p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(std::max(p.head_dim, 1)));
+  const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
+  const size_t d = size_t(p.head_dim);
+
+  Gradients g;
+  g.dq.assign(q.size(), 0.0);
+  g.dk.assign(k.size(), 0.0);
+  g.dv.assign(v.size(), 0.0);
+  std::vector<double> x(size_t(p.seq_k)), tanh_r(size_t(p.seq_k)), dp(size_t(p.seq_k));
+
+  for (int b = 0; b < p.batch; ++b) {
+    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[b]), 0, p.seq_k);
+    for (int h = 0; h < p.heads; ++h) {
+      const size_t kv_offset = (size_t(b) * p.kv_heads + h / group) * p.seq_k * d;
+      const double slope = alibi_slope(p, b, h);
+      for (int i = 0; i < p.seq_q; ++i) {
+        const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
+        const double* q_row = q.data() + row * d;
+        const double* do_row = dout.data() + row * d;
+        const KeyRange keys = visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
+        const int aligned = aligned_row(i, p.seq_q, len_k, p.causal);
+
+        // The forward's probabilities for this row (as reference::attention computes them).
+        double max_x = -std::numeric_limits<double>::infinity();
+        for (int j = keys.begin; j < keys.end; ++j) {
+          const double* k_row = k.data() + kv_offset + size_t(j) * d;
+          double dot = 0;
+          for (size_t e = 0; e < d; ++e) dot += q_row[e] * k_row[e];
+          double s = scale * dot;
+          if (p.softcap > 0) {
+            tanh_r[j] = std::tanh(s / p.softcap);
+            s = p.softcap * tanh_r[j];
+          }
+          s -= slope * std::abs(double(aligned) - double(j));
+          if (!p.bias.empty()) s += p.bias[row * p.seq_k + j];
+          x[j] = s;
+          max_x = std::max(max_x, s);
+        }
+        if (max_x == -std::numeric_limits<double>::infinity()) continue;  // no key: every gradient 0
+        double sum = 0;
+        for (int j = keys.begin; j < keys.end; ++j) sum += (x[j] = std::exp(x[j] - max_x));
+        for (int j = keys.begin; j < keys.end; ++j) x[j] /= sum;  // x is now P
+
+        double dsum = 0;  // D_i = sum_j P_ij dP_ij
+        for (int j = keys.begin; j < keys.end; ++j) {
+          const double* v_row = v.data() + kv_offset + size_t(j) * d;
+          double dot = 0;
+          for (size_t e = 0; e < d; ++e) dot += do_row[e] * v_row[e];
+          dp[j] = dot;
+          dsum += x[j] * dot;
+        }
+        double* dq_row = g.dq.data() + row * d;
+        for (int j = keys.begin; j < keys.end; ++j) {
+          const double prob = x[j];
+          double dr = prob * (dp[j] - dsum);
+          if (p.softcap > 0) dr *= 1.0 - tanh_r[j] * tanh_r[j];
+          const double* k_row = k.data() + kv_offset + size_t(j) * d;
+          double* dk_row = g.dk.data() + kv_offset + size_t(j) * d;
+          double* dv_row = g.dv.data() + kv_offset + size_t(j) * d;
+          for (size_t e = 0; e < d; ++e) {
+            dq_row[e] += scale * dr * k_row[e];
+            dk_row[e] += scale * dr * q_row[e];
+            dv_row[e] += prob * do_row[e];
+          }
+        }
+      }
+    }
+  }
+  return g;
+}
+
+}  // namespace selfattn::reference

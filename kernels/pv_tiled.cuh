@@ -7,6 +7,8 @@
 // pv_tiled_mma_kernel<T>:  f16/bf16 on tensor cores; P is rounded to T when staged (mma takes A and
 //                          B of one type), as flash attention does. Measured on the sweep this adds
 //                          about as much error as storing O in T, well inside the f16/bf16 tolerance.
+// Out, O's element type, is T for the forward; the naive backward runs these as dQ = dS K (P := dS,
+// V := K) with Out = float when dq is fp32 for f16/bf16 inputs.
 #include <cstdint>
 
 #include "attention_heads.cuh"
@@ -18,7 +20,7 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template <class T>
+template <class T, class Out = T>
 __global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel(const PvParams p) {
   using Tile = SimtTileTraits;
   float* a_tile = dynamic_smem<float>();
@@ -42,7 +44,7 @@ __global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel
     __syncthreads();  // the next slice overwrites what this one read
   }
 
-  T* out = static_cast<T*>(p.out) + at.batch * p.out_stride_batch + at.head * p.out_stride_head +
+  Out* out = static_cast<Out*>(p.out) + at.batch * p.out_stride_batch + at.head * p.out_stride_head +
            int64_t(p.row_begin) * p.out_stride_seq;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   for (int i = 0; i < Tile::kPerThread; ++i) {
@@ -50,12 +52,12 @@ __global__ void __launch_bounds__(SimtTileTraits::kThreads) pv_tiled_simt_kernel
     if (row >= p.rows) continue;
     for (int j = 0; j < Tile::kPerThread; ++j) {
       const int col = col0 + tx + 16 * j;
-      if (col < p.head_dim) out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[i][j]);
+      if (col < p.head_dim) out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[i][j]);
     }
   }
 }
 
-template <class T>
+template <class T, class Out = T>
 __global__ void __launch_bounds__(MmaTileTraits::kThreads) pv_tiled_mma_kernel(const PvParams p) {
   using Tile = MmaTileTraits;
   T* p_tile = dynamic_smem<T>();                       // [kTileM][kLdRowsK]: P rows, keys of the slice
@@ -80,13 +82,13 @@ __global__ void __launch_bounds__(MmaTileTraits::kThreads) pv_tiled_mma_kernel(c
     __syncthreads();  // the next slice overwrites what this one read
   }
 
-  T* out = static_cast<T*>(p.out) + at.batch * p.out_stride_batch + at.head * p.out_stride_head +
+  Out* out = static_cast<Out*>(p.out) + at.batch * p.out_stride_batch + at.head * p.out_stride_head +
            int64_t(p.row_begin) * p.out_stride_seq;
   for (int tile = 0; tile < Tile::kWarpTilesN; ++tile)
     for (int i = 0; i < 4; ++i) {
       const FragmentCoord c = accumulator_coord(tile, i);
       const int row = row0 + warp_row0 + c.row, col = col0 + c.col;
-      if (row < p.rows && col < p.head_dim) out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[tile][i]);
+      if (row < p.rows && col < p.head_dim) out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[tile][i]);
     }
 }
 

@@ -58,6 +58,9 @@ struct ChunkedCall {
   int64_t lse_pair_stride = 0;  // LSE row q of pair bh is at call.lse[bh * lse_pair_stride + q]
   ScoreLayout layout;
   int pairs = 0, rows = 0;
+  // Where this padded call's rows start in the varlen call's packed views (0 otherwise): the
+  // backward slices its own views (dout, dq, the dK/dV accumulators) with them.
+  int64_t q_row_offset = 0, k_row_offset = 0;
 };
 
 // Every chunk of a call, fixed before anything runs; workspace_bytes holds the largest.

@@ -36,12 +36,13 @@ struct PaddedCall {
   AttentionCall call;
   int64_t lse_pair_stride = 0;
   int sequence = -1;  // of a varlen call, for messages
+  int64_t q_row_offset = 0, k_row_offset = 0;  // its first rows in the varlen call's views
 };
 
 // A padded call as it is, or each sequence with queries of a variable-length call as a padded call
 // of batch 1 on its rows (a sequence without keys gets seq_k 0: its rows must become 0, LSE -inf).
 std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& call, const char* function) {
-  if (!call.varlen()) return {{call, call.seq_q, -1}};
+  if (!call.varlen()) return {{call, call.seq_q, -1, 0, 0}};
   std::vector<int32_t> cu_q(size_t(call.batch) + 1), cu_k(size_t(call.batch) + 1);
   ctx.device->copy(cu_q.data(), call.cu_seqlens_q, cu_q.size() * sizeof(int32_t), /*async=*/false);
   ctx.device->copy(cu_k.data(), call.cu_seqlens_k, cu_k.size() * sizeof(int32_t), /*async=*/false);
@@ -80,7 +81,7 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
       padded.bias->shape[0] = 1;
     }
     if (call.alibi_slopes) padded.alibi_slopes = call.alibi_slopes + b * call.alibi_stride_batch;
-    calls.push_back({padded, total_q, b});
+    calls.push_back({padded, total_q, b, q0, k0});
   }
   return calls;
 }
@@ -97,7 +98,8 @@ ScorePlan plan_scores(ContextState& ctx, const AttentionCall& call, ScoreLayout 
   const size_t budget = limit > reserved_before ? limit - reserved_before : 0;
   ScorePlan plan;
   for (const PaddedCall& padded : padded_calls(ctx, call, function)) {
-    ChunkedCall chunked{padded.call, padded.lse_pair_stride, layout_of(padded.call), 0, 0};
+    ChunkedCall chunked{padded.call, padded.lse_pair_stride, layout_of(padded.call), 0, 0, padded.q_row_offset,
+                        padded.k_row_offset};
     chunked.layout.row_bytes = std::max<size_t>(chunked.layout.row_bytes, 16);
     const size_t row_bytes = chunked.layout.row_bytes;
     if (row_bytes > budget) {

@@ -1,0 +1,488 @@
+#pragma once
+// The check of attention_backward() every backward path's tests share (tests/paths/test_backward_*.cpp):
+// fresh random inputs in the case's dtype,
+// the forward run on the device for out and the LSE, gradients poisoned (0xFF: NaN in every dtype)
+// before the backward, then compared with a double-precision recomputation of dQ, dK, dV from the
+// rounded inputs (reference::attention_backward). Requires: every element finite, exact zeros
+// for rows that see no key (dq) and keys no row sees (dk, dv), and the largest error within `tol` x the
+// largest reference magnitude of each gradient.
+// The bound is per gradient and per dtype (tolerance() below), not yet the measured rule of judge.h:
+// the allowed computation of the backward (fp32 with P and dS rounded where the path rounds them) is
+// the next step for this check.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_harness.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn::backward_check {
+
+struct Case {
+  std::string name;
+  DType dtype = DType::f32;
+  bool grad_f32 = false;  // gradients in f32 (else in the input dtype)
+  int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
+  Causal causal = Causal::none;
+  std::vector<int32_t> key_lengths;  // [batch] or empty
+  int window_left = -1, window_right = -1;
+  float softcap = 0;
+  bool alibi = false;        // [heads] slopes
+  bool bias = false;         // dense fp32 [batch, heads, seq_q, seq_k], ~10% -inf and one fully masked row
+  bool bshd = false;         // q/k/v/out/dout and the gradients in BSHD
+  std::vector<int> varlen_q, varlen_k;  // non-empty: a varlen call with these lengths (batch = size)
+  Path path = Path::naive;
+  bool deterministic = false;        // BackwardOptions::deterministic
+  bool deterministic_rerun = false;  // run the backward twice, require bitwise-equal gradients
+};
+
+struct Gradients {
+  std::vector<float> dq, dk, dv;  // logical BHSD ([1, h, total, d] for varlen), as stored then widened
+};
+
+inline double to_double_rounded(DType dtype, double x) { return double(testing::round_to(dtype, float(x))); }
+
+// One (sequence) problem in double: q [h, sq, d], k/v [kvh, sk, d] per batch entry, contiguous BHSD.
+struct Dense {
+  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  std::vector<double> q, k, v, dout, bias;  // bias [batch, heads, seq_q, seq_k] or empty
+  std::vector<double> slopes;               // [heads] or empty
+  std::vector<int32_t> key_lengths;
+};
+
+// dq/dk/dv and which rows/keys must be exactly 0.
+struct Expected {
+  std::vector<double> dq, dk, dv;
+  std::vector<char> dq_zero, dkv_zero;  // per row of dq; per key row of dk/dv
+};
+
+// The expected gradients of one padded problem: reference::attention_backward (itself checked against
+// finite differences of the forward reference), and which rows and keys must be exactly 0 - decided by
+// the mask rule alone (a row with no visible, unmasked key; a key no such row sees), never by a
+// computed value (a row with one key has dS = 0 in exact arithmetic but not in a kernel's).
+inline Expected reference_gradients(const Dense& p, const Case& c, double scale) {
+  reference::Problem problem;
+  problem.batch = p.batch;
+  problem.heads = p.heads;
+  problem.kv_heads = p.kv_heads;
+  problem.seq_q = p.seq_q;
+  problem.seq_k = p.seq_k;
+  problem.head_dim = p.head_dim;
+  problem.causal = c.causal;
+  problem.scale = scale;
+  problem.key_lengths = p.key_lengths;
+  problem.window_left = c.window_left;
+  problem.window_right = c.window_right;
+  problem.softcap = c.softcap;
+  problem.alibi_slopes = p.slopes;
+  problem.bias = p.bias;
+  const reference::Gradients g = reference::attention_backward(problem, p.q, p.k, p.v, p.dout);
+  Expected e;
+  e.dq = g.dq;
+  e.dk = g.dk;
+  e.dv = g.dv;
+  e.dq_zero.assign(size_t(p.batch) * p.heads * p.seq_q, 1);
+  e.dkv_zero.assign(size_t(p.batch) * p.kv_heads * p.seq_k, 1);
+  const int hpk = p.heads / p.kv_heads;
+  for (int b = 0; b < p.batch; ++b) {
+    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp<int>(p.key_lengths[b], 0, p.seq_k);
+    for (int h = 0; h < p.heads; ++h)
+      for (int i = 0; i < p.seq_q; ++i) {
+        const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
+        const reference::KeyRange range =
+            reference::visible_key_range(i, p.seq_q, len_k, c.causal, c.window_left, c.window_right);
+        for (int j = range.begin; j < range.end; ++j) {
+          if (!p.bias.empty() && p.bias[row * p.seq_k + j] == -INFINITY) continue;
+          e.dq_zero[row] = 0;
+          e.dkv_zero[(size_t(b) * p.kv_heads + h / hpk) * p.seq_k + j] = 0;
+        }
+      }
+  }
+  return e;
+}
+
+// Largest error / magnitude tolerated per input dtype: about 3x the worst measured over the sweeps of
+// every path and sim seeds 1-4 (SELFATTN_TEST_REPORT=1 prints them; 2026-12-03: f32 8e-7, f16 8e-4,
+// bf16 1.3e-2 - bf16's worst is a softcap case whose dS is rounded to bf16 before dQ and dK).
+inline float tolerance(DType dtype, bool /*grad_f32*/) {
+  switch (dtype) {
+    case DType::f32: return 3e-6f;
+    case DType::f16: return 3e-3f;
+    case DType::bf16: return 3e-2f;
+  }
+  return 0;
+}
+
+// Runs the case; returns the gradients read back (logical layout) through `got` when given.
+inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* got = nullptr) {
+  const bool varlen = !c.varlen_q.empty();
+  const int batch = varlen ? int(c.varlen_q.size()) : c.batch;
+  std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
+  for (size_t b = 0; varlen && b < c.varlen_q.size(); ++b) {
+    cu_q.push_back(cu_q.back() + c.varlen_q[b]);
+    cu_k.push_back(cu_k.back() + c.varlen_k[b]);
+  }
+  const int max_q = varlen ? *std::max_element(c.varlen_q.begin(), c.varlen_q.end()) : c.seq_q;
+  const int max_k = varlen ? *std::max_element(c.varlen_k.begin(), c.varlen_k.end()) : c.seq_k;
+  // The views' extents: [vb, heads, rows] with vb = 1 and rows = total for varlen.
+  const int vb = varlen ? 1 : batch;
+  const int rows_q = varlen ? cu_q.back() : c.seq_q, rows_k = varlen ? cu_k.back() : c.seq_k;
+  const int d = c.head_dim;
+  const DType gdt = c.grad_f32 ? DType::f32 : c.dtype;
+  const double scale = 1.0 / std::sqrt(double(d));
+
+  std::mt19937_64 rng(testing::input_seed(c.name));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const auto view_of = [&](void* data, DType dtype, int heads, int rows) {
+    return c.bshd ? TensorView::bshd(data, dtype, vb, heads, rows, d) : TensorView::bhsd(data, dtype, vb, heads, rows, d);
+  };
+  const size_t nq = size_t(vb) * c.heads * rows_q * d, nk = size_t(vb) * c.kv_heads * rows_k * d;
+  // Logical BHSD host values, rounded to the dtype.
+  const auto draw = [&](size_t n) {
+    std::vector<double> x(n);
+    for (double& e : x) e = to_double_rounded(c.dtype, normal(rng));
+    return x;
+  };
+  const std::vector<double> q = draw(nq), k = draw(nk), v = draw(nk), dout = draw(nq);
+  const auto upload = [&](DeviceBuffer<unsigned char>& buf, const TensorView& view, const std::vector<double>& x) {
+    std::vector<unsigned char> host(buf.size());
+    size_t n = 0;
+    for (int64_t b = 0; b < view.batch(); ++b)
+      for (int64_t h = 0; h < view.heads(); ++h)
+        for (int64_t r = 0; r < view.seq(); ++r)
+          for (int64_t e2 = 0; e2 < d; ++e2) testing::store_element(host.data(), view.dtype, size_t(view.offset(b, h, r, e2)), float(x[n++]));
+    buf.copy_from_host(host.data(), host.size());
+  };
+  const auto download = [&](const DeviceBuffer<unsigned char>& buf, const TensorView& view) {
+    std::vector<unsigned char> host(buf.size());
+    buf.copy_to_host(host.data(), host.size());
+    std::vector<float> x;
+    for (int64_t b = 0; b < view.batch(); ++b)
+      for (int64_t h = 0; h < view.heads(); ++h)
+        for (int64_t r = 0; r < view.seq(); ++r)
+          for (int64_t e2 = 0; e2 < d; ++e2) x.push_back(testing::load_element(host.data(), view.dtype, size_t(view.offset(b, h, r, e2))));
+    return x;
+  };
+  const size_t in_bytes = dtype_size(c.dtype), g_bytes = dtype_size(gdt);
+  DeviceBuffer<unsigned char> qb(ctx, nq * in_bytes), kb(ctx, nk * in_bytes), vb_(ctx, nk * in_bytes),
+      ob(ctx, nq * in_bytes), dob(ctx, nq * in_bytes), dqb(ctx, nq * g_bytes), dkb(ctx, nk * g_bytes),
+      dvb(ctx, nk * g_bytes);
+  const TensorView qv = view_of(qb.data(), c.dtype, c.heads, rows_q), kv = view_of(kb.data(), c.dtype, c.kv_heads, rows_k),
+                   vv = view_of(vb_.data(), c.dtype, c.kv_heads, rows_k), ov = view_of(ob.data(), c.dtype, c.heads, rows_q),
+                   dov = view_of(dob.data(), c.dtype, c.heads, rows_q), dqv = view_of(dqb.data(), gdt, c.heads, rows_q),
+                   dkv = view_of(dkb.data(), gdt, c.kv_heads, rows_k), dvv = view_of(dvb.data(), gdt, c.kv_heads, rows_k);
+  upload(qb, qv, q);
+  upload(kb, kv, k);
+  upload(vb_, vv, v);
+  upload(dob, dov, dout);
+
+  DeviceBuffer<float> lse(ctx, size_t(vb) * c.heads * rows_q + 1);
+  DeviceBuffer<int32_t> lengths(ctx, std::max<size_t>(c.key_lengths.size(), 1)), cuq(ctx, cu_q.size()), cuk(ctx, cu_k.size());
+  if (!c.key_lengths.empty()) lengths.copy_from_host(c.key_lengths.data(), c.key_lengths.size());
+  cuq.copy_from_host(cu_q.data(), cu_q.size());
+  cuk.copy_from_host(cu_k.data(), cu_k.size());
+  std::vector<double> slopes;
+  std::vector<float> slopes_f;
+  for (int h = 0; c.alibi && h < c.heads; ++h) {
+    slopes_f.push_back(std::pow(2.0f, -8.0f * float(h + 1) / float(c.heads)));
+    slopes.push_back(slopes_f.back());
+  }
+  DeviceBuffer<float> slopes_b(ctx, std::max<size_t>(slopes_f.size(), 1));
+  if (c.alibi) slopes_b.copy_from_host(slopes_f.data(), slopes_f.size());
+  std::vector<double> bias;
+  std::vector<float> bias_f;
+  if (c.bias) {
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    bias_f.resize(size_t(batch) * c.heads * max_q * max_k);
+    for (float& x : bias_f) x = unit(rng) < 0.1 ? -INFINITY : float(normal(rng));
+    // Row 0 of (batch 0, head 0): every key masked, so it sees no key at all.
+    for (int j = 0; j < max_k; ++j) bias_f[j] = -INFINITY;
+    bias.assign(bias_f.begin(), bias_f.end());
+  }
+  DeviceBuffer<float> bias_b(ctx, std::max<size_t>(bias_f.size(), 1));
+  if (c.bias) bias_b.copy_from_host(bias_f.data(), bias_f.size());
+
+  AttentionOptions options;
+  options.path = Path::naive;
+  options.causal = c.causal;
+  options.key_lengths = c.key_lengths.empty() ? nullptr : lengths.data();
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  if (c.softcap > 0) options.softcap = c.softcap;
+  if (c.alibi) {
+    options.alibi_slopes = slopes_b.data();
+    options.alibi_slopes_count = c.heads;
+  }
+  if (c.bias) options.bias = TensorView::bhsd(bias_b.data(), DType::f32, batch, c.heads, max_q, max_k);
+  options.lse = lse.data();
+  if (varlen) attention_varlen(ctx, qv, kv, vv, ov, cuq.data(), cuk.data(), batch, max_q, max_k, options);
+  else attention(ctx, qv, kv, vv, ov, options);
+  options.lse = nullptr;
+  options.path = c.path;
+
+  BackwardOptions backward;
+  backward.deterministic = c.deterministic;
+  const auto run_backward = [&]() {
+    dqb.fill_bytes(0xFF);  // NaN in every dtype: an element not written fails
+    dkb.fill_bytes(0xFF);
+    dvb.fill_bytes(0xFF);
+    if (varlen)
+      attention_varlen_backward(ctx, qv, kv, vv, ov, dov, lse.data(), dqv, dkv, dvv, cuq.data(), cuk.data(), batch,
+                                max_q, max_k, options, backward);
+    else
+      attention_backward(ctx, qv, kv, vv, ov, dov, lse.data(), dqv, dkv, dvv, options, backward);
+    ctx.synchronize();
+    return Gradients{download(dqb, dqv), download(dkb, dkv), download(dvb, dvv)};
+  };
+  const Gradients g = run_backward();
+  if (got) *got = g;
+  if (c.deterministic_rerun) {
+    const Gradients again = run_backward();
+    const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    if (!same_bits(g.dq, again.dq) || !same_bits(g.dk, again.dk) || !same_bits(g.dv, again.dv))
+      return ::testing::AssertionFailure() << c.name << ": two runs gave different gradient bits";
+  }
+
+  // The expected gradients, problem by problem (each varlen sequence as a batch-1 problem).
+  Expected e;
+  e.dq.assign(nq, 0.0);
+  e.dk.assign(nk, 0.0);
+  e.dv.assign(nk, 0.0);
+  e.dq_zero.assign(nq / d, 1);
+  e.dkv_zero.assign(nk / d, 1);
+  for (int b = 0; b < (varlen ? batch : 1); ++b) {
+    Dense p;
+    p.heads = c.heads;
+    p.kv_heads = c.kv_heads;
+    p.head_dim = d;
+    p.slopes = slopes;
+    const int q0 = varlen ? cu_q[b] : 0, k0 = varlen ? cu_k[b] : 0;
+    p.batch = varlen ? 1 : batch;
+    p.seq_q = varlen ? c.varlen_q[b] : c.seq_q;
+    p.seq_k = varlen ? c.varlen_k[b] : c.seq_k;
+    if (!varlen) p.key_lengths = c.key_lengths;
+    // Gathers rows [r0, r0 + n) of each (batch, head) of a logical [vb, heads, rows, d] array.
+    const auto rows_of = [&](const std::vector<double>& x, int heads, int rows, int r0, int n) {
+      std::vector<double> out;
+      for (int bb = 0; bb < p.batch; ++bb)
+        for (int h = 0; h < heads; ++h)
+          for (int r = r0; r < r0 + n; ++r)
+            for (int e2 = 0; e2 < d; ++e2) out.push_back(x[((size_t(bb) * heads + h) * rows + r) * d + e2]);
+      return out;
+    };
+    p.q = rows_of(q, c.heads, rows_q, q0, p.seq_q);
+    p.dout = rows_of(dout, c.heads, rows_q, q0, p.seq_q);
+    p.k = rows_of(k, c.kv_heads, rows_k, k0, p.seq_k);
+    p.v = rows_of(v, c.kv_heads, rows_k, k0, p.seq_k);
+    if (c.bias) {
+      for (int bb = 0; bb < p.batch; ++bb)
+        for (int h = 0; h < c.heads; ++h)
+          for (int i = 0; i < p.seq_q; ++i)
+            for (int j = 0; j < p.seq_k; ++j)
+              p.bias.push_back(bias[((size_t(varlen ? b : bb) * c.heads + h) * max_q + i) * max_k + j]);
+    }
+    const Expected part = reference_gradients(p, c, scale);
+    // Scatter back.
+    const auto put = [&](std::vector<double>& dst, std::vector<char>& zero, const std::vector<double>& src,
+                         const std::vector<char>& src_zero, int heads, int rows, int r0, int n) {
+      size_t idx = 0, row_idx = 0;
+      for (int bb = 0; bb < p.batch; ++bb)
+        for (int h = 0; h < heads; ++h)
+          for (int r = r0; r < r0 + n; ++r, ++row_idx) {
+            const size_t row = (size_t(bb) * heads + h) * rows + r;
+            zero[row] = src_zero[row_idx];
+            for (int e2 = 0; e2 < d; ++e2) dst[row * d + e2] = src[idx++];
+          }
+    };
+    put(e.dq, e.dq_zero, part.dq, part.dq_zero, c.heads, rows_q, q0, p.seq_q);
+    std::vector<char> dk_zero = e.dkv_zero;
+    put(e.dk, e.dkv_zero, part.dk, part.dkv_zero, c.kv_heads, rows_k, k0, p.seq_k);
+    put(e.dv, dk_zero, part.dv, part.dkv_zero, c.kv_heads, rows_k, k0, p.seq_k);
+  }
+
+  const float tol = tolerance(c.dtype, c.grad_f32);
+  const auto compare = [&](const char* what, const std::vector<float>& got_x, const std::vector<double>& want,
+                           const std::vector<char>& zero) -> ::testing::AssertionResult {
+    double peak = 0, worst = 0;
+    size_t worst_at = 0;
+    for (double w : want) peak = std::max(peak, std::abs(w));
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!std::isfinite(got_x[i]))
+        return ::testing::AssertionFailure() << c.name << ": " << what << "[" << i << "] = " << got_x[i] << " (not finite)";
+      if (zero[i / d] && got_x[i] != 0.0f)
+        return ::testing::AssertionFailure() << c.name << ": " << what << "[" << i << "] = " << got_x[i]
+                                             << ", expected exactly 0 (a row or key that sees nothing)";
+      const double err = std::abs(double(got_x[i]) - want[i]);
+      if (err > worst) worst = err, worst_at = i;
+    }
+    // The inputs are N(0, 1) and scale * sqrt(head_dim) = 1, so the terms each gradient sums are of
+    // order 1 even where their exact sum is 0 (a row with one key: dS = P (dP - D) = 0): the bound's
+    // magnitude is the larger of the gradient's peak and 1.
+    if (std::getenv("SELFATTN_TEST_REPORT"))
+      std::printf("%s %s: worst error / magnitude %.3e (tolerance %.1e)\n", c.name.c_str(), what,
+                  worst / std::max(peak, 1.0), double(tol));
+    if (worst > tol * std::max(peak, 1.0))
+      return ::testing::AssertionFailure() << c.name << ": " << what << "[" << worst_at << "] = " << got_x[worst_at]
+                                           << ", expected " << want[worst_at] << " (error " << worst << " > " << tol
+                                           << " x peak " << peak << ")";
+    return ::testing::AssertionSuccess();
+  };
+  if (auto r = compare("dq", g.dq, e.dq, e.dq_zero); !r) return r;
+  if (auto r = compare("dk", g.dk, e.dk, e.dkv_zero); !r) return r;
+  if (auto r = compare("dv", g.dv, e.dv, e.dkv_zero); !r) return r;
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace selfattn::backward_check
+
+namespace selfattn::backward_check {
+
+// The sweep both score paths run (sim and GPU): every dtype x gradient dtype, causal both alignments,
+// GQA, odd shapes (113 x 203, head_dim 7), key lengths with a zero, varlen with empty sequences,
+// each mask/modifier and a combination, BSHD strides.
+inline std::vector<Case> sweep(Path path) {
+  std::vector<Case> cases;
+  const auto add = [&](Case c) {
+    c.path = path;
+    c.name = std::string(to_string(path)) + "_" + to_string(c.dtype) + (c.grad_f32 ? "_gradf32_" : "_") + c.name;
+    cases.push_back(c);
+  };
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const bool half = dtype != DType::f32;
+    Case c;
+    c.dtype = dtype;
+    c.grad_f32 = half;
+    c.name = "gqa_113x203_d64";
+    c.heads = 2, c.kv_heads = 1, c.seq_q = 113, c.seq_k = 203, c.head_dim = 64;
+    add(c);
+    c = Case{};
+    c.dtype = dtype;
+    c.name = "bottom_right_d7_lengths";
+    c.batch = 2, c.heads = 2, c.kv_heads = 2, c.seq_q = 37, c.seq_k = 50, c.head_dim = 7;
+    c.causal = Causal::bottom_right;
+    c.key_lengths = {0, 29};
+    add(c);
+    c = Case{};
+    c.dtype = dtype;
+    c.name = "top_left_gqa4_d32_bshd";
+    c.heads = 4, c.kv_heads = 1, c.seq_q = 70, c.seq_k = 64, c.head_dim = 32;
+    c.causal = Causal::top_left;
+    c.bshd = true;
+    c.grad_f32 = half;
+    add(c);
+    c = Case{};
+    c.dtype = dtype;
+    c.name = "varlen_empty_sequences";
+    c.heads = 2, c.kv_heads = 1, c.head_dim = 16;
+    c.causal = Causal::bottom_right;
+    c.varlen_q = {7, 0, 33, 1};
+    c.varlen_k = {20, 5, 0, 9};
+    add(c);
+  }
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Case c;
+    c.dtype = dtype;
+    c.heads = 2, c.kv_heads = 2, c.seq_q = 33, c.seq_k = 45, c.head_dim = 24;
+    Case w = c;
+    w.name = "window";
+    w.window_left = 6, w.window_right = 2;
+    add(w);
+    Case s = c;
+    s.name = "softcap";
+    s.softcap = 1.5f;
+    add(s);
+    Case a = c;
+    a.name = "alibi_causal";
+    a.alibi = true;
+    a.causal = Causal::bottom_right;
+    add(a);
+    Case b = c;
+    b.name = "bias";
+    b.bias = true;
+    add(b);
+    Case all = c;
+    all.name = "everything_varlen";
+    all.varlen_q = {20, 13};
+    all.varlen_k = {31, 45};
+    all.causal = Causal::top_left;
+    all.window_left = 9;
+    all.softcap = 3.0f;
+    all.alibi = true;
+    all.bias = true;
+    all.grad_f32 = dtype != DType::f32;
+    add(all);
+  }
+  return cases;
+}
+
+// The fused path's sweep (f16/bf16 and its head dims only), each case in both modes: dQ by atomics
+// and the deterministic dQ kernel.
+inline std::vector<Case> fused_sweep() {
+  std::vector<Case> cases;
+  const auto add = [&](Case c, const std::string& name) {
+    c.path = Path::fused;
+    for (bool deterministic : {false, true}) {
+      c.deterministic = deterministic;
+      c.name = std::string("fused_") + to_string(c.dtype) + (c.grad_f32 ? "_gradf32_" : "_") + name +
+               (deterministic ? "_deterministic" : "_atomic");
+      cases.push_back(c);
+    }
+  };
+  Case c;
+  c.dtype = DType::f16;
+  c.heads = 2, c.kv_heads = 1, c.seq_q = 113, c.seq_k = 203, c.head_dim = 32;
+  add(c, "gqa_113x203_d32");
+  c = Case{};
+  c.dtype = DType::bf16;
+  c.batch = 2, c.heads = 2, c.kv_heads = 2, c.seq_q = 7, c.seq_k = 1, c.head_dim = 64;
+  c.causal = Causal::bottom_right;  // rows 0-5 see no key
+  c.grad_f32 = true;
+  add(c, "7x1_d64_bottom_right");
+  c = Case{};
+  c.dtype = DType::f16;
+  c.seq_q = 1, c.seq_k = 7, c.head_dim = 96;
+  add(c, "1x7_d96");
+  c = Case{};
+  c.dtype = DType::bf16;
+  c.heads = 4, c.kv_heads = 2, c.seq_q = 70, c.seq_k = 64, c.head_dim = 64;
+  c.causal = Causal::top_left;
+  c.bshd = true;
+  add(c, "top_left_gqa_bshd_d64");
+  c = Case{};
+  c.dtype = DType::f16;
+  c.batch = 2, c.heads = 2, c.kv_heads = 1, c.seq_q = 33, c.seq_k = 40, c.head_dim = 128;
+  c.causal = Causal::bottom_right;
+  c.key_lengths = {0, 29};
+  add(c, "bottom_right_lengths_d128");
+  c = Case{};
+  c.dtype = DType::bf16;
+  c.heads = 2, c.kv_heads = 1, c.head_dim = 64;
+  c.causal = Causal::bottom_right;
+  c.varlen_q = {7, 0, 33, 1};
+  c.varlen_k = {20, 5, 0, 9};
+  add(c, "varlen_empty_sequences");
+  c = Case{};
+  c.dtype = DType::f16;
+  c.heads = 2, c.kv_heads = 2, c.head_dim = 32;
+  c.varlen_q = {20, 45};
+  c.varlen_k = {31, 45};
+  c.causal = Causal::top_left;
+  c.window_left = 9;
+  c.softcap = 3.0f;
+  c.alibi = true;
+  c.bias = true;
+  c.grad_f32 = true;
+  add(c, "window_softcap_alibi_bias_varlen");
+  return cases;
+}
+
+}  // namespace selfattn::backward_check

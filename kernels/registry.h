@@ -3,6 +3,7 @@
 // of the kernel source. Host code includes this (never a .cuh) and picks sim_target:: or
 // cuda_target:: by the context's backend; the cuda_target definitions exist only when nvcc built them.
 #include "backward/backward_params.h"
+#include "backward/flash_bwd_params.h"
 #include "decode/kv_cache_params.h"
 #include "flash_fwd_params.h"
 #include "launch.h"

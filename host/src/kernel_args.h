@@ -1,5 +1,6 @@
 #pragma once
 // The host's enums as the kernels spell them (kernels/ knows nothing of the public API).
+#include "../../kernels/flash_fwd_params.h"
 #include "../../kernels/params.h"
 #include "paths.h"
 #include "selfattn/types.h"
@@ -46,5 +47,9 @@ inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
   mods.changes_values = call.softcap > 0 || call.alibi_slopes != nullptr || call.bias.has_value();
   return mods;
 }
+
+// The fused forward kernels' parameters for a call (path_fused.cpp); the fused backward uses them to
+// describe the forward call it differentiates.
+kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call);
 
 }  // namespace selfattn::detail

@@ -83,7 +83,10 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
 #endif
 }
 
-kernels::FlashFwdParams make_params(const AttentionCall& call) {
+}  // namespace
+
+// Declared in kernel_args.h: the fused backward describes the forward call it differentiates with it.
+kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call) {
   kernels::FlashFwdParams p{};
   p.q = call.q.data;
   p.k = call.k.data;
@@ -124,8 +127,6 @@ kernels::FlashFwdParams make_params(const AttentionCall& call) {
   return p;
 }
 
-}  // namespace
-
 const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call) {
   if (call.head_dim > kMaxHeadDim) return "head_dim above 256 needs the naive or cublas path";
   if (call.heads > kMaxGridYZ || call.batch > kMaxGridYZ) return "more than 65535 heads or sequences per call";
@@ -136,7 +137,7 @@ const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call
 void run_fused(ContextState& ctx, const AttentionCall& call) {
   if (const char* reason = fused_unsupported(ctx, call)) throw NotAvailable(std::string("path fused: ") + reason);
   const FlashFwdInstance instance = choose_instance(ctx, call);
-  const kernels::FlashFwdParams params = make_params(call);
+  const kernels::FlashFwdParams params = flash_fwd_params_of(call);
   kernels::LaunchShape shape;
   shape.grid = dim3(unsigned((call.seq_q + instance.block_rows - 1) / instance.block_rows), unsigned(call.heads),
                     unsigned(call.batch));

@@ -61,6 +61,31 @@ void reference_row(const Case& c, const std::vector<float>& q, const std::vector
   }
 }
 
+// The reference's problem for a case: its shape, mask and modifiers (the bias made dense).
+selfattn::reference::Problem reference_problem(const Case& c) {
+  selfattn::reference::Problem problem;
+  problem.batch = c.batch;
+  problem.heads = c.heads;
+  problem.kv_heads = c.kv_heads;
+  problem.seq_q = c.seq_q;
+  problem.seq_k = c.seq_k;
+  problem.head_dim = c.head_dim;
+  problem.causal = c.causal;
+  problem.window_left = c.mods.window_left;
+  problem.window_right = c.mods.window_right;
+  problem.softcap = c.mods.softcap;
+  if (c.mods.alibi)
+    for (int h = 0; h < c.heads; ++h) problem.alibi_slopes.push_back(alibi_slope(c, h));
+  if (c.mods.bias != BiasKind::none) {
+    problem.bias.reserve(size_t(c.batch) * c.heads * c.seq_q * c.seq_k);
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < c.heads; ++h)
+        for (int row = 0; row < c.seq_q; ++row)
+          for (int key = 0; key < c.seq_k; ++key) problem.bias.push_back(bias_value(c, b, h, row, key));
+  }
+  return problem;
+}
+
 std::string first_non_finite(const Case& c, const std::vector<float>& out, int64_t& count) {
   count = 0;
   int64_t first = -1;
@@ -98,26 +123,7 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
   ErrorSums sums;
   const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * c.head_dim;
   if (macs <= whole_reference_macs) {
-    selfattn::reference::Problem problem;
-    problem.batch = c.batch;
-    problem.heads = c.heads;
-    problem.kv_heads = c.kv_heads;
-    problem.seq_q = c.seq_q;
-    problem.seq_k = c.seq_k;
-    problem.head_dim = c.head_dim;
-    problem.causal = c.causal;
-    problem.window_left = c.mods.window_left;
-    problem.window_right = c.mods.window_right;
-    problem.softcap = c.mods.softcap;
-    if (c.mods.alibi)
-      for (int h = 0; h < c.heads; ++h) problem.alibi_slopes.push_back(alibi_slope(c, h));
-    if (c.mods.bias != BiasKind::none) {
-      problem.bias.reserve(size_t(c.batch) * c.heads * c.seq_q * c.seq_k);
-      for (int b = 0; b < c.batch; ++b)
-        for (int h = 0; h < c.heads; ++h)
-          for (int row = 0; row < c.seq_q; ++row)
-            for (int key = 0; key < c.seq_k; ++key) problem.bias.push_back(bias_value(c, b, h, row, key));
-    }
+    const selfattn::reference::Problem problem = reference_problem(c);
     const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
     const selfattn::reference::Result ref = selfattn::reference::attention(problem, qd, kd, vd);
     for (size_t i = 0; i < out.size(); ++i) sums.add(out[i], ref.out[i]);
@@ -150,6 +156,50 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
     std::ostringstream why;
     why << "relative error " << result.rel_err << " above tolerance " << tolerance;
     result.failure = why.str();
+  }
+  result.passed = result.failure.empty();
+  return result;
+}
+
+double default_backward_tolerance(DType dtype) { return 2 * default_tolerance(dtype); }
+
+AccuracyResult check_backward_against_reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                                                const std::vector<float>& v, const std::vector<float>& dout,
+                                                const Gradients& gradients, double tolerance,
+                                                double whole_reference_macs) {
+  AccuracyResult result;
+  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * c.head_dim;
+  if (macs > whole_reference_macs) {
+    result.compared = false;
+    result.passed = true;
+    return result;
+  }
+  const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+  const std::vector<double> dod(dout.begin(), dout.end());
+  const selfattn::reference::Gradients ref = selfattn::reference::attention_backward(reference_problem(c), qd, kd, vd, dod);
+  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<double>*>> parts[] = {
+      {"dq", {&gradients.dq, &ref.dq}}, {"dk", {&gradients.dk, &ref.dk}}, {"dv", {&gradients.dv, &ref.dv}}};
+  for (const auto& [what, pair] : parts) {
+    const std::vector<float>& got = *pair.first;
+    const std::vector<double>& want = *pair.second;
+    ErrorSums sums;
+    int64_t non_finite = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      sums.add(got[i], want[i]);
+      non_finite += !std::isfinite(got[i]);
+    }
+    result.max_abs_err = std::max(result.max_abs_err, sums.max_abs);
+    const double relative = sums.relative();
+    if (!(relative <= result.rel_err)) result.rel_err = relative;  // NaN stays
+    if (result.failure.empty() && non_finite > 0) {
+      result.failure = std::string(what) + ": " + std::to_string(non_finite) +
+                       " elements not finite (never written, or NaN/inf)";
+    }
+    if (result.failure.empty() && !(relative <= tolerance)) {
+      std::ostringstream why;
+      why << what << ": relative error " << relative << " above tolerance " << tolerance;
+      result.failure = why.str();
+    }
   }
   result.passed = result.failure.empty();
   return result;

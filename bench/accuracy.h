@@ -20,6 +20,7 @@ struct AccuracyResult {
   double max_abs_err = 0;
   double rel_err = 0;       // ||out - ref|| / ||ref|| over the compared rows (||out|| when ref is all zero)
   std::string failure;      // empty when passed
+  bool compared = true;     // false: the problem was too large to check (the backward has no sampled check)
 };
 
 // Tolerated relative error by dtype: f32 1e-5, f16 2e-3, bf16 1e-2. A coarse check that a kernel
@@ -34,6 +35,24 @@ double default_tolerance(DType dtype);
 AccuracyResult check_against_reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
                                        const std::vector<float>& v, const std::vector<float>& out,
                                        double tolerance, double whole_reference_macs = kWholeReferenceMacs);
+
+// The backward's gradients as the device stored them, in BHSD order (dq like q; dk, dv like k).
+struct Gradients {
+  std::vector<float> dq, dk, dv;
+};
+
+// Tolerated relative error of each gradient: twice the forward's (dS = P (dP - D) cancels, and P
+// and dS are rounded to the input dtype before the products they feed).
+double default_backward_tolerance(DType dtype);
+
+// Compares dq, dk and dv with selfattn::reference::attention_backward when the problem has at most
+// whole_reference_macs multiply-adds; above that nothing is compared (compared = false): every
+// gradient element depends on a whole row or column of P, so no cheap sampled check exists. The
+// relative error reported is the worst of the three.
+AccuracyResult check_backward_against_reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                                                const std::vector<float>& v, const std::vector<float>& dout,
+                                                const Gradients& gradients, double tolerance,
+                                                double whole_reference_macs = kWholeReferenceMacs);
 
 // Records a check's outcome in a case's result (a failed check: status check_failed, note why).
 void record_check(const AccuracyResult& acc, CaseResult& result);

@@ -38,8 +38,13 @@ struct DecodeShape {
   int splits = 0;  // KvAttentionOptions::num_splits as asked (0: the library's heuristic)
 };
 
+// What a case times: the forward (attention()), the backward alone (attention_backward() on the
+// forward's out and LSE, computed once before timing), or both in sequence, as a training step runs them.
+enum class Direction { fwd, bwd, fwd_bwd };
+
 struct Case {
   Path path = Path::fused;
+  Direction direction = Direction::fwd;
   DType dtype = DType::bf16;
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   Causal causal = Causal::none;
@@ -107,11 +112,15 @@ const char* name(Causal causal);
 const char* name(Layout layout);
 const char* name(DType dtype);
 const char* name(Status status);
+const char* name(Direction direction);
 
-// FlashAttention's convention: 4 * b * h * d per visible (query, key) pair; pairs masked by the causal
-// mask or the sliding window are not counted (the bench's bias masks nothing).
+// FlashAttention's convention: 4 * b * h * d per visible (query, key) pair for the forward; pairs
+// masked by the causal mask or the sliding window are not counted (the bench's bias masks nothing).
+// The backward counts 2.5 times that (five matrix products against the forward's two: dV, dP, dQ,
+// dK and the recomputed S), fwd+bwd 3.5 times.
 double attention_flops(const Case& c);
-// Bytes of q, k, v read once and out written once.
+// Forward: q, k, v read once and out written once. Backward: q, k, v, out and dout read, dq, dk, dv
+// written (LSE and D, one float a row, not counted). fwd+bwd: both.
 double attention_bytes(const Case& c);
 
 // sweep.cpp: a sweep is the product of its lists; the default one depends on the backend.
@@ -124,6 +133,7 @@ struct Sweep {
   std::vector<Causal> causals;
   std::vector<Layout> layouts;
   std::vector<Path> paths;
+  std::vector<Direction> directions{Direction::fwd};
   ScoreMods mods;          // applied to every case of the product
   std::vector<Case> extra; // cases beyond the product (the default cuda sweep's sliding-window line)
 };

@@ -21,6 +21,8 @@ const std::map<std::string, sb::DType> kDTypes = {{"fp32", sb::DType::f32}, {"fp
 const std::map<std::string, sb::Causal> kCausals = {
     {"none", sb::Causal::none}, {"top_left", sb::Causal::top_left}, {"bottom_right", sb::Causal::bottom_right}};
 const std::map<std::string, sb::Layout> kLayouts = {{"bhsd", sb::Layout::bhsd}, {"bshd", sb::Layout::bshd}};
+const std::map<std::string, sb::Direction> kDirections = {
+    {"fwd", sb::Direction::fwd}, {"bwd", sb::Direction::bwd}, {"fwd+bwd", sb::Direction::fwd_bwd}};
 const std::map<std::string, sb::Backend> kBackends = {{"cuda", sb::Backend::cuda}, {"sim", sb::Backend::sim}};
 
 std::vector<sb::Path> parse_paths(const std::vector<std::string>& words) {
@@ -45,9 +47,9 @@ std::vector<sb::Path> parse_paths(const std::vector<std::string>& words) {
 
 std::string describe(const sb::Case& c) {
   char text[160];
-  std::snprintf(text, sizeof text, "%s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
-                sb::name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, sb::name(c.causal),
-                sb::name(c.layout));
+  std::snprintf(text, sizeof text, "%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
+                sb::name(c.direction), sb::name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim,
+                sb::name(c.causal), sb::name(c.layout));
   return c.mods.any() ? std::string(text) + " " + sb::describe_mods(c.mods) : std::string(text);
 }
 
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
   std::string backend_word;
   std::vector<std::string> path_words;
   std::vector<int> batch, heads, kv_heads, seq_q, seq_k, head_dim;
-  std::vector<std::string> dtype_words, causal_words, layout_words;
+  std::vector<std::string> dtype_words, causal_words, layout_words, direction_words;
   sb::RunSettings settings;
   int warmup = -1, iters = -1;
   double tolerance = 0;
@@ -94,6 +96,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')->check(CLI::IsMember({"fp32", "fp16", "bf16"}))->option_text("DTYPE,...");
   app.add_option("--causal", causal_words, "none, top_left, bottom_right (default: none; default sweep: none,top_left)")
       ->delimiter(',')->check(CLI::IsMember({"none", "top_left", "bottom_right"}))->option_text("MASK,...");
+  app.add_option("--direction", direction_words,
+                 "fwd (attention), bwd (attention_backward alone), fwd+bwd (both, as a training step); a list "
+                 "(default: fwd; the default sweeps add a backward line)")
+      ->delimiter(',')->check(CLI::IsMember({"fwd", "bwd", "fwd+bwd"}))->option_text("DIR,...");
   app.add_option("--layout", layout_words, "bhsd or bshd (default bhsd)")
       ->delimiter(',')->check(CLI::IsMember({"bhsd", "bshd"}))->option_text("LAYOUT,...");
   app.add_option("--window", window, "sliding window L,R: keys i'-L..i'+R, -1 unbounded (default: none)")
@@ -208,6 +214,7 @@ int main(int argc, char** argv) {
               for (int sk : seq_k.empty() ? std::vector<int>{sq} : seq_k)
                 for (int d : head_dim) sweep.shapes.push_back({b, h, kvh, sq, sk, d});
       sweep.causals = {sb::Causal::none};
+      sweep.directions = {sb::Direction::fwd};
     }
     try {
       if (!path_words.empty()) sweep.paths = parse_paths(path_words);
@@ -223,6 +230,7 @@ int main(int argc, char** argv) {
     mapped(kDTypes, dtype_words, sweep.dtypes);
     mapped(kCausals, causal_words, sweep.causals);
     mapped(kLayouts, layout_words, sweep.layouts);
+    mapped(kDirections, direction_words, sweep.directions);
     if (!window.empty()) {
       sweep.mods.window_left = window[0];
       sweep.mods.window_right = window[1];
@@ -233,12 +241,15 @@ int main(int argc, char** argv) {
                       : bias_word == "heads" ? sb::BiasKind::heads
                       : bias_word == "batch" ? sb::BiasKind::batch
                                              : sb::BiasKind::none;
-    // The default sweep's extra lines (sliding window) run only as they are: any shape or modifier
+    // The default sweep's extra lines (sliding window, the sim's backward) run only as they are: any shape or modifier
     // option replaces them, a path list keeps those on its paths.
     if (custom_shape || sweep.mods.any()) sweep.extra.clear();
     std::vector<sb::Case> kept;
     for (const sb::Case& c : sweep.extra)
-      if (std::find(sweep.paths.begin(), sweep.paths.end(), c.path) != sweep.paths.end()) kept.push_back(c);
+      if (std::find(sweep.paths.begin(), sweep.paths.end(), c.path) != sweep.paths.end() &&
+          (direction_words.empty() ||
+           std::find(sweep.directions.begin(), sweep.directions.end(), c.direction) != sweep.directions.end()))
+        kept.push_back(c);
     sweep.extra = kept;
     const std::vector<sb::Case> cases = sb::expand(sweep);
 

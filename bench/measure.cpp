@@ -155,14 +155,39 @@ float bias_value(const Case& c, int b, int h, int row, int key) {
 }
 
 // The inputs of the last shape measured: the host values (for the check) and the device copies.
+// The backward's buffers (dout and the gradients, the forward's LSE) are added to every set the
+// first time a backward case of the shape runs.
 struct InputCache::Inputs {
   Case shape;
   std::vector<float> q, k, v;  // BHSD, rounded to the dtype
+  std::vector<float> dout;     // BHSD, rounded; empty until a backward case needs it
   struct Set {
     selfattn::DeviceBuffer<unsigned char> q, k, v, out;
+    selfattn::DeviceBuffer<unsigned char> dout, dq, dk, dv;
+    selfattn::DeviceBuffer<float> lse;
   };
   std::vector<Set> sets;
 };
+
+namespace {
+void add_backward_buffers(selfattn::Context& ctx, InputCache::Inputs& in) {
+  if (!in.dout.empty()) return;
+  const Case& c = in.shape;
+  NormalSource normal{0xD0D0ull ^ uint64_t(in.q.size())};
+  in.dout.resize(in.q.size());
+  for (float& x : in.dout) x = round_to(normal(), c.dtype);
+  const auto dout_bytes = to_device_bytes(in.dout, c.layout, c.dtype, c.batch, c.heads, c.seq_q, c.head_dim);
+  const size_t kv_bytes = in.k.size() * selfattn::dtype_size(c.dtype);
+  for (InputCache::Inputs::Set& set : in.sets) {
+    set.dout = {ctx, dout_bytes.size(), "bench dout"};
+    set.dout.copy_from_host(dout_bytes);
+    set.dq = {ctx, dout_bytes.size(), "bench dq"};
+    set.dk = {ctx, kv_bytes, "bench dk"};
+    set.dv = {ctx, kv_bytes, "bench dv"};
+    set.lse = {ctx, std::max<size_t>(size_t(c.batch) * c.heads * c.seq_q, 1), "bench lse"};
+  }
+}
+}  // namespace
 
 InputCache::InputCache() = default;
 InputCache::~InputCache() = default;
@@ -188,8 +213,11 @@ InputCache::Inputs& InputCache::get(selfattn::Context& ctx, const Case& c) {
   const auto k_bytes = to_device_bytes(in->k, c.layout, c.dtype, c.batch, c.kv_heads, c.seq_k, c.head_dim);
   const auto v_bytes = to_device_bytes(in->v, c.layout, c.dtype, c.batch, c.kv_heads, c.seq_k, c.head_dim);
   for (int i = 0; i < copies; ++i) {
-    Inputs::Set set{{ctx, q_bytes.size(), "bench q"}, {ctx, k_bytes.size(), "bench k"},
-                    {ctx, v_bytes.size(), "bench v"}, {ctx, q_bytes.size(), "bench out"}};
+    Inputs::Set set;
+    set.q = {ctx, q_bytes.size(), "bench q"};
+    set.k = {ctx, k_bytes.size(), "bench k"};
+    set.v = {ctx, v_bytes.size(), "bench v"};
+    set.out = {ctx, q_bytes.size(), "bench out"};
     set.q.copy_from_host(q_bytes);
     set.k.copy_from_host(k_bytes);
     set.v.copy_from_host(v_bytes);
@@ -235,10 +263,22 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     options.alibi_slopes_count = c.heads;
   }
   if (c.mods.bias != BiasKind::none) options.bias = make_bias(ctx, c, bias);
+  const bool backward = c.direction != Direction::fwd;
+  if (backward) add_backward_buffers(ctx, in);
+  auto forward = [&](InputCache::Inputs::Set& set, float* lse) {
+    selfattn::AttentionOptions with_lse = options;
+    with_lse.lse = lse;
+    selfattn::attention(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
+                        view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q), with_lse);
+  };
   auto run = [&](int copy) {
     InputCache::Inputs::Set& set = in.sets[size_t(copy) % in.sets.size()];
-    selfattn::attention(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
-                        view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q), options);
+    if (c.direction != Direction::bwd) forward(set, backward ? set.lse.data() : nullptr);
+    if (!backward) return;
+    selfattn::attention_backward(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
+                                 view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q),
+                                 view(set.dout, c.heads, c.seq_q), set.lse.data(), view(set.dq, c.heads, c.seq_q),
+                                 view(set.dk, c.kv_heads, c.seq_k), view(set.dv, c.kv_heads, c.seq_k), options);
   };
 
   // The first call doubles as the probe for support and as the checked run: its output is
@@ -251,6 +291,12 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
                                       view(set.v, c.kv_heads, c.seq_k), options));
     }
     in.sets[0].out.fill_bytes(0xFF);
+    if (backward) {
+      // The backward alone times attention_backward on each set's forward results, made here once.
+      if (c.direction == Direction::bwd)
+        for (InputCache::Inputs::Set& set : in.sets) forward(set, set.lse.data());
+      for (auto* gradient : {&in.sets[0].dq, &in.sets[0].dk, &in.sets[0].dv}) gradient->fill_bytes(0xFF);
+    }
     run(0);
     ctx.synchronize();
   } catch (const selfattn::NotAvailable& e) {
@@ -270,7 +316,20 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
   if (settings.check) {
     const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), c);
     const double tolerance = settings.tolerance.value_or(default_tolerance(c.dtype));
-    record_check(check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs), result);
+    if (c.direction != Direction::bwd)
+      record_check(check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs), result);
+    if (backward && result.status != Status::check_failed) {
+      Case kv_shape = c;  // dk and dv are [batch, kv_heads, seq_k, head_dim]
+      kv_shape.heads = c.kv_heads;
+      kv_shape.seq_q = c.seq_k;
+      const Gradients gradients{from_device_bytes(in.sets[0].dq.to_host(), c),
+                                from_device_bytes(in.sets[0].dk.to_host(), kv_shape),
+                                from_device_bytes(in.sets[0].dv.to_host(), kv_shape)};
+      const double bwd_tolerance = settings.tolerance.value_or(default_backward_tolerance(c.dtype));
+      const AccuracyResult acc =
+          check_backward_against_reference(c, in.q, in.k, in.v, in.dout, gradients, bwd_tolerance, settings.whole_check_macs);
+      if (acc.compared) record_check(acc, result);
+    }
   }
 
   try {
@@ -301,7 +360,8 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
   return result;
 }
 
-double attention_flops(const Case& c) {
+namespace {
+double forward_flops(const Case& c) {
   double visible_pairs = 0;
   for (int row = 0; row < c.seq_q; ++row) {
     const selfattn::reference::KeyRange keys = selfattn::reference::visible_key_range(
@@ -310,11 +370,28 @@ double attention_flops(const Case& c) {
   }
   return 4.0 * c.batch * c.heads * c.head_dim * visible_pairs;
 }
+}  // namespace
+
+double attention_flops(const Case& c) {
+  constexpr double kBackwardMultiple = 2.5;  // five matrix products against the forward's two
+  const double forward = forward_flops(c);
+  switch (c.direction) {
+    case Direction::fwd: return forward;
+    case Direction::bwd: return kBackwardMultiple * forward;
+    case Direction::fwd_bwd: return (1 + kBackwardMultiple) * forward;
+  }
+  return forward;
+}
 
 double attention_bytes(const Case& c) {
   const double q_elems = double(c.batch) * c.heads * c.seq_q * c.head_dim;
   const double kv_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
-  return (2 * q_elems + 2 * kv_elems) * double(selfattn::dtype_size(c.dtype));
+  const double forward = 2 * q_elems + 2 * kv_elems;   // q, k, v read, out written
+  const double backward = 4 * q_elems + 4 * kv_elems;  // q, k, v, out, dout read; dq, dk, dv written
+  const double elements = c.direction == Direction::fwd   ? forward
+                          : c.direction == Direction::bwd ? backward
+                                                          : forward + backward;
+  return elements * double(selfattn::dtype_size(c.dtype));
 }
 
 }  // namespace selfattn_bench

@@ -28,6 +28,7 @@ bool same_decode(const Case& a, const Case& b) {
 bool same_problem(const Case& a, const Case& b) {
   return a.dtype == b.dtype && a.batch == b.batch && a.heads == b.heads && a.kv_heads == b.kv_heads &&
          a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && a.causal == b.causal &&
+         a.direction == b.direction &&
          a.layout == b.layout && describe_mods(a.mods) == describe_mods(b.mods) && same_decode(a, b);
 }
 
@@ -64,12 +65,14 @@ void print_table(const std::vector<CaseResult>& results, const RunHeader& header
   if (header.ceilings.gemm_tflops > 0)
     std::printf("ceilings: cuBLAS GEMM %.1f TFLOPS (%s), copy %.0f GB/s (%s)\n", header.ceilings.gemm_tflops,
                 header.ceilings.gemm_shape.c_str(), header.ceilings.copy_gbps, header.ceilings.copy_bytes.c_str());
-  std::printf("%-12s %-5s %4s %4s %4s %6s %6s %4s %-12s %-4s %-14s %10s %10s %8s %8s %6s %8s %9s %s\n", "path", "dtype",
+  std::printf("%-12s %-7s %-5s %4s %4s %4s %6s %6s %4s %-12s %-4s %-14s %10s %10s %8s %8s %6s %8s %9s %s\n", "path", "dir",
+              "dtype",
               "b", "h", "kvh", "seq_q", "seq_k", "d", "causal", "lay", "mods", "median_ms", "min_ms", "TFLOPS", "GB/s", "%ceil",
               "vs_cublas", "rel_err", "check");
   for (const CaseResult& r : results) {
     const Case& c = r.c;
-    std::printf("%-12s %-5s %4d %4d %4d %6d %6d %4d %-12s %-4s %-14s ", r.resolved_path.c_str(), name(c.dtype), c.batch,
+    std::printf("%-12s %-7s %-5s %4d %4d %4d %6d %6d %4d %-12s %-4s %-14s ", r.resolved_path.c_str(), name(c.direction),
+                name(c.dtype), c.batch,
                 c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, name(c.causal), name(c.layout),
                 describe_mods(c.mods).c_str());
     if (!ran(r)) {
@@ -117,6 +120,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"gpu", header.gpu},
         {"path", name(c.path)},
         {"resolved_path", r.resolved_path},
+        {"direction", name(c.direction)},
         {"dtype", name(c.dtype)},
         {"batch", c.batch},
         {"heads", c.heads},
@@ -159,7 +163,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
 void write_csv(const std::string& file, const std::vector<CaseResult>& results) {
   std::ofstream out(file);
   if (!out) throw std::runtime_error("cannot write " + file);
-  out << "path,resolved_path,dtype,batch,heads,kv_heads,seq_q,seq_k,head_dim,causal,layout,status,ms_median,ms_min,"
+  out << "path,resolved_path,direction,dtype,batch,heads,kv_heads,seq_q,seq_k,head_dim,causal,layout,status,ms_median,ms_min,"
          "ms_max,tflops,gbps,pct_of_ceiling,vs_cublas,max_abs_err,rel_err,check,mods,note\n";
   for (const CaseResult& r : results) {
     const Case& c = r.c;
@@ -169,7 +173,7 @@ void write_csv(const std::string& file, const std::vector<CaseResult>& results) 
     std::string note = r.note;
     for (char& ch : note)
       if (ch == '"') ch = '\'';
-    out << name(c.path) << ',' << r.resolved_path << ',' << name(c.dtype) << ',' << c.batch << ',' << c.heads << ','
+    out << name(c.path) << ',' << r.resolved_path << ',' << name(c.direction) << ',' << name(c.dtype) << ',' << c.batch << ',' << c.heads << ','
         << c.kv_heads << ',' << c.seq_q << ',' << c.seq_k << ',' << c.head_dim << ',' << name(c.causal) << ','
         << name(c.layout) << ',' << name(r.status) << ',' << (timed ? num(r.ms_median) : "") << ','
         << (timed ? num(r.ms_min) : "") << ',' << (timed ? num(r.ms_max) : "") << ',' << (timed ? num(r.tflops) : "")

@@ -34,6 +34,14 @@ const char* name(DType dtype) {
   }
   return "?";
 }
+const char* name(Direction direction) {
+  switch (direction) {
+    case Direction::fwd: return "fwd";
+    case Direction::bwd: return "bwd";
+    case Direction::fwd_bwd: return "fwd+bwd";
+  }
+  return "?";
+}
 const char* name(Status status) {
   switch (status) {
     case Status::ok: return "ok";
@@ -72,6 +80,9 @@ Sweep default_sweep(Backend backend) {
     // FlashAttention's benchmark shape: 16k tokens per batch (batch = 16384 / seq), model width
     // 2048 = 16 heads of 128, with and without the causal mask.
     for (int seq : {1024, 2048, 4096, 8192, 16384}) sweep.shapes.push_back({16384 / seq, 16, 16, seq, seq, 128});
+    // The backward line: the same shapes and masks, attention_backward alone (bench/NOTES.md has
+    // the prediction beside FlashAttention-2's published backward figures).
+    sweep.directions = {Direction::fwd, Direction::bwd};
     // Sliding window (Mistral-style, 256 keys back, causal) over 32k tokens per call (batch = 32768 /
     // seq): the fused kernel skips key tiles outside the window, so each query row costs the same at
     // every seq_k and the time should stay flat from 4k to 32k.
@@ -91,6 +102,20 @@ Sweep default_sweep(Backend backend) {
     // The sim runs each CUDA thread as a fiber on the CPU: a few small shapes (one with GQA and
     // seq_q != seq_k) so the whole sweep takes seconds. Its times say nothing about a GPU.
     sweep.shapes = {{1, 2, 2, 64, 64, 64}, {1, 2, 1, 33, 80, 64}, {2, 2, 2, 128, 128, 64}};
+    // The backward of the two small shapes on every path, checked like the forward.
+    for (const Shape& s : {sweep.shapes[0], sweep.shapes[1]})
+      for (Path path : sweep.paths) {
+        Case c;
+        c.path = path;
+        c.direction = Direction::bwd;
+        c.batch = s.batch;
+        c.heads = s.heads;
+        c.kv_heads = s.kv_heads;
+        c.seq_q = s.seq_q;
+        c.seq_k = s.seq_k;
+        c.head_dim = s.head_dim;
+        sweep.extra.push_back(c);
+      }
   }
   return sweep;
 }
@@ -102,21 +127,23 @@ std::vector<Case> expand(const Sweep& sweep) {
     for (Layout layout : sweep.layouts)
       for (const Shape& s : sweep.shapes)
         for (Causal causal : sweep.causals)
-          for (Path path : sweep.paths) {
-            Case c;
-            c.path = path;
-            c.dtype = dtype;
-            c.batch = s.batch;
-            c.heads = s.heads;
-            c.kv_heads = s.kv_heads;
-            c.seq_q = s.seq_q;
-            c.seq_k = s.seq_k;
-            c.head_dim = s.head_dim;
-            c.causal = causal;
-            c.layout = layout;
-            c.mods = sweep.mods;
-            cases.push_back(c);
-          }
+          for (Direction direction : sweep.directions)
+            for (Path path : sweep.paths) {
+              Case c;
+              c.path = path;
+              c.direction = direction;
+              c.dtype = dtype;
+              c.batch = s.batch;
+              c.heads = s.heads;
+              c.kv_heads = s.kv_heads;
+              c.seq_q = s.seq_q;
+              c.seq_k = s.seq_k;
+              c.head_dim = s.head_dim;
+              c.causal = causal;
+              c.layout = layout;
+              c.mods = sweep.mods;
+              cases.push_back(c);
+            }
   cases.insert(cases.end(), sweep.extra.begin(), sweep.extra.end());
   return cases;
 }

@@ -8,6 +8,8 @@
 #            JSON holds every case with the decode fields, each checked and passed, and its bytes are
 #            K/V read + q read + out written.
 #   decode_fail: --mode decode with an impossible tolerance (0): every check fails, exit code 1.
+#   backward: --direction bwd,fwd+bwd, odd small shapes, every path, --check; exit 0; every case ran and
+#            passed its check, and its FLOPs are 2.5x (bwd) or 3.5x (fwd+bwd) the forward's.
 file(REMOVE_RECURSE ${WORKDIR})
 file(MAKE_DIRECTORY ${WORKDIR})
 set(json ${WORKDIR}/out.json)
@@ -33,8 +35,12 @@ elseif(MODE STREQUAL "decode")
 elseif(MODE STREQUAL "decode_fail")
   set(args --backend sim --mode decode --path all --check --tolerance 0 --json ${json} --warmup 0 --iters 1
            --batch 1 --heads 2 --kv-heads 1 --head-dim 64 --cache-len 17 --page-size 16 --new-tokens 2 --dtype bf16)
+elseif(MODE STREQUAL "backward")
+  set(args --backend sim --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1 --direction bwd,fwd+bwd
+           --batch 1 --heads 4 --kv-heads 2 --seq-q 7,33 --seq-k 40 --head-dim 64 --causal none,bottom_right
+           --dtype fp16)
 else()
-  message(FATAL_ERROR "MODE must be sweep, fail, default, decode or decode_fail")
+  message(FATAL_ERROR "MODE must be sweep, fail, default, decode, decode_fail or backward")
 endif()
 
 execute_process(COMMAND ${BENCH} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -61,14 +67,16 @@ string(JSON count LENGTH "${doc}" cases)
 if(count EQUAL 0)
   message(FATAL_ERROR "no cases in the JSON")
 endif()
-set(fields backend gpu path resolved_path dtype batch heads kv_heads seq_q seq_k head_dim causal layout status
+set(fields backend gpu path resolved_path direction dtype batch heads kv_heads seq_q seq_k head_dim causal layout status
            ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas max_abs_err rel_err check
            bytes mode cache_len page_size new_tokens splits)
 set(checked_mode OFF)
-if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail")
+if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
+   MODE STREQUAL "backward")
   set(checked_mode ON)
 endif()
 set(decode_checks 0)
+set(backward_checks 0)
 set(ran 0)
 set(failed 0)
 set(sampled 0)
@@ -140,6 +148,34 @@ foreach(i RANGE ${last})
       endif()
       math(EXPR decode_checks "${decode_checks} + 1")
     endif()
+    # A backward case: checked and passed, FLOPs 2.5x / 3.5x the forward's 4 * b * h * d * pairs
+    # (seq_k 40, no mask: 40 * seq_q pairs; bottom_right 7 x 40: rows see 34..40 keys, 259 pairs;
+    # 33 x 40: 8..40 keys, 792 pairs).
+    if(MODE STREQUAL "backward")
+      string(JSON direction GET "${case}" direction)
+      string(JSON flops GET "${case}" flops)
+      if(causal STREQUAL "none")
+        math(EXPR pairs "40 * ${sq}")
+      elseif(sq EQUAL 7)
+        set(pairs 259)
+      else()
+        set(pairs 792)
+      endif()
+      math(EXPR forward "4 * 4 * 64 * ${pairs}")
+      if(direction STREQUAL "bwd")
+        math(EXPR wanted "5 * ${forward} / 2")
+      else()
+        math(EXPR wanted "7 * ${forward} / 2")
+      endif()
+      if(flops LESS wanted OR flops GREATER wanted)
+        message(FATAL_ERROR "cases[${i}] (${direction}).flops = ${flops}, expected ${wanted}")
+      endif()
+      if(NOT check STREQUAL "pass")
+        string(JSON note GET "${case}" note)
+        message(FATAL_ERROR "cases[${i}] (${path} ${direction}) check is '${check}': ${note}")
+      endif()
+      math(EXPR backward_checks "${backward_checks} + 1")
+    endif()
     string(JSON is_sampled GET "${case}" check_sampled)
     if(is_sampled STREQUAL "ON")
       math(EXPR sampled "${sampled} + 1")
@@ -178,6 +214,11 @@ elseif(MODE STREQUAL "decode")
   if(NOT rc EQUAL 0 OR failed GREATER 0 OR NOT decode_checks EQUAL 24 OR NOT count EQUAL 24)
     message(FATAL_ERROR "the checked decode sweep: exit ${rc}, ${failed} failed checks, ${decode_checks} of ${count} "
                         "cases ran and passed, expected 24 (2 caches x 2 page sizes x 2 new-token counts x 3 paths):\n${err}")
+  endif()
+elseif(MODE STREQUAL "backward")
+  if(NOT rc EQUAL 0 OR NOT backward_checks EQUAL 24 OR NOT count EQUAL 24)
+    message(FATAL_ERROR "the checked backward sweep: exit ${rc}, ${backward_checks} of ${count} cases ran and passed, "
+                        "expected 24 (2 shapes x 2 masks x 2 directions x 3 paths):\n${err}")
   endif()
 elseif(MODE STREQUAL "fail" OR MODE STREQUAL "decode_fail")
   if(NOT rc EQUAL 1 OR NOT failed EQUAL ran)

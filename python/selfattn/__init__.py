@@ -13,6 +13,10 @@ QKV tensor) are used as they are. Errors are raised as :class:`InvalidArgument` 
 :class:`NotAvailable` (a ``NotImplementedError``), :class:`WorkspaceTooSmall` (a ``MemoryError``)
 and :class:`BackendError` (a ``RuntimeError``), all subclasses of :class:`selfattn.Error`, with the
 library's message. PyTorch is optional and imported only when a torch tensor is passed.
+
+Gradients: :func:`attention_backward` computes dq, dk, dv from the forward's out and lse (any
+arrays); on torch tensors :func:`attention` is differentiable (``loss.backward()`` reaches the
+library's backward through the custom op's autograd formula).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from . import _arrays, _selfattn
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
-__all__ = ["attention", "attention_varlen", "self_attention", "Context", "default_context", "backends", "paths",
+__all__ = ["attention", "attention_backward", "attention_varlen", "self_attention", "Context", "default_context", "backends", "paths",
            "version", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
            "__version__"]
 
@@ -126,6 +130,43 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
             return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context)
+
+
+def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Optional[str] = None,
+                       scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None,
+                       layout: str = "bhsd", deterministic: bool = False, grad_dtype: Optional[str] = None,
+                       context: Optional[Context] = None) -> tuple:
+    """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout.
+
+    - q, k, v, and the keyword arguments causal, scale, path, key_lengths and layout: exactly as
+      the forward call took them
+    - out: the forward's output; lse: its float32 [batch, heads, seq_q] log-sum-exp
+      (``attention(..., return_lse=True)``)
+    - dout: d(loss)/d(out), shaped and typed like out
+    - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
+    - deterministic: bitwise-identical gradients run to run on every path (the fused path then
+      computes dq in a second kernel instead of with atomics; see selfattn/backward.h)
+
+    Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
+    """
+    _check_keywords(causal, layout, path)
+    if grad_dtype not in (None, "float32"):
+        raise InvalidArgument(f"grad_dtype expected None (q's dtype) or 'float32', got {grad_dtype!r}")
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse), ndim=None)
+    for name in ("q", "k", "v", "out", "dout"):
+        arrays.expect_ndim(name, 4)
+    ctx = _context_for(arrays["q"], context)
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    grads = [_arrays.empty_like(a, tuple(a.shape), grad_dtype) for a in (q, k, v)]
+    for name, grad in zip(("dq", "dk", "dv"), grads):
+        arrays.add_output(name, grad)
+    as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
+    lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+    views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
+    grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
+    _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale), path,
+                                 lengths, bool(deterministic), arrays.bf16_as_uint16)
+    return tuple(grads)
 
 
 def _qkv_out(q, k, v, out, ndim, context):

@@ -64,7 +64,7 @@ class Arguments:
                                       f"({type(first).__module__} on DLPack device {device_of(first)}), got "
                                       f"{type(a).__module__} on {device_of(a)}")
         if is_torch(a):
-            a = a.detach()  # DLPack refuses tensors that require grad; nothing here differentiates
+            a = a.detach()  # DLPack refuses tensors that require grad; torch gradients come from _torch.py
         self.bf16_as_uint16 = self.bf16_as_uint16 or _is_bfloat16(a)
         self._arrays[name] = a
         return a

@@ -410,6 +410,38 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   });
 }
 
+// The backward: q, k, v, out, dout and the forward's lse read; dq, dk, dv written (each q's dtype or
+// float32).
+void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, InArray out, InArray dout, InArray lse,
+                        OutArray dq, OutArray dk, OutArray dv, std::optional<std::string> causal,
+                        std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+                        bool deterministic, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path);
+  selfattn::BackwardOptions backward;
+  backward.deterministic = deterministic;
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false, data));
+  const Arg& ak = call.add(Arg("k", k, false, data));
+  const Arg& av = call.add(Arg("v", v, false, data));
+  const Arg& aout = call.add(Arg("out", out, false, data));
+  const Arg& adout = call.add(Arg("dout", dout, false, data));
+  const Arg& alse = call.add(Arg("lse", lse, false, Holds::vector));
+  const Arg& adq = call.add(Arg("dq", dq, true, data));
+  const Arg& adk = call.add(Arg("dk", dk, true, data));
+  const Arg& adv = call.add(Arg("dv", dv, true, data));
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(aq);
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
+  expect_lse(alse, lse.dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    selfattn::attention_backward(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av), tensor_view(aout),
+                                 tensor_view(adout), static_cast<const float*>(alse.data), tensor_view(adq),
+                                 tensor_view(adk), tensor_view(adv), options, backward);
+  });
+}
+
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, bool bf16_as_uint16) {
@@ -492,6 +524,11 @@ NB_MODULE(_selfattn, m) {
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
         nb::arg("lse").none(), nb::arg("bf16_as_uint16"),
         "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
+  m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
+        nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
+        "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
         nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),
         nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("bf16_as_uint16"),

@@ -1,5 +1,6 @@
 """PyTorch integration on CPU tensors (they run on the sim through DLPack): the torch.library custom
-op, its fake implementation under FakeTensorMode, and torch.compile. Skipped without PyTorch."""
+op, its fake implementation under FakeTensorMode, torch.compile, and autograd through the library's
+backward. Skipped without PyTorch (not run in the session that added autograd: no torch there)."""
 import numpy as np
 import pytest
 
@@ -62,3 +63,27 @@ def test_torch_compile():
     compiled = torch.compile(f, backend="eager", fullgraph=True)
     assert relative_error(compiled(q, k, v).numpy() / 2, reference(q.numpy(), k.numpy(), v.numpy(), "top_left")[0]) \
         <= TOLERANCE["float32"]
+
+
+def test_autograd_reaches_the_library_backward():
+    # loss.backward() through the custom op: the gradients equal selfattn.attention_backward's on the
+    # same values, and torch.autograd.gradcheck (float32 on the sim, loose tolerances) agrees with
+    # central differences.
+    q, k, v = (t.requires_grad_() for t in tensors((1, 2, 5, 8), seed=3))
+    out = selfattn.attention(q, k, v, causal="top_left")
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    out2, lse = selfattn.attention(q.detach(), k.detach(), v.detach(), causal="top_left", return_lse=True)
+    want = selfattn.attention_backward(q.detach(), k.detach(), v.detach(), out2, dout, lse, causal="top_left")
+    for tensor, expected in zip((q, k, v), want):
+        assert torch.equal(tensor.grad, expected)
+    small = [t.detach()[:, :, :3, :4].contiguous().requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda a, b, c: selfattn.attention(a, b, c, path="naive"), small, eps=1e-2,
+                                    atol=2e-3, rtol=2e-3)
+
+
+def test_gradient_through_lse_is_refused():
+    q, k, v = (t.requires_grad_() for t in tensors((1, 1, 3, 4), seed=4))
+    out, lse = selfattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(NotImplementedError, match="lse"):
+        lse.sum().backward()

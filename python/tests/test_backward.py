@@ -1,0 +1,128 @@
+"""selfattn.attention_backward() on NumPy arrays (the sim): against a float64 NumPy backward written
+here, and a gradient check of it against central differences of selfattn.attention itself (what
+torch.autograd.gradcheck does, without torch)."""
+import math
+
+import numpy as np
+import pytest
+
+import selfattn
+from conftest import TOLERANCE, random, reference, relative_error, visible
+
+
+def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None):
+    """float64 (dq, dk, dv) of BHSD arrays for the upstream gradient dout."""
+    q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
+    batch, heads, seq_q, dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(batch):
+        len_k = seq_k if key_lengths is None else min(max(int(key_lengths[b]), 0), seq_k)
+        for h in range(heads):
+            kh = h // (heads // kv_heads)
+            for i in range(seq_q):
+                n = visible(i, seq_q, len_k, causal)
+                if n == 0:
+                    continue
+                s = scale * (k[b, kh, :n] @ q[b, h, i])
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                dp = v[b, kh, :n] @ dout[b, h, i]
+                ds = p * (dp - p @ dp)
+                dq[b, h, i] = scale * ds @ k[b, kh, :n]
+                dk[b, kh, :n] += scale * np.outer(ds, q[b, h, i])
+                dv[b, kh, :n] += np.outer(p, dout[b, h, i])
+    return dq, dk, dv
+
+
+def run_case(rng, dtype="float32", batch=1, heads=2, kv_heads=None, seq_q=7, seq_k=None, dim=16, causal=None,
+             key_lengths=None, path="auto", grad_dtype=None, deterministic=False):
+    kv_heads = kv_heads or heads
+    seq_k = seq_q if seq_k is None else seq_k
+    q = random(rng, (batch, heads, seq_q, dim), dtype)
+    k = random(rng, (batch, kv_heads, seq_k, dim), dtype)
+    v = random(rng, (batch, kv_heads, seq_k, dim), dtype)
+    dout = random(rng, (batch, heads, seq_q, dim), dtype)
+    out, lse = selfattn.attention(q, k, v, causal=causal, key_lengths=key_lengths, return_lse=True)
+    dq, dk, dv = selfattn.attention_backward(q, k, v, out, dout, lse, causal=causal, key_lengths=key_lengths,
+                                             path=path, grad_dtype=grad_dtype, deterministic=deterministic)
+    want = reference_backward(q, k, v, dout, causal, None, key_lengths)
+    for got, like, expected in zip((dq, dk, dv), (q, k, v), want):
+        assert got.shape == like.shape
+        assert got.dtype == (np.float32 if grad_dtype == "float32" else like.dtype)
+        # Twice the forward's tolerance: dS = P (dP - D) cancels, and P and dS are rounded.
+        assert relative_error(got, expected) <= 2 * TOLERANCE[dtype]
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("path", ["naive", "cublas", "fused"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_paths_and_dtypes(rng, path, dtype):
+    run_case(rng, dtype=dtype, heads=4, kv_heads=2, seq_q=37, seq_k=53, dim=32, causal="bottom_right", path=path)
+
+
+@pytest.mark.parametrize("seq_q,seq_k,dim", [(1, 1, 1), (7, 113, 7), (113, 7, 16)])
+def test_float32_odd_sizes(rng, seq_q, seq_k, dim):
+    run_case(rng, seq_q=seq_q, seq_k=seq_k, dim=dim, causal="top_left")
+
+
+def test_key_lengths_and_float32_gradients(rng):
+    dq, dk, dv = run_case(rng, dtype="bfloat16", batch=2, seq_q=9, seq_k=12, dim=16, key_lengths=[0, 5],
+                          grad_dtype="float32")
+    assert np.all(dq[0] == 0) and np.all(dk[0] == 0) and np.all(dk[1, :, 5:] == 0) and np.all(dv[1, :, 5:] == 0)
+
+
+def test_deterministic_is_bitwise_stable(rng):
+    args = dict(dtype="float16", heads=2, seq_q=40, seq_k=70, dim=64, path="fused", deterministic=True)
+    first = run_case(np.random.default_rng(7), **args)
+    second = run_case(np.random.default_rng(7), **args)
+    for a, b in zip(first, second):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_gradcheck_against_the_library_forward(rng):
+    # L = sum(dout * attention(q, k, v)): its central differences through selfattn.attention (float32
+    # on the sim) must match attention_backward's gradients. h = 1e-2 keeps fp32 noise (~1e-7 / h)
+    # far below the O(h^2) truncation error.
+    q, k, v = (random(rng, (1, 2, n, 4), "float32") for n in (3, 5, 5))
+    dout = random(rng, (1, 2, 3, 4), "float32")
+    out, lse = selfattn.attention(q, k, v, causal="bottom_right", return_lse=True, path="naive")
+    grads = selfattn.attention_backward(q, k, v, out, dout, lse, causal="bottom_right", path="naive")
+
+    def loss(*inputs):
+        return float(np.sum(dout.astype(np.float64) * selfattn.attention(*inputs, causal="bottom_right", path="naive")))
+
+    h = 1e-2
+    inputs = [q, k, v]
+    for which, grad in enumerate(grads):
+        x = inputs[which]
+        for index in np.ndindex(x.shape):
+            saved = x[index]
+            x[index] = saved + h
+            up = loss(*inputs)
+            x[index] = saved - h
+            down = loss(*inputs)
+            x[index] = saved
+            assert abs((up - down) / (2 * h) - grad[index]) <= 2e-3 * (1 + abs(grad[index])), (which, index)
+
+
+def test_bshd_layout(rng):
+    q = random(rng, (2, 11, 4, 16), "float32")  # [batch, seq, heads, dim]
+    k = random(rng, (2, 9, 2, 16), "float32")
+    v = random(rng, (2, 9, 2, 16), "float32")
+    dout = random(rng, (2, 11, 4, 16), "float32")
+    out, lse = selfattn.attention(q, k, v, layout="bshd", return_lse=True)
+    dq, dk, dv = selfattn.attention_backward(q, k, v, out, dout, lse, layout="bshd")
+    t = lambda a: np.swapaxes(a, 1, 2)
+    for got, expected in zip((dq, dk, dv), reference_backward(t(q), t(k), t(v), t(dout))):
+        assert relative_error(t(got), expected) <= 1e-5
+
+
+def test_errors_name_the_argument(rng):
+    q = random(rng, (1, 1, 4, 8), "float32")
+    out, lse = selfattn.attention(q, q, q, return_lse=True)
+    with pytest.raises(selfattn.InvalidArgument, match="dout"):
+        selfattn.attention_backward(q, q, q, out, q[:, :, :3], lse)
+    with pytest.raises(selfattn.InvalidArgument, match="grad_dtype"):
+        selfattn.attention_backward(q, q, q, out, q, lse, grad_dtype="float16")

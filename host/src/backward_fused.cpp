@@ -54,16 +54,6 @@ const BackwardEntry* entry_for(const AttentionCall& call) {
   return nullptr;
 }
 
-// cp.async moves 16-byte chunks of rows, and gradients are stored in pairs: every row of every
-// tensor the kernels touch starts on 16 bytes.
-bool rows_16_byte_aligned(const TensorView& view) {
-  const size_t element = dtype_size(view.dtype);
-  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i)
-    if ((view.strides[i] * int64_t(element)) % 16 != 0) return false;
-  return true;
-}
-
 struct Kernels {
   FlashBwdInstance dkdv, dq;
 };

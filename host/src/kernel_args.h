@@ -52,4 +52,8 @@ inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
 // describe the forward call it differentiates.
 kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call);
 
+// Whether every row of the view starts on 16 bytes (data and every stride): the fused kernels move
+// rows in 16-byte cp.async chunks (path_fused.cpp; the fused backward requires it of every view).
+bool rows_16_byte_aligned(const TensorView& view);
+
 }  // namespace selfattn::detail

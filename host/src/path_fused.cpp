@@ -12,6 +12,15 @@
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
+
+bool rows_16_byte_aligned(const TensorView& view) {
+  const size_t element = dtype_size(view.dtype);
+  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if ((view.strides[i] * int64_t(element)) % 16 != 0) return false;
+  return true;
+}
+
 namespace {
 
 using kernels::Element;
@@ -45,15 +54,6 @@ const TensorCoreEntry kTensorCoreInstances[] = {
 
 constexpr int kMaxHeadDim = 256;   // both kernels keep a row's O slice in registers
 constexpr int kMaxGridYZ = 65535;  // heads on grid.y, batch on grid.z
-
-// cp.async moves 16-byte chunks of rows: every row of every tensor must start on 16 bytes.
-bool rows_16_byte_aligned(const TensorView& view) {
-  const size_t element = dtype_size(view.dtype);
-  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i)
-    if ((view.strides[i] * int64_t(element)) % 16 != 0) return false;
-  return true;
-}
 
 const TensorCoreEntry* tensor_core_entry(const AttentionCall& call) {
   if (call.dtype == DType::f32) return nullptr;

@@ -42,7 +42,8 @@ struct BackwardOptions {
 // WorkspaceTooSmall, BackendError), and every check runs before anything is written: on the first
 // three, dq, dk and dv are untouched.
 // Zero sizes: no query rows gives dK = dV = 0; no keys gives dQ = 0; nothing runs a path.
-// Workspace (ContextOptions::workspace_limit), in bytes, each part rounded up to 256:
+// Workspace (ContextOptions::workspace_limit), in bytes, one reservation; each part but the last
+// rounded up to 256:
 //   every path:   D, 4 per query row (batch * heads * seq_q; varlen heads * total_q)
 //   fused:        dQ accumulator, 4 * head_dim per query row, unless backward.deterministic
 //   naive/cublas: dK and dV accumulators, 2 * 4 * head_dim per key row (batch * kv_heads * seq_k),

@@ -29,6 +29,8 @@ struct ContextOptions {
   //   self_attention(): Q, K, V and, with wo, the attention output, each round_up(bytes, 256),
   //     plus the attention step's scores as above in what remains.
   //   attention_with_kv_cache(), append_kv(), cu_seqlens_from_lengths(): what kv_cache.h says at each.
+  //   attention_backward(), attention_varlen_backward(): what backward.h says (D, the fused path's dQ
+  //     accumulator, the naive/cublas paths' dK/dV accumulators and score rows).
   // A call throws WorkspaceTooSmall, before it writes anything, exactly when this count with a
   // chunk of one query row (of the sequence whose row counts most) exceeds the limit.
   size_t workspace_limit = size_t(1) << 30;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,11 @@ struct Job {
   const void* params = nullptr;
   uint64_t blocks = 0;
   uint64_t seed = 0;
+  // Blocks start in a seed-dependent order: the i-th block taken is (offset + i * stride) mod blocks,
+  // stride coprime to blocks (a bijection). The hardware promises no order between blocks, so a
+  // kernel whose result depends on one (fp32 atomics summed in a fixed order, a block reading what
+  // another wrote) differs between seeds instead of passing by luck.
+  uint64_t stride = 1, offset = 0;
   const detail::race::LaunchState* race = nullptr;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
@@ -41,12 +47,13 @@ struct Job {
     while (!failed.load(std::memory_order_relaxed)) {
       const uint64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= blocks) return;
+      const uint64_t block = uint64_t((offset + static_cast<unsigned __int128>(i) * stride) % blocks);
       try {
-        detail::run_block(*config, body, params, i, seed, race);
+        detail::run_block(*config, body, params, block, seed, race);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
-        if (i < error_block) {  // report the lowest failing block: stable across worker counts
-          error_block = i;
+        if (block < error_block) {  // report the lowest failing block: stable across worker counts
+          error_block = block;
           error = std::current_exception();
         }
         failed = true;
@@ -145,6 +152,13 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
   job.params = params;
   job.blocks = uint64_t(config.grid.x) * config.grid.y * config.grid.z;
   job.seed = opts.seed;
+  {
+    uint64_t z = opts.seed * 0x9E3779B97F4A7C15ull + job.blocks;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    job.offset = z % job.blocks;
+    job.stride = 1 + (z >> 17) % job.blocks;
+    while (std::gcd(job.stride, job.blocks) != 1) ++job.stride;
+  }
   detail::race::LaunchState race;
   if (opts.racecheck) {
     detail::race::begin_launch(race, config, job.blocks);

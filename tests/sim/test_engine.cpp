@@ -3,6 +3,7 @@
 // depend on the number of workers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -394,6 +395,45 @@ TEST(SimEngine, InvalidLaunchesAreRejected) {
             "");
   EXPECT_THROW(sim::current_thread(), sim::Error);
   EXPECT_THROW(sim::syncthreads(), sim::Error);
+}
+
+}  // namespace
+
+// ---- block order ----------------------------------------------------------------------------------
+
+namespace {
+
+struct TicketParams {
+  unsigned* counter;
+  unsigned* ticket;  // per block: the order in which it started
+};
+
+__global__ void take_ticket(const TicketParams p) {
+  if (threadIdx.x == 0) p.ticket[blockIdx.x] = atomicAdd(p.counter, 1u);
+}
+
+std::vector<unsigned> block_order(uint64_t seed, unsigned blocks) {
+  sim::Options options = sim::testing::with_workers(1);
+  options.seed = seed;
+  ScopedOptions scoped(options);
+  unsigned counter = 0;
+  std::vector<unsigned> ticket(blocks, ~0u);
+  launch<TicketParams, take_ticket>("take_ticket", dim3(blocks), dim3(32), TicketParams{&counter, ticket.data()});
+  return ticket;
+}
+
+// Nothing orders blocks on a GPU: the sim starts them in a seed-dependent order (a permutation), so
+// a result that depends on block order differs between seeds.
+TEST(SimEngine, BlockOrderIsAPermutationThatDependsOnTheSeed) {
+  const unsigned blocks = 24;
+  const std::vector<unsigned> a = block_order(11, blocks), b = block_order(12, blocks);
+  for (const std::vector<unsigned>* order : {&a, &b}) {
+    std::vector<unsigned> sorted = *order;
+    std::sort(sorted.begin(), sorted.end());
+    for (unsigned i = 0; i < blocks; ++i) EXPECT_EQ(sorted[i], i);
+  }
+  EXPECT_NE(a, b);
+  EXPECT_EQ(block_order(11, blocks), a);  // one worker: reproducible per seed
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Uses the installed selfattn: one small attention call, and the same attention through a KV cache
-// (kv_cache.h), on the context's backend, each checked against the CPU reference. Exits 0 only when
-// both match.
+// Uses the installed selfattn: one small attention call, the same attention through a KV cache
+// (kv_cache.h) and its backward (backward.h), on the context's backend, each checked against the CPU
+// reference. Exits 0 only when all match.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -27,7 +28,10 @@ int main() {
     };
     selfattn::AttentionOptions options;
     options.causal = selfattn::Causal::top_left;
+    selfattn::DeviceBuffer<float> lse(ctx, size_t(heads) * seq);
+    options.lse = lse.data();
     selfattn::attention(ctx, view(qd), view(kd), view(vd), view(out), options);
+    options.lse = nullptr;
 
     selfattn::reference::Problem problem;
     problem.heads = problem.kv_heads = heads;
@@ -40,15 +44,25 @@ int main() {
       return std::vector<double>(f.begin(), f.end());
     };
     const auto ref = selfattn::reference::attention(problem, as_device_sees(q), as_device_sees(k), as_device_sees(v));
-    auto relative_error = [&](selfattn::DeviceBuffer<float>& result) {
+    auto relative_error_to = [&](selfattn::DeviceBuffer<float>& result, const std::vector<double>& want) {
       const std::vector<float> got = result.to_host();
       double error = 0, norm = 0;
       for (size_t i = 0; i < got.size(); ++i) {
-        error += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
-        norm += ref.out[i] * ref.out[i];
+        error += (got[i] - want[i]) * (got[i] - want[i]);
+        norm += want[i] * want[i];
       }
       return std::sqrt(error / norm);
     };
+    auto relative_error = [&](selfattn::DeviceBuffer<float>& result) { return relative_error_to(result, ref.out); };
+
+    // The backward of the first call for dout = v's values: dq, dk, dv against the reference's.
+    selfattn::DeviceBuffer<float> dq(ctx, q.size()), dk(ctx, k.size()), dv(ctx, v.size());
+    selfattn::attention_backward(ctx, view(qd), view(kd), view(vd), view(out), view(vd), lse.data(), view(dq), view(dk),
+                                 view(dv), options);
+    const auto grads = selfattn::reference::attention_backward(problem, as_device_sees(q), as_device_sees(k),
+                                                               as_device_sees(v), as_device_sees(v));
+    const double backward_relative = std::max({relative_error_to(dq, grads.dq), relative_error_to(dk, grads.dk),
+                                               relative_error_to(dv, grads.dv)});
 
     // The same keys as a contiguous cache holding all seq tokens: with seq_q == length the cache's
     // bottom-right mask is the top-left one above.
@@ -60,9 +74,9 @@ int main() {
                                       view(cached_out));
 
     const double relative = relative_error(out), cached_relative = relative_error(cached_out);
-    std::printf("selfattn %s on %s: relative error %.2e, through a KV cache %.2e\n", SELFATTN_VERSION_STRING,
-                ctx.device_name().c_str(), relative, cached_relative);
-    return relative < 1e-5 && cached_relative < 1e-5 ? 0 : 1;
+    std::printf("selfattn %s on %s: relative error %.2e, through a KV cache %.2e, backward %.2e\n",
+                SELFATTN_VERSION_STRING, ctx.device_name().c_str(), relative, cached_relative, backward_relative);
+    return relative < 1e-5 && cached_relative < 1e-5 && backward_relative < 1e-4 ? 0 : 1;
   } catch (const selfattn::Error& e) {
     std::fprintf(stderr, "consumer_app: %s\n", e.what());
     return 1;

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -37,29 +38,10 @@ const char* unsupported_reason(const ContextState& state, const AttentionCall& c
   return "not a concrete path";
 }
 
-// The order `automatic` tries: the fused kernel first; then the GEMM-based path that is fastest on
-// the backend (cuBLAS on a GPU; on the sim the naive kernels, whose own code is what is being tested).
-std::vector<Path> automatic_order(Backend backend) {
-  if (backend == Backend::cuda) return {Path::fused, Path::cublas, Path::naive};
-  return {Path::fused, Path::naive, Path::cublas};
-}
-
-Path choose_path(const ContextState& state, const AttentionCall& call, Path requested, const char* function) {
-  if (requested != Path::automatic) {
-    if (const char* reason = unsupported_reason(state, call, requested)) {
-      throw NotAvailable(std::string(function) + ": path " + to_string(requested) + " does not support " +
-                         detail::describe(call) + ": " + reason);
-    }
-    return requested;
-  }
-  std::string reasons;
-  for (Path path : automatic_order(state.device->backend())) {
-    const char* reason = unsupported_reason(state, call, path);
-    if (reason == nullptr) return path;
-    reasons += std::string("; ") + to_string(path) + ": " + reason;
-  }
-  throw NotAvailable(std::string(function) + ": no path supports " + detail::describe(call) + " on the " +
-                     to_string(state.device->backend()) + " backend" + reasons);
+Path choose_attention_path(const ContextState& state, const AttentionCall& call, Path requested,
+                           const char* function) {
+  return detail::choose_path(state.device->backend(), requested, function, detail::describe(call),
+                             [&](Path path) { return unsupported_reason(state, call, path); });
 }
 
 // The calls no path sees (see the top of this file). Returns true when the call is complete.
@@ -112,7 +94,7 @@ Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const 
   checked.lse = nullptr;
   const AttentionCall call =
       detail::validate_attention("resolve_path", q, k, v, out, checked, /*check_out_overlap=*/false);
-  return choose_path(state, call, options.path, "resolve_path");
+  return choose_attention_path(state, call, options.path, "resolve_path");
 }
 
 bool path_available(const Context& ctx, Path path) {
@@ -140,6 +122,34 @@ bool path_available(const Context& ctx, Path path) {
 
 namespace detail {
 
+// The order `automatic` tries: the fused kernel first; then the GEMM-based path that is fastest on
+// the backend (cuBLAS on a GPU; on the sim the naive kernels, whose own code is what is being tested).
+namespace {
+std::vector<Path> automatic_order(Backend backend) {
+  if (backend == Backend::cuda) return {Path::fused, Path::cublas, Path::naive};
+  return {Path::fused, Path::naive, Path::cublas};
+}
+}  // namespace
+
+Path choose_path(Backend backend, Path requested, const char* function, const std::string& described,
+                 const std::function<const char*(Path)>& unsupported) {
+  if (requested != Path::automatic) {
+    if (const char* reason = unsupported(requested)) {
+      throw NotAvailable(std::string(function) + ": path " + to_string(requested) + " does not support " + described +
+                         ": " + reason);
+    }
+    return requested;
+  }
+  std::string reasons;
+  for (Path path : automatic_order(backend)) {
+    const char* reason = unsupported(path);
+    if (reason == nullptr) return path;
+    reasons += std::string("; ") + to_string(path) + ": " + reason;
+  }
+  throw NotAvailable(std::string(function) + ": no path supports " + described + " on the " + to_string(backend) +
+                     " backend" + reasons);
+}
+
 // Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
 void zero_fill(Device& device, const TensorView& view) {
   if (view.numel() == 0) return;
@@ -159,7 +169,7 @@ PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Pa
                                 size_t reserved_before) {
   PlannedAttention planned;
   planned.call = call;
-  planned.path = choose_path(ctx, call, requested, function);
+  planned.path = choose_attention_path(ctx, call, requested, function);
   if (planned.path == Path::naive) {
     planned.scores = plan_scores(ctx, call, naive_score_layout, reserved_before, function);
   } else if (planned.path == Path::cublas) {

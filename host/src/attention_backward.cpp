@@ -27,28 +27,9 @@ const char* unsupported_reason(const ContextState& state, const BackwardCall& ca
   return "not a concrete path";
 }
 
-// As the forward (attention.cpp): fused first, then the GEMM path that is fastest on the backend.
-std::vector<Path> automatic_order(Backend backend) {
-  if (backend == Backend::cuda) return {Path::fused, Path::cublas, Path::naive};
-  return {Path::fused, Path::naive, Path::cublas};
-}
-
-Path choose_path(const ContextState& state, const BackwardCall& call, Path requested, const char* function) {
-  if (requested != Path::automatic) {
-    if (const char* reason = unsupported_reason(state, call, requested)) {
-      throw NotAvailable(std::string(function) + ": path " + to_string(requested) + " does not support " +
-                         describe(call.forward) + ": " + reason);
-    }
-    return requested;
-  }
-  std::string reasons;
-  for (Path path : automatic_order(state.device->backend())) {
-    const char* reason = unsupported_reason(state, call, path);
-    if (reason == nullptr) return path;
-    reasons += std::string("; ") + to_string(path) + ": " + reason;
-  }
-  throw NotAvailable(std::string(function) + ": no path supports " + describe(call.forward) + " on the " +
-                     to_string(state.device->backend()) + " backend" + reasons);
+Path choose_backward_path(const ContextState& state, const BackwardCall& call, Path requested, const char* function) {
+  return choose_path(state.device->backend(), requested, function, describe(call.forward),
+                     [&](Path path) { return unsupported_reason(state, call, path); });
 }
 
 void zero_gradients(ContextState& state, const BackwardCall& call) {
@@ -71,7 +52,7 @@ void run_backward(ContextState& state, const BackwardCall& call, Path requested,
   if (run_without_work(state, call)) return;
   PlannedBackward planned;
   planned.call = call;
-  planned.path = choose_path(state, call, requested, function);
+  planned.path = choose_backward_path(state, call, requested, function);
   // D comes first in every plan; the path adds its own parts behind it.
   planned.workspace.d_offset = 0;
   planned.workspace.bytes = round_up_256(size_t(backward_query_rows(call)) * sizeof(float));

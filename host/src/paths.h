@@ -3,7 +3,9 @@
 // it. attention.cpp validates arguments once, resolves `automatic`, plans the call (every check
 // that can throw) and then runs one of these.
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "context_state.h"
@@ -86,6 +88,13 @@ PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Pa
                                 size_t reserved_before = 0);
 // Runs a plan with planned.scores.workspace_bytes bytes of workspace at `scores_workspace`.
 void run_planned(ContextState& ctx, const PlannedAttention& planned, void* scores_workspace);
+
+// The path a call runs: `requested` when unsupported(requested) is null, else NotAvailable with its
+// reason; for automatic the first of fused, then cublas (cuda) or naive (sim), then the other, that
+// unsupported() accepts, else NotAvailable listing every reason. `described` names the call in the
+// messages, `function` the entry point. Shared by attention() and attention_backward().
+Path choose_path(Backend backend, Path requested, const char* function, const std::string& described,
+                 const std::function<const char*(Path)>& unsupported);
 
 // Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
 void zero_fill(Device& device, const TensorView& view);

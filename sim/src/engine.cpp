@@ -19,6 +19,7 @@
 
 #include "block_runner.h"
 #include "crash_report.h"
+#include "engine_block.h"
 #include "fiber.h"
 #include "racecheck.h"
 #include "watchdog.h"
@@ -26,61 +27,24 @@
 
 namespace selfattn::sim {
 
+using namespace detail::engine;
+
+thread_local Fiber* detail::engine::t_fiber __attribute__((tls_model("initial-exec"))) = nullptr;
+
+std::string detail::engine::block_name(const Block& b) {
+  return "kernel '" + std::string(b.config->kernel_name) + "', block (" + std::to_string(b.index.x) + "," +
+         std::to_string(b.index.y) + "," + std::to_string(b.index.z) + ")";
+}
+
+std::string detail::engine::thread_name(const ThreadContext& t) {
+  return "thread (" + std::to_string(t.thread_idx.x) + "," + std::to_string(t.thread_idx.y) + "," +
+         std::to_string(t.thread_idx.z) + ")";
+}
+
 namespace {
 
-constexpr unsigned kWarpSize = 32;
 constexpr size_t kSmemGuardBytes = 1024;        // checked after each block: catches overruns
 constexpr unsigned char kSmemGuardByte = 0xA5;
-
-enum class FiberState : uint8_t { ready, at_barrier, at_collective, exited };
-
-struct Block;
-
-struct Fiber {
-  ThreadContext thread;
-  detail::FiberContext context;
-  std::unique_ptr<detail::FiberStack> stack;
-  FiberState state = FiberState::ready;
-  unsigned collective_mask = 0;  // the mask it waits with, while at_collective
-  Block* block = nullptr;
-  detail::FaultInfo fault;
-  detail::race::ThreadState race;
-};
-
-// One warp collective that some lanes have reached. Keyed by its mask: lanes of one warp may wait
-// at collectives with different (e.g. disjoint) masks at the same time.
-struct PendingCollective {
-  unsigned mask = 0;      // as the lanes passed it
-  unsigned expected = 0;  // mask & the warp's existing lanes
-  unsigned arrived = 0;
-  CollectiveFn fn = nullptr;
-  const void* ins[kWarpSize] = {};
-  void* outs[kWarpSize] = {};
-};
-
-struct Warp {
-  unsigned existing = 0;  // lanes that exist (the last warp of a block may be partial)
-  unsigned exited = 0;
-  std::vector<PendingCollective> pending;
-};
-
-struct Block {
-  const LaunchConfig* config = nullptr;
-  void (*body)(const void*) = nullptr;
-  const void* params = nullptr;
-  uint3 index{};
-  unsigned thread_count = 0;
-  Fiber* const* fibers = nullptr;
-  std::vector<Warp> warps;
-  unsigned at_barrier = 0;
-  unsigned barrier_votes = 0;   // non-zero predicates of the threads at the barrier so far
-  unsigned barrier_result = 0;  // the last completed barrier's count; read by each thread on leaving
-  unsigned exited = 0;
-  std::vector<Fiber*>* released = nullptr;  // made ready since the round began: the next round's fibers
-  std::exception_ptr error;
-  detail::FiberContext scheduler;
-  detail::race::BlockState* race = nullptr;  // the racecheck's state, when it is on
-};
 
 // What each worker OS thread keeps between blocks: fibers with their stacks, shared memory.
 struct Worker {
@@ -95,36 +59,11 @@ struct Worker {
 };
 
 thread_local Worker t_worker;
-// The fiber running on this OS thread, if any. Read by every threadIdx / blockIdx, hence the
-// initial-exec model: a plain %fs-relative load instead of a __tls_get_addr call.
-thread_local Fiber* t_fiber __attribute__((tls_model("initial-exec"))) = nullptr;
-
-std::string block_name(const Block& b) {
-  return "kernel '" + std::string(b.config->kernel_name) + "', block (" + std::to_string(b.index.x) + "," +
-         std::to_string(b.index.y) + "," + std::to_string(b.index.z) + ")";
-}
-
-std::string thread_name(const ThreadContext& t) {
-  return "thread (" + std::to_string(t.thread_idx.x) + "," + std::to_string(t.thread_idx.y) + "," +
-         std::to_string(t.thread_idx.z) + ")";
-}
 
 std::string hex(unsigned v) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "0x%08x", v);
   return buf;
-}
-
-Fiber& running_fiber(const char* what) {
-  if (!t_fiber) throw Error(std::string("sim: ") + what + " called outside a kernel launch");
-  return *t_fiber;
-}
-
-void yield_to_scheduler(Fiber& f) { detail::fiber_switch(f.context, f.block->scheduler); }
-
-void release(Block& b, Fiber& f) {
-  f.state = FiberState::ready;
-  b.released->push_back(&f);
 }
 
 void fiber_main(void* arg) {
@@ -133,6 +72,12 @@ void fiber_main(void* arg) {
   detail::fiber_started(b.scheduler);
   try {
     b.body(b.params);
+    // On the GPU the warpgroup's registers and shared-memory operands would be read after the
+    // thread is gone; here the operations would never be performed.
+    if (!f.thread.wgmma_open.empty() || !f.thread.wgmma_groups.empty()) {
+      throw Error("sim: " + block_name(b) + ", " + thread_name(f.thread) +
+                  " exited with wgmma operations not waited for (wgmma.wait_group)");
+    }
   } catch (...) {
     if (!b.error) b.error = std::current_exception();
   }
@@ -158,6 +103,12 @@ std::string wait_description(const Block& b, const Fiber& f) {
       }
       return "wait at a warp collective";
     }
+    case FiberState::at_group_collective: {
+      const unsigned g = f.thread.linear_tid / kWarpgroupSize;
+      return "wait at a warpgroup collective (warpgroup " + std::to_string(g) + ", " +
+             std::to_string(b.warpgroups[g].arrived) + " of 128 threads arrived)";
+    }
+    case FiberState::at_mbarrier: return mbarrier_wait_description(b, f);
     case FiberState::ready: return "ready";
   }
   return "?";
@@ -166,7 +117,9 @@ std::string wait_description(const Block& b, const Fiber& f) {
 [[noreturn]] void report_divergence(const Block& b) {
   std::string message = "sim: divergent barrier in " + block_name(b) +
                         ": no thread can proceed (a thread exited or waits at a different barrier "
-                        "or warp collective than the others):";
+                        "or warp collective than the others" +
+                        std::string(b.hopper ? ", or waits on an mbarrier phase that can no longer complete" : "") +
+                        "):";
   unsigned groups = 0;
   for (unsigned t = 0; t < b.thread_count;) {
     const std::string what = wait_description(b, *b.fibers[t]);
@@ -266,6 +219,8 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     c.dynamic_smem_bytes = config.dynamic_smem_bytes;
     c.async_groups.clear();
     c.async_open.clear();
+    c.wgmma_open.clear();
+    c.wgmma_groups.clear();
     f.state = FiberState::ready;
     f.collective_mask = 0;
     w.released.push_back(&f);
@@ -303,8 +258,15 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     w.order.swap(w.released);
     w.released.clear();
     if (w.order.empty()) {
-      if (b.exited == threads) break;
-      report_divergence(b);
+      if (b.exited == threads) {
+        if (b.hopper) check_block_end(b);
+        break;
+      }
+      // Nothing can run: the TMA writes in flight land now (the latest point the sim may choose),
+      // and their complete-tx may release mbarrier waiters. Otherwise it is a deadlock.
+      if (!b.hopper || !land_when_stalled(b)) report_divergence(b);
+      w.order.swap(w.released);
+      w.released.clear();
     }
     for (size_t i = w.order.size(); i > 1; --i) {  // Fisher-Yates; multiply-shift instead of a division
       std::swap(w.order[i - 1], w.order[(splitmix64(rng) >> 32) * i >> 32]);
@@ -403,6 +365,39 @@ void warp_collective_erased(unsigned mask, const void* in, void* out, Collective
     } else if (b.race) {  // __syncwarp: the one warp collective that orders memory
       detail::race::on_syncwarp(*b.race, f.thread.warp, done.expected);
     }
+  }
+  yield_to_scheduler(f);
+}
+
+// The warpgroup's 128 threads meet as a warp's lanes do at a full-mask collective; the last one to
+// arrive runs the combine. A thread that exits or waits elsewhere leaves the others waiting: the
+// scheduler reports it as a divergence.
+void warpgroup_collective_erased(const void* in, void* out, GroupCollectiveFn fn, void* combine) {
+  Fiber& f = running_fiber("a warpgroup collective");
+  Block& b = *f.block;
+  if (b.thread_count % kWarpgroupSize != 0) {
+    throw Error("sim: " + block_name(b) + ", " + thread_name(f.thread) + ": warpgroup collective in a block of " +
+                std::to_string(b.thread_count) + " threads (a warpgroup is 128 threads: the block must have whole "
+                "warpgroups)");
+  }
+  if (b.warpgroups.empty()) b.warpgroups.resize(b.thread_count / kWarpgroupSize);
+  const unsigned group = f.thread.linear_tid / kWarpgroupSize, index = f.thread.linear_tid % kWarpgroupSize;
+  PendingGroupCollective& p = b.warpgroups[group];
+  if (p.arrived == 0) {
+    p.fn = fn;
+  } else if (p.fn != fn) {
+    throw Error("sim: " + block_name(b) + ", " + thread_name(f.thread) + ": threads of warpgroup " +
+                std::to_string(group) + " meet at different warpgroup collectives (e.g. a wgmma and a "
+                "wgmma.wait_group)");
+  }
+  p.ins[index] = in;
+  p.outs[index] = out;
+  f.state = FiberState::at_group_collective;
+  if (++p.arrived == kWarpgroupSize) {
+    for (unsigned i = 0; i < kWarpgroupSize; ++i) release(b, *b.fibers[group * kWarpgroupSize + i]);
+    p.arrived = 0;  // before the combine: a combine that throws leaves no half-gathered collective
+    p.fn = nullptr;
+    fn(p.ins, p.outs, combine);
   }
   yield_to_scheduler(f);
 }

@@ -18,6 +18,15 @@
 //   - a cp.async write is in flight from its issue until the cp.async.wait_group of the issuing
 //     thread that retires it: any access to those bytes meanwhile, even by that thread, is a hazard;
 //     once retired it is a write by that thread at the time of the wait.
+//   - in blocks that use the Hopper primitives (mbarriers, TMA, the async proxy), block-wide vector
+//     clocks instead of the per-warp ones: an mbarrier arrive releases the arriving thread's clock
+//     into the barrier's phase, a wait that sees the phase complete acquires it; a landed TMA write
+//     is a write by its barrier's "TMA agent" (a thread id past the block's threads), ordered
+//     before exactly the threads that acquired a phase that counted it. Activated by the block's
+//     first Hopper call, so other kernels keep the per-warp clocks and their cost.
+//   - wgmma's shared-memory reads are in flight from the issue to the wgmma.wait_group that
+//     performs them (a write to the bytes meanwhile is a hazard), and need the generic-proxy
+//     writes they read to be followed by fence.proxy.async of their writer.
 // Shadow state: per byte of dynamic shared memory, the last write and up to two readers (bytes, not
 // words: two threads storing neighbouring 16-bit elements of one word is no race, and kernels do it).
 #include <atomic>
@@ -35,22 +44,33 @@ constexpr unsigned kWarpSize = 32;
 // One access, packed in 64 bits (all the happens-before test needs):
 //   bits 63..32  epoch: a per-worker counter, +1 at each block start and each __syncthreads, so a
 //                record left by an earlier block is older than every access of the running one
-//   bits 31..22  thread (linear index in the block)
-//   bit  21      in flight (a cp.async write its wait_group has not retired)
-//   bits 20..0   the thread's warp clock (saturating: past 2^21 - 1 __syncwarps in one barrier
-//                interval, accesses could only look more ordered than they are)
+//   bits 31..21  thread (linear index in the block; from the block's thread count on, the TMA
+//                agents of its mbarriers: 11 bits, so a 1024-thread block still has room for them)
+//   bit  20      in flight (a cp.async or TMA write not yet landed, a wgmma read not yet performed)
+//   bits 19..0   the thread's clock: its warp clock, or in blocks with vector clocks its own entry
+//                (saturating: past 2^20 - 1 releases, accesses could only look more ordered than
+//                they are)
 using Stamp = uint64_t;
-constexpr Stamp kInFlight = Stamp(1) << 21;
-constexpr uint32_t kMaxClock = (1u << 21) - 1;
+constexpr Stamp kInFlight = Stamp(1) << 20;
+constexpr uint32_t kMaxClock = (1u << 20) - 1;
+constexpr unsigned kMaxThreadIds = 2048;
 inline Stamp make_stamp(uint32_t epoch, unsigned thread, uint32_t clock) {
-  return Stamp(epoch) << 32 | Stamp(thread) << 22 | clock;
+  return Stamp(epoch) << 32 | Stamp(thread) << 21 | clock;
 }
 inline uint32_t epoch_of(Stamp s) { return uint32_t(s >> 32); }
-inline unsigned thread_of(Stamp s) { return unsigned(s >> 22) & 1023u; }
+inline unsigned thread_of(Stamp s) { return unsigned(s >> 21) & (kMaxThreadIds - 1); }
 inline uint32_t clock_of(Stamp s) { return uint32_t(s) & kMaxClock; }
 
 // What an access was; kept beside its code address for the report.
-enum class Kind : uint8_t { read, write, ldmatrix_read, cp_async_write };
+enum class Kind : uint8_t { read, write, ldmatrix_read, cp_async_write, tma_write, wgmma_read };
+
+// A block-wide vector clock: entry k is the latest clock of thread (or TMA agent) k known; entries
+// past the end are 0. Only blocks with vector clocks (see above) have them.
+using VectorClock = std::vector<uint32_t>;
+inline void join(VectorClock& into, const VectorClock& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (size_t k = 0; k < from.size(); ++k) into[k] = into[k] > from[k] ? into[k] : from[k];
+}
 
 struct Cell {  // per shared-memory byte
   Stamp write = 0;
@@ -122,6 +142,7 @@ struct ThreadState {
   uintptr_t stack_begin = 0;
   size_t stack_bytes = 0;
   Stamp stamp = 0;  // epoch, thread, clock of the thread's next access
+  Stamp last_fence = 0;  // the stamp of its last fence.proxy.async in this block (0: none)
   BlockState* block = nullptr;
   const DeviceRange* last_range = nullptr;  // the allocation this thread wrote last
 };
@@ -129,6 +150,7 @@ struct ThreadState {
 // The first hazard a block ran into, as plain data; turned into text after the fiber yields.
 struct Hazard {
   enum class Space : uint8_t { none, shared, global } space = Space::none;
+  bool missing_proxy_fence = false;  // shared: an async-proxy read of a generic write not fenced
   Stamp earlier = 0, later = 0;
   uint64_t earlier_site = 0, later_site = 0;
   uint64_t offset = 0;            // in shared memory, or in the buffer
@@ -150,6 +172,12 @@ struct BlockState {
   std::vector<WarpClocks> warps;
   std::vector<ThreadState*> threads;
   Hazard hazard;
+  // Blocks that use the Hopper primitives: block-wide vector clocks, per thread (then the stamps'
+  // clocks are their own entries, never reset), and the TMA agents (agent a has thread id
+  // threads.size() + a), each with the mbarrier offset it writes for and its clock.
+  bool vector_clocks = false;
+  std::vector<VectorClock> clocks;
+  std::vector<uint32_t> agent_barrier, agent_clock;
 };
 
 // Called by the engine: at block start (threads[t] is thread t's state; stacks as given), when a
@@ -158,6 +186,32 @@ void begin_block(BlockState& block, const LaunchState& launch, uint3 index, dim3
                  unsigned char* smem, size_t smem_bytes);
 void on_barrier(BlockState& block);
 void on_syncwarp(BlockState& block, unsigned warp, unsigned lanes);
+
+// ---- Hopper (called by mbarrier.cpp) ------------------------------------------------------------
+// Switches the block to vector clocks (idempotent): every thread's clock starts from what its warp
+// clocks know in the current barrier interval.
+void use_vector_clocks(BlockState& block);
+// A release by `thread` into `into` (an mbarrier phase, a TMA write's issue): `into` joins the
+// thread's clock, then the thread's own entry ticks so its later accesses are not covered.
+void release_into(BlockState& block, unsigned thread, VectorClock& into);
+// An acquire: the thread's clock joins `from`.
+void acquire_from(BlockState& block, unsigned thread, const VectorClock& from);
+// A new TMA agent for the mbarrier at `barrier_offset`: its thread id (0 if the ids ran out: its
+// writes are then charged to no one and unordered with everything).
+unsigned new_agent(BlockState& block, uint32_t barrier_offset);
+// A TMA write by `issuer` from `site`, issued now: checked against earlier accesses like any
+// write, then in flight.
+void tma_issued(ThreadState& issuer, size_t offset, size_t bytes, uintptr_t site);
+// It lands: its bytes become a write by `agent` at the agent's next clock, returned (the phase it
+// counts toward must release it).
+uint32_t tma_landed(BlockState& block, unsigned agent, size_t offset, size_t bytes, uintptr_t site);
+// fence.proxy.async by the thread.
+void proxy_fence(ThreadState& t);
+// wgmma reads, charged to block thread `thread`: in flight from begin to end.
+void async_read_begin(BlockState& block, unsigned thread, size_t offset, size_t bytes, uintptr_t site);
+void async_read_end(BlockState& block, unsigned thread, size_t offset, size_t bytes);
+// "file:line in file:line" of a kernel code address (for the engine's reports).
+std::string code_location(uintptr_t pc);
 // The sim::Error text of the block's hazard ("" if none).
 std::string describe(const BlockState& block);
 

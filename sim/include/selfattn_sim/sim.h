@@ -7,6 +7,7 @@
 // CONTRACT (written before the implementation; keep the names, extend freely):
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -66,6 +67,11 @@ struct ThreadContext {
   size_t dynamic_smem_bytes;
   std::vector<std::vector<AsyncCopy>> async_groups;  // committed groups, oldest first
   std::vector<AsyncCopy> async_open;                 // issued, not yet committed
+  // wgmma.mma_async operations of this thread's warpgroup (primitives_hopper.cuh): issued and not
+  // yet committed, and committed groups, oldest first. The ops are shared by the warpgroup's 128
+  // threads; the engine only clears these at block start and reports a thread that exits with any.
+  std::vector<std::shared_ptr<void>> wgmma_open;
+  std::vector<std::vector<std::shared_ptr<void>>> wgmma_groups;
 };
 ThreadContext& current_thread();
 
@@ -111,6 +117,76 @@ void warp_collective(unsigned mask, const In& in, Out& out, Combine&& combine) {
 enum class SharedAccess { ldmatrix_row, cp_async_issue };
 void racecheck_shared(const void* address, size_t bytes, SharedAccess what, const void* site);
 void racecheck_async_landed(const void* address, size_t bytes);
+
+// ---- Hopper (sm_90a): mbarriers, the asynchronous proxy, warpgroups --------------------------
+// Contract for kernels/common/primitives_hopper.cuh's sim twins (sim/README.md, "Hopper").
+//
+// mbarrier: an 8-byte object in dynamic shared memory (8-byte aligned). The sim keeps each live
+// barrier's state beside the memory (keyed by its offset in the block's shared memory): arrival
+// count, pending arrivals, transaction count (may go negative, as the ISA allows), phase number.
+// The current phase completes when its pending arrivals reach 0 and its tx-count is 0; the next
+// phase then starts with the full arrival count. Every call below throws sim::Error (naming the
+// kernel, block, thread and barrier offset) on misuse: an address that is not an 8-aligned offset
+// of dynamic shared memory; init with count 0 or above 2^20 - 1; init of a live barrier whose
+// current phase has arrivals or transactions outstanding ("re-arming"); any other operation on an
+// address that holds no initialised barrier; more arrivals than the phase has pending; a wait by a
+// thread on a parity when the barrier has moved two or more phases past the last phase that
+// thread observed (the parity no longer says which phase it means); the block ending with a TMA
+// write still in flight.
+// Ordering (the racecheck): an arrive releases the arriving thread's history into the phase; a
+// wait that sees the phase complete acquires it (every access before any arrival of that phase,
+// and every TMA write the phase counted, happens before what the waiter does next).
+void mbarrier_init(void* bar, unsigned arrival_count);
+void mbarrier_arrive(void* bar, unsigned count = 1);
+void mbarrier_expect_tx(void* bar, unsigned tx_bytes);
+void mbarrier_arrive_expect_tx(void* bar, unsigned tx_bytes);  // expect-tx, then one arrival
+// Whether the phase with this parity has completed (mbarrier.test_wait.parity: true when the
+// current phase's parity differs). A true result acquires, as a wait does.
+bool mbarrier_test_parity(void* bar, unsigned parity);
+// mbarrier.try_wait.parity in a loop: the fiber gives way until the phase with this parity completes
+// (a thread that can never be woken is reported with the block's other waiters, never hung).
+void mbarrier_wait_parity(void* bar, unsigned parity);
+
+// A TMA load (cp.async.bulk.tensor ... mbarrier::complete_tx::bytes): `image` is the final content
+// of the contiguous shared-memory bytes [dst, dst + image.size()) (the twin has applied the box,
+// the out-of-bounds fill and the swizzle). The write is in flight from now: any access to those
+// bytes before it lands is a hazard. It lands at a point the sim chooses between now and the
+// completion of `bar`'s current phase (the latest one: when a thread tests or waits on `bar` and
+// only transactions are outstanding, or when no thread of the block can run), then performs
+// complete-tx(image.size()) on `bar`. The issuing thread's history at the issue is released into
+// that phase. `site` is the kernel's code address of the issue, for reports.
+void tma_write(void* bar, void* dst, std::vector<unsigned char> image, const void* site);
+
+// fence.proxy.async.shared::cta by the calling thread: its generic-proxy writes to shared memory so
+// far become visible to the asynchronous proxy. An asynchronous-proxy read (wgmma) of bytes whose
+// last write was a generic write not followed by such a fence of its writer is reported (as is one
+// not ordered after that write at all).
+void fence_proxy_async();
+
+// Asynchronous-proxy reads (wgmma's shared-memory operands), charged to thread `thread` of the
+// block (the twin passes its warpgroup's first thread). In flight from begin to end: a write to
+// those bytes meanwhile (generic, cp.async or TMA) is a hazard. At end they become reads by that
+// thread at that moment, ordered for later writers by the usual rules (barriers, mbarriers).
+void racecheck_async_read_begin(unsigned thread, const void* address, size_t bytes, const void* site);
+void racecheck_async_read_end(unsigned thread, const void* address, size_t bytes);
+
+// Warpgroup collective: the 128 threads 128g .. 128g + 127 of the block (g = the caller's
+// linear_tid / 128; the block must have whole warpgroups) all call it; the last to arrive runs
+// combine(ins, outs) with ins[i] / outs[i] the pointers of thread 128g + i; then all continue.
+// Lanes waiting at other collectives or barriers are a divergence, reported as for warps.
+using GroupCollectiveFn = void (*)(const void* const* ins, void* const* outs, void* combine);
+void warpgroup_collective_erased(const void* in, void* out, GroupCollectiveFn fn, void* combine);
+
+template <class In, class Out, class Combine>
+void warpgroup_collective(const In& in, Out& out, Combine&& combine) {
+  using C = std::remove_reference_t<Combine>;
+  warpgroup_collective_erased(
+      &in, &out,
+      [](const void* const* ins, void* const* outs, void* fn) SELFATTN_SIM_UNCHECKED {
+        (*static_cast<C*>(fn))(reinterpret_cast<const In* const*>(ins), reinterpret_cast<Out* const*>(outs));
+      },
+      const_cast<void*>(static_cast<const void*>(&combine)));
+}
 
 // Device memory. Each allocation has guard zones before and after it, checked after every launch
 // (and on free); a violation names the allocation's label and the offset. Large allocations are

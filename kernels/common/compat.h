@@ -28,6 +28,11 @@
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+// A kernel parameter the kernel only reads, kept in parameter memory (TMA maps must stay there);
+// the sim passes parameters by value to each thread.
+#ifndef __grid_constant__
+#define __grid_constant__
+#endif
 
 #define threadIdx (::selfattn::sim::current_thread().thread_idx)
 #define blockIdx (::selfattn::sim::current_thread().block_idx)

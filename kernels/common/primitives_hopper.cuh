@@ -1,0 +1,437 @@
+#pragma once
+// Hopper (sm_90a) primitives: mbarrier, TMA tensor loads, the async-proxy fence, warpgroup MMA
+// (wgmma.mma_async) and setmaxnreg. As in primitives.cuh, each function is its nvcc body (the
+// instruction) with its sim twin beside it. The twins' arithmetic and address maps live in
+// primitives_hopper_sim.cuh (checked against CUTLASS/CuTe by tests/primitives/test_hopper_layouts);
+// their synchronisation (mbarrier phases, when a TMA write lands, the async-proxy hazards) is the
+// sim engine's (sim/include/selfattn_sim/sim.h, "Hopper").
+//
+// Contract for callers (as on the GPU; the sim checks what it can):
+//   - mbarriers live in dynamic shared memory, 8-byte aligned, initialised by one thread, then
+//     fence_barrier_init() and a __syncthreads() before any other thread or the TMA uses them.
+//   - TMA destinations are 128-byte aligned (1024 for a 128-byte swizzle pattern to start at its
+//     first row, which the kernels' layouts assume); their bytes are read only after a wait on the
+//     barrier the copy completes.
+//   - wgmma_*, wgmma_fence/commit/wait and setmaxnreg are executed by all 128 threads of a
+//     warpgroup together, with warpgroup-uniform descriptors. wgmma_fence() comes before the first
+//     wgmma of a batch whose accumulator or A registers were touched by other instructions; the
+//     accumulators are read, and the shared-memory operands rewritten, only after a wgmma_wait<>
+//     that covers the group. Shared memory written by ordinary stores and read by wgmma needs
+//     fence_proxy_async() by the writer (and then a barrier) in between.
+//   - Only code built for sm_90a may call them (nvcc refuses wgmma and setmaxnreg elsewhere).
+#include <cstdint>
+
+#include "compat.h"
+#include "primitives.cuh"
+#include "tma_descriptor.h"
+#if SELFATTN_SIM
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "primitives_hopper_sim.cuh"
+#endif
+
+SELFATTN_KERNELS_BEGIN
+
+// The shared-memory address PTX wants: an offset in the block's shared window. On the sim, the
+// offset in dynamic shared memory, whose base is 1024-byte aligned as on the GPU, so swizzles
+// computed from address bits agree.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+#if !SELFATTN_SIM
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#else
+  return uint32_t(static_cast<const unsigned char*>(p) - sim::current_thread().dynamic_smem);
+#endif
+}
+
+// ======================================== mbarrier ===========================================
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrival_count) {
+#if !SELFATTN_SIM
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrival_count) : "memory");
+#else
+  sim::mbarrier_init(bar, arrival_count);
+#endif
+}
+
+// Makes initialised barriers visible to the other threads and to the async proxy (the TMA unit).
+__device__ __forceinline__ void fence_barrier_init() {
+#if !SELFATTN_SIM
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+#if !SELFATTN_SIM
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+#else
+  sim::mbarrier_arrive(bar, 1);
+#endif
+}
+
+// Announces `bytes` of TMA transactions for the current phase, and arrives.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if !SELFATTN_SIM
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+#else
+  sim::mbarrier_arrive_expect_tx(bar, bytes);
+#endif
+}
+
+// Returns once the phase with this parity has completed (phase 0 has parity 0). A thread waits on
+// phase k of a barrier with parity k & 1 and must not fall two phases behind.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+#if !SELFATTN_SIM
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+#else
+  sim::mbarrier_wait_parity(bar, parity);
+#endif
+}
+
+// ordinary (generic-proxy) shared-memory stores so far -> visible to the async proxy (wgmma, TMA).
+__device__ __forceinline__ void fence_proxy_async() {
+#if !SELFATTN_SIM
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  sim::fence_proxy_async();
+#endif
+}
+
+// ======================================== TMA loads ==========================================
+// One box of a 4-D tensor map (coordinates innermost first, in elements; out-of-bounds elements
+// arrive as zeros) into shared memory at `dst`; its bytes count as transactions on `bar`. Issued
+// by one thread.
+
+#if SELFATTN_SIM
+namespace sim_hopper {
+// noinline: its return address is the kernel's TMA issue, which the racecheck reports.
+__attribute__((noinline)) inline void tma_issue(void* dst, const TmaDescriptor* map, const int32_t* coords,
+                                                uint64_t* bar) {
+  SimTmaMap m;
+  std::memcpy(&m, map->bytes, sizeof m);
+  std::vector<unsigned char> image;
+  const std::string problem = tma_box_image(m, coords, smem_address(dst), image);
+  if (!problem.empty()) sim_warp::fail("cp.async.bulk.tensor", problem);
+  sim::tma_write(bar, dst, std::move(image), __builtin_return_address(0));
+}
+}  // namespace sim_hopper
+#endif
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* map, int32_t c0, int32_t c1, int32_t c2,
+                                            int32_t c3, uint64_t* bar) {
+#if !SELFATTN_SIM
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_address(bar))
+      : "memory");
+#else
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  sim_hopper::tma_issue(dst, map, coords, bar);
+#endif
+}
+
+// ===================================== warpgroup MMA =========================================
+// D (64 x N, f32, per warpgroup) {=, +=} A (64 x 16) * B (16 x N), f16 or bf16 operands. A and B
+// are in shared memory, described by GMMA descriptors (kernels/hopper/smem_layout.h builds them),
+// or A is in registers (the m16n8k16 A fragment of each warp's 16 rows: warp w of the warpgroup
+// holds rows 16w..16w+15). d[i] of thread t is D's element wgmma_accumulator_coord(t, i): per
+// warp, the m16n8 C fragment of each n8 column tile j in d[4j .. 4j+3].
+
+#if SELFATTN_SIM
+namespace sim_hopper {
+
+// One issued wgmma, shared by the 128 threads of its warpgroup: what it read at issue (registers)
+// and where its shared-memory operands and results are.
+struct WgmmaOp {
+  int n = 0;
+  bool accumulate = false, a_in_registers = false, transpose_b = false;
+  bool chained = false;  // accumulates into the registers of an earlier op still in flight
+  sim_warp::Operand type = sim_warp::Operand::f16;
+  uint64_t desc_a = 0, desc_b = 0;
+  std::vector<float> a, c;   // A (64 x 16) when in registers; C (64 x n) as issued
+  float* d[128] = {};        // each thread's accumulator array
+  unsigned first_thread = 0;  // the warpgroup's thread 0: what its shared reads are charged to
+  const void* site = nullptr;
+  std::vector<std::pair<uint32_t, uint32_t>> smem_ranges;  // [begin, end) byte offsets it reads
+};
+
+struct WgmmaIssue {
+  float* d;
+  uint32_t a[4];
+  uint64_t desc_a, desc_b;
+  int n, accumulate;
+  bool a_in_registers, transpose_b;
+  sim_warp::Operand type;
+  const void* site;  // the kernel's wgmma, for the racecheck's reports
+};
+struct WgmmaHandle {
+  std::shared_ptr<void> op;
+};
+
+inline float operand_value(sim_warp::Operand type, uint16_t bits) {
+  return type == sim_warp::Operand::f16 ? sim_warp::f16_bits_to_float(bits) : sim_warp::bf16_bits_to_float(bits);
+}
+
+// The byte ranges an operand of `rows` x 16 elements occupies, merged.
+SELFATTN_SIM_UNCHECKED inline void add_operand_ranges(std::vector<uint32_t>& offsets, uint64_t desc, bool k_major,
+                                                      int rows) {
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < 16; ++k) offsets.push_back(gmma_element_offset(desc, k_major, r, k));
+}
+
+SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* ins, WgmmaHandle* const* outs) {
+  auto op = std::make_shared<WgmmaOp>();
+  const WgmmaIssue& first = *ins[0];
+  for (int t = 1; t < 128; ++t) {
+    const WgmmaIssue& x = *ins[t];
+    if (x.desc_a != first.desc_a || x.desc_b != first.desc_b || x.n != first.n || x.accumulate != first.accumulate)
+      sim_warp::fail("wgmma.mma_async", "descriptors, shape and scale-d must be the same in all 128 threads of the warpgroup");
+  }
+  op->n = first.n;
+  op->accumulate = first.accumulate != 0;
+  op->a_in_registers = first.a_in_registers;
+  op->transpose_b = first.transpose_b;
+  op->type = first.type;
+  op->desc_a = first.desc_a;
+  op->desc_b = first.desc_b;
+  op->site = first.site;
+  op->first_thread = sim::current_thread().linear_tid / 128 * 128;
+  op->c.assign(size_t(64) * op->n, 0.0f);
+  if (op->a_in_registers) op->a.assign(64 * 16, 0.0f);
+  // A wgmma that accumulates into the registers of one still in flight (the k-steps of one
+  // product) takes as C that one's result, as the hardware chains them: it reads its C when it is
+  // performed, after its predecessor. Otherwise C is read now and the registers become NaN, as
+  // they are undefined until the wait.
+  const sim::ThreadContext& issuer = sim::current_thread();
+  auto writes_same = [&](const std::shared_ptr<void>& other) {
+    return static_cast<const WgmmaOp*>(other.get())->d[0] == first.d;
+  };
+  op->chained = std::any_of(issuer.wgmma_open.begin(), issuer.wgmma_open.end(), writes_same);
+  for (const auto& group : issuer.wgmma_groups)
+    op->chained = op->chained || std::any_of(group.begin(), group.end(), writes_same);
+  for (int t = 0; t < 128; ++t) {
+    const WgmmaIssue& x = *ins[t];
+    op->d[t] = x.d;
+    for (int i = 0; i < op->n / 2 && !op->chained; ++i) {
+      const FragmentCoord at = wgmma_accumulator_coord(t, i);
+      op->c[size_t(at.row) * op->n + at.col] = x.d[i];
+      x.d[i] = NAN;
+    }
+    if (op->a_in_registers) {
+      for (int i = 0; i < 8; ++i) {
+        const FragmentCoord at = wgmma_a_coord(t, i);
+        op->a[at.row * 16 + at.col] = operand_value(op->type, sim_warp::register_half(x.a[i / 2], i & 1));
+      }
+    }
+  }
+  std::vector<uint32_t> offsets;
+  if (!op->a_in_registers) add_operand_ranges(offsets, op->desc_a, true, 64);
+  add_operand_ranges(offsets, op->desc_b, !op->transpose_b, op->n);
+  std::sort(offsets.begin(), offsets.end());
+  const sim::ThreadContext& ctx = sim::current_thread();
+  for (uint32_t off : offsets) {
+    if (off + 2 > ctx.dynamic_smem_bytes)
+      sim_warp::fail("wgmma.mma_async", "a shared-memory operand reaches past the block's dynamic shared memory");
+    if (!op->smem_ranges.empty() && op->smem_ranges.back().second >= off) {
+      op->smem_ranges.back().second = std::max(op->smem_ranges.back().second, off + 2);
+    } else {
+      op->smem_ranges.push_back({off, off + 2});
+    }
+  }
+  for (const auto& r : op->smem_ranges)
+    sim::racecheck_async_read_begin(op->first_thread, ctx.dynamic_smem + r.first, r.second - r.first, op->site);
+  for (int t = 0; t < 128; ++t) outs[t]->op = op;
+}
+
+// The operation happens now: its shared-memory operands are read as they are at the wait.
+SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
+  const unsigned char* smem = sim::current_thread().dynamic_smem;
+  auto element = [&](uint32_t offset) {
+    uint16_t bits;
+    std::memcpy(&bits, smem + offset, 2);
+    return operand_value(op.type, bits);
+  };
+  if (op.chained) {
+    for (int t = 0; t < 128; ++t)
+      for (int i = 0; i < op.n / 2; ++i) {
+        const FragmentCoord at = wgmma_accumulator_coord(t, i);
+        op.c[size_t(at.row) * op.n + at.col] = op.d[t][i];
+      }
+  }
+  std::vector<float> a(64 * 16), b(size_t(16) * op.n), d = op.c;
+  for (int r = 0; r < 64; ++r)
+    for (int k = 0; k < 16; ++k)
+      a[r * 16 + k] = op.a_in_registers ? op.a[r * 16 + k] : element(gmma_element_offset(op.desc_a, true, r, k));
+  for (int col = 0; col < op.n; ++col)
+    for (int k = 0; k < 16; ++k) b[size_t(k) * op.n + col] = element(gmma_element_offset(op.desc_b, !op.transpose_b, col, k));
+  if (op.type == sim_warp::Operand::f16) {
+    wgmma_tile<sim_warp::Operand::f16>(op.n, a.data(), b.data(), d.data(), op.accumulate);
+  } else {
+    wgmma_tile<sim_warp::Operand::bf16>(op.n, a.data(), b.data(), d.data(), op.accumulate);
+  }
+  for (int t = 0; t < 128; ++t)
+    for (int i = 0; i < op.n / 2; ++i) {
+      const FragmentCoord at = wgmma_accumulator_coord(t, i);
+      op.d[t][i] = d[size_t(at.row) * op.n + at.col];
+    }
+  for (const auto& r : op.smem_ranges)
+    sim::racecheck_async_read_end(op.first_thread, smem + r.first, r.second - r.first);
+}
+
+// noinline: its return address is the kernel's wgmma, which the racecheck reports.
+template <sim_warp::Operand Type, int N>
+__attribute__((noinline)) void wgmma_issue(float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, int accumulate, bool transpose_b) {
+  WgmmaIssue in{};
+  in.d = d;
+  if (a) std::memcpy(in.a, a, sizeof in.a);
+  in.desc_a = desc_a;
+  in.desc_b = desc_b;
+  in.n = N;
+  in.accumulate = accumulate;
+  in.a_in_registers = a != nullptr;
+  in.transpose_b = transpose_b;
+  in.type = Type;
+  in.site = __builtin_return_address(0);
+  WgmmaHandle out;
+  sim::warpgroup_collective(in, out, [](const WgmmaIssue* const* ins, WgmmaHandle* const* outs) SELFATTN_SIM_UNCHECKED {
+    wgmma_issue_combine(ins, outs);
+  });
+  sim::current_thread().wgmma_open.push_back(std::move(out.op));
+}
+
+}  // namespace sim_hopper
+#else
+#include "wgmma_ptx.inc"
+#endif
+
+// Orders this thread's earlier register accesses before the wgmma that follows (wgmma.fence).
+__device__ __forceinline__ void wgmma_fence() {
+#if !SELFATTN_SIM
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// Closes the group of wgmma operations issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() {
+#if !SELFATTN_SIM
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  sim::ThreadContext& t = sim::current_thread();
+  t.wgmma_groups.push_back(std::move(t.wgmma_open));
+  t.wgmma_open.clear();
+#endif
+}
+
+// Waits until at most Pending committed groups are in flight: the older ones' results are in their
+// accumulators and their shared-memory operands are free.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  static_assert(Pending >= 0 && Pending <= 7, "wgmma.wait_group takes 0..7");
+#if !SELFATTN_SIM
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+#else
+  sim::ThreadContext& t = sim::current_thread();
+  const size_t groups = t.wgmma_groups.size();
+  int unused = 0;
+  // The warpgroup meets (wait_group is .sync.aligned); the last thread to arrive performs every
+  // retired operation once, for all 128 (each thread's queue holds the same shared operations).
+  sim::warpgroup_collective(groups, unused, [](const size_t* const* ins, int* const*) SELFATTN_SIM_UNCHECKED {
+    for (int i = 1; i < 128; ++i)
+      if (*ins[i] != *ins[0]) sim_warp::fail("wgmma.wait_group", "threads of the warpgroup committed different groups");
+    const std::vector<std::vector<std::shared_ptr<void>>>& queue = sim::current_thread().wgmma_groups;
+    for (size_t g = 0; g + Pending < queue.size(); ++g)
+      for (const std::shared_ptr<void>& op : queue[g]) sim_hopper::wgmma_perform(*static_cast<sim_hopper::WgmmaOp*>(op.get()));
+  });
+  if (groups > size_t(Pending)) t.wgmma_groups.erase(t.wgmma_groups.begin(), t.wgmma_groups.end() - Pending);
+#endif
+}
+
+// wgmma with both operands in shared memory (A K-major; B K-major, or MN-major when TransposeB).
+template <class T, int N, int TransposeB = 0>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value, "f16 or bf16");
+  static_assert(N == 64 || N == 128 || N == 256, "the shipped wgmma shapes (scripts/gen_wgmma_ptx.py)");
+#if !SELFATTN_SIM
+  if constexpr (std::is_same<T, __half>::value) {
+    if constexpr (N == 64) wgmma_ss_m64n64k16_f16<TransposeB>(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 128) wgmma_ss_m64n128k16_f16<TransposeB>(d, desc_a, desc_b, accumulate);
+    else wgmma_ss_m64n256k16_f16<TransposeB>(d, desc_a, desc_b, accumulate);
+  } else {
+    if constexpr (N == 64) wgmma_ss_m64n64k16_bf16<TransposeB>(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 128) wgmma_ss_m64n128k16_bf16<TransposeB>(d, desc_a, desc_b, accumulate);
+    else wgmma_ss_m64n256k16_bf16<TransposeB>(d, desc_a, desc_b, accumulate);
+  }
+#else
+  constexpr auto type = std::is_same<T, __half>::value ? sim_warp::Operand::f16 : sim_warp::Operand::bf16;
+  sim_hopper::wgmma_issue<type, N>(d, nullptr, desc_a, desc_b, accumulate, TransposeB != 0);
+#endif
+}
+
+// wgmma with A from registers (a: the m16n8k16 A fragment of this warp's 16 rows).
+template <class T, int N, int TransposeB = 0>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value, "f16 or bf16");
+  static_assert(N == 64 || N == 128 || N == 256, "the shipped wgmma shapes (scripts/gen_wgmma_ptx.py)");
+#if !SELFATTN_SIM
+  if constexpr (std::is_same<T, __half>::value) {
+    if constexpr (N == 64) wgmma_rs_m64n64k16_f16<TransposeB>(d, a, desc_b, accumulate);
+    else if constexpr (N == 128) wgmma_rs_m64n128k16_f16<TransposeB>(d, a, desc_b, accumulate);
+    else wgmma_rs_m64n256k16_f16<TransposeB>(d, a, desc_b, accumulate);
+  } else {
+    if constexpr (N == 64) wgmma_rs_m64n64k16_bf16<TransposeB>(d, a, desc_b, accumulate);
+    else if constexpr (N == 128) wgmma_rs_m64n128k16_bf16<TransposeB>(d, a, desc_b, accumulate);
+    else wgmma_rs_m64n256k16_bf16<TransposeB>(d, a, desc_b, accumulate);
+  }
+#else
+  constexpr auto type = std::is_same<T, __half>::value ? sim_warp::Operand::f16 : sim_warp::Operand::bf16;
+  sim_hopper::wgmma_issue<type, N>(d, a, 0, desc_b, accumulate, TransposeB != 0);
+#endif
+}
+
+// ====================================== setmaxnreg ===========================================
+// Moves registers between the warpgroups of a warp-specialised block: producers give theirs up,
+// consumers take them. Count: a multiple of 8 in [24, 256]; all 128 threads of the warpgroup.
+
+#if SELFATTN_SIM
+namespace sim_hopper {
+inline void setmaxnreg_check(int count) {
+  int out = 0;
+  sim::warpgroup_collective(count, out, [](const int* const* ins, int* const*) SELFATTN_SIM_UNCHECKED {
+    for (int t = 1; t < 128; ++t)
+      if (*ins[t] != *ins[0]) sim_warp::fail("setmaxnreg", "all 128 threads of the warpgroup must ask for the same count");
+  });
+}
+}  // namespace sim_hopper
+#endif
+
+template <int Count>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(Count % 8 == 0 && Count >= 24 && Count <= 256, "setmaxnreg takes multiples of 8 in [24, 256]");
+#if !SELFATTN_SIM
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Count));
+#else
+  sim_hopper::setmaxnreg_check(Count);
+#endif
+}
+
+template <int Count>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(Count % 8 == 0 && Count >= 24 && Count <= 256, "setmaxnreg takes multiples of 8 in [24, 256]");
+#if !SELFATTN_SIM
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Count));
+#else
+  sim_hopper::setmaxnreg_check(Count);
+#endif
+}
+
+SELFATTN_KERNELS_END

@@ -297,11 +297,6 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
   }
 }
 
-template <Element E>
-struct FlashElement;
-template <> struct FlashElement<Element::f16> { using Type = __half; };
-template <> struct FlashElement<Element::bf16> { using Type = __nv_bfloat16; };
-
 template <class T, int HeadDim>
 FlashFwdInstance flash_fwd_instance_for() {
   using Traits = typename FlashFwdConfig<HeadDim>::Traits;

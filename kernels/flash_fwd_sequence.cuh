@@ -18,6 +18,12 @@
 
 SELFATTN_KERNELS_BEGIN
 
+// The tensor-core kernels' element type for a library Element (f16 and bf16 only).
+template <Element E>
+struct FlashElement;
+template <> struct FlashElement<Element::f16> { using Type = __half; };
+template <> struct FlashElement<Element::bf16> { using Type = __nv_bfloat16; };
+
 struct FlashSequence {
   int64_t q_row_start;  // first row of this sequence in q/out/lse (varlen packing), else 0
   int64_t k_row_start;

@@ -6,6 +6,7 @@
 #include "backward/flash_bwd_params.h"
 #include "decode/kv_cache_params.h"
 #include "flash_fwd_params.h"
+#include "hopper/flash_fwd_hopper_params.h"
 #include "launch.h"
 #include "naive_params.h"
 #include "params.h"

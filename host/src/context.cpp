@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "context_state.h"
+#include "paths.h"
 #include "selfattn/context.h"
 #include "selfattn/error.h"
 
@@ -18,6 +19,16 @@ std::optional<Backend> backend_from_environment() {
   if (name == "cuda") return Backend::cuda;
   if (name == "sim") return Backend::sim;
   throw InvalidArgument("environment variable SELFATTN_BACKEND: expected 'cuda' or 'sim', got '" + name + "'");
+}
+
+bool hopper_kernels_of(const ContextOptions& options) {
+  if (options.hopper_kernels) return *options.hopper_kernels;
+  const char* value = std::getenv("SELFATTN_HOPPER_KERNELS");
+  if (value == nullptr || *value == '\0') return true;
+  const std::string text = value;
+  if (text == "1") return true;
+  if (text == "0") return false;
+  throw InvalidArgument("environment variable SELFATTN_HOPPER_KERNELS: expected '0' or '1', got '" + text + "'");
 }
 
 std::shared_ptr<detail::Device> make_device(const ContextOptions& options) {
@@ -36,7 +47,9 @@ std::shared_ptr<detail::Device> make_device(const ContextOptions& options) {
 }  // namespace
 
 Context::Context(ContextOptions options)
-    : state_(std::make_unique<detail::ContextState>(make_device(options), options.workspace_limit)) {}
+    : state_(std::make_unique<detail::ContextState>(make_device(options), options.workspace_limit)) {
+  state_->hopper_kernels = hopper_kernels_of(options);
+}
 
 Context::Context(Backend backend) : Context([&] {
         ContextOptions options;
@@ -54,6 +67,10 @@ detail::ContextState& Context::state() {
 }
 
 Backend Context::backend() const { return const_cast<Context*>(this)->state().device->backend(); }
+bool Context::uses_hopper_kernels() const {
+  return detail::hopper_kernels_usable(const_cast<Context*>(this)->state());
+}
+
 std::string Context::device_name() const { return const_cast<Context*>(this)->state().device->name(); }
 void* Context::stream() const { return const_cast<Context*>(this)->state().device->stream(); }
 void Context::synchronize() { state().device->synchronize(); }

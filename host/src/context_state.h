@@ -41,6 +41,7 @@ struct ContextState {
       : device(std::move(device_in)), workspace(device, workspace_limit) {}
   std::shared_ptr<Device> device;
   Workspace workspace;
+  bool hopper_kernels = true;  // ContextOptions::hopper_kernels
 };
 
 }  // namespace selfattn::detail

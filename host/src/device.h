@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "selfattn/types.h"
+#include "../../kernels/common/tma_descriptor.h"
 #include "../../kernels/launch.h"
 
 namespace selfattn::detail {
@@ -36,6 +38,14 @@ class Device {
   // that size a grid to fill the GPU (the split-KV decode's split count) ask here.
   virtual int multiprocessor_count() const = 0;
 
+  // major * 10 + minor (cuda: read once when the Device is made; sim: 90, the H200's, so the sim
+  // runs the kernels the library would pick on the GPU it is tuned for).
+  virtual int compute_capability() const = 0;
+  // A TMA tensor map for `spec` (cuda: cuTensorMapEncodeTiled through the runtime's driver entry
+  // point; sim: kernels::sim_encode_tma_tiled). Returns "" or why it cannot be made; writes `out`
+  // only on success.
+  virtual std::string encode_tma_tiled(kernels::TmaDescriptor* out, const kernels::TmaTiledSpec& spec) = 0;
+
   virtual void* allocate(size_t bytes, const char* label) = 0;  // throws BackendError
   virtual void deallocate(void* ptr) noexcept = 0;
   // Any direction (host<->device, device<->device); async queues on the stream.
@@ -55,8 +65,12 @@ class Device {
 // the sim as it does on the GPU the library is tuned for (the sim's own parallelism is its worker
 // threads and is not what the heuristics should fill).
 constexpr int kSimMultiprocessors = 132;
+constexpr int kSimComputeCapability = 90;
 
 std::shared_ptr<Device> make_sim_device();
+// For tests: the names of the kernels sim devices launched on the calling OS thread, oldest first
+// (the caller clears it). How a test tells which of two kernels a call ran.
+std::vector<std::string>& sim_launch_log();
 // The sim's GEMM (gemm_sim.cpp), used by the sim Device.
 void sim_gemm_strided_batched(const GemmBatch& gemm);
 // Throws NotAvailable with the reason (no CUDA in this build, no device, driver too old...).

@@ -4,8 +4,10 @@
 // naming the call.
 #include <cub/device/device_scan.cuh>
 #include <cublas_v2.h>
+#include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the entry point comes from the runtime)
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <mutex>
 #include <map>
 #include <string>
@@ -74,6 +76,7 @@ class CudaDevice final : public Device {
     stream_ordered_allocation_ = pools != 0;
     check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, ordinal_),
           "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+    compute_capability_ = properties.major * 10 + properties.minor;
     if (user_stream) {
       stream_ = user_stream;
     } else {
@@ -94,6 +97,52 @@ class CudaDevice final : public Device {
 
   Backend backend() const override { return Backend::cuda; }
   int multiprocessor_count() const override { return multiprocessors_; }
+  int compute_capability() const override { return compute_capability_; }
+
+  std::string encode_tma_tiled(kernels::TmaDescriptor* out, const kernels::TmaTiledSpec& spec) override {
+    static_assert(sizeof(CUtensorMap) == sizeof(kernels::TmaDescriptor), "CUtensorMap is 128 bytes");
+    const std::string problem = kernels::tma_spec_problem(spec);
+    if (!problem.empty()) return problem;
+    using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = [] {
+      void* entry = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      // Versioned lookup: the signature of CUDA 12.0's cuTensorMapEncodeTiled, whatever the driver.
+      if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found) !=
+              cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        entry = nullptr;
+      }
+      return reinterpret_cast<EncodeTiled>(entry);
+    }();
+    if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled";
+    const CUtensorMapDataType type = spec.element_bytes == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : spec.element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                     : spec.element_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32
+                                                               : CU_TENSOR_MAP_DATA_TYPE_UINT64;
+    const CUtensorMapSwizzle swizzle = spec.swizzle == kernels::TmaSwizzle::b128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : spec.swizzle == kernels::TmaSwizzle::b64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                       : spec.swizzle == kernels::TmaSwizzle::b32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                                                  : CU_TENSOR_MAP_SWIZZLE_NONE;
+    cuuint64_t dims[5], strides[4];
+    cuuint32_t box[5], element_strides[5];
+    for (int i = 0; i < spec.rank; ++i) {
+      dims[i] = spec.dims[i];
+      box[i] = spec.box[i];
+      element_strides[i] = 1;
+      if (i > 0) strides[i - 1] = spec.strides_bytes[i];
+    }
+    CUtensorMap map;
+    const CUresult status = encode(&map, type, cuuint32_t(spec.rank), const_cast<void*>(spec.base), dims, strides, box,
+                                   element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS) return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(status)) + ")";
+    std::memcpy(out->bytes, &map, sizeof map);
+    return "";
+  }
   std::string name() const override { return name_; }
   void* stream() const override { return stream_; }
 
@@ -204,6 +253,7 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   bool stream_ordered_allocation_ = false;
+  int compute_capability_ = 0;  // major * 10 + minor
   int multiprocessors_ = 1;  // cudaDevAttrMultiProcessorCount
   cublasHandle_t cublas_ = nullptr;
   std::mutex mutex_;

@@ -35,6 +35,10 @@ class SimDevice final : public Device {
  public:
   Backend backend() const override { return Backend::sim; }
   int multiprocessor_count() const override { return kSimMultiprocessors; }
+  int compute_capability() const override { return kSimComputeCapability; }
+  std::string encode_tma_tiled(kernels::TmaDescriptor* out, const kernels::TmaTiledSpec& spec) override {
+    return kernels::sim_encode_tma_tiled(out, spec);
+  }
 
   std::string name() const override {
     int workers = sim::options().worker_threads;
@@ -88,6 +92,9 @@ class SimDevice final : public Device {
     }
     const sim::LaunchConfig config{kernel.name ? kernel.name : "kernel", shape.grid, shape.block,
                                    shape.dynamic_smem_bytes};
+    std::vector<std::string>& log = sim_launch_log();
+    if (log.size() >= 256) log.erase(log.begin(), log.begin() + 128);  // bounded: tests look at the last few
+    log.push_back(config.kernel_name);
     try {
       sim::launch(config, kernel.sim_entry, params);
     } catch (const sim::Error& e) {
@@ -125,5 +132,10 @@ class SimDevice final : public Device {
 }  // namespace
 
 std::shared_ptr<Device> make_sim_device() { return std::make_shared<SimDevice>(); }
+
+std::vector<std::string>& sim_launch_log() {
+  thread_local std::vector<std::string> log;
+  return log;
+}
 
 }  // namespace selfattn::detail

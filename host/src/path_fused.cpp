@@ -1,4 +1,6 @@
 // Path 'fused': one flash-style kernel per call; S and P never reach memory.
+//   compute capability 9.0 (and the sim), f16/bf16, head_dim 64/128/256, 16-byte aligned rows whose
+//   strides a TMA map takes                                     -> hopper/flash_fwd_hopper.cuh
 //   f16/bf16 with a shipped head dim and 16-byte aligned rows -> flash_fwd.cuh (tensor cores)
 //   everything else up to head_dim 256 (fp32, other head dims, unaligned views)
 //                                                               -> flash_fwd_simt.cuh (exact fp32)
@@ -52,6 +54,32 @@ const TensorCoreEntry kTensorCoreInstances[] = {
 #undef SELFATTN_FLASH_ENTRY
 #undef SELFATTN_FLASH_CUDA
 
+// The Hopper instances: (dtype, head_dim) -> kernel, per backend (cuda: only in builds for sm_90a).
+using HopperInstanceFn = kernels::FlashFwdHopperInstance (*)();
+struct HopperEntry {
+  DType dtype;
+  int head_dim;
+  HopperInstanceFn sim;
+  HopperInstanceFn cuda;
+};
+
+#if SELFATTN_HAVE_HOPPER_KERNELS
+#define SELFATTN_HOPPER_CUDA(E, D) &kernels::cuda_target::flash_fwd_hopper_instance<Element::E, D>
+#else
+#define SELFATTN_HOPPER_CUDA(E, D) nullptr
+#endif
+#define SELFATTN_HOPPER_ENTRY(E, D) \
+  HopperEntry { DType::E, D, &kernels::sim_target::flash_fwd_hopper_instance<Element::E, D>, SELFATTN_HOPPER_CUDA(E, D) }
+
+const HopperEntry kHopperInstances[] = {
+    SELFATTN_HOPPER_ENTRY(f16, 64),  SELFATTN_HOPPER_ENTRY(f16, 128),  SELFATTN_HOPPER_ENTRY(f16, 256),
+    SELFATTN_HOPPER_ENTRY(bf16, 64), SELFATTN_HOPPER_ENTRY(bf16, 128), SELFATTN_HOPPER_ENTRY(bf16, 256),
+};
+#undef SELFATTN_HOPPER_ENTRY
+#undef SELFATTN_HOPPER_CUDA
+
+constexpr int kHopperComputeCapability = 90;  // sm_90a code runs on 9.0 only
+
 constexpr int kMaxHeadDim = 256;   // both kernels keep a row's O slice in registers
 constexpr int kMaxGridYZ = 65535;  // heads on grid.y, batch on grid.z
 
@@ -65,6 +93,61 @@ const TensorCoreEntry* tensor_core_entry(const AttentionCall& call) {
 bool use_tensor_cores(const AttentionCall& call) {
   return tensor_core_entry(call) != nullptr && rows_16_byte_aligned(call.q) && rows_16_byte_aligned(call.k) &&
          rows_16_byte_aligned(call.v) && rows_16_byte_aligned(call.out);
+}
+
+// The Hopper instance for the call, or null: the context allows it, the device is a 9.0 one, and
+// the call is one the kernel takes.
+HopperInstanceFn hopper_instance(const ContextState& ctx, const AttentionCall& call) {
+  if (!hopper_kernels_usable(ctx) || !use_tensor_cores(call)) return nullptr;
+  for (const HopperEntry& entry : kHopperInstances)
+    if (entry.dtype == call.dtype && entry.head_dim == call.head_dim)
+      return ctx.device->backend() == Backend::sim ? entry.sim : entry.cuda;
+  return nullptr;
+}
+
+// A 4-D map (head_dim, rows, heads, batch) over `view` with boxes of 64 columns x box_rows rows,
+// 128-byte swizzle. Varlen views are [1, heads, total, d]: batch extent 1.
+kernels::TmaTiledSpec tma_spec_of(const TensorView& view, int box_rows) {
+  kernels::TmaTiledSpec spec;
+  spec.base = view.data;
+  spec.rank = 4;
+  spec.element_bytes = int(dtype_size(view.dtype));
+  const int64_t element = spec.element_bytes;
+  spec.dims[0] = uint64_t(view.head_dim());
+  spec.dims[1] = uint64_t(view.seq());
+  spec.dims[2] = uint64_t(view.heads());
+  spec.dims[3] = uint64_t(view.batch());
+  spec.strides_bytes[0] = uint64_t(element);
+  spec.strides_bytes[1] = uint64_t(view.strides[2] * element);
+  spec.strides_bytes[2] = uint64_t(view.strides[1] * element);
+  spec.strides_bytes[3] = uint64_t(view.strides[0] * element);
+  spec.box[0] = 64;
+  spec.box[1] = uint32_t(box_rows);
+  spec.box[2] = 1;
+  spec.box[3] = 1;
+  spec.swizzle = kernels::TmaSwizzle::b128;
+  return spec;
+}
+
+// Runs the Hopper kernel; false (nothing launched) when a view's strides cannot be a TMA map
+// (negative, or beyond the map's limits), for the caller to fall back to the mma.sync kernel.
+bool run_hopper(ContextState& ctx, const AttentionCall& call, HopperInstanceFn instance_fn) {
+  const kernels::FlashFwdHopperInstance instance = instance_fn();
+  kernels::FlashFwdHopperParams params{};
+  params.base = flash_fwd_params_of(call);
+  params.k_map_rows = int(call.k.seq());
+  if (!ctx.device->encode_tma_tiled(&params.q_map, tma_spec_of(call.q, instance.block_rows)).empty() ||
+      !ctx.device->encode_tma_tiled(&params.k_map, tma_spec_of(call.k, instance.block_keys)).empty() ||
+      !ctx.device->encode_tma_tiled(&params.v_map, tma_spec_of(call.v, instance.block_keys)).empty()) {
+    return false;
+  }
+  kernels::LaunchShape shape;
+  shape.grid = dim3(unsigned((call.seq_q + instance.block_rows - 1) / instance.block_rows), unsigned(call.heads),
+                    unsigned(call.batch));
+  shape.block = dim3(unsigned(instance.block_threads));
+  shape.dynamic_smem_bytes = instance.smem_bytes;
+  ctx.device->launch(instance.kernel, shape, &params);
+  return true;
 }
 
 FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& call) {
@@ -84,6 +167,11 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
 }
 
 }  // namespace
+
+bool hopper_kernels_usable(const ContextState& ctx) {
+  const bool built = ctx.device->backend() == Backend::sim || SELFATTN_HAVE_HOPPER_KERNELS;
+  return ctx.hopper_kernels && built && ctx.device->compute_capability() == kHopperComputeCapability;
+}
 
 // Declared in kernel_args.h: the fused backward describes the forward call it differentiates with it.
 kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call) {
@@ -136,6 +224,9 @@ const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call
 
 void run_fused(ContextState& ctx, const AttentionCall& call) {
   if (const char* reason = fused_unsupported(ctx, call)) throw NotAvailable(std::string("path fused: ") + reason);
+  if (const HopperInstanceFn hopper = hopper_instance(ctx, call)) {
+    if (run_hopper(ctx, call, hopper)) return;
+  }
   const FlashFwdInstance instance = choose_instance(ctx, call);
   const kernels::FlashFwdParams params = flash_fwd_params_of(call);
   kernels::LaunchShape shape;

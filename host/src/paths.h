@@ -103,5 +103,8 @@ void zero_fill(Device& device, const TensorView& view);
 void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_fused(ContextState& ctx, const AttentionCall& call);
+// Whether the fused forward may run the Hopper kernel on this context at all (path_fused.cpp):
+// the context allows it, the device has compute capability 9.0, the build has the kernels.
+bool hopper_kernels_usable(const ContextState& ctx);
 
 }  // namespace selfattn::detail

@@ -34,6 +34,12 @@ struct ContextOptions {
   // A call throws WorkspaceTooSmall, before it writes anything, exactly when this count with a
   // chunk of one query row (of the sequence whose row counts most) exceeds the limit.
   size_t workspace_limit = size_t(1) << 30;
+  // The fused path's forward on compute capability 9.0 (H100/H200; and on the sim, which models
+  // one): true runs the Hopper kernel (wgmma, TMA, warp-specialised) where it takes the call
+  // (f16/bf16, head_dim 64/128/256, rows on 16 bytes), the mma.sync kernel elsewhere; false runs
+  // the mma.sync kernel always (to compare the two, or to rule the Hopper kernel out). Unset: the
+  // environment variable SELFATTN_HOPPER_KERNELS (0 or 1) if set, else true.
+  std::optional<bool> hopper_kernels;
 };
 
 // Device choice, stream, lazily created cuBLAS handle and reusable workspace. Move-only.
@@ -52,6 +58,10 @@ class Context {
   std::string device_name() const;  // "NVIDIA H200" or "sim (CPU, N worker threads)"
   void* stream() const;             // cudaStream_t on cuda, nullptr on sim
   void synchronize();               // waits for all work queued on the context's stream
+
+  // Whether the fused forward runs the Hopper kernel where it takes a call (ContextOptions::
+  // hopper_kernels, a 9.0 device or the sim, and a build with the sm_90a kernels).
+  bool uses_hopper_kernels() const;
 
   size_t workspace_limit() const;
   void set_workspace_limit(size_t bytes);  // ContextOptions::workspace_limit; frees the workspace if it holds more

@@ -1,0 +1,11 @@
+// Hopper fused attention (wgmma + TMA), bf16. nvcc builds it for sm_90a only (kernels/CMakeLists.txt).
+#include "../hopper/flash_fwd_hopper.cuh"
+#include "../registry.h"
+
+SELFATTN_KERNELS_BEGIN
+
+template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 64>();
+template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 128>();
+template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 256>();
+
+SELFATTN_KERNELS_END

@@ -193,6 +193,7 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
 // report.cpp
 struct RunHeader {
   std::string backend, gpu, library_version, git_commit, command_line;
+  std::string fused_forward_kernel;  // "hopper" (wgmma/TMA where it takes the case) or "mma.sync"
   Ceilings ceilings;
   RunSettings settings;
 };

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
   sb::RunHeader header;
   header.backend = selfattn::to_string(backend);
   header.gpu = ctx->device_name();
+  header.fused_forward_kernel = ctx->uses_hopper_kernels() ? "hopper" : "mma.sync";
   header.library_version = SELFATTN_VERSION_STRING;
   header.git_commit = SELFATTN_GIT_COMMIT;
   header.command_line = command_line;

@@ -5,17 +5,20 @@
 #
 #   bench/device-check.sh --prepare        here: copy CLI11, nlohmann/json and GoogleTest's sources into
 #                                          .deps/ (gitignored) and stamp the commit; carry .deps to the device
-#   bench/device-check.sh OUTDIR           on the device: Release build for sm_90a, the gpu tests,
+#   bench/device-check.sh OUTDIR           on the device: Release build for sm_90a, the Hopper primitives
+#                                          test first (before any other GPU test or timing), the gpu tests,
 #                                          compute-sanitizer memcheck + racecheck on small cases of each path,
 #                                          the default sweep with --check, compare_torch.py, the plot
 #   bench/device-check.sh --dry-run OUTDIR here: the same build and the sim parts (no GPU)
 #
 # On the device tool:  run(command="bench/device-check.sh $OUT", carry=[".deps"], timeout_s=540)
 # (the script budgets itself 450 s, BUDGET_S to change; a fresh machine adds its start-up before that)
-# OUTDIR then holds at most 6 files (the tool brings back 8): summary.txt, bench.json, torch.json,
-# throughput.png, sim.json (dry run) and logs.tar.gz (every step's log).
+# OUTDIR then holds at most 7 files (the tool brings back 8): summary.txt, hopper_primitives.log (the
+# Hopper primitives test's whole output, kept outside the tarball so it survives a run cut short),
+# bench.json, torch.json, throughput.png, sim.json (dry run) and logs.tar.gz (every step's log).
 # Environment knobs: BUILD_DIR (default build-device; dry run build-bench), JOBS, BUDGET_S, CUDA_ARCH
-# (default 90a), BUILD_ALL=0 (build only the bench: no gpu tests).
+# (default 90a), BUILD_ALL=0 (build only the bench: no gpu tests besides the Hopper primitives),
+# HOPPER_PRIMS=0 (skip the Hopper primitives test).
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -100,7 +103,23 @@ ARCH=(-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a})
 step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${ARCH[@]}" \
   -USELFATTN_CLI11_INCLUDE_DIR -USELFATTN_JSON_INCLUDE_DIR -DGTest_DIR="$GTEST_PREFIX/lib/cmake/GTest" \
   -DSELFATTN_BUILD_TESTS=ON -DSELFATTN_BUILD_PYTHON=OFF || tail -30 "$LOGS/configure.log"
-# The bench first, so the sweep runs even if building every test takes too long.
+# The Hopper primitives (tests/primitives/test_hopper_primitives_gpu: TMA, wgmma SS/RS and the mbarrier
+# ring, each against mma.sync on the same data) before anything else runs on the GPU: every later
+# result is read knowing whether they hold on this chip. Building it builds the library, which the
+# bench needs anyway (build-bench then only adds the bench).
+HOPPER_TEST=$BUILD/tests/primitives/test_hopper_primitives_gpu
+if [ "$DRY_RUN" = 0 ] && [ "${HOPPER_PRIMS:-1}" != 0 ]; then
+  step build-hopper-prims 300 cmake --build "$BUILD" -j "$JOBS" --target test_hopper_primitives_gpu
+  if [ -x "$HOPPER_TEST" ]; then
+    step hopper-prims 60 "$HOPPER_TEST" --gtest_color=no
+  else
+    echo "hopper-prims: no $HOPPER_TEST (SELFATTN_HAVE_HOPPER_KERNELS off, or see build-hopper-prims.log)" |
+      tee -a "$SUMMARY"
+  fi
+  cp "$LOGS/hopper-prims.log" "$OUTDIR/hopper_primitives.log" 2>/dev/null ||
+    cp "$LOGS/build-hopper-prims.log" "$OUTDIR/hopper_primitives.log" 2>/dev/null
+fi
+# The bench next, so the sweep runs even if building every test takes too long.
 step build-bench 1500 cmake --build "$BUILD" -j "$JOBS" --target selfattn-bench
 [ "$DRY_RUN" = 0 ] && [ "${BUILD_ALL:-1}" != 0 ] && step build-all 200 cmake --build "$BUILD" -j "$JOBS"
 BENCH=$BUILD/bench/selfattn-bench
@@ -140,6 +159,8 @@ fi
 echo "total $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
 {
   # The verdict lines of the test and sanitizer logs.
+  [ -f "$LOGS/hopper-prims.log" ] && grep -h -E "^\[  (PASSED|FAILED|SKIPPED) \]|test suites? ran" "$LOGS/hopper-prims.log" |
+    sed "s/^/hopper-prims: /" | head -20
   for log in bench-ctests gpu-tests; do
     [ -f "$LOGS/$log.log" ] && grep -h -E "tests passed|tests failed|No tests were found|\*\*\*Failed|\(Failed\)" \
       "$LOGS/$log.log" | sed "s/^/$log: /" | head -20

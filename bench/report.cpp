@@ -60,6 +60,9 @@ void relate_results(std::vector<CaseResult>& results, const Ceilings& ceilings) 
 void print_table(const std::vector<CaseResult>& results, const RunHeader& header) {
   std::printf("\nselfattn-bench %s (%s) on %s [%s]\n", header.library_version.c_str(), header.git_commit.c_str(),
               header.gpu.c_str(), header.backend.c_str());
+  std::printf("fused forward kernel: %s\n", header.fused_forward_kernel == "hopper"
+                                                 ? "hopper (wgmma + TMA) where it takes the case, else mma.sync"
+                                                 : "mma.sync (SELFATTN_HOPPER_KERNELS=0, or not a 9.0 device)");
   if (header.backend == "sim")
     std::printf("NOTE: sim times are CPU wall-clock times of the simulator; they say nothing about GPU speed.\n");
   if (header.ceilings.gemm_tflops > 0)
@@ -94,6 +97,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
       {"schema", "selfattn-bench/1"},
       {"backend", header.backend},
       {"gpu", header.gpu},
+      {"fused_forward_kernel", header.fused_forward_kernel},
       {"library_version", header.library_version},
       {"git_commit", header.git_commit},
       {"command_line", header.command_line},

@@ -4,6 +4,9 @@
 # dynamic shared memory its traits ask for, and the mma.sync / ldmatrix / cp.async counts in its
 # PTX (static counts after unrolling: per loop body, not per execution), with ex2 and barriers. Needs nvcc and python3,
 # no GPU.   scripts/resource_report.sh [arch]      e.g. scripts/resource_report.sh sm_80
+# The Hopper instances (flash_fwd_hopper_*.cu: wgmma, TMA, setmaxnreg) exist for sm_90a alone and are
+# always compiled for it, whatever [arch]: -gencode arch=compute_90a,code=sm_90a (nvcc 13's -arch=sm_90a
+# also emits compute_90 PTX, which cannot hold wgmma). Their counts add wgmma and TMA (cp.async.bulk.tensor).
 set -euo pipefail
 arch=${1:-sm_90}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,12 +14,16 @@ nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-flags=(-std=c++17 -O3 -arch="$arch" --expt-relaxed-constexpr -I"$root/kernels")
+flags=(-std=c++17 -O3 --expt-relaxed-constexpr -I"$root/kernels")
 for source in "$root"/kernels/instances/flash_*.cu; do
   name=$(basename "$source" .cu)
-  "$nvcc" "${flags[@]}" -Xptxas -v -c "$source" -o "$work/$name.o" 2> "$work/$name.ptxas" ||
+  case $name in
+    flash_fwd_hopper_*) cubin_arch=(-gencode arch=compute_90a,code=sm_90a) ptx_arch=(-arch=compute_90a) ;;
+    *) cubin_arch=(-arch="$arch") ptx_arch=(-arch="$arch") ;;
+  esac
+  "$nvcc" "${flags[@]}" "${cubin_arch[@]}" -Xptxas -v -c "$source" -o "$work/$name.o" 2> "$work/$name.ptxas" ||
     { cat "$work/$name.ptxas"; exit 1; }
-  "$nvcc" "${flags[@]}" -ptx "$source" -o "$work/$name.ptx"
+  "$nvcc" "${flags[@]}" "${ptx_arch[@]}" -ptx "$source" -o "$work/$name.ptx"
 done
 
 # Launch geometry and dynamic shared memory straight from the traits (host compiler, no GPU).
@@ -24,7 +31,13 @@ cat > "$work/geometry.cpp" <<'CPP'
 #include <cstdio>
 #include "flash_fwd.cuh"
 #include "flash_fwd_simt.cuh"
+#include "hopper/flash_fwd_hopper.cuh"
 using namespace selfattn::kernels;
+template <int D> void hopper() {
+  using T = typename FlashFwdHopperConfig<D>::Traits;
+  std::printf("flash_fwd_hopper_kernel %d %d %d %d %zu %d %d\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys,
+              T::kSmemBytes, T::kProducerRegisters, T::kConsumerRegisters);
+}
 template <int D> void tensor_core() {
   using T = typename FlashFwdConfig<D>::Traits;
   std::printf("flash_fwd_kernel %d %d %d %d %zu\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys, T::kSmemBytes);
@@ -34,6 +47,7 @@ int main() {
   using S = FlashFwdSimtTraits;
   for (int d : {32, 64, 128, 256})
     std::printf("flash_fwd_simt_kernel %d %d %d %d %zu\n", d, S::kThreads, S::kBlockRows, S::kBlockKeys, S::smem_bytes(d));
+  hopper<64>(); hopper<128>(); hopper<256>();
 }
 CPP
 cuda_include=$(dirname "$(dirname "$nvcc")")/include
@@ -60,12 +74,16 @@ def short(name):
 def ptx_counts(ptx_text, entry):
     m = re.search(r"\.entry " + re.escape(entry) + r"\(", ptx_text)
     if not m:
-        return (0, 0, 0, 0, 0)
-    end = ptx_text.find("\n}", m.end())
+        return (0, 0, 0, 0, 0, 0, 0)
+    # The entry ends where the next one is declared: inline asm blocks ("{ ... }", the wgmma wrappers)
+    # put closing braces at the start of lines too, so the first "\n}" is not the entry's end.
+    nxt = re.search(r"\n(?:\.visible |\.weak )?\.(?:entry|func) |\n\s*// \.globl", ptx_text[m.end():])
+    end = m.end() + nxt.start() if nxt else len(ptx_text)
     body = ptx_text[m.end():end]
     return (len(re.findall(r"\bmma\.sync", body)), len(re.findall(r"\bldmatrix", body)),
             len(re.findall(r"\bcp\.async\.(?:ca|cg)", body)), len(re.findall(r"\bex2\.approx", body)),
-            len(re.findall(r"\bbar\.sync|\bbarrier\.sync", body)))
+            len(re.findall(r"\bbar\.sync|\bbarrier\.sync", body)), len(re.findall(r"\bwgmma\.mma_async", body)),
+            len(re.findall(r"\bcp\.async\.bulk\.tensor", body)))
 
 rows = []
 for ptxas in sorted(glob.glob(os.path.join(work, "*.ptxas"))):
@@ -84,23 +102,29 @@ for ptxas in sorted(glob.glob(os.path.join(work, "*.ptxas"))):
             rows.append((short(entry), m.group(1), stack, spill_st, spill_ld) + ptx_counts(ptx_text, entry))
             entry = None
 
-print(f"{'kernel':58} {'regs':>4} {'stack':>5} {'spill_st':>8} {'spill_ld':>8} {'mma':>5} {'ldmatrix':>8} "
-      f"{'cp.async':>8} {'ex2':>5} {'bar':>4}")
+print(f"{'kernel':66} {'regs':>4} {'stack':>5} {'spill_st':>8} {'spill_ld':>8} {'mma':>5} {'ldmatrix':>8} "
+      f"{'cp.async':>8} {'ex2':>5} {'bar':>4} {'wgmma':>5} {'tma':>4}")
 for r in rows:
-    print(f"{r[0][:58]:58} {r[1]:>4} {r[2]:>5} {r[3]:>8} {r[4]:>8} {r[5]:>5} {r[6]:>8} {r[7]:>8} {r[8]:>5} {r[9]:>4}")
-print("Counts are static PTX instructions per kernel (loop bodies once, fully unrolled fragment loops).")
+    print(f"{r[0][:66]:66} {r[1]:>4} {r[2]:>5} {r[3]:>8} {r[4]:>8} {r[5]:>5} {r[6]:>8} {r[7]:>8} {r[8]:>5} {r[9]:>4} "
+          f"{r[10]:>5} {r[11]:>4}")
+print("Counts are static PTX instructions per kernel (loop bodies once, fully unrolled fragment loops);")
+print("wgmma and tma (cp.async.bulk.tensor): the Hopper kernels, built for sm_90a.")
 
 # Occupancy on sm_90 (H100/H200): 64K registers, 228 KB shared memory (1 KB reserved per block),
 # 64 warps and 32 blocks per SM; registers are allocated per warp in units of 256.
 regs = {}
 for r in rows:
-    m = re.match(r"void (flash_fwd_kernel|flash_fwd_simt_kernel)<f16(?:, FlashFwdTraits<(\d+))?", r[0])
+    m = re.match(r"void (flash_fwd_kernel|flash_fwd_simt_kernel|flash_fwd_hopper_kernel)<f16"
+                 r"(?:, (?:FlashFwdTraits|FlashFwdHopperTraits)<(\d+))?", r[0])
     if m:
         regs[(m.group(1), int(m.group(2)) if m.group(2) else None)] = int(r[1])
 print()
 print(f"{'kernel (f16 build)':28} {'threads':>7} {'rows':>5} {'keys':>5} {'smem_B':>8} {'regs':>5} {'blocks/SM':>9} {'warps/SM':>8}")
+hopper_registers = []
 for line in open(os.path.join(work, "geometry.txt")):
-    kind, d, threads, block_rows, keys, smem = line.split()
+    kind, d, threads, block_rows, keys, smem = line.split()[:6]
+    if kind == "flash_fwd_hopper_kernel":
+        hopper_registers.append((int(d), int(threads), *map(int, line.split()[6:8])))
     d, threads, smem = int(d), int(threads), int(smem)
     reg = regs.get((kind, d), regs.get((kind, None)))
     if reg is None:
@@ -111,4 +135,10 @@ for line in open(os.path.join(work, "geometry.txt")):
     by_smem = (228 * 1024) // (smem + 1024)
     blocks = min(by_regs, by_smem, 64 // warps, 32)
     print(f"{kind + ' hd' + str(d):28} {threads:>7} {block_rows:>5} {keys:>5} {smem:>8} {reg:>5} {blocks:>9} {blocks * warps:>8}")
+for d, threads, producer, consumer in hopper_registers:
+    reg = regs.get(("flash_fwd_hopper_kernel", d))
+    print(f"flash_fwd_hopper_kernel hd{d}: ptxas's {reg} registers are the launch-time allocation "
+          f"(__launch_bounds__({threads}, 1)); setmaxnreg then moves registers at run time: producer warpgroup "
+          f"{producer}, consumer warpgroups {consumer} ({128 * producer} + {(threads - 128) * consumer} = "
+          f"{128 * producer + (threads - 128) * consumer} of 65536 per block)")
 PY

@@ -278,8 +278,9 @@ struct Operand {
   DeviceTensor tensor;
 };
 
+// padded_rows: k and v, whose rows past c.key_lengths[b] are padding.
 Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, std::mt19937_64& rng, const char* label,
-                     Keys keys = Keys::random) {
+                     Keys keys = Keys::random, bool padded_rows = false) {
   Operand op;
   op.tensor = make_tensor(ctx, c, heads, seq, label);
   const size_t count = size_t(c.batch) * heads * seq * c.head_dim;
@@ -297,7 +298,14 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
           const float drawn = keys == Keys::rising ? float(first_row[d] * (1 + kRisingKeyStep * s)) : normal(rng);
           const float value = round_to(c.dtype, drawn);
           op.logical[i] = value;
-          store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), value);
+          // Keys past a batch's key length are padding nobody may use: NaN on the device (what
+          // an inference engine's unused cache rows may hold), so a kernel that multiplies a zero
+          // probability by such a row's V, or lets it into a score, fails. KNOWN DEFECT: the cublas
+          // path's P V GEMM runs over all seq_k keys and turns such NaN rows into NaN outputs; until
+          // it is fixed its cases keep finite padding (bench/NOTES.md, "Known defects").
+          const bool padding = padded_rows && c.path != Path::cublas && !c.key_lengths.empty() &&
+                               s >= std::max(c.key_lengths[size_t(b)], 0);
+          store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), padding ? NAN : value);
         }
     }
   upload(op.tensor, host, c.batch);
@@ -335,8 +343,8 @@ std::vector<double> out_values(const DeviceTensor& out, const std::vector<unsign
 ::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured) {
   std::mt19937_64 rng(input_seed(c));
   Operand q = make_operand(ctx, c, c.heads, c.seq_q, rng, "test q");
-  Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k", c.keys);
-  Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v");
+  Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k", c.keys, true);
+  Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v", Keys::random, true);
 
   const size_t lse_count = size_t(c.batch) * c.heads * c.seq_q;
   DeviceTensor out_tensor = make_tensor(ctx, c, c.heads, c.seq_q, "test out");

@@ -19,6 +19,14 @@
 // One GEMM covers a run of (batch, head) pairs whose operand addresses all advance by one stride.
 // The dK/dV GEMMs must not give two problems of one GEMM the same C, so under GQA they run once per
 // head position g within the group: the pairs g, g + heads_per_kv, ... each of another kv head.
+//
+// Key lengths: K and V rows past a batch's length may hold anything, NaN included (a KV cache's
+// unused rows). S and dP get NaN there, but backward_scores reads only visible keys (selection),
+// so P = dS = 0 past the length; dV += dO^T P and dK += Q^T dS then add exact zeros to those rows
+// (dO and Q, query rows, have no padding), leaving them 0 as on the other paths. Only dQ = dS K
+// sums over keys, where 0 * NaN = NaN: as the forward's P V (path_cublas.cpp), it runs per batch
+// with its sum bounded by that batch's length (GemmBatch::k_bound).
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -204,7 +212,10 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
 
     for (int done = 0; done < chunk.pairs;) {
       const int pair = chunk.pair_begin + done;
-      const PairRun run = run_from(call, slices, pair, chunk.pairs - done, 1);
+      // With key lengths, one GEMM per batch at most: its sum stops at that batch's length.
+      const int batch = pair / call.heads, count = chunk.pairs - done;
+      const int left_in_batch = (batch + 1) * call.heads - pair;
+      const PairRun run = run_from(call, slices, pair, call.key_lengths ? std::min(count, left_in_batch) : count, 1);
       const PairOffsets first = offsets_of(call, slices, pair);
       GemmBatch g;
       g.trans_a = false;
@@ -227,6 +238,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
       g.ldc = slices.dq.strides[2];
       g.stride_c = run.stride.dq;
       g.batch_count = run.pairs;
+      g.k_bound = call.key_lengths ? call.key_lengths + batch : nullptr;
       ctx.device->gemm_strided_batched(g);
       done += run.pairs;
     }

@@ -14,6 +14,13 @@
 // One GEMM covers a run of (batch, head) pairs whose Q, K, V, S and O addresses all advance by a
 // constant stride: all pairs of a BHSD call without GQA; the heads of one batch in BSHD; the query
 // heads sharing one kv head under GQA (K and V stride 0 - nothing is copied).
+//
+// Key lengths: V's rows past a batch's length may hold anything, NaN included (a KV cache's unused
+// rows), and P = 0 there does not help a GEMM (0 * NaN = NaN). So with key lengths the P V GEMM
+// runs per batch, its sum bounded by that batch's length on the device (GemmBatch::k_bound): those
+// rows never reach out. Q K^T needs no bound: the softmax only reads the scores of visible keys
+// (selection, not arithmetic), so NaN scores past the length go nowhere.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -145,7 +152,10 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
 
     for (int done = 0; done < chunk.pairs && call.seq_k > 0;) {
       const int pair = chunk.pair_begin + done;
-      const PairRun run = run_from(call, pair, chunk.pairs - done);
+      // With key lengths, one GEMM per batch at most: its sum stops at that batch's length.
+      const int batch = pair / call.heads, count = chunk.pairs - done;
+      const int left_in_batch = (batch + 1) * call.heads - pair;
+      const PairRun run = run_from(call, pair, call.key_lengths ? std::min(count, left_in_batch) : count);
       const PairOffsets first = offsets_of(call, pair);
       const int64_t out_row0 = first.out + int64_t(chunk.row_begin) * call.out.strides[2];
 
@@ -170,6 +180,7 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       pv.ldc = call.out.strides[2];
       pv.stride_c = run.stride.out;
       pv.batch_count = run.pairs;
+      pv.k_bound = call.key_lengths ? call.key_lengths + batch : nullptr;
       ctx.device->gemm_strided_batched(pv);
       done += run.pairs;
     }

@@ -1,6 +1,7 @@
 // attention_backward() on the cublas path, run on the sim (gemm_sim.cpp takes cuBLAS's conventions):
-// the sweep of backward_check.h, row chunking under a small workspace limit, and bitwise
-// determinism of the beta = 1 accumulation across the GQA group's heads and the chunks.
+// the sweep of backward_check.h, NaN in the key rows past the key lengths, row chunking under a
+// small workspace limit, and bitwise determinism of the beta = 1 accumulation across the GQA
+// group's heads and the chunks.
 #include <gtest/gtest.h>
 
 #include "backward_check.h"
@@ -14,6 +15,13 @@ using backward_check::Case;
 TEST(CublasBackward, Sweep) {
   Context ctx(Backend::sim);
   for (const Case& c : backward_check::sweep(Path::cublas)) EXPECT_TRUE(backward_check::check(ctx, c));
+}
+
+// NaN in K and V rows past the key lengths (an unused cache's rows) reaches no gradient: dQ's sum
+// over keys stops at each batch's length (GemmBatch::k_bound), and dK/dV there stay exactly 0.
+TEST(CublasBackward, NanKeyPaddingReachesNoGradient) {
+  Context ctx(Backend::sim);
+  EXPECT_TRUE(testing::check_backward_ignores_key_padding(ctx, Path::cublas));
 }
 
 TEST(CublasBackward, RowChunks) {

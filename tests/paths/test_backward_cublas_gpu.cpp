@@ -1,5 +1,6 @@
-// GPU twin of test_backward_cublas: the same sweep, chunking and determinism checks on the cuda backend
-// (the nvcc build of the kernels, cuBLAS). Skips, saying why, where no GPU is usable.
+// GPU twin of test_backward_cublas: the same sweep, NaN key padding, chunking and determinism checks
+// on the cuda backend (the nvcc build of the kernels, cuBLAS). Skips, saying why, where no GPU is
+// usable.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -18,6 +19,16 @@ TEST(CublasBackwardGpu, Sweep) {
   std::optional<Context> ctx = testing::cuda_context(reason);
   if (!ctx) GTEST_SKIP() << reason;
   for (const Case& c : backward_check::sweep(Path::cublas)) EXPECT_TRUE(backward_check::check(*ctx, c));
+}
+
+// cuBLAS sums over all keys and the elements that came out NaN are recomputed over the key length
+// (device_cuda.cu): the same gradients up to summation order (a few units in the last place of
+// bf16 / f16 at most), not bitwise.
+TEST(CublasBackwardGpu, NanKeyPaddingReachesNoGradient) {
+  std::string reason;
+  std::optional<Context> ctx = testing::cuda_context(reason);
+  if (!ctx) GTEST_SKIP() << reason;
+  EXPECT_TRUE(testing::check_backward_ignores_key_padding(*ctx, Path::cublas, 1.0 / 128));
 }
 
 TEST(CublasBackwardGpu, LargerShapesChunksAndDeterminism) {

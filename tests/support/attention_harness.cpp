@@ -300,11 +300,8 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
           op.logical[i] = value;
           // Keys past a batch's key length are padding nobody may use: NaN on the device (what
           // an inference engine's unused cache rows may hold), so a kernel that multiplies a zero
-          // probability by such a row's V, or lets it into a score, fails. KNOWN DEFECT: the cublas
-          // path's P V GEMM runs over all seq_k keys and turns such NaN rows into NaN outputs; until
-          // it is fixed its cases keep finite padding (bench/NOTES.md, "Known defects").
-          const bool padding = padded_rows && c.path != Path::cublas && !c.key_lengths.empty() &&
-                               s >= std::max(c.key_lengths[size_t(b)], 0);
+          // probability by such a row's V, or lets it into a score, fails.
+          const bool padding = padded_rows && !c.key_lengths.empty() && s >= std::max(c.key_lengths[size_t(b)], 0);
           store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), padding ? NAN : value);
         }
     }
@@ -420,6 +417,99 @@ std::vector<double> out_values(const DeviceTensor& out, const std::vector<unsign
                       c.with_lse ? &lse : nullptr, row_name, m);
   if (measured) *measured = m;
   return verdict;
+}
+
+namespace {
+
+// One case of check_backward_ignores_key_padding.
+::testing::AssertionResult check_backward_padding_case(Context& ctx, const AttentionCase& c, bool grad_f32,
+                                                       double tolerance) {
+  // The same seed twice gives the same values; make_operand puts NaN past the key lengths when asked.
+  struct Inputs {
+    Operand q, k, v, dout;
+  };
+  const auto inputs = [&](bool nan_padding) {
+    std::mt19937_64 rng(input_seed(c));
+    Operand q = make_operand(ctx, c, c.heads, c.seq_q, rng, "test q");
+    Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k", Keys::random, nan_padding);
+    Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v", Keys::random, nan_padding);
+    Operand dout = make_operand(ctx, c, c.heads, c.seq_q, rng, "test dout");
+    return Inputs{std::move(q), std::move(k), std::move(v), std::move(dout)};
+  };
+  const Inputs finite = inputs(false), poisoned = inputs(true);
+
+  DeviceBuffer<int32_t> key_lengths(ctx, c.key_lengths.size(), "test key_lengths");
+  key_lengths.copy_from_host(c.key_lengths);
+  DeviceBuffer<float> lse(ctx, size_t(c.batch) * c.heads * c.seq_q, "test lse");
+  DeviceTensor out = make_tensor(ctx, c, c.heads, c.seq_q, "test out");
+  AttentionOptions options;
+  options.path = c.path;
+  options.causal = c.causal;
+  options.key_lengths = key_lengths.data();
+  options.lse = lse.data();
+  AttentionCase gradient_case = c;
+  if (grad_f32) gradient_case.dtype = DType::f32;
+  DeviceTensor dq = make_tensor(ctx, gradient_case, c.heads, c.seq_q, "test dq");
+  DeviceTensor dk = make_tensor(ctx, gradient_case, c.kv_heads, c.seq_k, "test dk");
+  DeviceTensor dv = make_tensor(ctx, gradient_case, c.kv_heads, c.seq_k, "test dv");
+  // Gradients [dq, dk, dv] of one input set, in the reference's order ([b, h, s, d]).
+  const auto gradients = [&](const Inputs& in) {
+    for (DeviceTensor* g : {&dq, &dk, &dv}) g->device.fill_bytes(0xFF);  // NaN: an element not written fails
+    attention_backward(ctx, in.q.tensor.view, in.k.tensor.view, in.v.tensor.view, out.view, in.dout.tensor.view,
+                       lse.data(), dq.view, dk.view, dv.view, options);
+    ctx.synchronize();
+    return std::vector<std::vector<double>>{out_values(dq, download(dq, c.batch), c.batch, c.heads, 0, c.seq_q),
+                                            out_values(dk, download(dk, c.batch), c.batch, c.kv_heads, 0, c.seq_k),
+                                            out_values(dv, download(dv, c.batch), c.batch, c.kv_heads, 0, c.seq_k)};
+  };
+  std::vector<std::vector<double>> want, got;
+  try {
+    // out and the LSE from the finite inputs: the forward's own handling of the padding is not on trial.
+    attention(ctx, finite.q.tensor.view, finite.k.tensor.view, finite.v.tensor.view, out.view, options);
+    options.lse = nullptr;
+    want = gradients(finite);
+    got = gradients(poisoned);
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << c.name() << ": threw: " << e.what();
+  }
+
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int which = 0; which < 3; ++which) {
+    const bool query = which == 0;
+    const int heads = query ? c.heads : c.kv_heads, rows = query ? c.seq_q : c.seq_k;
+    double largest = 0;
+    for (double x : want[size_t(which)]) largest = std::max(largest, std::abs(x));
+    for (size_t i = 0; i < got[size_t(which)].size(); ++i) {
+      const size_t row = i / size_t(c.head_dim);
+      const int b = int(row / (size_t(heads) * rows)), r = int(row % size_t(rows));
+      const double x = got[size_t(which)][i], expected = want[size_t(which)][i];
+      const bool padding = !query && r >= std::clamp(c.key_lengths[size_t(b)], 0, c.seq_k);
+      const bool wrong = !std::isfinite(x) || (padding ? x != 0.0 : std::abs(x - expected) > tolerance * largest);
+      if (wrong)
+        return ::testing::AssertionFailure()
+               << c.name() << (grad_f32 ? " grad f32" : "") << ": " << names[which] << " at batch " << b << " head "
+               << row / size_t(rows) % size_t(heads) << " row " << r << " column " << i % size_t(c.head_dim) << " is "
+               << x << " with NaN key padding, " << expected << " with finite padding"
+               << (padding ? " (a key row past the length: expected exactly 0)" : "");
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+::testing::AssertionResult check_backward_ignores_key_padding(Context& ctx, Path path, double tolerance) {
+  // GQA and not, both layouts, every causal mode, gradients in the input dtype and in f32, key
+  // lengths full, partial and 0.
+  const std::pair<AttentionCase, bool> cases[] = {
+      {make_case(DType::f32, 3, 4, 2, 9, 21, 16, Causal::none, Layout::bhsd, true, {21, 8, 0}, path), false},
+      {make_case(DType::f16, 2, 2, 1, 13, 40, 32, Causal::bottom_right, Layout::bshd, true, {17, 40}, path), false},
+      {make_case(DType::bf16, 2, 3, 3, 6, 33, 64, Causal::top_left, Layout::bhsd, true, {0, 5}, path), true},
+  };
+  for (const auto& [c, grad_f32] : cases)
+    if (::testing::AssertionResult verdict = check_backward_padding_case(ctx, c, grad_f32, tolerance); !verdict)
+      return verdict;
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace selfattn::testing

@@ -116,6 +116,15 @@ void print_report(const std::string& name, const Measured& measured);
 // `measured`, when given, receives the errors (for reports and tolerance studies).
 ::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured = nullptr);
 
+// attention_backward() with NaN in every K and V row past the key lengths (as check_attention
+// poisons them: an unused cache's rows), against the same call with those rows finite, for a few
+// cases on `path` (GQA, both layouts, every causal mode, gradients in the input dtype and f32, key
+// lengths full, partial, 0): the padding is no input of the gradients, so both give the same dq,
+// dk and dv - within `tolerance` x the largest |element| of that gradient (0: equal, as on the sim)
+// - all finite, and dk/dv rows past the key lengths exactly 0. out and the LSE come from the
+// finite inputs.
+::testing::AssertionResult check_backward_ignores_key_padding(Context& ctx, Path path, double tolerance = 0);
+
 // A variable-length batch (attention_varlen): sequence b has seq_q[b] queries and seq_k[b] keys,
 // packed without padding into q/out [1, heads, total_q, head_dim] and k/v [1, kv_heads, total_k,
 // head_dim] in the layout (bshd: the usual packed [total, heads, head_dim]).

@@ -26,6 +26,8 @@
 #include "tma_descriptor.h"
 #if SELFATTN_SIM
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -160,6 +162,10 @@ struct WgmmaOp {
   uint64_t desc_a = 0, desc_b = 0;
   std::vector<float> a, c;   // A (64 x 16) when in registers; C (64 x n) as issued
   float* d[128] = {};        // each thread's accumulator array
+  // Each thread's A registers and what they held at issue: the hardware may read them until the
+  // wait, so a kernel that changes them before it is told so at the wait (wgmma_perform).
+  const uint32_t* a_registers[128] = {};
+  uint32_t a_issued[128][4] = {};
   unsigned first_thread = 0;  // the warpgroup's thread 0: what its shared reads are charged to
   const void* site = nullptr;
   std::vector<std::pair<uint32_t, uint32_t>> smem_ranges;  // [begin, end) byte offsets it reads
@@ -167,6 +173,7 @@ struct WgmmaOp {
 
 struct WgmmaIssue {
   float* d;
+  const uint32_t* a_registers;  // the caller's A fragment (register A), else null
   uint32_t a[4];
   uint64_t desc_a, desc_b;
   int n, accumulate;
@@ -228,6 +235,8 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
       x.d[i] = NAN;
     }
     if (op->a_in_registers) {
+      op->a_registers[t] = x.a_registers;
+      std::memcpy(op->a_issued[t], x.a, sizeof x.a);
       for (int i = 0; i < 8; ++i) {
         const FragmentCoord at = wgmma_a_coord(t, i);
         op->a[at.row * 16 + at.col] = operand_value(op->type, sim_warp::register_half(x.a[i / 2], i & 1));
@@ -256,6 +265,17 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
 // The operation happens now: its shared-memory operands are read as they are at the wait.
 SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
   const unsigned char* smem = sim::current_thread().dynamic_smem;
+  // The registers wgmma owns until this wait must be as it left them: A as issued, and the
+  // accumulators of an op that is not chained still the NaN its issue put there.
+  for (int t = 0; t < 128; ++t) {
+    if (op.a_in_registers && std::memcmp(op.a_registers[t], op.a_issued[t], sizeof op.a_issued[t]) != 0)
+      sim_warp::fail("wgmma.mma_async", "its A registers were changed before the wgmma.wait_group that retires it "
+                                        "(wgmma may read them until then)");
+    for (int i = 0; i < op.n / 2 && !op.chained; ++i)
+      if (!std::isnan(op.d[t][i]))
+        sim_warp::fail("wgmma.mma_async", "its accumulator registers were written before the wgmma.wait_group "
+                                          "that retires it (they are wgmma's until then)");
+  }
   auto element = [&](uint32_t offset) {
     uint16_t bits;
     std::memcpy(&bits, smem + offset, 2);
@@ -293,6 +313,7 @@ template <sim_warp::Operand Type, int N>
 __attribute__((noinline)) void wgmma_issue(float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, int accumulate, bool transpose_b) {
   WgmmaIssue in{};
   in.d = d;
+  in.a_registers = a;
   if (a) std::memcpy(in.a, a, sizeof in.a);
   in.desc_a = desc_a;
   in.desc_b = desc_b;
@@ -302,6 +323,9 @@ __attribute__((noinline)) void wgmma_issue(float* d, const uint32_t* a, uint64_t
   in.transpose_b = transpose_b;
   in.type = Type;
   in.site = __builtin_return_address(0);
+  if (!sim::current_thread().wgmma_fenced)
+    sim_warp::fail("wgmma.mma_async", "issued without a wgmma.fence since the last wgmma.wait_group (or the "
+                                      "thread's start): register accesses before it are not ordered with it");
   WgmmaHandle out;
   sim::warpgroup_collective(in, out, [](const WgmmaIssue* const* ins, WgmmaHandle* const* outs) SELFATTN_SIM_UNCHECKED {
     wgmma_issue_combine(ins, outs);
@@ -318,6 +342,8 @@ __attribute__((noinline)) void wgmma_issue(float* d, const uint32_t* a, uint64_t
 __device__ __forceinline__ void wgmma_fence() {
 #if !SELFATTN_SIM
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  sim::current_thread().wgmma_fenced = true;
 #endif
 }
 
@@ -353,6 +379,7 @@ __device__ __forceinline__ void wgmma_wait() {
       for (const std::shared_ptr<void>& op : queue[g]) sim_hopper::wgmma_perform(*static_cast<sim_hopper::WgmmaOp*>(op.get()));
   });
   if (groups > size_t(Pending)) t.wgmma_groups.erase(t.wgmma_groups.begin(), t.wgmma_groups.end() - Pending);
+  t.wgmma_fenced = false;
 #endif
 }
 

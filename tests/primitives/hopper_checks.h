@@ -264,6 +264,17 @@ inline void check_wgmma_accumulators_before_wait(Device& device, uint32_t seed) 
     }
 }
 
+// Sim only: what launching wgmma_register_touch_kernel reports ("" if it runs clean).
+inline std::string wgmma_register_touch_report(Device& device, int touch) {
+  const kh::RegisterTouchParams params{touch};
+  try {
+    device.launch(kh::sim_only_kernels().wgmma_register_touch, one_block(128, 8192), &params);
+  } catch (const BackendError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Sim only: a read of a TMA destination before the barrier wait is reported. Returns the message.
 inline std::string tma_read_before_wait_report(Device& device) {
   std::mt19937 rng(5);

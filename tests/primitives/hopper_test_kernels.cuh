@@ -369,12 +369,35 @@ inline size_t rs_smem_bytes(int shape) {
 }
 
 #if SELFATTN_SIM
+// Registers an RS wgmma owns until its wait, touched before it: `touch` 1 changes one A register,
+// 2 writes one accumulator, 3 leaves out the wgmma.fence before the wgmma, 0 does everything right
+// (the control).
+struct RegisterTouchParams {
+  int touch;
+};
+__global__ void wgmma_register_touch_kernel(const RegisterTouchParams p) {
+  unsigned char* smem = dynamic_smem<unsigned char>();
+  const int tid = int(threadIdx.x);
+  for (int i = tid; i < 64 * 64; i += 128) reinterpret_cast<uint16_t*>(smem)[i] = 0x3c00;  // V = 1 (f16)
+  fence_proxy_async();
+  __syncthreads();
+  uint32_t a[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+  float d[32];
+  if (p.touch != 3) wgmma_fence();
+  wgmma_rs<__half, 64, /*TransposeB=*/1>(d, a, mn_major_desc(smem_address(smem), 64, 0), false);
+  wgmma_commit();
+  if (p.touch == 1 && tid == 37) a[2] = 0;
+  if (p.touch == 2 && tid == 90) d[5] = 1.0f;
+  wgmma_wait<0>();
+}
+
 struct SimOnlyKernels {
-  KernelRef wgmma_early_read, tma_early_read;
+  KernelRef wgmma_early_read, tma_early_read, wgmma_register_touch;
 };
 inline SimOnlyKernels sim_only_kernels() {
   return {make_kernel_ref<EarlyReadParams, wgmma_early_read_kernel>("wgmma_early_read_kernel"),
-          make_kernel_ref<TmaEarlyReadParams, tma_early_read_kernel>("tma_early_read_kernel")};
+          make_kernel_ref<TmaEarlyReadParams, tma_early_read_kernel>("tma_early_read_kernel"),
+          make_kernel_ref<RegisterTouchParams, wgmma_register_touch_kernel>("wgmma_register_touch_kernel")};
 }
 #endif
 

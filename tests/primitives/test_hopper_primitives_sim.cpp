@@ -40,6 +40,19 @@ TEST_F(HopperPrimitivesSim, MbarrierRingParityFlips) {
 // What only the sim promises: accumulators are NaN until the wait that covers their wgmma.
 TEST_F(HopperPrimitivesSim, WgmmaAccumulatorsAreNaNBeforeTheWait) { check_wgmma_accumulators_before_wait(*device, 70); }
 
+// The registers an RS wgmma owns until its wait: changing its A fragment or writing its accumulator
+// before the wait is reported (the hardware may read A, and writes D, at any time until then); so
+// is a wgmma without the wgmma.fence that orders earlier register accesses before it.
+TEST_F(HopperPrimitivesSim, WgmmaRegisterRulesAreReported) {
+  EXPECT_EQ(wgmma_register_touch_report(*device, 0), "");
+  const std::string a = wgmma_register_touch_report(*device, 1);
+  EXPECT_NE(a.find("its A registers were changed before the wgmma.wait_group"), std::string::npos) << a;
+  const std::string d = wgmma_register_touch_report(*device, 2);
+  EXPECT_NE(d.find("its accumulator registers were written before the wgmma.wait_group"), std::string::npos) << d;
+  const std::string fence = wgmma_register_touch_report(*device, 3);
+  EXPECT_NE(fence.find("issued without a wgmma.fence since the last wgmma.wait_group"), std::string::npos) << fence;
+}
+
 TEST_F(HopperPrimitivesSim, TmaDestinationReadBeforeTheWaitIsAHazard) {
 #if !defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "built without the racecheck's instrumentation";

@@ -24,6 +24,7 @@
 #include "common/primitives.cuh"
 #include "flash_fwd_params.h"
 #include "flash_fwd_sequence.cuh"
+#include "flash_fwd_softmax.cuh"
 #include "launch.h"
 
 SELFATTN_KERNELS_BEGIN
@@ -125,15 +126,11 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
 
   // This thread's two rows of each m-tile: group and group + 8.
   const int warp_row0 = warp * Traits::kWarpRows;
-  float row_max[MT][2], row_sum[MT][2];
+  FlashRowState row_state[MT][2];
   float acc[MT][DT][4];
   SELFATTN_FLASH_UNROLL
   for (int mt = 0; mt < MT; ++mt) {
-    SELFATTN_FLASH_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      row_max[mt][half] = -INFINITY;
-      row_sum[mt][half] = 0.0f;  // this thread's columns only; the quad's sum is taken at the end
-    }
+    row_state[mt][0] = row_state[mt][1] = flash_row_start();
     SELFATTN_FLASH_UNROLL
     for (int dt = 0; dt < DT; ++dt)
       SELFATTN_FLASH_UNROLL
@@ -185,59 +182,16 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
       }
     }
 
-    // ---- online softmax; score becomes the probabilities P (unnormalised, fp32).
+    // ---- online softmax (flash_fwd_softmax.cuh); score becomes the probabilities P (unnormalised, fp32).
     const bool needs_mask = !flash_tile_unmasked(block_keys, key0, Traits::kBlockKeys);
     SELFATTN_FLASH_UNROLL
     for (int mt = 0; mt < MT; ++mt) {
       SELFATTN_FLASH_UNROLL
       for (int half = 0; half < 2; ++half) {
         const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
-        // Recomputed per tile rather than held in registers across the loop (a few integer ops).
-        const KeyRange seen = needs_mask ? flash_visible_keys(p, seq, row) : KeyRange{0, 0};
-        const int aligned = aligned_row(row, seq.q_len, seq.k_len, p.causal);
-        float tile_max = -INFINITY;
-        SELFATTN_FLASH_UNROLL
-        for (int nt = 0; nt < NT; ++nt) {
-          SELFATTN_FLASH_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            float& s = score[mt][nt][2 * half + j];
-            const int key = key0 + nt * 8 + 2 * in_group + j;
-            if (needs_mask && (key < seen.begin || key >= seen.end)) {
-              s = -INFINITY;
-            } else if (p.mods.changes_values) {
-              s = modified_score(p.mods, mods, s * p.scale, row, aligned, key) * kLog2e;
-            } else {
-              s *= p.scale_log2;
-            }
-            tile_max = fmaxf(tile_max, s);
-          }
-        }
-        const float new_max = fmaxf(row_max[mt][half], warp_reduce_max<4>(tile_max));
-        // A row that has seen no key keeps max -inf; shifting by 0 then avoids (-inf) - (-inf)
-        // and still maps its masked scores to exp2(-inf) = 0.
-        const float shift = new_max == -INFINITY ? 0.0f : new_max;
-        const float rescale = exp2f(row_max[mt][half] - shift);
-        row_max[mt][half] = new_max;
-        float sum = 0.0f;
-        SELFATTN_FLASH_UNROLL
-        for (int nt = 0; nt < NT; ++nt) {
-          SELFATTN_FLASH_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            float& s = score[mt][nt][2 * half + j];
-            s = exp2f(s - shift);
-            sum += s;
-          }
-        }
-        row_sum[mt][half] = row_sum[mt][half] * rescale + sum;
-        // Once a row's maximum settles (most tiles of a long row), rescale is exactly 1 and the
-        // D/4 multiplies of O would change nothing: skipping them gives bit-identical results.
-        if (rescale != 1.0f) {
-          SELFATTN_FLASH_UNROLL
-          for (int dt = 0; dt < DT; ++dt) {
-            acc[mt][dt][2 * half] *= rescale;
-            acc[mt][dt][2 * half + 1] *= rescale;
-          }
-        }
+        const float rescale = flash_softmax_row<NT>(p, mods, seq, row, key0, in_group, needs_mask,
+                                                    &score[mt][0][2 * half], row_state[mt][half]);
+        flash_rescale_row<DT>(&acc[mt][0][2 * half], rescale);
       }
     }
 
@@ -272,29 +226,15 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
 
-  // ---- O / l and LSE. A row without visible keys has l = 0 and O = 0: it writes 0 and -inf.
+  // ---- O / l and LSE.
   T* out = static_cast<T*>(p.out) + batch * p.out_stride_batch + head * p.out_stride_head +
            seq.q_row_start * p.out_stride_row;
   SELFATTN_FLASH_UNROLL
-  for (int mt = 0; mt < MT; ++mt) {
+  for (int mt = 0; mt < MT; ++mt)
     SELFATTN_FLASH_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const float sum = warp_reduce_sum<4>(row_sum[mt][half]);
-      const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
-      if (row >= seq.q_len) continue;
-      const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-      T* out_row = out + row * p.out_stride_row;
-      SELFATTN_FLASH_UNROLL
-      for (int dt = 0; dt < DT; ++dt) {
-        const uint32_t pair = pack2<T>(acc[mt][dt][2 * half] * inv_sum, acc[mt][dt][2 * half + 1] * inv_sum);
-        *reinterpret_cast<uint32_t*>(out_row + dt * 8 + 2 * in_group) = pair;
-      }
-      if (p.lse != nullptr && in_group == 0) {
-        const float lse = sum > 0.0f ? (row_max[mt][half] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-        p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = lse;
-      }
-    }
-  }
+    for (int half = 0; half < 2; ++half)
+      flash_store_row<T, DT>(p, batch, head, seq, out, block_row0 + warp_row0 + mt * 16 + group + 8 * half, in_group,
+                             &acc[mt][0][2 * half], row_state[mt][half]);
 }
 
 template <class T, int HeadDim>

@@ -6,25 +6,31 @@
 //
 // One block computes 128 query rows of one (batch, head) with three warpgroups:
 //   - warpgroup 0, the producer, gives up its registers (setmaxnreg) and one thread of it issues
-//     TMA loads: the Q tile once, then K and V tiles into a ring of kStages stages. Stage s is
-//     guarded by two mbarriers: full[s] (the producer's expect-tx arrival plus the TMA bytes) and
-//     empty[s] (one arrival per consumer thread once its warpgroup's wgmmas have read the stage).
+//     TMA loads: the Q tile once, then K and V tiles into a ring of kStages stages. K and V of a
+//     stage have barriers of their own, so S = Q K^T can start before V has landed and K is
+//     refilled as soon as S is done: k_full[s] / v_full[s] (the producer's expect-tx arrival plus
+//     the TMA bytes) and k_empty[s] / v_empty[s] (one arrival per consumer thread once its
+//     warpgroup's wgmmas have read the tile).
 //   - warpgroups 1 and 2, the consumers, take the registers and each own 64 query rows: per key
 //     tile, S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, and
 //     O += P V (wgmma with P from registers: the wgmma accumulator fragment of S is, per warp,
 //     exactly the A fragment P needs, as with mma.sync).
+// The tensor cores are kept busy while the consumers do softmax, in two ways (FlashAttention-3's):
+//   - within a warpgroup, S(j) is issued together with P(j-1) V(j-1) and waited for first, so the
+//     softmax of tile j runs while P(j-1) V(j-1) is still in the tensor cores. O is rescaled by
+//     tile j's factor only after that product is done (wgmma owns O while it is in flight).
+//   - between the two consumer warpgroups, the issue of each batch of GEMMs takes turns (two
+//     mbarriers, turn[0] and turn[1], ping-pong), so one warpgroup's softmax overlaps the other's
+//     GEMMs instead of both competing for the tensor cores at once. mbarriers rather than named
+//     barriers (bar.sync id): the sim models them strictly, phases and deadlocks included.
 // Tiles are stored as TMA lands them with the 128-byte swizzle: head_dim / 64 column blocks of
 // rows x 128 bytes (kernels/hopper/smem_layout.h, checked against CuTe's GMMA layouts).
 //
 // Rows a tile box covers past the sequence's keys are another sequence's (varlen) or padding past
 // a key length: they may hold anything, NaN included, and P = 0 times NaN is NaN. The tile that
 // holds them (the last one) has its V rows zeroed by the producer warp after it lands, behind a
-// third barrier (v_ready); K rows need nothing (their scores are masked to -inf by selection).
+// further barrier (v_ready); K rows need nothing (their scores are masked to -inf by selection).
 // Rows past the tensor's end arrive as zeros from the TMA itself.
-//
-// Not yet here (bench/NOTES.md): overlapping the softmax of one tile with the GEMMs of the next
-// (intra-warpgroup pipelining) and the two consumer warpgroups' ping-pong; each GEMM is waited
-// for before the softmax that needs it.
 //
 // Written with this project's primitives (primitives_hopper.cuh) rather than CuTe: the kernel reads
 // as the algorithm, and every instruction has a sim twin the tests check against CuTe's layouts.
@@ -35,6 +41,7 @@
 #include "../common/primitives_hopper.cuh"
 #include "../flash_fwd_params.h"
 #include "../flash_fwd_sequence.cuh"
+#include "../flash_fwd_softmax.cuh"
 #include "../launch.h"
 #include "flash_fwd_hopper_params.h"
 #include "smem_layout.h"
@@ -54,7 +61,7 @@ struct FlashFwdHopperTraits {
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
   static constexpr int kColumnBlocks = HeadDim / 64;        // TMA boxes per tile
-  static constexpr int kProducerRegisters = 40;             // one thread issues copies; a warp zeroes a tile
+  static constexpr int kProducerRegisters = 40;             // one thread issues copies; a warp zeroes a tile (24 spills)
   static constexpr int kConsumerRegisters = 232;            // 40 * 128 + 232 * 256 <= 64K registers
   static constexpr uint32_t kQBytes = uint32_t(kBlockRows) * HeadDim * 2;
   static constexpr uint32_t kKVTileBytes = uint32_t(BlockKeys) * HeadDim * 2;
@@ -63,7 +70,7 @@ struct FlashFwdHopperTraits {
   static constexpr uint32_t kKOffset = kQBytes;
   static constexpr uint32_t kVOffset = kKOffset + kStages * kKVTileBytes;
   static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVTileBytes;
-  static constexpr int kBarriers = 2 + 2 * kStages;         // q_full, v_ready, full[s], empty[s]
+  static constexpr int kBarriers = 4 + 4 * kStages;  // q_full, v_ready, turn[2], {k,v}_full[s], {k,v}_empty[s]
   static constexpr size_t kSmemBytes = kBarrierOffset + 8 * kBarriers;
   static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory per block");
 };
@@ -77,6 +84,47 @@ template <> struct FlashFwdHopperConfig<64> { using Traits = FlashFwdHopperTrait
 template <> struct FlashFwdHopperConfig<128> { using Traits = FlashFwdHopperTraits<128, 128, 2>; };
 // D = 256: O alone is 128 floats per thread; 64-key tiles (S 32 floats), two stages (192 KB).
 template <> struct FlashFwdHopperConfig<256> { using Traits = FlashFwdHopperTraits<256, 64, 2>; };
+
+// The GEMMs of one consumer warpgroup, each issued as one committed group (all 128 threads).
+// S = Q K^T for the warpgroup's 64 rows: score[4t + i] is the C fragment of keys 8t..8t+7.
+template <class T, class Traits>
+__device__ __forceinline__ void hopper_issue_scores(float (&score)[Traits::kBlockKeys / 2], uint32_t q_address,
+                                                    int group_row0, uint32_t k_address) {
+  SELFATTN_FLASH_UNROLL
+  for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
+    wgmma_ss<T, Traits::kBlockKeys>(score, k_major_desc(q_address, Traits::kBlockRows, group_row0, 16 * ks),
+                                    k_major_desc(k_address, Traits::kBlockKeys, 0, 16 * ks), ks > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V, V MN-major: k-step kk covers keys 16kk..16kk+15.
+template <class T, class Traits>
+__device__ __forceinline__ void hopper_issue_pv(float (&acc)[Traits::kHeadDim / 2],
+                                                const uint32_t (&p_frag)[Traits::kBlockKeys / 16][4], uint32_t v_address) {
+  SELFATTN_FLASH_UNROLL
+  for (int kk = 0; kk < Traits::kBlockKeys / 16; ++kk) {
+    wgmma_rs<T, Traits::kHeadDim, /*TransposeB=*/1>(acc, p_frag[kk], mn_major_desc(v_address, Traits::kBlockKeys, 16 * kk),
+                                                    true);
+  }
+  wgmma_commit();
+}
+
+// The probabilities as P V's A operand: k-step kk is S's column tiles 2kk (A's columns 0-7) and
+// 2kk + 1 (8-15); each C pair (c0,c1) / (c2,c3) is A's register for row group / group + 8.
+template <class T, int BlockKeys>
+__device__ __forceinline__ void hopper_pack_probabilities(uint32_t (&p_frag)[BlockKeys / 16][4],
+                                                          const float (&score)[BlockKeys / 2]) {
+  SELFATTN_FLASH_UNROLL
+  for (int kk = 0; kk < BlockKeys / 16; ++kk) {
+    const float* lo = score + 4 * (2 * kk);
+    const float* hi = score + 4 * (2 * kk + 1);
+    p_frag[kk][0] = pack2<T>(lo[0], lo[1]);
+    p_frag[kk][1] = pack2<T>(lo[2], lo[3]);
+    p_frag[kk][2] = pack2<T>(hi[0], hi[1]);
+    p_frag[kk][3] = pack2<T>(hi[2], hi[3]);
+  }
+}
 
 template <class T, class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(const __grid_constant__ FlashFwdHopperParams hp) {
@@ -97,16 +145,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
 
   unsigned char* smem = dynamic_smem<unsigned char>();
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
-  uint64_t* q_full = barriers;       // Q landed (count 1 + tx)
-  uint64_t* v_ready = barriers + 1;  // the last tile's V rows past the keys are zeroed (count 32)
-  uint64_t* full = barriers + 2;     // stage s landed (count 1 + tx)
-  uint64_t* empty = barriers + 2 + S;  // stage s read by every consumer thread (count kConsumerThreads)
+  uint64_t* q_full = barriers;         // Q landed (count 1 + tx)
+  uint64_t* v_ready = barriers + 1;    // the last tile's V rows past the keys are zeroed (count 32)
+  uint64_t* turn = barriers + 2;       // turn[c]: consumer c may issue its next GEMMs (count 128)
+  uint64_t* k_full = barriers + 4;     // K of stage s landed (count 1 + tx)
+  uint64_t* v_full = k_full + S;       // V of stage s landed (count 1 + tx)
+  uint64_t* k_empty = v_full + S;      // K of stage s read by every consumer thread (count kConsumerThreads)
+  uint64_t* v_empty = k_empty + S;     // V likewise
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     mbarrier_init(v_ready, 32);
+    for (int c = 0; c < Traits::kConsumerGroups; ++c) mbarrier_init(&turn[c], 128);
     for (int s = 0; s < S; ++s) {
-      mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], Traits::kConsumerThreads);
+      mbarrier_init(&k_full[s], 1);
+      mbarrier_init(&v_full[s], 1);
+      mbarrier_init(&k_empty[s], Traits::kConsumerThreads);
+      mbarrier_init(&v_empty[s], Traits::kConsumerThreads);
     }
     fence_barrier_init();
   }
@@ -138,16 +192,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
       unsigned char* k_stage = smem + Traits::kKOffset + s * Traits::kKVTileBytes;
       unsigned char* v_stage = smem + Traits::kVOffset + s * Traits::kKVTileBytes;
       if (lane == 0) {
-        mbarrier_wait(&empty[s], (round & 1) ^ 1);  // round 0: the phase "before" the first passes at once
-        mbarrier_arrive_expect_tx(&full[s], 2 * Traits::kKVTileBytes);
-        for (int c = 0; c < Traits::kColumnBlocks; ++c) {
-          tma_load_4d(k_stage + c * BN * 128, &hp.k_map, 64 * c, key_row, kv_head, batch_coord, &full[s]);
-          tma_load_4d(v_stage + c * BN * 128, &hp.v_map, 64 * c, key_row, kv_head, batch_coord, &full[s]);
-        }
+        // K first: the consumers need K(j) one P V earlier than V(j). Round 0 waits on the phase
+        // "before" the first, which passes at once.
+        mbarrier_wait(&k_empty[s], (round & 1) ^ 1);
+        mbarrier_arrive_expect_tx(&k_full[s], Traits::kKVTileBytes);
+        for (int c = 0; c < Traits::kColumnBlocks; ++c)
+          tma_load_4d(k_stage + c * BN * 128, &hp.k_map, 64 * c, key_row, kv_head, batch_coord, &k_full[s]);
+        mbarrier_wait(&v_empty[s], (round & 1) ^ 1);
+        mbarrier_arrive_expect_tx(&v_full[s], Traits::kKVTileBytes);
+        for (int c = 0; c < Traits::kColumnBlocks; ++c)
+          tma_load_4d(v_stage + c * BN * 128, &hp.v_map, 64 * c, key_row, kv_head, batch_coord, &v_full[s]);
       }
       if (tile == key_tiles - 1 && zero_last_v) {
-        // Lane 0 has followed every phase of full[s]; the other lanes learn of this one from it.
-        if (lane == 0) mbarrier_wait(&full[s], round & 1);
+        // Lane 0 has followed every phase of v_full[s]; the other lanes learn of this one from it.
+        if (lane == 0) mbarrier_wait(&v_full[s], round & 1);
         __syncwarp();
         // Whole 128-byte rows: the swizzle only permutes 16-byte chunks inside a row.
         const int rows = BN - zero_from;
@@ -169,123 +227,97 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
   const int lane = thread % 32, warp = thread / 32;  // warp w of the warpgroup holds rows 16w..16w+15
   const int group = lane / 4, in_group = lane % 4;   // accumulator fragment coordinates
   const int group_row0 = consumer * Traits::kGroupRows;
+  const int row0 = block_row0 + group_row0 + warp * 16 + group;  // this thread's rows: row0, row0 + 8
   const HeadScoreMods mods = head_score_mods(p.mods, batch, head);
   const uint32_t q_address = smem_address(smem);
+  auto k_address = [&](int tile) { return q_address + Traits::kKOffset + (tile % S) * Traits::kKVTileBytes; };
+  auto v_address = [&](int tile) { return q_address + Traits::kVOffset + (tile % S) * Traits::kKVTileBytes; };
+  // Batches of GEMM issue alternate between the consumers: consumer 0 issues its batch b once
+  // consumer 1 has issued b - 1 (its first at once), consumer 1 its batch b once consumer 0 has
+  // issued b. Both issue key_tiles + 1 batches, so the last turn passed is never waited for.
+  int batches = 0;
+  auto take_turn = [&] { mbarrier_wait(&turn[consumer], (batches & 1) ^ (consumer == 0 ? 1 : 0)); };
+  auto pass_turn = [&] {
+    mbarrier_arrive(&turn[1 - consumer]);
+    ++batches;
+  };
 
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  float acc[D / 2];
+  FlashRowState row_state[2] = {flash_row_start(), flash_row_start()};
+  float acc[D / 2];  // O, the accumulator fragment (D / 8 column tiles)
   SELFATTN_FLASH_UNROLL
   for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+  float score[BN / 2];           // S of the newest tile, then its probabilities
+  uint32_t p_frag[BN / 16][4];   // P of the previous tile, the A operand of its P V
 
-  if (key_tiles > 0) mbarrier_wait(q_full, 0);
-  for (int tile = 0; tile < key_tiles; ++tile) {
-    const int s = tile % S, round = tile / S;
+  // The softmax of tile `tile` on `score` (S landed); returns each row's factor for O.
+  auto softmax = [&](int tile, float (&rescale)[2]) {
     const int key0 = first_key + tile * BN;
-    const uint32_t k_address = q_address + Traits::kKOffset + s * Traits::kKVTileBytes;
-    const uint32_t v_address = q_address + Traits::kVOffset + s * Traits::kKVTileBytes;
-    mbarrier_wait(&full[s], round & 1);
-
-    // ---- S = Q K^T for this warpgroup's 64 rows; score[4nt + i] is the C fragment of keys nt*8...
-    float score[BN / 2];
-    wgmma_fence();
-    SELFATTN_FLASH_UNROLL
-    for (int ks = 0; ks < D / 16; ++ks) {
-      wgmma_ss<T, BN>(score, k_major_desc(q_address, Traits::kBlockRows, group_row0, 16 * ks),
-                      k_major_desc(k_address, BN, 0, 16 * ks), ks > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-
-    // ---- online softmax (flash_fwd.cuh's, on one m-tile per warp).
     const bool needs_mask = !flash_tile_unmasked(block_keys, key0, BN);
     SELFATTN_FLASH_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const int row = block_row0 + group_row0 + warp * 16 + group + 8 * half;
-      const KeyRange seen = needs_mask ? flash_visible_keys(p, seq, row) : KeyRange{0, 0};
-      const int aligned = aligned_row(row, seq.q_len, seq.k_len, p.causal);
-      float tile_max = -INFINITY;
-      SELFATTN_FLASH_UNROLL
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        SELFATTN_FLASH_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          float& x = score[4 * nt + 2 * half + j];
-          const int key = key0 + nt * 8 + 2 * in_group + j;
-          if (needs_mask && (key < seen.begin || key >= seen.end)) {
-            x = -INFINITY;
-          } else if (p.mods.changes_values) {
-            x = modified_score(p.mods, mods, x * p.scale, row, aligned, key) * kLog2e;
-          } else {
-            x *= p.scale_log2;
-          }
-          tile_max = fmaxf(tile_max, x);
-        }
-      }
-      const float new_max = fmaxf(row_max[half], warp_reduce_max<4>(tile_max));
-      const float shift = new_max == -INFINITY ? 0.0f : new_max;  // a row that saw no key yet
-      const float rescale = exp2f(row_max[half] - shift);
-      row_max[half] = new_max;
-      float sum = 0.0f;
-      SELFATTN_FLASH_UNROLL
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        SELFATTN_FLASH_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          float& x = score[4 * nt + 2 * half + j];
-          x = exp2f(x - shift);
-          sum += x;
-        }
-      }
-      row_sum[half] = row_sum[half] * rescale + sum;
-      if (rescale != 1.0f) {
-        SELFATTN_FLASH_UNROLL
-        for (int dt = 0; dt < D / 8; ++dt) {
-          acc[4 * dt + 2 * half] *= rescale;
-          acc[4 * dt + 2 * half + 1] *= rescale;
-        }
-      }
-    }
+    for (int half = 0; half < 2; ++half)
+      rescale[half] = flash_softmax_row<BN / 8>(p, mods, seq, row0 + 8 * half, key0, in_group, needs_mask,
+                                                score + 2 * half, row_state[half]);
+  };
 
-    // ---- O += P V: k-step kk covers keys 16kk..16kk+15, S's n8 tiles 2kk and 2kk + 1.
-    uint32_t p_frag[BN / 16][4];
-    SELFATTN_FLASH_UNROLL
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const float* lo = score + 4 * (2 * kk);
-      const float* hi = score + 4 * (2 * kk + 1);
-      p_frag[kk][0] = pack2<T>(lo[0], lo[1]);
-      p_frag[kk][1] = pack2<T>(lo[2], lo[3]);
-      p_frag[kk][2] = pack2<T>(hi[0], hi[1]);
-      p_frag[kk][3] = pack2<T>(hi[2], hi[3]);
-    }
-    if (tile == key_tiles - 1 && zero_last_v) mbarrier_wait(v_ready, 0);
+  if (key_tiles > 0) {
+    mbarrier_wait(q_full, 0);
+    // Tile 0: S alone (no P V before it); O is zero, so its factor is not needed.
+    mbarrier_wait(&k_full[0], 0);
+    take_turn();
     wgmma_fence();
-    SELFATTN_FLASH_UNROLL
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      wgmma_rs<T, D, /*TransposeB=*/1>(acc, p_frag[kk], mn_major_desc(v_address, BN, 16 * kk), true);
-    }
-    wgmma_commit();
+    hopper_issue_scores<T, Traits>(score, q_address, group_row0, k_address(0));
+    pass_turn();
     wgmma_wait<0>();
-    mbarrier_arrive(&empty[s]);  // this thread's warpgroup has read stage s
+    mbarrier_arrive(&k_empty[0]);
+    float rescale[2];
+    softmax(0, rescale);
+    hopper_pack_probabilities<T, BN>(p_frag, score);
+  }
+  for (int tile = 1; tile < key_tiles; ++tile) {
+    const int previous = tile - 1;
+    mbarrier_wait(&k_full[tile % S], (tile / S) & 1);
+    mbarrier_wait(&v_full[previous % S], (previous / S) & 1);
+    take_turn();
+    wgmma_fence();  // score, acc and p_frag were last written by ordinary instructions
+    hopper_issue_scores<T, Traits>(score, q_address, group_row0, k_address(tile));
+    hopper_issue_pv<T, Traits>(acc, p_frag, v_address(previous));
+    pass_turn();
+    wgmma_wait<1>();  // S(tile) is done; P(previous) V(previous) may still run
+    mbarrier_arrive(&k_empty[tile % S]);
+    float rescale[2];
+    softmax(tile, rescale);
+    // P(tile) is packed now, into registers of its own, so S's fp32 registers are free while
+    // P(previous) V(previous) finishes (d128: spill-free at 232 registers only this way).
+    uint32_t p_next[BN / 16][4];
+    hopper_pack_probabilities<T, BN>(p_next, score);
+    wgmma_wait<0>();  // O and p_frag are the registers' own again
+    mbarrier_arrive(&v_empty[previous % S]);
+    SELFATTN_FLASH_UNROLL
+    for (int half = 0; half < 2; ++half) flash_rescale_row<D / 8>(acc + 2 * half, rescale[half]);
+    SELFATTN_FLASH_UNROLL
+    for (int kk = 0; kk < BN / 16; ++kk)
+      SELFATTN_FLASH_UNROLL
+      for (int i = 0; i < 4; ++i) p_frag[kk][i] = p_next[kk][i];
+  }
+  if (key_tiles > 0) {
+    // The last tile's P V.
+    const int last = key_tiles - 1;
+    mbarrier_wait(&v_full[last % S], (last / S) & 1);
+    if (zero_last_v) mbarrier_wait(v_ready, 0);
+    take_turn();
+    wgmma_fence();
+    hopper_issue_pv<T, Traits>(acc, p_frag, v_address(last));
+    pass_turn();
+    wgmma_wait<0>();
+    mbarrier_arrive(&v_empty[last % S]);
   }
 
-  // ---- O / l and LSE. A row without visible keys has l = 0 and O = 0: it writes 0 and -inf.
+  // ---- O / l and LSE (flash_fwd_softmax.cuh).
   T* out = static_cast<T*>(p.out) + batch * p.out_stride_batch + head * p.out_stride_head +
            seq.q_row_start * p.out_stride_row;
   SELFATTN_FLASH_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    const float sum = warp_reduce_sum<4>(row_sum[half]);
-    const int row = block_row0 + group_row0 + warp * 16 + group + 8 * half;
-    if (row >= seq.q_len) continue;
-    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-    T* out_row = out + row * p.out_stride_row;
-    SELFATTN_FLASH_UNROLL
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const uint32_t pair = pack2<T>(acc[4 * dt + 2 * half] * inv_sum, acc[4 * dt + 2 * half + 1] * inv_sum);
-      *reinterpret_cast<uint32_t*>(out_row + dt * 8 + 2 * in_group) = pair;
-    }
-    if (p.lse != nullptr && in_group == 0) {
-      const float lse = sum > 0.0f ? (row_max[half] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-      p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = lse;
-    }
-  }
+  for (int half = 0; half < 2; ++half)
+    flash_store_row<T, D / 8>(p, batch, head, seq, out, row0 + 8 * half, in_group, acc + 2 * half, row_state[half]);
 }
 
 template <class T, int HeadDim>

@@ -102,16 +102,6 @@ TEST(FusedHopper, VarlenPackedSequences) {
   for (const testing::VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c)) << c.name();
 }
 
-// Random values already representable in the dtype, on the device.
-DeviceBuffer<unsigned char> random_device_values(Context& ctx, DType dtype, size_t count, std::mt19937_64& rng) {
-  std::vector<unsigned char> host(count * dtype_size(dtype));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (size_t i = 0; i < count; ++i) testing::store_element(host.data(), dtype, i, testing::round_to(dtype, normal(rng)));
-  DeviceBuffer<unsigned char> buffer(ctx, host.size(), "agreement operand");
-  buffer.copy_from_host(host);
-  return buffer;
-}
-
 struct Outputs {
   std::vector<float> out, lse;
 };
@@ -120,9 +110,10 @@ Outputs run_fused(bool hopper, DType dtype, int head_dim, Causal causal, int seq
   Context ctx = sim_context(hopper);
   const int batch = 2, heads = 2, kv_heads = 1;
   std::mt19937_64 rng(testing::input_seed("hopper agreement " + std::to_string(head_dim)));
-  DeviceBuffer<unsigned char> q = random_device_values(ctx, dtype, size_t(batch) * heads * seq_q * head_dim, rng);
-  DeviceBuffer<unsigned char> k = random_device_values(ctx, dtype, size_t(batch) * kv_heads * seq_k * head_dim, rng);
-  DeviceBuffer<unsigned char> v = random_device_values(ctx, dtype, size_t(batch) * kv_heads * seq_k * head_dim, rng);
+  auto operand = [&](size_t count) { return testing::random_device_values(ctx, dtype, count, rng, "agreement operand"); };
+  DeviceBuffer<unsigned char> q = operand(size_t(batch) * heads * seq_q * head_dim);
+  DeviceBuffer<unsigned char> k = operand(size_t(batch) * kv_heads * seq_k * head_dim);
+  DeviceBuffer<unsigned char> v = operand(size_t(batch) * kv_heads * seq_k * head_dim);
   DeviceBuffer<unsigned char> out(ctx, size_t(batch) * heads * seq_q * head_dim * dtype_size(dtype), "out");
   DeviceBuffer<float> lse(ctx, size_t(batch) * heads * seq_q, "lse");
   out.fill_bytes(0xff);

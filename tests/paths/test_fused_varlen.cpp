@@ -37,24 +37,15 @@ TEST(FusedVarlen, PackedSequencesWithEmptyOnes) {
   for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
 }
 
-// Random values already representable in the dtype, on the device.
-DeviceBuffer<unsigned char> random_device_values(Context& ctx, DType dtype, size_t count, std::mt19937_64& rng) {
-  std::vector<unsigned char> host(count * dtype_size(dtype));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (size_t i = 0; i < count; ++i) testing::store_element(host.data(), dtype, i, testing::round_to(dtype, normal(rng)));
-  DeviceBuffer<unsigned char> buffer(ctx, host.size(), "determinism operand");
-  buffer.copy_from_host(host);
-  return buffer;
-}
-
 // Runs one padded call twice under different sim schedules; the outputs must match bit for bit
 // (the kernels have no atomics and a fixed reduction order; a race would show as a difference).
 std::vector<unsigned char> run_once(Context& ctx, DType dtype, int head_dim, Causal causal, uint64_t schedule_seed) {
   const int batch = 2, heads = 2, kv_heads = 1, seq_q = 77, seq_k = 91;
   std::mt19937_64 rng(1234);
-  DeviceBuffer<unsigned char> q = random_device_values(ctx, dtype, size_t(batch) * heads * seq_q * head_dim, rng);
-  DeviceBuffer<unsigned char> k = random_device_values(ctx, dtype, size_t(batch) * kv_heads * seq_k * head_dim, rng);
-  DeviceBuffer<unsigned char> v = random_device_values(ctx, dtype, size_t(batch) * kv_heads * seq_k * head_dim, rng);
+  auto operand = [&](size_t count) { return testing::random_device_values(ctx, dtype, count, rng, "determinism operand"); };
+  DeviceBuffer<unsigned char> q = operand(size_t(batch) * heads * seq_q * head_dim);
+  DeviceBuffer<unsigned char> k = operand(size_t(batch) * kv_heads * seq_k * head_dim);
+  DeviceBuffer<unsigned char> v = operand(size_t(batch) * kv_heads * seq_k * head_dim);
   DeviceBuffer<unsigned char> out(ctx, size_t(batch) * heads * seq_q * head_dim * dtype_size(dtype), "out");
   DeviceBuffer<float> lse(ctx, size_t(batch) * heads * seq_q, "lse");
   out.fill_bytes(0xff);

@@ -86,6 +86,16 @@ float round_to(DType dtype, float value) {
   return value;
 }
 
+DeviceBuffer<unsigned char> random_device_values(Context& ctx, DType dtype, size_t count, std::mt19937_64& rng,
+                                                 const char* label) {
+  std::vector<unsigned char> host(count * dtype_size(dtype));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t i = 0; i < count; ++i) store_element(host.data(), dtype, i, round_to(dtype, normal(rng)));
+  DeviceBuffer<unsigned char> buffer(ctx, host.size(), label);
+  buffer.copy_from_host(host);
+  return buffer;
+}
+
 AttentionCase make_case(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
                         Causal causal, Layout layout, bool with_lse, std::vector<int32_t> key_lengths, Path path) {
   AttentionCase c;

@@ -15,6 +15,7 @@
 //   }
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -157,5 +158,9 @@ void store_element(void* bytes, DType dtype, size_t index, float value);
 float load_element(const void* bytes, DType dtype, size_t index);
 // The value the device sees when `value` is stored in `dtype`.
 float round_to(DType dtype, float value);
+// `count` standard-normal values already representable in `dtype`, on the device (`label` names
+// the buffer in errors).
+DeviceBuffer<unsigned char> random_device_values(Context& ctx, DType dtype, size_t count, std::mt19937_64& rng,
+                                                 const char* label);
 
 }  // namespace selfattn::testing

@@ -48,18 +48,23 @@ struct BoundContext {
   std::mutex mutex;  // held by each call that uses ctx
 
   static selfattn::ContextOptions options(selfattn::Backend backend, int device, uintptr_t stream,
-                                          size_t workspace_limit) {
+                                          size_t workspace_limit, std::optional<bool> hopper_kernels) {
     selfattn::ContextOptions o;
     o.backend = backend;
     o.device = device;
+    o.hopper_kernels = hopper_kernels;
     // The library takes a null stream to mean "make your own"; the caller's legacy default stream
     // (handle 0) is named by CUDA's cudaStreamLegacy handle, 0x1, so work still runs on it.
     o.stream = backend == selfattn::Backend::cuda ? reinterpret_cast<void*>(stream == 0 ? 1 : stream) : nullptr;
     o.workspace_limit = workspace_limit;
     return o;
   }
-  BoundContext(selfattn::Backend backend, int device, uintptr_t stream, size_t workspace_limit)
-      : ctx(options(backend, device, stream, workspace_limit)), backend(backend), device(device), stream(stream) {}
+  BoundContext(selfattn::Backend backend, int device, uintptr_t stream, size_t workspace_limit,
+               std::optional<bool> hopper_kernels)
+      : ctx(options(backend, device, stream, workspace_limit, hopper_kernels)),
+        backend(backend),
+        device(device),
+        stream(stream) {}
 };
 
 selfattn::Backend parse_backend(const std::string& name) {
@@ -486,17 +491,22 @@ NB_MODULE(_selfattn, m) {
                         "sim context, CUDA arrays on a cuda context of their device.")
       .def(
           "__init__",
-          [](BoundContext* self, const std::string& backend, int device, uintptr_t stream, size_t workspace_limit) {
-            new (self) BoundContext(parse_backend(backend), device, stream, workspace_limit);
+          [](BoundContext* self, const std::string& backend, int device, uintptr_t stream, size_t workspace_limit,
+             std::optional<bool> hopper_kernels) {
+            new (self) BoundContext(parse_backend(backend), device, stream, workspace_limit, hopper_kernels);
           },
           nb::arg("backend"), nb::arg("device") = 0, nb::arg("stream") = 0, nb::arg("workspace_limit") = size_t(1) << 30,
+          nb::arg("hopper_kernels") = nb::none(),
           "backend: \"sim\" or \"cuda\" (NotAvailable without a usable GPU). device: the CUDA ordinal. stream: a "
           "cudaStream_t as an integer to run on (0: the legacy default stream). workspace_limit: bytes the "
-          "workspace may hold.")
+          "workspace may hold. hopper_kernels: False pins the fused forward to the mma.sync kernel on a Hopper "
+          "GPU (and the sim); None follows SELFATTN_HOPPER_KERNELS (default on).")
       .def_prop_ro("backend", [](const BoundContext& c) { return std::string(selfattn::to_string(c.backend)); })
       .def_ro("device", &BoundContext::device)
       .def_ro("stream", &BoundContext::stream)
       .def_prop_ro("device_name", [](const BoundContext& c) { return c.ctx.device_name(); })
+      .def_prop_ro("uses_hopper_kernels", [](const BoundContext& c) { return c.ctx.uses_hopper_kernels(); },
+                   "Whether the fused forward runs the Hopper (wgmma + TMA) kernel where it takes a call.")
       .def_prop_rw(
           "workspace_limit", [](const BoundContext& c) { return c.ctx.workspace_limit(); },
           [](BoundContext& c, size_t bytes) { c.ctx.set_workspace_limit(bytes); })

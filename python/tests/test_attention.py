@@ -121,6 +121,17 @@ def test_explicit_context(rng):
     assert ctx.workspace_bytes > 0, "the naive path keeps its scores in this context's workspace"
 
 
+@pytest.mark.parametrize("hopper", [True, False])
+def test_fused_kernel_choice(rng, hopper):
+    # The sim reports compute capability 9.0: the fused forward runs the Hopper kernel unless the
+    # context pins the mma.sync kernel. Both must give the right answer.
+    ctx = selfattn.Context("sim", hopper_kernels=hopper)
+    assert ctx.uses_hopper_kernels is hopper
+    q, k, v = (random(rng, (1, 2, 37, 64), "bfloat16") for _ in range(3))
+    out = selfattn.attention(q, k, v, context=ctx, path="fused", causal="bottom_right")
+    assert relative_error(out, reference(q, k, v, "bottom_right")[0]) <= TOLERANCE["bfloat16"]
+
+
 def test_version_backends_paths():
     assert selfattn.version() == selfattn.__version__
     assert [int(x) for x in selfattn.__version__.split(".")] >= [0, 1, 0]

@@ -1,6 +1,6 @@
 // Uses the installed selfattn: one small attention call, the same attention through a KV cache
 // (kv_cache.h) and its backward (backward.h), on the context's backend, each checked against the CPU
-// reference. Exits 0 only when all match.
+// reference, and a context pinned to the mma.sync fused kernel. Exits 0 only when all match.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -73,10 +73,17 @@ int main() {
     selfattn::attention_with_kv_cache(ctx, view(qd), selfattn::KvCache::contiguous(view(kd), view(vd), lengths.data()),
                                       view(cached_out));
 
+    // A context pinned to the mma.sync fused kernel says so (the option and its query are public).
+    selfattn::ContextOptions pinned_options;
+    pinned_options.hopper_kernels = false;
+    const selfattn::Context pinned(pinned_options);
+    const bool pinned_ok = !pinned.uses_hopper_kernels();
+
     const double relative = relative_error(out), cached_relative = relative_error(cached_out);
-    std::printf("selfattn %s on %s: relative error %.2e, through a KV cache %.2e, backward %.2e\n",
-                SELFATTN_VERSION_STRING, ctx.device_name().c_str(), relative, cached_relative, backward_relative);
-    return relative < 1e-5 && cached_relative < 1e-5 && backward_relative < 1e-4 ? 0 : 1;
+    std::printf("selfattn %s on %s: relative error %.2e, through a KV cache %.2e, backward %.2e, Hopper kernels %s\n",
+                SELFATTN_VERSION_STRING, ctx.device_name().c_str(), relative, cached_relative, backward_relative,
+                ctx.uses_hopper_kernels() ? "on" : "off");
+    return relative < 1e-5 && cached_relative < 1e-5 && backward_relative < 1e-4 && pinned_ok ? 0 : 1;
   } catch (const selfattn::Error& e) {
     std::fprintf(stderr, "consumer_app: %s\n", e.what());
     return 1;

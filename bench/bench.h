@@ -42,6 +42,11 @@ struct DecodeShape {
 // forward's out and LSE, computed once before timing), or both in sequence, as a training step runs them.
 enum class Direction { fwd, bwd, fwd_bwd };
 
+// Which kernel the fused path's forward may use: the library's choice (the Hopper kernel on a 9.0
+// device), or the mma.sync kernel pinned (ContextOptions::hopper_kernels = false) - the baseline the
+// Hopper kernel is measured against in the same run.
+enum class FusedKernel { automatic, mma_sync };
+
 struct Case {
   Path path = Path::fused;
   Direction direction = Direction::fwd;
@@ -51,6 +56,7 @@ struct Case {
   Layout layout = Layout::bhsd;
   ScoreMods mods;
   std::optional<DecodeShape> decode;  // set on --mode decode cases
+  FusedKernel fused_kernel = FusedKernel::automatic;  // fused path only
 };
 
 // "w256,0 cap30 alibi bias=heads", or "-" without modifiers.
@@ -100,6 +106,7 @@ struct CaseResult {
   std::optional<double> pct_of_ceiling;  // tflops / gemm ceiling, percent
   std::optional<double> pct_of_copy;     // gbps / copy ceiling, percent
   std::optional<double> vs_cublas;       // cublas path's median / this median (>1: faster than cublas)
+  std::optional<double> vs_mma_sync;     // fused, library's choice: the pinned mma.sync kernel's median / this median
   bool checked = false;                  // --check ran on this case
   bool sampled = false;                  // the check compared sampled rows, not the whole output
   double max_abs_err = 0, rel_err = 0;
@@ -113,6 +120,7 @@ const char* name(Layout layout);
 const char* name(DType dtype);
 const char* name(Status status);
 const char* name(Direction direction);
+const char* name(FusedKernel kernel);
 
 // FlashAttention's convention: 4 * b * h * d per visible (query, key) pair for the forward; pairs
 // masked by the causal mask or the sliding window are not counted (the bench's bias masks nothing).
@@ -134,6 +142,7 @@ struct Sweep {
   std::vector<Layout> layouts;
   std::vector<Path> paths;
   std::vector<Direction> directions{Direction::fwd};
+  std::vector<FusedKernel> fused_kernels{FusedKernel::automatic};  // each fused forward case once per entry
   ScoreMods mods;          // applied to every case of the product
   std::vector<Case> extra; // cases beyond the product (the default cuda sweep's sliding-window line)
 };
@@ -200,7 +209,7 @@ struct RunHeader {
 void print_table(const std::vector<CaseResult>& results, const RunHeader& header);
 void write_json(const std::string& file, const std::vector<CaseResult>& results, const RunHeader& header);
 void write_csv(const std::string& file, const std::vector<CaseResult>& results);
-// Fills pct_of_ceiling and vs_cublas once all cases have run.
+// Fills pct_of_ceiling, vs_cublas and vs_mma_sync once all cases have run.
 void relate_results(std::vector<CaseResult>& results, const Ceilings& ceilings);
 
 }  // namespace selfattn_bench

@@ -23,6 +23,8 @@ const std::map<std::string, sb::Causal> kCausals = {
 const std::map<std::string, sb::Layout> kLayouts = {{"bhsd", sb::Layout::bhsd}, {"bshd", sb::Layout::bshd}};
 const std::map<std::string, sb::Direction> kDirections = {
     {"fwd", sb::Direction::fwd}, {"bwd", sb::Direction::bwd}, {"fwd+bwd", sb::Direction::fwd_bwd}};
+const std::map<std::string, sb::FusedKernel> kFusedKernels = {{"auto", sb::FusedKernel::automatic},
+                                                              {"mma.sync", sb::FusedKernel::mma_sync}};
 const std::map<std::string, sb::Backend> kBackends = {{"cuda", sb::Backend::cuda}, {"sim", sb::Backend::sim}};
 
 std::vector<sb::Path> parse_paths(const std::vector<std::string>& words) {
@@ -47,7 +49,8 @@ std::vector<sb::Path> parse_paths(const std::vector<std::string>& words) {
 
 std::string describe(const sb::Case& c) {
   char text[160];
-  std::snprintf(text, sizeof text, "%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
+  std::snprintf(text, sizeof text, "%s%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
+                c.fused_kernel == sb::FusedKernel::mma_sync ? "/mma.sync" : "",
                 sb::name(c.direction), sb::name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim,
                 sb::name(c.causal), sb::name(c.layout));
   return c.mods.any() ? std::string(text) + " " + sb::describe_mods(c.mods) : std::string(text);
@@ -66,7 +69,7 @@ int main(int argc, char** argv) {
   std::string backend_word;
   std::vector<std::string> path_words;
   std::vector<int> batch, heads, kv_heads, seq_q, seq_k, head_dim;
-  std::vector<std::string> dtype_words, causal_words, layout_words, direction_words;
+  std::vector<std::string> dtype_words, causal_words, layout_words, direction_words, fused_kernel_words;
   sb::RunSettings settings;
   int warmup = -1, iters = -1;
   double tolerance = 0;
@@ -100,6 +103,11 @@ int main(int argc, char** argv) {
                  "fwd (attention), bwd (attention_backward alone), fwd+bwd (both, as a training step); a list "
                  "(default: fwd; the default sweeps add a backward line)")
       ->delimiter(',')->check(CLI::IsMember({"fwd", "bwd", "fwd+bwd"}))->option_text("DIR,...");
+  app.add_option("--fused-kernel", fused_kernel_words,
+                 "the fused forward's kernel: auto (the library's choice: Hopper's on a 9.0 device) and/or mma.sync "
+                 "(pinned: ContextOptions::hopper_kernels = false), a list (default: auto; the default cuda sweep "
+                 "adds mma.sync where auto runs the Hopper kernel)")
+      ->delimiter(',')->check(CLI::IsMember({"auto", "mma.sync"}))->option_text("KERNEL,...");
   app.add_option("--layout", layout_words, "bhsd or bshd (default bhsd)")
       ->delimiter(',')->check(CLI::IsMember({"bhsd", "bshd"}))->option_text("LAYOUT,...");
   app.add_option("--window", window, "sliding window L,R: keys i'-L..i'+R, -1 unbounded (default: none)")
@@ -142,8 +150,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
 
   std::optional<selfattn::Context> ctx;
+  selfattn::ContextOptions options;
   try {
-    selfattn::ContextOptions options;
     if (!backend_word.empty()) options.backend = kBackends.at(backend_word);
     ctx.emplace(options);
   } catch (const std::exception& e) {
@@ -232,6 +240,9 @@ int main(int argc, char** argv) {
     mapped(kCausals, causal_words, sweep.causals);
     mapped(kLayouts, layout_words, sweep.layouts);
     mapped(kDirections, direction_words, sweep.directions);
+    mapped(kFusedKernels, fused_kernel_words, sweep.fused_kernels);
+    // Without the Hopper kernel the two would be the same kernel: the default sweep keeps one.
+    if (fused_kernel_words.empty() && !ctx->uses_hopper_kernels()) sweep.fused_kernels = {sb::FusedKernel::automatic};
     if (!window.empty()) {
       sweep.mods.window_left = window[0];
       sweep.mods.window_right = window[1];
@@ -254,6 +265,20 @@ int main(int argc, char** argv) {
     sweep.extra = kept;
     const std::vector<sb::Case> cases = sb::expand(sweep);
 
+    // The pinned cases run on a second context on the same device and stream (so the inputs the
+    // first one uploaded are ordered before them), made when the first such case comes.
+    std::optional<selfattn::Context> mma_sync_ctx;
+    auto context_for = [&](const sb::Case& c) -> selfattn::Context& {
+      if (c.fused_kernel == sb::FusedKernel::automatic) return *ctx;
+      if (!mma_sync_ctx) {
+        selfattn::ContextOptions pinned = options;
+        pinned.backend = ctx->backend();
+        pinned.stream = ctx->stream();
+        pinned.hopper_kernels = false;
+        mma_sync_ctx.emplace(pinned);
+      }
+      return *mma_sync_ctx;
+    };
     sb::InputCache inputs;
     const bool tty = isatty(fileno(stderr));
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -261,13 +286,14 @@ int main(int argc, char** argv) {
       std::fflush(stderr);
       sb::CaseResult r;
       try {
-        r = sb::measure_case(*ctx, cases[i], settings, inputs);
+        r = sb::measure_case(context_for(cases[i]), cases[i], settings, inputs);
       } catch (const std::exception& e) {  // e.g. out of memory for the inputs
         r.c = cases[i];
         r.resolved_path = sb::name(cases[i].path);
         r.status = sb::Status::error;
         r.note = e.what();
       }
+      if (cases[i].fused_kernel == sb::FusedKernel::mma_sync) r.resolved_path += "/mma.sync";
       if (r.status == sb::Status::ok || r.status == sb::Status::check_failed)
         std::fprintf(stderr, " %.4f ms%s%s", r.ms_median, r.checked ? " check " : "",
                      r.checked ? (r.status == sb::Status::ok ? "pass" : "FAIL") : "");

@@ -49,10 +49,11 @@ void relate_results(std::vector<CaseResult>& results, const Ceilings& ceilings) 
     if (ceilings.gemm_tflops > 0) r.pct_of_ceiling = 100.0 * r.tflops / ceilings.gemm_tflops;
     if (ceilings.copy_gbps > 0) r.pct_of_copy = 100.0 * r.gbps / ceilings.copy_gbps;
     for (const CaseResult& other : results) {
-      if (ran(other) && other.c.path == Path::cublas && other.ms_median > 0 && same_problem(other.c, r.c)) {
-        r.vs_cublas = other.ms_median / r.ms_median;
-        break;
-      }
+      if (!ran(other) || other.ms_median <= 0 || !same_problem(other.c, r.c)) continue;
+      if (other.c.path == Path::cublas && !r.vs_cublas) r.vs_cublas = other.ms_median / r.ms_median;
+      const bool pinned_twin = r.c.path == Path::fused && other.c.path == Path::fused &&
+                               r.c.fused_kernel == FusedKernel::automatic && other.c.fused_kernel == FusedKernel::mma_sync;
+      if (pinned_twin) r.vs_mma_sync = other.ms_median / r.ms_median;
     }
   }
 }
@@ -68,13 +69,12 @@ void print_table(const std::vector<CaseResult>& results, const RunHeader& header
   if (header.ceilings.gemm_tflops > 0)
     std::printf("ceilings: cuBLAS GEMM %.1f TFLOPS (%s), copy %.0f GB/s (%s)\n", header.ceilings.gemm_tflops,
                 header.ceilings.gemm_shape.c_str(), header.ceilings.copy_gbps, header.ceilings.copy_bytes.c_str());
-  std::printf("%-12s %-7s %-5s %4s %4s %4s %6s %6s %4s %-12s %-4s %-14s %10s %10s %8s %8s %6s %8s %9s %s\n", "path", "dir",
-              "dtype",
-              "b", "h", "kvh", "seq_q", "seq_k", "d", "causal", "lay", "mods", "median_ms", "min_ms", "TFLOPS", "GB/s", "%ceil",
-              "vs_cublas", "rel_err", "check");
+  std::printf("%-14s %-7s %-5s %4s %4s %4s %6s %6s %4s %-12s %-4s %-14s %10s %10s %8s %8s %6s %8s %8s %9s %s\n", "path",
+              "dir", "dtype", "b", "h", "kvh", "seq_q", "seq_k", "d", "causal", "lay", "mods", "median_ms", "min_ms", "TFLOPS",
+              "GB/s", "%ceil", "vs_cublas", "vs_mma", "rel_err", "check");
   for (const CaseResult& r : results) {
     const Case& c = r.c;
-    std::printf("%-12s %-7s %-5s %4d %4d %4d %6d %6d %4d %-12s %-4s %-14s ", r.resolved_path.c_str(), name(c.direction),
+    std::printf("%-14s %-7s %-5s %4d %4d %4d %6d %6d %4d %-12s %-4s %-14s ", r.resolved_path.c_str(), name(c.direction),
                 name(c.dtype), c.batch,
                 c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, name(c.causal), name(c.layout),
                 describe_mods(c.mods).c_str());
@@ -85,6 +85,7 @@ void print_table(const std::vector<CaseResult>& results, const RunHeader& header
     std::printf("%10.4f %10.4f %8.3g %8.3g ", r.ms_median, r.ms_min, r.tflops, r.gbps);
     if (r.pct_of_ceiling) std::printf("%6.1f ", *r.pct_of_ceiling); else std::printf("%6s ", "-");
     if (r.vs_cublas) std::printf("%8.2fx ", *r.vs_cublas); else std::printf("%9s ", "-");
+    if (r.vs_mma_sync) std::printf("%7.2fx ", *r.vs_mma_sync); else std::printf("%8s ", "-");
     if (r.checked) std::printf("%9.2e ", r.rel_err); else std::printf("%9s ", "-");
     std::printf("%s%s%s\n", check_word(r), r.sampled ? " (sampled rows)" : "",
                 r.status == Status::check_failed ? (": " + r.note).c_str() : "");
@@ -124,6 +125,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"gpu", header.gpu},
         {"path", name(c.path)},
         {"resolved_path", r.resolved_path},
+        {"fused_kernel", c.path == Path::fused ? json(name(c.fused_kernel)) : json(nullptr)},
         {"direction", name(c.direction)},
         {"dtype", name(c.dtype)},
         {"batch", c.batch},
@@ -145,6 +147,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"pct_of_ceiling", number_or_null(r.pct_of_ceiling)},
         {"pct_of_copy_ceiling", number_or_null(r.pct_of_copy)},
         {"vs_cublas", number_or_null(r.vs_cublas)},
+        {"vs_mma_sync", number_or_null(r.vs_mma_sync)},
         {"max_abs_err", r.checked ? json(r.max_abs_err) : json(nullptr)},
         {"rel_err", r.checked ? json(r.rel_err) : json(nullptr)},
         {"check", check_word(r)},
@@ -168,7 +171,7 @@ void write_csv(const std::string& file, const std::vector<CaseResult>& results) 
   std::ofstream out(file);
   if (!out) throw std::runtime_error("cannot write " + file);
   out << "path,resolved_path,direction,dtype,batch,heads,kv_heads,seq_q,seq_k,head_dim,causal,layout,status,ms_median,ms_min,"
-         "ms_max,tflops,gbps,pct_of_ceiling,vs_cublas,max_abs_err,rel_err,check,mods,note\n";
+         "ms_max,tflops,gbps,pct_of_ceiling,vs_cublas,vs_mma_sync,max_abs_err,rel_err,check,mods,note\n";
   for (const CaseResult& r : results) {
     const Case& c = r.c;
     const bool timed = ran(r) && r.ms_median > 0;
@@ -181,7 +184,7 @@ void write_csv(const std::string& file, const std::vector<CaseResult>& results) 
         << c.kv_heads << ',' << c.seq_q << ',' << c.seq_k << ',' << c.head_dim << ',' << name(c.causal) << ','
         << name(c.layout) << ',' << name(r.status) << ',' << (timed ? num(r.ms_median) : "") << ','
         << (timed ? num(r.ms_min) : "") << ',' << (timed ? num(r.ms_max) : "") << ',' << (timed ? num(r.tflops) : "")
-        << ',' << (timed ? num(r.gbps) : "") << ',' << opt(r.pct_of_ceiling) << ',' << opt(r.vs_cublas) << ','
+        << ',' << (timed ? num(r.gbps) : "") << ',' << opt(r.pct_of_ceiling) << ',' << opt(r.vs_cublas) << ',' << opt(r.vs_mma_sync) << ','
         << (r.checked ? num(r.max_abs_err) : "") << ',' << (r.checked ? num(r.rel_err) : "") << ',' << check_word(r)
         << ',' << describe_mods(c.mods) << ",\"" << note << "\"\n";
   }

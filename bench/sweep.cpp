@@ -42,6 +42,8 @@ const char* name(Direction direction) {
   }
   return "?";
 }
+const char* name(FusedKernel kernel) { return kernel == FusedKernel::automatic ? "auto" : "mma.sync"; }
+
 const char* name(Status status) {
   switch (status) {
     case Status::ok: return "ok";
@@ -83,6 +85,9 @@ Sweep default_sweep(Backend backend) {
     // The backward line: the same shapes and masks, attention_backward alone (bench/NOTES.md has
     // the prediction beside FlashAttention-2's published backward figures).
     sweep.directions = {Direction::fwd, Direction::bwd};
+    // The fused forward once more with the mma.sync kernel pinned: on a Hopper GPU the Hopper
+    // kernel's speed-up over it, measured in the same run (bench_main drops it elsewhere).
+    sweep.fused_kernels = {FusedKernel::automatic, FusedKernel::mma_sync};
     // Sliding window (Mistral-style, 256 keys back, causal) over 32k tokens per call (batch = 32768 /
     // seq): the fused kernel skips key tiles outside the window, so each query row costs the same at
     // every seq_k and the time should stay flat from 4k to 32k.
@@ -128,22 +133,26 @@ std::vector<Case> expand(const Sweep& sweep) {
       for (const Shape& s : sweep.shapes)
         for (Causal causal : sweep.causals)
           for (Direction direction : sweep.directions)
-            for (Path path : sweep.paths) {
-              Case c;
-              c.path = path;
-              c.direction = direction;
-              c.dtype = dtype;
-              c.batch = s.batch;
-              c.heads = s.heads;
-              c.kv_heads = s.kv_heads;
-              c.seq_q = s.seq_q;
-              c.seq_k = s.seq_k;
-              c.head_dim = s.head_dim;
-              c.causal = causal;
-              c.layout = layout;
-              c.mods = sweep.mods;
-              cases.push_back(c);
-            }
+            for (Path path : sweep.paths)
+              for (FusedKernel kernel : sweep.fused_kernels) {
+                // Only the fused forward has a choice of kernel (the backward has one kernel family).
+                if (kernel != FusedKernel::automatic && (path != Path::fused || direction != Direction::fwd)) continue;
+                Case c;
+                c.path = path;
+                c.fused_kernel = kernel;
+                c.direction = direction;
+                c.dtype = dtype;
+                c.batch = s.batch;
+                c.heads = s.heads;
+                c.kv_heads = s.kv_heads;
+                c.seq_q = s.seq_q;
+                c.seq_k = s.seq_k;
+                c.head_dim = s.head_dim;
+                c.causal = causal;
+                c.layout = layout;
+                c.mods = sweep.mods;
+                cases.push_back(c);
+              }
   cases.insert(cases.end(), sweep.extra.begin(), sweep.extra.end());
   return cases;
 }

@@ -10,6 +10,8 @@
 #   decode_fail: --mode decode with an impossible tolerance (0): every check fails, exit code 1.
 #   backward: --direction bwd,fwd+bwd, odd small shapes, every path, --check; exit 0; every case ran and
 #            passed its check, and its FLOPs are 2.5x (bwd) or 3.5x (fwd+bwd) the forward's.
+#   fused_kernels: --fused-kernel auto,mma.sync on fused and cublas, --check; exit 0; every case ran and
+#            passed, the pinned lines are "fused/mma.sync", and each auto fused line has its vs_mma_sync.
 file(REMOVE_RECURSE ${WORKDIR})
 file(MAKE_DIRECTORY ${WORKDIR})
 set(json ${WORKDIR}/out.json)
@@ -39,8 +41,12 @@ elseif(MODE STREQUAL "backward")
   set(args --backend sim --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1 --direction bwd,fwd+bwd
            --batch 1 --heads 4 --kv-heads 2 --seq-q 7,33 --seq-k 40 --head-dim 64 --causal none,bottom_right
            --dtype fp16)
+elseif(MODE STREQUAL "fused_kernels")
+  set(args --backend sim --path fused,cublas --fused-kernel auto,mma.sync --check --json ${json} --csv ${csv}
+           --warmup 0 --iters 1 --batch 1 --heads 2 --kv-heads 1 --seq-q 7,113 --seq-k 200 --head-dim 64
+           --causal none,bottom_right --dtype bf16)
 else()
-  message(FATAL_ERROR "MODE must be sweep, fail, default, decode, decode_fail or backward")
+  message(FATAL_ERROR "MODE must be sweep, fail, default, decode, decode_fail, backward or fused_kernels")
 endif()
 
 execute_process(COMMAND ${BENCH} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -67,16 +73,18 @@ string(JSON count LENGTH "${doc}" cases)
 if(count EQUAL 0)
   message(FATAL_ERROR "no cases in the JSON")
 endif()
-set(fields backend gpu path resolved_path direction dtype batch heads kv_heads seq_q seq_k head_dim causal layout status
-           ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas max_abs_err rel_err check
-           bytes mode cache_len page_size new_tokens splits)
+set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim causal
+           layout status ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas vs_mma_sync
+           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits)
 set(checked_mode OFF)
 if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
-   MODE STREQUAL "backward")
+   MODE STREQUAL "backward" OR MODE STREQUAL "fused_kernels")
   set(checked_mode ON)
 endif()
 set(decode_checks 0)
 set(backward_checks 0)
+set(pinned_lines 0)
+set(speedups 0)
 set(ran 0)
 set(failed 0)
 set(sampled 0)
@@ -177,6 +185,18 @@ foreach(i RANGE ${last})
       math(EXPR backward_checks "${backward_checks} + 1")
     endif()
     string(JSON is_sampled GET "${case}" check_sampled)
+    if(MODE STREQUAL "fused_kernels" AND check STREQUAL "pass")
+      string(JSON resolved GET "${case}" resolved_path)
+      string(JSON kernel GET "${case}" fused_kernel)
+      string(JSON speedup_type TYPE "${case}" vs_mma_sync)
+      if(resolved STREQUAL "fused/mma.sync" AND kernel STREQUAL "mma.sync" AND speedup_type STREQUAL "NULL")
+        math(EXPR pinned_lines "${pinned_lines} + 1")
+      elseif(resolved STREQUAL "fused" AND kernel STREQUAL "auto" AND speedup_type STREQUAL "NUMBER")
+        math(EXPR speedups "${speedups} + 1")
+      elseif(NOT resolved STREQUAL "cublas" OR NOT speedup_type STREQUAL "NULL")
+        message(FATAL_ERROR "cases[${i}]: resolved_path '${resolved}', fused_kernel '${kernel}', vs_mma_sync ${speedup_type}")
+      endif()
+    endif()
     if(is_sampled STREQUAL "ON")
       math(EXPR sampled "${sampled} + 1")
     elseif(is_sampled STREQUAL "OFF")
@@ -219,6 +239,12 @@ elseif(MODE STREQUAL "backward")
   if(NOT rc EQUAL 0 OR NOT backward_checks EQUAL 24 OR NOT count EQUAL 24)
     message(FATAL_ERROR "the checked backward sweep: exit ${rc}, ${backward_checks} of ${count} cases ran and passed, "
                         "expected 24 (2 shapes x 2 masks x 2 directions x 3 paths):\n${err}")
+  endif()
+elseif(MODE STREQUAL "fused_kernels")
+  if(NOT rc EQUAL 0 OR NOT count EQUAL 12 OR NOT pinned_lines EQUAL 4 OR NOT speedups EQUAL 4)
+    message(FATAL_ERROR "the checked fused-kernel sweep: exit ${rc}, ${count} cases (expected 12: 2 shapes x 2 masks x "
+                        "fused, fused/mma.sync, cublas), ${pinned_lines} pinned lines passed (4), ${speedups} fused lines "
+                        "passed with vs_mma_sync (4):\n${err}")
   endif()
 elseif(MODE STREQUAL "fail" OR MODE STREQUAL "decode_fail")
   if(NOT rc EQUAL 1 OR NOT failed EQUAL ran)

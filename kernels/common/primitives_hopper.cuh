@@ -16,7 +16,10 @@
 //     warpgroup together, with warpgroup-uniform descriptors. wgmma_fence() comes before the first
 //     wgmma of a batch whose accumulator or A registers were touched by other instructions; the
 //     accumulators are read, and the shared-memory operands rewritten, only after a wgmma_wait<>
-//     that covers the group. Shared memory written by ordinary stores and read by wgmma needs
+//     that covers the group, and, after that wait, wgmma_fence_operands on the accumulators and A
+//     fragments it retired (below: the compiler sees wgmma write them at issue and read them
+//     there, so without it it may read them before the wait or reuse them while wgmma still reads).
+//     Shared memory written by ordinary stores and read by wgmma needs
 //     fence_proxy_async() by the writer (and then a barrier) in between.
 //   - Only code built for sm_90a may call them (nvcc refuses wgmma and setmaxnreg elsewhere).
 #include <cstdint>
@@ -158,6 +161,8 @@ struct WgmmaOp {
   int n = 0;
   bool accumulate = false, a_in_registers = false, transpose_b = false;
   bool chained = false;  // accumulates into the registers of an earlier op still in flight
+  std::shared_ptr<WgmmaOp> predecessor;  // that op, whose result is this one's C
+  std::vector<float> result;  // D (64 x n) once performed, until wgmma_fence_operands writes it back
   sim_warp::Operand type = sim_warp::Operand::f16;
   uint64_t desc_a = 0, desc_b = 0;
   std::vector<float> a, c;   // A (64 x 16) when in registers; C (64 x n) as issued
@@ -220,12 +225,13 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
   // performed, after its predecessor. Otherwise C is read now and the registers become NaN, as
   // they are undefined until the wait.
   const sim::ThreadContext& issuer = sim::current_thread();
-  auto writes_same = [&](const std::shared_ptr<void>& other) {
-    return static_cast<const WgmmaOp*>(other.get())->d[0] == first.d;
+  auto note_if_same = [&](const std::shared_ptr<void>& other) {
+    if (static_cast<const WgmmaOp*>(other.get())->d[0] == first.d) op->predecessor = std::static_pointer_cast<WgmmaOp>(other);
   };
-  op->chained = std::any_of(issuer.wgmma_open.begin(), issuer.wgmma_open.end(), writes_same);
   for (const auto& group : issuer.wgmma_groups)
-    op->chained = op->chained || std::any_of(group.begin(), group.end(), writes_same);
+    for (const auto& other : group) note_if_same(other);
+  for (const auto& other : issuer.wgmma_open) note_if_same(other);  // the latest one in flight
+  op->chained = op->predecessor != nullptr;
   for (int t = 0; t < 128; ++t) {
     const WgmmaIssue& x = *ins[t];
     op->d[t] = x.d;
@@ -262,7 +268,9 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
   for (int t = 0; t < 128; ++t) outs[t]->op = op;
 }
 
-// The operation happens now: its shared-memory operands are read as they are at the wait.
+// The operation happens now: its shared-memory operands are read as they are at the wait. Its
+// result waits in the op until each thread's wgmma_fence_operands copies its fragment out, so a
+// kernel that reads the accumulators without that fence reads the NaN of the issue.
 SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
   const unsigned char* smem = sim::current_thread().dynamic_smem;
   // The registers wgmma owns until this wait must be as it left them: A as issued, and the
@@ -282,11 +290,8 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
     return operand_value(op.type, bits);
   };
   if (op.chained) {
-    for (int t = 0; t < 128; ++t)
-      for (int i = 0; i < op.n / 2; ++i) {
-        const FragmentCoord at = wgmma_accumulator_coord(t, i);
-        op.c[size_t(at.row) * op.n + at.col] = op.d[t][i];
-      }
+    op.c = op.predecessor->result;  // performed before this one: an earlier group, or earlier in this one
+    op.predecessor.reset();
   }
   std::vector<float> a(64 * 16), b(size_t(16) * op.n), d = op.c;
   for (int r = 0; r < 64; ++r)
@@ -299,11 +304,7 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
   } else {
     wgmma_tile<sim_warp::Operand::bf16>(op.n, a.data(), b.data(), d.data(), op.accumulate);
   }
-  for (int t = 0; t < 128; ++t)
-    for (int i = 0; i < op.n / 2; ++i) {
-      const FragmentCoord at = wgmma_accumulator_coord(t, i);
-      op.d[t][i] = d[size_t(at.row) * op.n + at.col];
-    }
+  op.result = std::move(d);
   for (const auto& r : op.smem_ranges)
     sim::racecheck_async_read_end(op.first_thread, smem + r.first, r.second - r.first);
 }
@@ -331,6 +332,26 @@ __attribute__((noinline)) void wgmma_issue(float* d, const uint32_t* a, uint64_t
     wgmma_issue_combine(ins, outs);
   });
   sim::current_thread().wgmma_open.push_back(std::move(out.op));
+}
+
+// wgmma_fence_operands on accumulators: this thread's fragment of the latest retired op that
+// writes `d` lands in its registers (older retired ops of the same chain are superseded).
+SELFATTN_SIM_UNCHECKED inline void wgmma_write_back(float* d, int count) {
+  sim::ThreadContext& t = sim::current_thread();
+  const unsigned thread = t.linear_tid % 128;
+  std::shared_ptr<WgmmaOp> latest;
+  std::vector<std::shared_ptr<void>> kept;
+  for (std::shared_ptr<void>& any : t.wgmma_retired) {
+    auto op = std::static_pointer_cast<WgmmaOp>(any);
+    if (op->d[thread] == d) latest = op; else kept.push_back(std::move(any));
+  }
+  t.wgmma_retired = std::move(kept);
+  if (!latest) return;  // nothing retired into these registers since their last fence
+  if (latest->n / 2 != count) sim_warp::fail("wgmma_fence_operands", "the array is not the accumulator of the wgmma that wrote it");
+  for (int i = 0; i < count; ++i) {
+    const FragmentCoord at = wgmma_accumulator_coord(int(thread), i);
+    d[i] = latest->result[size_t(at.row) * latest->n + at.col];
+  }
 }
 
 }  // namespace sim_hopper
@@ -378,8 +399,38 @@ __device__ __forceinline__ void wgmma_wait() {
     for (size_t g = 0; g + Pending < queue.size(); ++g)
       for (const std::shared_ptr<void>& op : queue[g]) sim_hopper::wgmma_perform(*static_cast<sim_hopper::WgmmaOp*>(op.get()));
   });
-  if (groups > size_t(Pending)) t.wgmma_groups.erase(t.wgmma_groups.begin(), t.wgmma_groups.end() - Pending);
+  if (groups > size_t(Pending)) {
+    for (auto group = t.wgmma_groups.begin(); group != t.wgmma_groups.end() - Pending; ++group)
+      t.wgmma_retired.insert(t.wgmma_retired.end(), group->begin(), group->end());
+    t.wgmma_groups.erase(t.wgmma_groups.begin(), t.wgmma_groups.end() - Pending);
+  }
   t.wgmma_fenced = false;
+#endif
+}
+
+// After the wgmma_wait that retires a wgmma: its accumulators (and A fragment) are the kernel's
+// again. To the compiler, wgmma wrote them, and read A, at issue: without this it may move a read of
+// the results above the wait, or give A's registers to other values while wgmma still reads them.
+// An empty asm that "writes" each register at this point orders both (CUTLASS's
+// warpgroup_fence_operand). On the sim, the results land in the registers here (wgmma_perform).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#if !SELFATTN_SIM
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#else
+  sim_hopper::wgmma_write_back(d, N);
+#endif
+}
+template <int K>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[K][4]) {
+#if !SELFATTN_SIM
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[k][i])::"memory");
+#else
+  (void)a;  // the sim's registers are memory: nothing to reorder
 #endif
 }
 

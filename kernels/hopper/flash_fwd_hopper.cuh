@@ -18,7 +18,9 @@
 // The tensor cores are kept busy while the consumers do softmax, in two ways (FlashAttention-3's):
 //   - within a warpgroup, S(j) is issued together with P(j-1) V(j-1) and waited for first, so the
 //     softmax of tile j runs while P(j-1) V(j-1) is still in the tensor cores. O is rescaled by
-//     tile j's factor only after that product is done (wgmma owns O while it is in flight).
+//     tile j's factor only after that product is done (wgmma owns O while it is in flight). Each
+//     wait is followed by wgmma_fence_operands on what it retired, so the compiler neither reads
+//     S or O early nor reuses P's registers while wgmma reads them.
 //   - between the two consumer warpgroups, the issue of each batch of GEMMs takes turns (two
 //     mbarriers, turn[0] and turn[1], ping-pong), so one warpgroup's softmax overlaps the other's
 //     GEMMs instead of both competing for the tensor cores at once. mbarriers rather than named
@@ -268,6 +270,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
     hopper_issue_scores<T, Traits>(score, q_address, group_row0, k_address(0));
     pass_turn();
     wgmma_wait<0>();
+    wgmma_fence_operands(score);
     mbarrier_arrive(&k_empty[0]);
     float rescale[2];
     softmax(0, rescale);
@@ -283,6 +286,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
     hopper_issue_pv<T, Traits>(acc, p_frag, v_address(previous));
     pass_turn();
     wgmma_wait<1>();  // S(tile) is done; P(previous) V(previous) may still run
+    wgmma_fence_operands(score);
     mbarrier_arrive(&k_empty[tile % S]);
     float rescale[2];
     softmax(tile, rescale);
@@ -291,6 +295,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
     uint32_t p_next[BN / 16][4];
     hopper_pack_probabilities<T, BN>(p_next, score);
     wgmma_wait<0>();  // O and p_frag are the registers' own again
+    wgmma_fence_operands(acc);
+    wgmma_fence_operands(p_frag);
     mbarrier_arrive(&v_empty[previous % S]);
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half) flash_rescale_row<D / 8>(acc + 2 * half, rescale[half]);
@@ -309,6 +315,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
     hopper_issue_pv<T, Traits>(acc, p_frag, v_address(last));
     pass_turn();
     wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    wgmma_fence_operands(p_frag);
     mbarrier_arrive(&v_empty[last % S]);
   }
 

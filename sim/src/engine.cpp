@@ -221,6 +221,7 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     c.async_open.clear();
     c.wgmma_open.clear();
     c.wgmma_groups.clear();
+    c.wgmma_retired.clear();
     c.wgmma_fenced = false;
     f.state = FiberState::ready;
     f.collective_mask = 0;

@@ -238,7 +238,8 @@ inline void check_mbarrier_ring(Device& device, int tiles, uint32_t seed) {
 }
 
 #if SELFATTN_SIM
-// Sim only: the accumulators of an issued wgmma are NaN until wgmma_wait; after it, the product.
+// Sim only: the accumulators of an issued wgmma are NaN until wgmma_wait and wgmma_fence_operands;
+// after both, the product.
 inline void check_wgmma_accumulators_before_wait(Device& device, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> real(-2.f, 2.f);
@@ -246,15 +247,18 @@ inline void check_wgmma_accumulators_before_wait(Device& device, uint32_t seed) 
   for (auto& x : a) x = to_bits(false, real(rng));
   for (auto& x : b) x = to_bits(false, real(rng));
   DeviceArray<uint16_t> da(device, a, "early a"), db(device, b, "early b");
-  DeviceArray<float> dbefore(device, 64 * 64, "early before"), dafter(device, 64 * 64, "early after");
-  dbefore.poison(), dafter.poison();
-  const kh::EarlyReadParams params{da.get(), db.get(), dbefore.get(), dafter.get()};
+  DeviceArray<float> dbefore(device, 64 * 64, "early before"), dunfenced(device, 64 * 64, "early unfenced"),
+      dafter(device, 64 * 64, "early after");
+  dbefore.poison(), dunfenced.poison(), dafter.poison();
+  const kh::EarlyReadParams params{da.get(), db.get(), dbefore.get(), dunfenced.get(), dafter.get()};
   device.launch(kh::sim_only_kernels().wgmma_early_read, one_block(128, 2 * 8192), &params);
-  const std::vector<float> before = dbefore.read(), after = dafter.read();
+  const std::vector<float> before = dbefore.read(), unfenced = dunfenced.read(), after = dafter.read();
   for (int r = 0; r < 64; ++r)
     for (int c = 0; c < 64; ++c) {
       ASSERT_TRUE(std::isnan(before[r * 64 + c])) << "D(" << r << ", " << c << ") read before wgmma_wait is "
                                                   << before[r * 64 + c] << ", not NaN";
+      ASSERT_TRUE(std::isnan(unfenced[r * 64 + c])) << "D(" << r << ", " << c << ") read after wgmma_wait but before "
+                                                    << "wgmma_fence_operands is " << unfenced[r * 64 + c] << ", not NaN";
       double exact = 0, magnitude = 0;
       for (int kk = 0; kk < 64; ++kk) {
         const double p = double(from_bits(false, a[r * 64 + kk])) * from_bits(false, b[c * 64 + kk]);

@@ -140,6 +140,7 @@ __global__ void __launch_bounds__(128, 1) wgmma_ss_kernel(const __grid_constant_
       wgmma_ss<T, N>(d, k_major_desc(a_address, 64, 0, 16 * ks), k_major_desc(b_address, N, 0, 16 * ks), ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
+    wgmma_fence_operands(d);
     SELFATTN_HOPPER_TEST_UNROLL
     for (int j = 0; j < N / 8; ++j) store_c_fragment(p.wgmma_out, N, warp, lane, j, d + 4 * j);
   }
@@ -212,6 +213,8 @@ __global__ void __launch_bounds__(128, 1) wgmma_rs_kernel(const __grid_constant_
       wgmma_rs<T, N, /*TransposeB=*/1>(d, pf[kk], mn_major_desc(v_address, Keys, 16 * kk), true);
     wgmma_commit();
     wgmma_wait<0>();
+    wgmma_fence_operands(d);
+    wgmma_fence_operands(pf);  // pf is read again by the mma.sync below
     SELFATTN_HOPPER_TEST_UNROLL
     for (int j = 0; j < N / 8; ++j) store_c_fragment(p.wgmma_out, N, warp, lane, j, d + 4 * j);
   }
@@ -283,12 +286,15 @@ __global__ void __launch_bounds__(kRingThreads, 1) ring_kernel(const __grid_cons
 // ---- sim only: what reading too early looks like ------------------------------------------------
 #if SELFATTN_SIM
 // One wgmma_ss (K = 64, N = 64, f16, operands written by ordinary stores + fence_proxy_async), its
-// accumulators copied out before wgmma_wait (the sim's twin has set them to NaN) and after it.
+// accumulators copied out before wgmma_wait (the sim's twin has set them to NaN), after it but
+// before wgmma_fence_operands (still NaN: the sim writes the results back at the fence, the latest
+// point a compiler could read them), and after both.
 struct EarlyReadParams {
   const uint16_t* a;  // [64][64]
   const uint16_t* b;  // [64][64] (N x K)
-  float* before_wait;  // [64][64]
-  float* after_wait;   // [64][64]
+  float* before_wait;   // [64][64]
+  float* before_fence;  // [64][64]
+  float* after_wait;    // [64][64]
 };
 __global__ void wgmma_early_read_kernel(const EarlyReadParams p) {
   unsigned char* smem = dynamic_smem<unsigned char>();
@@ -308,6 +314,8 @@ __global__ void wgmma_early_read_kernel(const EarlyReadParams p) {
   wgmma_commit();
   for (int j = 0; j < 8; ++j) store_c_fragment(p.before_wait, 64, warp, lane, j, d + 4 * j);
   wgmma_wait<0>();
+  for (int j = 0; j < 8; ++j) store_c_fragment(p.before_fence, 64, warp, lane, j, d + 4 * j);
+  wgmma_fence_operands(d);
   for (int j = 0; j < 8; ++j) store_c_fragment(p.after_wait, 64, warp, lane, j, d + 4 * j);
 }
 
@@ -389,6 +397,7 @@ __global__ void wgmma_register_touch_kernel(const RegisterTouchParams p) {
   if (p.touch == 1 && tid == 37) a[2] = 0;
   if (p.touch == 2 && tid == 90) d[5] = 1.0f;
   wgmma_wait<0>();
+  wgmma_fence_operands(d);
 }
 
 struct SimOnlyKernels {

@@ -37,8 +37,9 @@ TEST_F(HopperPrimitivesSim, MbarrierRingParityFlips) {
   check_mbarrier_ring(*device, 2, 61);  // one phase each: the producer's first waits pass at once
 }
 
-// What only the sim promises: accumulators are NaN until the wait that covers their wgmma.
-TEST_F(HopperPrimitivesSim, WgmmaAccumulatorsAreNaNBeforeTheWait) { check_wgmma_accumulators_before_wait(*device, 70); }
+// What only the sim promises: accumulators are NaN until the wait that covers their wgmma and the
+// operand fence after it.
+TEST_F(HopperPrimitivesSim, WgmmaAccumulatorsAreNaNBeforeTheWaitAndFence) { check_wgmma_accumulators_before_wait(*device, 70); }
 
 // The registers an RS wgmma owns until its wait: changing its A fragment or writing its accumulator
 // before the wait is reported (the hardware may read A, and writes D, at any time until then); so

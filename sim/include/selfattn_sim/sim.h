@@ -72,6 +72,8 @@ struct ThreadContext {
   // threads; the engine only clears these at block start and reports a thread that exits with any.
   std::vector<std::shared_ptr<void>> wgmma_open;
   std::vector<std::vector<std::shared_ptr<void>>> wgmma_groups;
+  // Retired by a wait whose results have not yet been written back (wgmma_fence_operands).
+  std::vector<std::shared_ptr<void>> wgmma_retired;
   // Whether a wgmma.fence came after this thread's last wgmma.wait_group (or its start): a wgmma
   // issued otherwise is not ordered after the code that touched its registers since (the ISA's
   // fence rule; a wait is taken as that code's start, since results are read after one).

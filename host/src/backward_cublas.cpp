@@ -20,12 +20,14 @@
 // The dK/dV GEMMs must not give two problems of one GEMM the same C, so under GQA they run once per
 // head position g within the group: the pairs g, g + heads_per_kv, ... each of another kv head.
 //
-// Key lengths: K and V rows past a batch's length may hold anything, NaN included (a KV cache's
-// unused rows). S and dP get NaN there, but backward_scores reads only visible keys (selection),
-// so P = dS = 0 past the length; dV += dO^T P and dK += Q^T dS then add exact zeros to those rows
-// (dO and Q, query rows, have no padding), leaving them 0 as on the other paths. Only dQ = dS K
-// sums over keys, where 0 * NaN = NaN: as the forward's P V (path_cublas.cpp), it runs per batch
-// with its sum bounded by that batch's length (GemmBatch::k_bound).
+// Keys no row sees: K and V rows past a batch's length, or outside every row's window, may hold
+// anything, NaN included (a KV cache's unused rows). As in path_cublas.cpp, every GEMM of a chunk
+// runs over the keys its rows may see (chunk_key_span): dK and dV rows outside get nothing added
+// (their accumulators start at 0, as on the other paths). Inside, S and dP get NaN past a key
+// length, but backward_scores reads only visible keys (selection), so P = dS = 0 there; dV += dO^T P
+// and dK += Q^T dS then add exact zeros to those rows (dO and Q, query rows, have no padding). Only
+// dQ = dS K sums over keys, where 0 * NaN = NaN: as the forward's P V, it runs per batch with its
+// sum bounded by that batch's length (GemmBatch::k_bound).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -147,10 +149,12 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
 
   for_each_chunk(chunked, [&](const Chunk& chunk) {
     const ChunkScores sc = chunk_scores(chunked, chunk, base);
+    const kernels::KeyRange span = chunk_key_span(call, chunk);
+    const int span_keys = span.end > span.begin ? span.end - span.begin : 0;
 
     // S^T = K . Q^T and dP^T = V . dO^T, then dQ^T = K^T . dS^T below: runs of consecutive pairs.
     const auto scores_gemm = [&](bool for_dp) {
-      for (int done = 0; done < chunk.pairs;) {
+      for (int done = 0; done < chunk.pairs && span_keys > 0;) {
         const int pair = chunk.pair_begin + done;
         const PairRun run = run_from(call, slices, pair, chunk.pairs - done, 1);
         const PairOffsets first = offsets_of(call, slices, pair);
@@ -159,12 +163,12 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
         GemmBatch g;
         g.trans_a = true;
         g.trans_b = false;
-        g.m = call.seq_k;
+        g.m = span_keys;  // S's and dP's columns span.begin .. span.end - 1 (the others are never read)
         g.n = chunk.rows;
         g.k = call.head_dim;
         g.alpha = 1;  // backward_scores applies the scale (it needs the scaled score for the modifiers)
         g.beta = 0;
-        g.a = at(a.data, t, for_dp ? first.v : first.k);
+        g.a = at(a.data, t, (for_dp ? first.v : first.k) + span.begin * a.strides[2]);
         g.a_type = t;
         g.lda = a.strides[2];
         g.stride_a = for_dp ? run.stride.v : run.stride.k;
@@ -172,7 +176,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
         g.b_type = t;
         g.ldb = b.strides[2];
         g.stride_b = for_dp ? run.stride.dout : run.stride.q;
-        g.c = (for_dp ? sc.dp : sc.s) + sc.s_pair_stride * done;
+        g.c = (for_dp ? sc.dp : sc.s) + sc.s_pair_stride * done + span.begin;
         g.c_type = DType::f32;
         g.ldc = s_ld;
         g.stride_c = sc.s_pair_stride;
@@ -210,7 +214,8 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
     shape.block = dim3(unsigned(scores_k.threads));
     ctx.device->launch(scores_k.kernel, shape, &sp);
 
-    for (int done = 0; done < chunk.pairs;) {
+    if (span_keys == 0) zero_chunk_rows(*ctx.device, slices.dq, call.heads, chunk);  // no row sees a key: dq = 0
+    for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
       // With key lengths, one GEMM per batch at most: its sum stops at that batch's length.
       const int batch = pair / call.heads, count = chunk.pairs - done;
@@ -222,14 +227,14 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
       g.trans_b = false;
       g.m = call.head_dim;
       g.n = chunk.rows;
-      g.k = call.seq_k;
+      g.k = span_keys;
       g.alpha = 1;  // the scale is in dS
       g.beta = 0;
-      g.a = at(call.k.data, t, first.k);
+      g.a = at(call.k.data, t, first.k + span.begin * call.k.strides[2]);
       g.a_type = t;
       g.lda = call.k.strides[2];
       g.stride_a = run.stride.k;
-      g.b = at(sc.ds, t, sc.p_pair_stride * done);
+      g.b = at(sc.ds, t, sc.p_pair_stride * done + span.begin);
       g.b_type = t;
       g.ldb = p_ld;
       g.stride_b = sc.p_pair_stride;
@@ -239,6 +244,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
       g.stride_c = run.stride.dq;
       g.batch_count = run.pairs;
       g.k_bound = call.key_lengths ? call.key_lengths + batch : nullptr;
+      g.k_bound_offset = span.begin;
       ctx.device->gemm_strided_batched(g);
       done += run.pairs;
     }
@@ -250,7 +256,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
         // The chunk's pairs at head position g_pos: pair % heads_per_kv == g_pos (heads is a multiple).
         const int offset = ((g_pos - chunk.pair_begin % heads_per_kv) % heads_per_kv + heads_per_kv) % heads_per_kv;
         const int count = offset < chunk.pairs ? (chunk.pairs - offset + heads_per_kv - 1) / heads_per_kv : 0;
-        for (int done = 0; done < count;) {
+        for (int done = 0; done < count && span_keys > 0;) {
           const int index = offset + done * heads_per_kv;  // within the chunk
           const int pair = chunk.pair_begin + index;
           const PairRun run = run_from(call, slices, pair, count - done, heads_per_kv);
@@ -260,7 +266,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
           g.trans_a = false;
           g.trans_b = true;
           g.m = call.head_dim;
-          g.n = call.seq_k;
+          g.n = span_keys;  // dK's and dV's rows span.begin .. span.end - 1
           g.k = chunk.rows;
           g.alpha = 1;
           g.beta = 1;
@@ -268,11 +274,11 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
           g.a_type = t;
           g.lda = a.strides[2];
           g.stride_a = for_dk ? run.stride.q : run.stride.dout;
-          g.b = at(for_dk ? sc.ds : sc.p, t, sc.p_pair_stride * index);
+          g.b = at(for_dk ? sc.ds : sc.p, t, sc.p_pair_stride * index + span.begin);
           g.b_type = t;
           g.ldb = p_ld;
           g.stride_b = sc.p_pair_stride * heads_per_kv;
-          g.c = (for_dk ? slices.dk_accum : slices.dv_accum) + first.acc;
+          g.c = (for_dk ? slices.dk_accum : slices.dv_accum) + first.acc + int64_t(span.begin) * call.head_dim;
           g.c_type = DType::f32;
           g.ldc = call.head_dim;
           g.stride_c = run.stride.acc;

@@ -70,7 +70,7 @@ constexpr int kRecomputeThreads = 256;
 constexpr int64_t kRecomputeMaxBlocks = 65535;  // a grid-stride loop covers the rest
 
 __global__ void __launch_bounds__(kRecomputeThreads) recompute_nonfinite_within_bound(const GemmBatch g) {
-  const int bound = min(max(*g.k_bound, 0), g.k);
+  const int bound = min(max(*g.k_bound - g.k_bound_offset, 0), g.k);
   const int64_t per_problem = int64_t(g.m) * g.n;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < per_problem * g.batch_count;
        e += int64_t(gridDim.x) * blockDim.x) {

@@ -65,7 +65,7 @@ void check_arguments(const GemmBatch& g) {
 int summed_terms(const GemmBatch& g) {
   if (g.k_bound == nullptr) return g.k;
   if (g.beta != 0.0f) throw BackendError("sim gemm_strided_batched: k_bound needs beta == 0");
-  return std::clamp(*g.k_bound, 0, g.k);
+  return std::clamp(*g.k_bound - g.k_bound_offset, 0, g.k);
 }
 
 }  // namespace

@@ -15,11 +15,13 @@
 // constant stride: all pairs of a BHSD call without GQA; the heads of one batch in BSHD; the query
 // heads sharing one kv head under GQA (K and V stride 0 - nothing is copied).
 //
-// Key lengths: V's rows past a batch's length may hold anything, NaN included (a KV cache's unused
-// rows), and P = 0 there does not help a GEMM (0 * NaN = NaN). So with key lengths the P V GEMM
-// runs per batch, its sum bounded by that batch's length on the device (GemmBatch::k_bound): those
-// rows never reach out. Q K^T needs no bound: the softmax only reads the scores of visible keys
-// (selection, not arithmetic), so NaN scores past the length go nowhere.
+// Keys no row sees may hold anything, NaN included (a KV cache's unused rows, a sliding window's
+// dropped keys), and P = 0 there does not help a GEMM (0 * NaN = NaN). So both GEMMs of a chunk run
+// over the keys its rows may see (chunk_key_span, known on the host: causal mask and window), and
+// with key lengths the P V GEMM runs per batch, its sum bounded by that batch's length on the
+// device (GemmBatch::k_bound). Inside those bounds, Q K^T's NaN scores of keys a particular row
+// does not see go nowhere: the softmax only reads the scores of visible keys (selection, not
+// arithmetic).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -94,15 +96,6 @@ ScoreLayout cublas_score_layout(const AttentionCall& padded) {
 }
 
 namespace {
-// out = 0 on the call's rows (a sequence without keys: no GEMM has anything to sum).
-void zero_rows(Device& device, const TensorView& out) {
-  const size_t row_bytes = size_t(out.head_dim()) * dtype_size(out.dtype);
-  for (int64_t b = 0; b < out.batch(); ++b)
-    for (int64_t h = 0; h < out.heads(); ++h)
-      for (int64_t s = 0; s < out.seq(); ++s)
-        device.fill(static_cast<unsigned char*>(out.data) + out.offset(b, h, s, 0) * int64_t(dtype_size(out.dtype)), 0,
-                    row_bytes);
-}
 
 void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) {
   const AttentionCall& call = chunked.call;
@@ -117,21 +110,24 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
     const int64_t p_pair_stride = p_ld * chunk.rows;
     const DType p_type = call.dtype;
 
-    for (int done = 0; done < chunk.pairs && call.seq_k > 0;) {
+    const kernels::KeyRange span = chunk_key_span(call, chunk);
+    const int span_keys = span.end > span.begin ? span.end - span.begin : 0;
+    for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
       const PairRun run = run_from(call, pair, chunk.pairs - done);
       const PairOffsets first = offsets_of(call, pair);
       const int64_t q_row0 = first.q + int64_t(chunk.row_begin) * call.q.strides[2];
 
+      // S's columns span.begin .. span.end - 1 (the others are never read).
       GemmBatch qk;
       qk.trans_a = true;
       qk.trans_b = false;
-      qk.m = call.seq_k;
+      qk.m = span_keys;
       qk.n = chunk.rows;
       qk.k = call.head_dim;
       qk.alpha = call.scale;
       qk.beta = 0;
-      qk.a = at(call.k.data, call.dtype, first.k);
+      qk.a = at(call.k.data, call.dtype, first.k + span.begin * call.k.strides[2]);
       qk.a_type = call.dtype;
       qk.lda = call.k.strides[2];
       qk.stride_a = run.stride.k;
@@ -139,7 +135,7 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       qk.b_type = call.dtype;
       qk.ldb = call.q.strides[2];
       qk.stride_b = run.stride.q;
-      qk.c = scores + s_pair_stride * done;
+      qk.c = scores + s_pair_stride * done + span.begin;
       qk.c_type = DType::f32;
       qk.ldc = s_ld;
       qk.stride_c = s_pair_stride;
@@ -150,7 +146,8 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
 
     launch_softmax(ctx, call, chunk, scores, s_ld, probs, p_elem, p_ld, /*scale=*/1.0f, chunked.lse_pair_stride);
 
-    for (int done = 0; done < chunk.pairs && call.seq_k > 0;) {
+    if (span_keys == 0) zero_chunk_rows(*ctx.device, call.out, call.heads, chunk);  // no row of it sees a key
+    for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
       // With key lengths, one GEMM per batch at most: its sum stops at that batch's length.
       const int batch = pair / call.heads, count = chunk.pairs - done;
@@ -164,14 +161,14 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       pv.trans_b = false;
       pv.m = call.head_dim;
       pv.n = chunk.rows;
-      pv.k = call.seq_k;
+      pv.k = span_keys;
       pv.alpha = 1;
       pv.beta = 0;
-      pv.a = at(call.v.data, call.dtype, first.v);
+      pv.a = at(call.v.data, call.dtype, first.v + span.begin * call.v.strides[2]);
       pv.a_type = call.dtype;
       pv.lda = call.v.strides[2];
       pv.stride_a = run.stride.v;
-      pv.b = at(probs, p_type, p_pair_stride * done);
+      pv.b = at(probs, p_type, p_pair_stride * done + span.begin);
       pv.b_type = p_type;
       pv.ldb = p_ld;
       pv.stride_b = p_pair_stride;
@@ -181,11 +178,11 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       pv.stride_c = run.stride.out;
       pv.batch_count = run.pairs;
       pv.k_bound = call.key_lengths ? call.key_lengths + batch : nullptr;
+      pv.k_bound_offset = span.begin;
       ctx.device->gemm_strided_batched(pv);
       done += run.pairs;
     }
   });
-  if (call.seq_k == 0) zero_rows(*ctx.device, call.out);
 }
 }  // namespace
 

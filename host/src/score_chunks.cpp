@@ -92,6 +92,27 @@ kernels::KeyMask key_mask(const AttentionCall& call) {
   return {call.key_lengths, causal_mask_of(call.causal), call.seq_q, call.window_left, call.window_right};
 }
 
+kernels::KeyRange chunk_key_span(const AttentionCall& call, const Chunk& chunk) {
+  const kernels::CausalMask causal = causal_mask_of(call.causal);
+  if (chunk.rows == 0) return {0, 0};
+  if (call.key_lengths != nullptr && causal != kernels::CausalMask::top_left) return {0, call.seq_k};
+  // top_left aligns row i with key i whatever the length; a shorter length only lowers `end`.
+  const kernels::KeyRange first = kernels::visible_key_range(chunk.row_begin, call.seq_q, call.seq_k, causal,
+                                                             call.window_left, call.window_right);
+  const kernels::KeyRange last = kernels::visible_key_range(chunk.row_begin + chunk.rows - 1, call.seq_q, call.seq_k,
+                                                            causal, call.window_left, call.window_right);
+  return {first.begin, last.end};
+}
+
+void zero_chunk_rows(Device& device, const TensorView& view, int heads, const Chunk& chunk) {
+  const size_t row_bytes = size_t(view.head_dim()) * dtype_size(view.dtype);
+  for (int pair = chunk.pair_begin; pair < chunk.pair_begin + chunk.pairs; ++pair)
+    for (int row = chunk.row_begin; row < chunk.row_begin + chunk.rows; ++row)
+      device.fill(static_cast<unsigned char*>(view.data) +
+                      view.offset(pair / heads, pair % heads, row, 0) * int64_t(dtype_size(view.dtype)),
+                  0, row_bytes);
+}
+
 ScorePlan plan_scores(ContextState& ctx, const AttentionCall& call, ScoreLayout (*layout_of)(const AttentionCall&),
                       size_t reserved_before, const char* function) {
   const size_t limit = ctx.workspace.limit();

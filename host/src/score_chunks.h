@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "../../kernels/causal_mask.cuh"
 #include "../../kernels/registry.h"
 #include "kernel_args.h"
 #include "paths.h"
@@ -34,6 +35,18 @@ ScorePlan plan_scores(ContextState& ctx, const AttentionCall& call, ScoreLayout 
 void for_each_chunk(const ChunkedCall& chunked, const std::function<void(const Chunk&)>& run_chunk);
 
 kernels::KeyMask key_mask(const AttentionCall& call);
+
+// The keys [begin, end) some row of `chunk` may see, known on the host: the union of its rows'
+// visible ranges (both bounds are non-decreasing in the row, so its first and last rows give it).
+// The cublas path's GEMMs run over these keys only, so a key row no row of the chunk sees - a
+// sliding-window cache's dropped keys, NaN included - never enters a product (0 * NaN = NaN).
+// With key lengths (device data), a none / bottom_right row's alignment depends on the length, so
+// the span is then all seq_k keys; the upper end is bounded on the device (GemmBatch::k_bound).
+kernels::KeyRange chunk_key_span(const AttentionCall& call, const Chunk& chunk);
+
+// Zeros the chunk's rows of `view` ([batch, heads, seq, d]; pair = batch * heads + head): the
+// result of a GEMM over no keys, for a chunk whose span is empty.
+void zero_chunk_rows(Device& device, const TensorView& view, int heads, const Chunk& chunk);
 
 // P = softmax(scale * S + mask) for one chunk: S fp32 with row stride s_row_stride, P (element
 // p_elem, row stride p_row_stride) possibly over S; LSE when the call asks (see ChunkedCall).

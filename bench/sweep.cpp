@@ -72,6 +72,20 @@ std::string describe_mods(const ScoreMods& m) {
 
 float alibi_slope(const Case& c, int h) { return std::exp2(-8.0f * float(h + 1) / float(c.heads)); }
 
+namespace {
+// A case of the shape's sizes, every other field at its default.
+Case case_of(const Shape& s) {
+  Case c;
+  c.batch = s.batch;
+  c.heads = s.heads;
+  c.kv_heads = s.kv_heads;
+  c.seq_q = s.seq_q;
+  c.seq_k = s.seq_k;
+  c.head_dim = s.head_dim;
+  return c;
+}
+}  // namespace
+
 Sweep default_sweep(Backend backend) {
   Sweep sweep;
   sweep.paths = {Path::naive, Path::cublas, Path::fused};
@@ -110,15 +124,9 @@ Sweep default_sweep(Backend backend) {
     // The backward of the two small shapes on every path, checked like the forward.
     for (const Shape& s : {sweep.shapes[0], sweep.shapes[1]})
       for (Path path : sweep.paths) {
-        Case c;
+        Case c = case_of(s);
         c.path = path;
         c.direction = Direction::bwd;
-        c.batch = s.batch;
-        c.heads = s.heads;
-        c.kv_heads = s.kv_heads;
-        c.seq_q = s.seq_q;
-        c.seq_k = s.seq_k;
-        c.head_dim = s.head_dim;
         sweep.extra.push_back(c);
       }
   }
@@ -137,17 +145,11 @@ std::vector<Case> expand(const Sweep& sweep) {
               for (FusedKernel kernel : sweep.fused_kernels) {
                 // Only the fused forward has a choice of kernel (the backward has one kernel family).
                 if (kernel != FusedKernel::automatic && (path != Path::fused || direction != Direction::fwd)) continue;
-                Case c;
+                Case c = case_of(s);
                 c.path = path;
                 c.fused_kernel = kernel;
                 c.direction = direction;
                 c.dtype = dtype;
-                c.batch = s.batch;
-                c.heads = s.heads;
-                c.kv_heads = s.kv_heads;
-                c.seq_q = s.seq_q;
-                c.seq_k = s.seq_k;
-                c.head_dim = s.head_dim;
                 c.causal = causal;
                 c.layout = layout;
                 c.mods = sweep.mods;

@@ -16,10 +16,12 @@ library's message. PyTorch is optional and imported only when a torch tensor is 
 
 Gradients: :func:`attention_backward` computes dq, dk, dv from the forward's out and lse (any
 arrays); on torch tensors :func:`attention` is differentiable (``loss.backward()`` reaches the
-library's backward through the custom op's autograd formula).
+library's backward through the custom op's autograd formula), except with the masks and score
+modifiers (window, softcap, alibi_slopes, bias), which the op does not take yet.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
@@ -97,7 +99,8 @@ def _context_for(first, context):
 
 def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Optional[float] = None,
               path: str = "auto", key_lengths: Any = None, return_lse: bool = False, out: Any = None,
-              layout: str = "bhsd", context: Optional[Context] = None) -> Any:
+              layout: str = "bhsd", window: Optional[tuple] = None, softcap: Optional[float] = None,
+              alibi_slopes: Any = None, bias: Any = None, context: Optional[Context] = None) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
     Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
@@ -107,7 +110,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
       head h reads kv head h // (heads // kv_heads))
     - returns out: [batch, heads, seq_q, head_dim], q's dtype (float32, float16 or bfloat16), and
       with ``return_lse=True`` also lse: float32 [batch, heads, seq_q], the natural log of each
-      row's sum of exp(scale * q.k) over the keys it sees (-inf for a row that sees none).
+      row's sum of exp(scale * q.k) (after the modifiers below) over the keys it sees (-inf for a
+      row that sees none).
 
     causal: None; "top_left" (query i sees keys j <= i); "bottom_right" (query i sees keys
     j <= i + len_k - seq_q, the last query sees every key). len_k is the batch's key length.
@@ -119,27 +123,56 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     overlap an input. head_dim's stride must be 1 in every array; other strides are free.
     context: a selfattn.Context; by default the sim's for host arrays, or the one of the CUDA
     tensors' device and the framework's current stream.
+
+    Masks and score modifiers (any combination; selfattn/attention.h has the exact rule). For row
+    i and key j the softmax takes s = scale * q_i.k_j, then softcap, then ALiBi, then bias. i' is
+    row i aligned as the causal mask aligns it: i' = i under "top_left", i + len_k - seq_q under
+    "bottom_right" and under None (FlashAttention's convention for windows and ALiBi).
+
+    - window: (left, right) ints, -1 for unbounded on that side: row i sees keys
+      i' - left <= j <= i' + right only (on top of the causal mask and key_lengths).
+    - softcap: a number > 0: s = softcap * tanh(s / softcap) (Gemma 2's logit soft-capping).
+    - alibi_slopes: float32 [heads] or [batch, heads] (host arrays: any sequence of numbers is
+      converted): s -= slope * abs(i' - j).
+    - bias: [batch or 1, heads or 1, seq_q, seq_k], float32 or q's dtype, added to s; -inf masks a
+      key (a row whose every key is masked gives 0 and lse -inf). Always in that [batch, heads,
+      q, k] order, whatever `layout` is; an extent of 1 or a stride of 0 broadcasts.
+
+    With torch tensors these go around the custom op (no torch.compile op, no autograd): q, k, v,
+    alibi_slopes and bias must not require grad (NotAvailable); attention_backward gives the
+    gradients of q, k and v.
     """
     _check_keywords(causal, layout, path)
-    if all(_arrays.is_torch(a) for a in (q, k, v)) and out is None and context is None:
-        from . import _torch
-        op = _torch.attention_op()
-        if op is not None:
-            lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-            result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout)
-            return (result, lse) if return_lse else result
+    if all(_arrays.is_torch(a) for a in (q, k, v)):
+        if any(m is not None for m in (window, softcap, alibi_slopes, bias)):
+            # The custom op does not take the modifiers yet, so its autograd formula cannot apply
+            # them: refuse gradients rather than give wrong ones (or silently none, for bias).
+            if any(getattr(a, "requires_grad", False) for a in (q, k, v, alibi_slopes, bias)):
+                raise NotAvailable("attention: masks and score modifiers (window, softcap, alibi_slopes, bias) "
+                                   "with autograd are not supported yet through the torch op; pass tensors that "
+                                   "do not require grad and use selfattn.attention_backward for the gradients")
+        elif out is None and context is None:
+            from . import _torch
+            op = _torch.attention_op()
+            if op is not None:
+                lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+                result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout)
+                return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
-                      return_lse=return_lse, out=out, layout=layout, context=context)
+                      return_lse=return_lse, out=out, layout=layout, context=context, window=window,
+                      softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
 
 
 def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Optional[str] = None,
                        scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None,
                        layout: str = "bhsd", deterministic: bool = False, grad_dtype: Optional[str] = None,
-                       context: Optional[Context] = None) -> tuple:
+                       window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
+                       bias: Any = None, context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout.
 
-    - q, k, v, and the keyword arguments causal, scale, path, key_lengths and layout: exactly as
-      the forward call took them
+    - q, k, v, and the keyword arguments causal, scale, path, key_lengths, layout, window,
+      softcap, alibi_slopes and bias: exactly as the forward call took them (no gradient is
+      computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [batch, heads, seq_q] log-sum-exp
       (``attention(..., return_lse=True)``)
     - dout: d(loss)/d(out), shaped and typed like out
@@ -162,10 +195,11 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
         arrays.add_output(name, grad)
     as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
     _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale), path,
-                                 lengths, bool(deterministic), arrays.bf16_as_uint16)
+                                 lengths, *mods, bool(deterministic), arrays.bf16_as_uint16)
     return tuple(grads)
 
 
@@ -179,7 +213,8 @@ def _qkv_out(q, k, v, out, ndim, context):
     return arrays, ctx, out
 
 
-def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context):
+def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context, window=None,
+               softcap=None, alibi_slopes=None, bias=None):
     """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 4, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -187,8 +222,9 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
-    _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse,
+    _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
                         arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
@@ -196,7 +232,9 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
 def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *,
                      max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                      causal: Optional[str] = None, scale: Optional[float] = None, path: str = "auto",
-                     return_lse: bool = False, out: Any = None, context: Optional[Context] = None) -> Any:
+                     return_lse: bool = False, out: Any = None, window: Optional[tuple] = None,
+                     softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
+                     context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -207,8 +245,11 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
       when not given (for CUDA tensors that waits for the GPU: pass them to avoid it).
     - returns out: [total_q, heads, head_dim], and with return_lse=True lse: float32 [heads, total_q].
 
-    causal, scale, path, out and context mean what they mean for attention(); the causal mask and
-    the scale apply within each sequence.
+    causal, scale, path, out, window, softcap and context mean what they mean for attention(); the
+    causal mask, the window and the scale apply within each sequence, rows and keys counted from
+    the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
+    bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
+    from 0.
     """
     _check_keywords(causal, "bhsd", path)
     arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
@@ -224,9 +265,10 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     def packed(a):  # [total, heads, head_dim] viewed as [1, heads, total, head_dim]
         return _arrays.swap_axes_1_2(a[None])
 
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     views = [arrays.dl(packed(a)) for a in (q, k, v, arrays["out"])]
     _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                               _float_or_none("scale", scale), path, lse, arrays.bf16_as_uint16)
+                               _float_or_none("scale", scale), path, lse, *mods, arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
@@ -269,6 +311,22 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
                              arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,
                              _float_or_none("scale", scale), path, lengths, arrays.bf16_as_uint16)
     return out
+
+
+def _score_mods(arrays, window, softcap, alibi_slopes, bias):
+    """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
+    bias. bias joins `arrays` (the framework, device and bfloat16 handling of q, k, v); the library
+    checks the values (window sides >= -1, softcap > 0, bias dtype and shape)."""
+    if window is None:
+        window = (-1, -1)
+    elif not (isinstance(window, (tuple, list)) and len(window) == 2 and
+              all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and -2**31 <= w < 2**31 for w in window)):
+        raise InvalidArgument(f"window expected None or a pair (left, right) of ints that fit int32 (-1: "
+                              f"unbounded on that side), got {window!r}")
+    arrays.add_input("bias", bias, 4)
+    q = arrays["q"]
+    slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
+    return int(window[0]), int(window[1]), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"])
 
 
 def _float_or_none(name, value):

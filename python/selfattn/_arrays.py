@@ -74,6 +74,12 @@ class Arguments:
         if isinstance(a, np.ndarray) and not a.flags.writeable:
             raise InvalidArgument(f"{name} expected a writeable array, got a read-only one")
 
+    def add_input(self, name, a, ndim):
+        """One more input (None: nothing) with its own number of dimensions (bias beside q, k, v)."""
+        if a is not None:
+            self._add(name, a)
+            self.expect_ndim(name, ndim)
+
     def __getitem__(self, name):
         return self._arrays.get(name)
 
@@ -115,32 +121,46 @@ def empty_like(like, shape, dtype=None):
 def int32_vector(name, values, like):
     """values (an int32 array of like's framework and device, or any integer sequence) as a
     contiguous int32 vector where `like` lives; a conversion copies."""
+    return _converted(name, values, like, "int32", "iu", "integers")
+
+
+def float32_array(name, values, like):
+    """values (a float32 array of like's framework and device, or any sequence of real numbers) as
+    a contiguous float32 array of the same shape where `like` lives; a conversion copies."""
+    return _converted(name, values, like, "float32", "fiu", "real numbers")
+
+
+def _converted(name, values, like, dtype, kinds, what):
+    # kinds: the NumPy dtype kinds accepted ("i" signed, "u" unsigned, "f" float) and converted.
     framework = _framework(like)
     if framework == "torch":
         import torch
         if isinstance(values, torch.Tensor):
-            if values.is_floating_point() or values.is_complex():
-                raise InvalidArgument(f"{name} expected integers, got {values.dtype}")
-            return values.to(device=like.device, dtype=torch.int32).contiguous()
-        return torch.as_tensor(_host_int32(name, values), device=like.device)
+            kind = "c" if values.is_complex() else "f" if values.is_floating_point() else \
+                "b" if values.dtype == torch.bool else "i"
+            if kind not in kinds:
+                raise InvalidArgument(f"{name} expected {what}, got {values.dtype}")
+            return values.to(device=like.device, dtype=getattr(torch, dtype)).contiguous()
+        return torch.as_tensor(_host_array(name, values, dtype, kinds, what), device=like.device)
     if framework == "cupy":
         import cupy
         with like.device:
-            return cupy.ascontiguousarray(cupy.asarray(values).astype(cupy.int32, copy=False))
+            return cupy.ascontiguousarray(cupy.asarray(values).astype(dtype, copy=False))
     if device_of(like)[0] != CPU:
         if not hasattr(values, "__dlpack__"):
-            raise InvalidArgument(f"{name} expected an int32 array on {type(like).__name__}'s device")
-        return values
-    return _host_int32(name, values)
+            raise InvalidArgument(f"{name} expected a {dtype} array on {type(like).__name__}'s device")
+        return values  # the compiled module checks its dtype and shape
+    return _host_array(name, values, dtype, kinds, what)
 
 
-def _host_int32(name, values):
+def _host_array(name, values, dtype, kinds, what):
     array = np.asarray(values)
-    if array.dtype.kind not in "iu" and array.size > 0:
-        raise InvalidArgument(f"{name} expected integers, got {array.dtype}")
-    if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
+    if array.dtype.kind not in kinds and array.size > 0:
+        raise InvalidArgument(f"{name} expected {what}, got {array.dtype}")
+    if dtype == "int32" and array.size and (array.min() < np.iinfo(np.int32).min or
+                                            array.max() > np.iinfo(np.int32).max):
         raise InvalidArgument(f"{name} expected values that fit int32, got range [{array.min()}, {array.max()}]")
-    return np.ascontiguousarray(array, dtype=np.int32)
+    return np.ascontiguousarray(array, dtype=dtype)
 
 
 def max_difference(cu_seqlens) -> int:

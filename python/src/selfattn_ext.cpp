@@ -2,7 +2,8 @@
 // arrays become TensorViews, Python keywords become AttentionOptions, C++ exceptions become Python
 // ones. Beyond mapping DLPack dtypes and dimensions, every check of shapes, dtypes, strides and
 // overlaps is the library's own; this file adds only what the library cannot see from a pointer
-// (the length of key_lengths, cu_seqlens and lse) and where each array lives.
+// (the length of key_lengths, cu_seqlens and lse, the shape of alibi_slopes) and where each array
+// lives.
 //
 // Where the arrays live decides how a call runs:
 //   host memory (NumPy, kDLCPU)  -> the sim backend: the arrays are copied into guarded sim device
@@ -108,7 +109,7 @@ selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf1
 }
 
 // What an argument holds: attention data (f32/f16/bf16, checked on arrival) or an index/LSE vector
-// (int32/fp32, checked by expect_int32_vector / expect_lse).
+// (int32/fp32, checked by expect_int32_vector / expect_contiguous_float32).
 enum class Holds { data, data_bf16_as_uint16, vector };
 
 // One array argument of a call: where it lives and the bytes its elements span.
@@ -310,6 +311,12 @@ selfattn::MatrixView matrix_view(const Arg& a) {
   return selfattn::MatrixView{a.data, a.dtype, a.shape[0], a.shape[1], a.shape[0] > 1 ? a.strides[0] : a.shape[1]};
 }
 
+std::string shape_text(const Arg& a) {
+  std::string text = "[";
+  for (size_t i = 0; i < a.ndim; ++i) text += (i ? ", " : "") + std::to_string(a.shape[i]);
+  return text + "]";
+}
+
 // An int32 vector of exactly `count` contiguous entries (key_lengths, cu_seqlens): the library
 // reads `count` of them from the pointer alone, so the length is checked here.
 void expect_int32_vector(const Arg& a, const nb::dlpack::dtype& dt, int64_t count, const std::string& what) {
@@ -317,35 +324,52 @@ void expect_int32_vector(const Arg& a, const nb::dlpack::dtype& dt, int64_t coun
     invalid(std::string(a.name) + ".dtype expected int32, got " + dtype_name(dt));
   }
   if (a.ndim != 1 || a.shape[0] != count) {
-    std::string given = "[";
-    for (size_t i = 0; i < a.ndim; ++i) given += (i ? ", " : "") + std::to_string(a.shape[i]);
-    invalid(std::string(a.name) + " expected shape [" + std::to_string(count) + "] (" + what + "), got " + given + "]");
+    invalid(std::string(a.name) + " expected shape [" + std::to_string(count) + "] (" + what + "), got " +
+            shape_text(a));
   }
   if (count > 1 && a.strides[0] != 1) {
     invalid(std::string(a.name) + ".strides[0] expected 1 (contiguous), got " + std::to_string(a.strides[0]));
   }
 }
 
+// fp32 elements stored contiguously (row-major): what the library reads from a bare float pointer.
+void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt) {
+  int64_t expected_stride = 1;
+  for (size_t i = a.ndim; i-- > 0;) {
+    if (a.shape[i] > 1 && a.strides[i] != expected_stride) {
+      invalid(std::string(a.name) + " expected a contiguous array");
+    }
+    expected_stride *= a.shape[i];
+  }
+  if (dt.code != uint8_t(nb::dlpack::dtype_code::Float) || dt.bits != 32 || dt.lanes != 1) {
+    invalid(std::string(a.name) + ".dtype expected float32, got " + dtype_name(dt));
+  }
+}
+
+int64_t element_count(const Arg& a) {
+  int64_t n = 1;
+  for (int64_t extent : a.shape) n *= extent;
+  return n;
+}
+
 // lse as the library writes it: fp32, contiguous, `rows` elements.
 void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, int64_t rows) {
-  int64_t n = 1, expected_stride = 1;
-  for (size_t i = a.ndim; i-- > 0;) {
-    if (a.shape[i] > 1 && a.strides[i] != expected_stride) invalid("lse expected a contiguous array");
-    expected_stride *= a.shape[i];
-    n *= a.shape[i];
-  }
-  if (dt.code != uint8_t(nb::dlpack::dtype_code::Float) || dt.bits != 32) {
-    invalid("lse.dtype expected float32, got " + dtype_name(dt));
-  }
+  expect_contiguous_float32(a, dt);
+  const int64_t n = element_count(a);
   if (n != rows) invalid("lse expected " + std::to_string(rows) + " elements, got " + std::to_string(n));
 }
 
+// The scalar options; the library checks their values (window sides >= -1, softcap finite > 0).
 selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,
-                                        const std::string& path) {
+                                        const std::string& path, int window_left = -1, int window_right = -1,
+                                        std::optional<float> softcap = std::nullopt) {
   selfattn::AttentionOptions options;
   options.causal = parse_causal(causal);
   options.scale = scale;
   options.path = parse_path(path);
+  options.window_left = window_left;
+  options.window_right = window_right;
+  options.softcap = softcap;
   return options;
 }
 
@@ -373,29 +397,65 @@ AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k,
           call.add(Arg("out", out, true, data))};
 }
 
+// The arrays of the score modifiers, each optional: ALiBi slopes (fp32 [heads] or [batch, heads],
+// read from a bare pointer, so their shape is checked here) and the bias (a 4-D view in q's
+// dtype or fp32; the library checks its dtype, shape and strides).
+struct ModArgs {
+  const Arg* alibi_slopes;
+  const Arg* bias;
+};
+ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
+                     int64_t batch, int64_t heads, bool bf16_as_uint16) {
+  const Arg* alibi = alibi_slopes ? &call.add(Arg("alibi_slopes", *alibi_slopes, false, Holds::vector)) : nullptr;
+  if (alibi) {
+    expect_contiguous_float32(*alibi, alibi_slopes->dtype());
+    const bool per_head = alibi->ndim == 1 && alibi->shape[0] == heads;
+    const bool per_batch_and_head = alibi->ndim == 2 && alibi->shape[0] == batch && alibi->shape[1] == heads;
+    if (!per_head && !per_batch_and_head) {
+      invalid("alibi_slopes expected shape [" + std::to_string(heads) + "] (heads) or [" + std::to_string(batch) +
+              ", " + std::to_string(heads) + "] (batch, heads), got " + shape_text(*alibi));
+    }
+  }
+  const Arg* abias = bias ? &call.add(Arg("bias", *bias, false, data_kind(bf16_as_uint16))) : nullptr;
+  return {alibi, abias};
+}
+
+// After staging (the data pointers are the device's from here on, valid until run_call returns).
+void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
+  if (mods.alibi_slopes) {
+    options.alibi_slopes = static_cast<const float*>(mods.alibi_slopes->data);
+    options.alibi_slopes_count = element_count(*mods.alibi_slopes);
+  }
+  if (mods.bias) options.bias = tensor_view(*mods.bias);
+}
+
 void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
-               std::optional<OutArray> lse, bool bf16_as_uint16) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path);
+               std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
+               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    set_mod_options(options, mods);
     selfattn::attention(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out), options);
   });
 }
 
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
-                      std::optional<float> scale, std::string path, std::optional<OutArray> lse,
-                      bool bf16_as_uint16) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path);
+                      std::optional<float> scale, std::string path, std::optional<OutArray> lse, int window_left,
+                      int window_right, std::optional<float> softcap, std::optional<InArray> alibi_slopes,
+                      std::optional<InArray> bias, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
   const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
@@ -407,8 +467,10 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.heads() * q_shape.seq());
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    set_mod_options(options, mods);
     selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
                                static_cast<const int32_t*>(acq.data), static_cast<const int32_t*>(ack.data),
                                int(batch), max_seqlen_q, max_seqlen_k, options);
@@ -420,8 +482,10 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
 void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, InArray out, InArray dout, InArray lse,
                         OutArray dq, OutArray dk, OutArray dv, std::optional<std::string> causal,
                         std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
-                        bool deterministic, bool bf16_as_uint16) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path);
+                        int window_left, int window_right, std::optional<float> softcap,
+                        std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool deterministic,
+                        bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
   const Holds data = data_kind(bf16_as_uint16);
@@ -439,8 +503,10 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   const selfattn::TensorView q_shape = tensor_view(aq);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   expect_lse(alse, lse.dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    set_mod_options(options, mods);
     selfattn::attention_backward(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av), tensor_view(aout),
                                  tensor_view(adout), static_cast<const float*>(alse.data), tensor_view(adq),
                                  tensor_view(adk), tensor_view(adv), options, backward);
@@ -527,17 +593,20 @@ NB_MODULE(_selfattn, m) {
 
   m.def("attention", &attention, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
-        nb::arg("lse").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("bf16_as_uint16"),
         "Low level: q, k, v, out as [batch, heads, seq, head_dim] views. Use selfattn.attention().");
   m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
-        nb::arg("lse").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("bf16_as_uint16"),
         "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
-        nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
         "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
         nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),

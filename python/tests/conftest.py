@@ -36,12 +36,56 @@ def visible(row, seq_q, len_k, causal):
     return max(0, min(n, len_k))
 
 
-def reference(q, k, v, causal=None, scale=None, key_lengths=None):
-    """float64 attention of BHSD arrays: (out [b, h, sq, d], lse [b, h, sq])."""
+def visible_range(row, seq_q, len_k, causal, window=None):
+    """Keys [begin, end) query `row` sees (causal mask, then the sliding window), and its aligned
+    position i' (selfattn/attention.h: i under top_left, i + len_k - seq_q otherwise)."""
+    aligned = row if causal == "top_left" else row + len_k - seq_q
+    begin, end = 0, visible(row, seq_q, len_k, causal)
+    if window is not None:
+        left, right = window
+        if right >= 0:
+            end = min(end, aligned + right + 1)
+        if left >= 0:
+            begin = max(begin, aligned - left)
+    return begin, max(begin, end), aligned
+
+
+class Mods:
+    """The masks and score modifiers of one call (the keyword arguments of selfattn.attention), as
+    float64 per (batch, head, row): which keys a row sees and their modified scores."""
+
+    def __init__(self, shape, causal=None, window=None, softcap=None, alibi_slopes=None, bias=None):
+        self.batch, self.heads, self.seq_q, self.seq_k = shape
+        self.causal, self.window, self.softcap = causal, window, softcap
+        self.slopes = None if alibi_slopes is None else \
+            np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (self.batch, self.heads))
+        self.bias = None if bias is None else np.broadcast_to(np.asarray(bias, dtype=np.float64), shape)
+
+    def scores(self, raw_scores, b, h, i, len_k):
+        """(keys, s, ds/draw) for row i: the visible keys (a range), their scores after softcap,
+        ALiBi and bias (in that order), and the softcap's derivative (the backward's factor)."""
+        begin, end, aligned = visible_range(i, self.seq_q, len_k, self.causal, self.window)
+        keys = np.arange(begin, end)
+        raw = raw_scores(keys)
+        s, factor = raw, np.ones_like(raw)
+        if self.softcap is not None:
+            s = self.softcap * np.tanh(raw / self.softcap)
+            factor = 1 - np.tanh(raw / self.softcap) ** 2
+        if self.slopes is not None:
+            s = s - self.slopes[b, h] * np.abs(aligned - keys)
+        if self.bias is not None:
+            s = s + self.bias[b, h, i, keys]
+        return keys, s, factor
+
+
+def reference(q, k, v, causal=None, scale=None, key_lengths=None, **mods):
+    """float64 attention of BHSD arrays: (out [b, h, sq, d], lse [b, h, sq]). mods: window, softcap,
+    alibi_slopes, bias as selfattn.attention takes them (bias [b|1, h|1, sq, sk])."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     batch, heads, seq_q, dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    rule = Mods((batch, heads, seq_q, seq_k), causal, **mods)
     out = np.zeros((batch, heads, seq_q, dim))
     lse = np.full((batch, heads, seq_q), -np.inf)
     for b in range(batch):
@@ -49,15 +93,40 @@ def reference(q, k, v, causal=None, scale=None, key_lengths=None):
         for h in range(heads):
             kh = h // (heads // kv_heads)
             for i in range(seq_q):
-                n = visible(i, seq_q, len_k, causal)
-                if n == 0:
-                    continue
-                s = scale * (k[b, kh, :n] @ q[b, h, i])
+                keys, s, _ = rule.scores(lambda j: scale * (k[b, kh, j] @ q[b, h, i]), b, h, i, len_k)
+                if not np.any(np.isfinite(s)):
+                    continue  # no key, or the bias masks every one
                 m = s.max()
                 p = np.exp(s - m)
-                out[b, h, i] = (p @ v[b, kh, :n]) / p.sum()
+                out[b, h, i] = (p @ v[b, kh, keys]) / p.sum()
                 lse[b, h, i] = m + math.log(p.sum())
     return out, lse
+
+
+def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None, **mods):
+    """float64 (dq, dk, dv) of BHSD arrays for the upstream gradient dout (mods as reference())."""
+    q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
+    batch, heads, seq_q, dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    rule = Mods((batch, heads, seq_q, seq_k), causal, **mods)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(batch):
+        len_k = seq_k if key_lengths is None else min(max(int(key_lengths[b]), 0), seq_k)
+        for h in range(heads):
+            kh = h // (heads // kv_heads)
+            for i in range(seq_q):
+                keys, s, factor = rule.scores(lambda j: scale * (k[b, kh, j] @ q[b, h, i]), b, h, i, len_k)
+                if not np.any(np.isfinite(s)):
+                    continue
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                dp = v[b, kh, keys] @ dout[b, h, i]
+                ds = p * (dp - p @ dp) * factor  # through softcap; ALiBi and bias add constants
+                dq[b, h, i] = scale * ds @ k[b, kh, keys]
+                dk[b, kh, keys] += scale * np.outer(ds, q[b, h, i])
+                dv[b, kh, keys] += np.outer(p, dout[b, h, i])
+    return dq, dk, dv
 
 
 def relative_error(got, want):

@@ -1,39 +1,11 @@
-"""selfattn.attention_backward() on NumPy arrays (the sim): against a float64 NumPy backward written
-here, and a gradient check of it against central differences of selfattn.attention itself (what
+"""selfattn.attention_backward() on NumPy arrays (the sim): against the float64 NumPy backward in
+conftest.py, and a gradient check of it against central differences of selfattn.attention itself (what
 torch.autograd.gradcheck does, without torch)."""
-import math
-
 import numpy as np
 import pytest
 
 import selfattn
-from conftest import TOLERANCE, random, reference, relative_error, visible
-
-
-def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None):
-    """float64 (dq, dk, dv) of BHSD arrays for the upstream gradient dout."""
-    q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
-    batch, heads, seq_q, dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    for b in range(batch):
-        len_k = seq_k if key_lengths is None else min(max(int(key_lengths[b]), 0), seq_k)
-        for h in range(heads):
-            kh = h // (heads // kv_heads)
-            for i in range(seq_q):
-                n = visible(i, seq_q, len_k, causal)
-                if n == 0:
-                    continue
-                s = scale * (k[b, kh, :n] @ q[b, h, i])
-                p = np.exp(s - s.max())
-                p /= p.sum()
-                dp = v[b, kh, :n] @ dout[b, h, i]
-                ds = p * (dp - p @ dp)
-                dq[b, h, i] = scale * ds @ k[b, kh, :n]
-                dk[b, kh, :n] += scale * np.outer(ds, q[b, h, i])
-                dv[b, kh, :n] += np.outer(p, dout[b, h, i])
-    return dq, dk, dv
+from conftest import TOLERANCE, random, reference_backward, relative_error
 
 
 def run_case(rng, dtype="float32", batch=1, heads=2, kv_heads=None, seq_q=7, seq_k=None, dim=16, causal=None,

@@ -1,6 +1,7 @@
 """PyTorch integration on CPU tensors (they run on the sim through DLPack): the torch.library custom
 op, its fake implementation under FakeTensorMode, torch.compile, and autograd through the library's
-backward. Skipped without PyTorch (not run in the session that added autograd: no torch there)."""
+backward; the masks and score modifiers, which go around the op. Skipped without PyTorch (not run in
+the sessions that added autograd and the masks: no torch there)."""
 import numpy as np
 import pytest
 
@@ -87,3 +88,25 @@ def test_gradient_through_lse_is_refused():
     out, lse = selfattn.attention(q, k, v, return_lse=True)
     with pytest.raises(NotImplementedError, match="lse"):
         lse.sum().backward()
+
+
+def test_masks_without_grad_go_around_the_op():
+    # The custom op takes no masks or score modifiers yet: tensors that do not require grad run the
+    # library directly (torch alibi_slopes and bias, converted and checked like NumPy ones).
+    q, k, v = tensors((2, 2, 5, 8), seed=5)
+    alibi, bias = torch.tensor([0.5, 0.25]), torch.zeros(1, 2, 5, 5)
+    bias[0, 1, :, 0] = -float("inf")
+    out, lse = selfattn.attention(q, k, v, window=(2, 0), softcap=5.0, alibi_slopes=alibi, bias=bias, return_lse=True)
+    want, want_lse = reference(q.numpy(), k.numpy(), v.numpy(), window=(2, 0), softcap=5.0,
+                               alibi_slopes=alibi.numpy(), bias=bias.numpy())
+    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_masks_with_autograd_are_refused():
+    q, k, v = tensors((1, 1, 3, 4), seed=6)
+    k.requires_grad_()
+    with pytest.raises(selfattn.NotAvailable, match="autograd"):
+        selfattn.attention(q, k, v, softcap=5.0)
+    with pytest.raises(selfattn.NotAvailable, match="autograd"):
+        selfattn.attention(q.detach(), k.detach(), v, bias=torch.zeros(1, 1, 3, 3, requires_grad=True))

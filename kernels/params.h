@@ -28,6 +28,21 @@ struct ScoreMods {
   bool changes_values;
 };
 
+// gemm_key_repair.cuh: one strided-batched column-major GEMM C = alpha op(A) op(B) already computed
+// over all k, and the bound its sum should have had (device data: a key length).
+struct GemmKeyRepairParams {
+  const void* a;
+  const void* b;
+  void* c;
+  Element a_element, c_element;  // B is of A's element type (as cuBLAS takes them)
+  bool trans_a, trans_b;
+  int m, n, k, batch_count;
+  int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
+  float alpha;
+  const int32_t* key_length;  // the sum runs over i < clamp(*key_length - key_offset, 0, k)
+  int key_offset;
+};
+
 struct FillParams {
   float* data;
   int64_t count;

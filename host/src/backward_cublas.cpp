@@ -27,7 +27,7 @@
 // length, but backward_scores reads only visible keys (selection), so P = dS = 0 there; dV += dO^T P
 // and dK += Q^T dS then add exact zeros to those rows (dO and Q, query rows, have no padding). Only
 // dQ = dS K sums over keys, where 0 * NaN = NaN: as the forward's P V, it runs per batch with its
-// sum bounded by that batch's length (GemmBatch::k_bound).
+// sum bounded by that batch's length (gemm_within_key_length).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -243,9 +243,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
       g.ldc = slices.dq.strides[2];
       g.stride_c = run.stride.dq;
       g.batch_count = run.pairs;
-      g.k_bound = call.key_lengths ? call.key_lengths + batch : nullptr;
-      g.k_bound_offset = span.begin;
-      ctx.device->gemm_strided_batched(g);
+      gemm_within_key_length(ctx, g, call.key_lengths ? call.key_lengths + batch : nullptr, span.begin);
       done += run.pairs;
     }
 

@@ -25,18 +25,6 @@ struct GemmBatch {
   const void* b = nullptr; DType b_type = DType::f32; int64_t ldb = 0; int64_t stride_b = 0;
   void* c = nullptr;       DType c_type = DType::f32; int64_t ldc = 0; int64_t stride_c = 0;
   int batch_count = 1;
-  // Optional, device int32: every problem sums only over i < clamp(*k_bound - k_bound_offset, 0, k),
-  // so whatever op(A) holds past the bound (NaN, inf: a KV cache's unused rows) never reaches C,
-  // where cuBLAS alone would make 0 * NaN = NaN of it. For a batch's key length, which lives on the
-  // device: cuBLAS takes k from the host, and reading the length back would synchronize the stream
-  // (attention() with key_lengths is graph-safe). The caller promises op(B) is 0 in rows i >= the
-  // bound (P and dS past the key length are; the sim checks it): that is what lets the cuda backend
-  // run cuBLAS over all k and then recompute over i < bound only the elements that came out
-  // non-finite (device_cuda.cu). Needs beta == 0.
-  const int32_t* k_bound = nullptr;
-  // The key the problems' index 0 is (a GEMM over keys [k_bound_offset, ...)): the bound counts
-  // keys from the start of the dimension, the sum from there.
-  int k_bound_offset = 0;
 };
 
 class Device {

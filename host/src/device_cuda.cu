@@ -5,11 +5,8 @@
 #include <cub/device/device_scan.cuh>
 #include <cublas_v2.h>
 #include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the entry point comes from the runtime)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <map>
@@ -40,52 +37,6 @@ cudaDataType_t cuda_type(DType dtype) {
     case DType::bf16: return CUDA_R_16BF;
   }
   throw InvalidArgument("gemm dtype: expected f32, f16 or bf16");
-}
-
-// GemmBatch::k_bound on cuda. cuBLAS takes k from the host, so the GEMM runs over all k and this
-// kernel then recomputes, over i < the bound, every element of C that came out non-finite. That
-// gives the bounded sum everywhere: beta is 0 and op(B) is 0 past the bound (the caller's promise),
-// so each term past it is 0 * op(A): a zero, which leaves a sum as it is, where op(A) is finite;
-// NaN, which makes the element non-finite and so recomputed, where it is not. (An element that is
-// non-finite for another reason is recomputed to the same.) One thread per element of C: with
-// finite padding the kernel only reads C.
-__device__ float load_element(const void* base, DType type, int64_t index) {
-  switch (type) {
-    case DType::f32: return static_cast<const float*>(base)[index];
-    case DType::f16: return __half2float(static_cast<const __half*>(base)[index]);
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
-  }
-  return 0;
-}
-
-__device__ void store_element(void* base, DType type, int64_t index, float value) {
-  switch (type) {
-    case DType::f32: static_cast<float*>(base)[index] = value; return;
-    case DType::f16: static_cast<__half*>(base)[index] = __float2half_rn(value); return;
-    case DType::bf16: static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value); return;
-  }
-}
-
-constexpr int kRecomputeThreads = 256;
-constexpr int64_t kRecomputeMaxBlocks = 65535;  // a grid-stride loop covers the rest
-
-__global__ void __launch_bounds__(kRecomputeThreads) recompute_nonfinite_within_bound(const GemmBatch g) {
-  const int bound = min(max(*g.k_bound - g.k_bound_offset, 0), g.k);
-  const int64_t per_problem = int64_t(g.m) * g.n;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < per_problem * g.batch_count;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = e / per_problem, within = e % per_problem;
-    const int64_t row = within % g.m, col = within / g.m;  // row fastest: neighbouring threads, neighbouring C
-    const int64_t c_index = p * g.stride_c + row + col * g.ldc;
-    if (isfinite(load_element(g.c, g.c_type, c_index))) continue;
-    float sum = 0;
-    for (int i = 0; i < bound; ++i) {
-      const float a = load_element(g.a, g.a_type, p * g.stride_a + (g.trans_a ? i + row * g.lda : row + i * g.lda));
-      const float b = load_element(g.b, g.b_type, p * g.stride_b + (g.trans_b ? col + i * g.ldb : i + col * g.ldb));
-      sum += a * b;
-    }
-    store_element(g.c, g.c_type, c_index, g.alpha * sum);
-  }
 }
 
 // Makes `ordinal` the calling thread's current device for one call and restores the caller's
@@ -266,7 +217,6 @@ class CudaDevice final : public Device {
   }
 
   void gemm_strided_batched(const GemmBatch& g) override {
-    if (g.k_bound != nullptr && g.beta != 0.0f) throw BackendError("gemm_strided_batched: k_bound needs beta == 0");
     const CurrentDevice current(ordinal_);
     cublasHandle_t handle = cublas();
     // Tensor cores for f16/bf16 inputs; fp32 inputs stay true fp32 (no TF32 rounding).
@@ -275,11 +225,6 @@ class CudaDevice final : public Device {
                                      cuda_type(g.b_type), int(g.ldb), g.stride_b, &g.beta, g.c, cuda_type(g.c_type),
                                      int(g.ldc), g.stride_c, g.batch_count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
-    const int64_t elements = int64_t(g.m) * g.n * g.batch_count;
-    if (g.k_bound == nullptr || elements == 0) return;
-    const int64_t blocks = std::min((elements + kRecomputeThreads - 1) / kRecomputeThreads, kRecomputeMaxBlocks);
-    recompute_nonfinite_within_bound<<<unsigned(blocks), kRecomputeThreads, 0, stream_>>>(g);
-    check(cudaGetLastError(), "recompute_nonfinite_within_bound (GemmBatch::k_bound)");
   }
 
  private:

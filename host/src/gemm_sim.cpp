@@ -6,9 +6,6 @@
 //   X_p starts stride_x elements after X_{p-1}; products accumulate in fp32; C is stored rounded to
 //   nearest-even in its type; beta == 0 means C is not read (NaN in C does not propagate).
 // Invalid arguments are reported as cuBLAS reports them (CUBLAS_STATUS_INVALID_VALUE), as BackendError.
-// With GemmBatch::k_bound (device.h) each problem sums over i < the clamped bound and nothing past
-// it is read into a product; the caller's promise that op(B) is 0 there is checked, so a caller that
-// breaks it fails here rather than getting another C from the cuda backend.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -60,46 +57,29 @@ void check_arguments(const GemmBatch& g) {
   if (g.c_type != DType::f32 && g.c_type != g.a_type) invalid("C must be f32 or the type of A and B");
 }
 
-// The number of terms each problem sums: k, or the clamped k_bound (read in place: sim memory is
-// host memory).
-int summed_terms(const GemmBatch& g) {
-  if (g.k_bound == nullptr) return g.k;
-  if (g.beta != 0.0f) throw BackendError("sim gemm_strided_batched: k_bound needs beta == 0");
-  return std::clamp(*g.k_bound - g.k_bound_offset, 0, g.k);
-}
-
 }  // namespace
 
 void sim_gemm_strided_batched(const GemmBatch& g) {
   check_arguments(g);
   if (g.m == 0 || g.n == 0) return;
-  const int k = summed_terms(g);
   // op(A) row-wise and op(B) column-wise in fp32, so the inner loop runs over contiguous floats.
-  std::vector<float> a_rows(size_t(g.m) * k), b_cols(size_t(g.n) * k);
+  std::vector<float> a_rows(size_t(g.m) * g.k), b_cols(size_t(g.n) * g.k);
   for (int p = 0; p < g.batch_count; ++p) {
     const void* a = advance(g.a, g.a_type, p * g.stride_a);
     const void* b = advance(g.b, g.b_type, p * g.stride_b);
     void* c = const_cast<void*>(advance(g.c, g.c_type, p * g.stride_c));
-    const auto b_at = [&](int i, int col) {
-      return load(b, g.b_type, g.trans_b ? col + int64_t(i) * g.ldb : i + int64_t(col) * g.ldb);
-    };
-    for (int col = 0; col < g.n; ++col)
-      for (int i = k; i < g.k; ++i)
-        if (const float value = b_at(i, col); value != 0.0f)
-          throw BackendError("sim gemm_strided_batched: k_bound " + std::to_string(k) + " promises op(B) = 0 past it, got " +
-                             std::to_string(value) + " at row " + std::to_string(i) + " column " +
-                             std::to_string(col) + " of problem " + std::to_string(p));
     for (int row = 0; row < g.m; ++row)
-      for (int i = 0; i < k; ++i)
-        a_rows[size_t(row) * k + i] = load(a, g.a_type, g.trans_a ? i + int64_t(row) * g.lda : row + int64_t(i) * g.lda);
+      for (int i = 0; i < g.k; ++i)
+        a_rows[size_t(row) * g.k + i] = load(a, g.a_type, g.trans_a ? i + int64_t(row) * g.lda : row + int64_t(i) * g.lda);
     for (int col = 0; col < g.n; ++col)
-      for (int i = 0; i < k; ++i) b_cols[size_t(col) * k + i] = b_at(i, col);
+      for (int i = 0; i < g.k; ++i)
+        b_cols[size_t(col) * g.k + i] = load(b, g.b_type, g.trans_b ? col + int64_t(i) * g.ldb : i + int64_t(col) * g.ldb);
     for (int col = 0; col < g.n; ++col) {
-      const float* b_col = b_cols.data() + size_t(col) * k;
+      const float* b_col = b_cols.data() + size_t(col) * g.k;
       for (int row = 0; row < g.m; ++row) {
-        const float* a_row = a_rows.data() + size_t(row) * k;
+        const float* a_row = a_rows.data() + size_t(row) * g.k;
         float sum = 0;
-        for (int i = 0; i < k; ++i) sum += a_row[i] * b_col[i];
+        for (int i = 0; i < g.k; ++i) sum += a_row[i] * b_col[i];
         const int64_t c_index = row + int64_t(col) * g.ldc;
         const float result = g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * load(c, g.c_type, c_index);
         store(c, g.c_type, c_index, result);

@@ -19,7 +19,7 @@
 // dropped keys), and P = 0 there does not help a GEMM (0 * NaN = NaN). So both GEMMs of a chunk run
 // over the keys its rows may see (chunk_key_span, known on the host: causal mask and window), and
 // with key lengths the P V GEMM runs per batch, its sum bounded by that batch's length on the
-// device (GemmBatch::k_bound). Inside those bounds, Q K^T's NaN scores of keys a particular row
+// device (gemm_within_key_length). Inside those bounds, Q K^T's NaN scores of keys a particular row
 // does not see go nowhere: the softmax only reads the scores of visible keys (selection, not
 // arithmetic).
 #include <algorithm>
@@ -177,9 +177,7 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       pv.ldc = call.out.strides[2];
       pv.stride_c = run.stride.out;
       pv.batch_count = run.pairs;
-      pv.k_bound = call.key_lengths ? call.key_lengths + batch : nullptr;
-      pv.k_bound_offset = span.begin;
-      ctx.device->gemm_strided_batched(pv);
+      gemm_within_key_length(ctx, pv, call.key_lengths ? call.key_lengths + batch : nullptr, span.begin);
       done += run.pairs;
     }
   });

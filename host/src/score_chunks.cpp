@@ -104,6 +104,31 @@ kernels::KeyRange chunk_key_span(const AttentionCall& call, const Chunk& chunk) 
   return {first.begin, last.end};
 }
 
+void gemm_within_key_length(ContextState& ctx, const GemmBatch& g, const int32_t* key_length, int key_offset) {
+  ctx.device->gemm_strided_batched(g);
+  const int64_t elements = int64_t(g.m) * g.n * g.batch_count;
+  if (key_length == nullptr || elements == 0) return;
+  if (g.beta != 0.0f) throw BackendError("gemm_within_key_length: needs beta == 0");
+  kernels::KernelRef repair;
+  if (ctx.device->backend() == Backend::sim) {
+    repair = kernels::sim_target::gemm_key_repair_kernel_ref();
+  } else {
+#if SELFATTN_HAVE_CUDA
+    repair = kernels::cuda_target::gemm_key_repair_kernel_ref();
+#endif
+  }
+  if (!repair) throw NotAvailable("attention: no gemm_key_repair kernel for this backend");
+  const kernels::GemmKeyRepairParams params{g.a, g.b, g.c, element_of(g.a_type), element_of(g.c_type), g.trans_a,
+                                            g.trans_b, g.m, g.n, g.k, g.batch_count, g.lda, g.ldb, g.ldc,
+                                            g.stride_a, g.stride_b, g.stride_c, g.alpha, key_length, key_offset};
+  constexpr int kThreads = 256;
+  constexpr int64_t kMaxBlocks = 65535;  // the grid-stride loop covers the rest
+  kernels::LaunchShape shape;
+  shape.grid = dim3(unsigned(std::min((elements + kThreads - 1) / kThreads, kMaxBlocks)));
+  shape.block = dim3(kThreads);
+  ctx.device->launch(repair, shape, &params);
+}
+
 void zero_chunk_rows(Device& device, const TensorView& view, int heads, const Chunk& chunk) {
   const size_t row_bytes = size_t(view.head_dim()) * dtype_size(view.dtype);
   for (int pair = chunk.pair_begin; pair < chunk.pair_begin + chunk.pairs; ++pair)

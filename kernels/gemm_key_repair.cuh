@@ -1,13 +1,15 @@
 #pragma once
 // After a GEMM over all keys (cuBLAS, or the sim's GEMM: both take k from the host), the sum it
-// should have had: over the keys before a length that lives on the device. Where op(B) is 0 past
-// the bound (P and dS past a key length are), each term past it is 0 * op(A): a zero where op(A) is
-// finite, which changes nothing, and NaN where it is not (an unused cache row), which makes the
-// element non-finite. So recomputing, over the bound only, just the elements that came out
-// non-finite gives the bounded sum everywhere (an element non-finite for another reason is
-// recomputed to the same). With finite padding the kernel only reads C.
+// should have had: over the keys its query row sees, which depend on a length that lives on the
+// device (past the length, and, under a window aligned at the last key, before the window). Where
+// op(B) is 0 outside those keys (P and dS are), each term there is 0 * op(A): a zero where op(A) is
+// finite, which changes nothing, and NaN where it is not (an unused cache row, a dropped key),
+// which makes the element non-finite. So recomputing, over the visible keys only, just the
+// elements that came out non-finite gives the bounded sum everywhere (an element non-finite for
+// another reason is recomputed to the same). With finite keys the kernel only reads C.
 #include <cstdint>
 
+#include "causal_mask.cuh"
 #include "common/compat.h"
 #include "launch.h"
 #include "params.h"
@@ -35,8 +37,7 @@ __device__ inline void gemm_repair_store(void* base, Element element, int64_t in
 // One thread per element of C (a grid-stride loop), row fastest: neighbouring threads read
 // neighbouring elements of C.
 __global__ void gemm_key_repair_kernel(const GemmKeyRepairParams p) {
-  const int given = *p.key_length - p.key_offset;
-  const int bound = given < 0 ? 0 : (given < p.k ? given : p.k);
+  const int length = key_length(p.key_length, 0, p.seq_k);
   const int64_t per_problem = int64_t(p.m) * p.n;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < per_problem * p.batch_count; e += stride) {
@@ -44,8 +45,13 @@ __global__ void gemm_key_repair_kernel(const GemmKeyRepairParams p) {
     const int64_t row = within % p.m, col = within / p.m;
     const int64_t c_index = problem * p.stride_c + row + col * p.ldc;
     if (isfinite(gemm_repair_load(p.c, p.c_element, c_index))) continue;
+    // The keys query row row_begin + col sees, as op(A)'s rows [begin, end).
+    const KeyRange keys = visible_key_range(p.row_begin + int(col), p.seq_q, length, p.causal, p.window_left,
+                                            p.window_right);
+    const int begin = keys.begin > p.key_offset ? keys.begin - p.key_offset : 0;
+    const int end = keys.end - p.key_offset < p.k ? keys.end - p.key_offset : p.k;
     float sum = 0.0f;
-    for (int i = 0; i < bound; ++i) {
+    for (int i = begin; i < end; ++i) {
       const int64_t a_index = problem * p.stride_a + (p.trans_a ? i + row * p.lda : row + i * p.lda);
       const int64_t b_index = problem * p.stride_b + (p.trans_b ? col + i * p.ldb : i + col * p.ldb);
       sum += gemm_repair_load(p.a, p.a_element, a_index) * gemm_repair_load(p.b, p.a_element, b_index);

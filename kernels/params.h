@@ -29,7 +29,10 @@ struct ScoreMods {
 };
 
 // gemm_key_repair.cuh: one strided-batched column-major GEMM C = alpha op(A) op(B) already computed
-// over all k, and the bound its sum should have had (device data: a key length).
+// over all k, and the keys its sum should have run over, which depend on device data (a key
+// length): C's column c is query row row_begin + c of a sequence of seq_q queries over seq_k keys,
+// op(A)'s row i is key key_offset + i, and the sum for column c runs over the keys that row sees
+// (visible_key_range in causal_mask.cuh, under the batch's length).
 struct GemmKeyRepairParams {
   const void* a;
   const void* b;
@@ -39,8 +42,10 @@ struct GemmKeyRepairParams {
   int m, n, k, batch_count;
   int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
   float alpha;
-  const int32_t* key_length;  // the sum runs over i < clamp(*key_length - key_offset, 0, k)
-  int key_offset;
+  const int32_t* key_length;  // this batch's entry of key_lengths
+  int key_offset, row_begin, seq_q, seq_k;
+  CausalMask causal;
+  int window_left, window_right;  // -1: unbounded on that side
 };
 
 struct FillParams {

@@ -26,8 +26,8 @@
 // (their accumulators start at 0, as on the other paths). Inside, S and dP get NaN past a key
 // length, but backward_scores reads only visible keys (selection), so P = dS = 0 there; dV += dO^T P
 // and dK += Q^T dS then add exact zeros to those rows (dO and Q, query rows, have no padding). Only
-// dQ = dS K sums over keys, where 0 * NaN = NaN: as the forward's P V, it runs per batch with its
-// sum bounded by that batch's length (gemm_within_key_length).
+// dQ = dS K sums over keys, where 0 * NaN = NaN: as the forward's P V, it runs per batch with each
+// row's sum bounded by the keys it sees under that batch's length (gemm_over_visible_keys).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -217,7 +217,8 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
     if (span_keys == 0) zero_chunk_rows(*ctx.device, slices.dq, call.heads, chunk);  // no row sees a key: dq = 0
     for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
-      // With key lengths, one GEMM per batch at most: its sum stops at that batch's length.
+      // With key lengths, one GEMM per batch at most: its sums stop at the keys each row sees under that
+      // batch's length.
       const int batch = pair / call.heads, count = chunk.pairs - done;
       const int left_in_batch = (batch + 1) * call.heads - pair;
       const PairRun run = run_from(call, slices, pair, call.key_lengths ? std::min(count, left_in_batch) : count, 1);
@@ -243,7 +244,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
       g.ldc = slices.dq.strides[2];
       g.stride_c = run.stride.dq;
       g.batch_count = run.pairs;
-      gemm_within_key_length(ctx, g, call.key_lengths ? call.key_lengths + batch : nullptr, span.begin);
+      gemm_over_visible_keys(ctx, g, call, batch, chunk.row_begin, span.begin);
       done += run.pairs;
     }
 

@@ -18,8 +18,9 @@
 // Keys no row sees may hold anything, NaN included (a KV cache's unused rows, a sliding window's
 // dropped keys), and P = 0 there does not help a GEMM (0 * NaN = NaN). So both GEMMs of a chunk run
 // over the keys its rows may see (chunk_key_span, known on the host: causal mask and window), and
-// with key lengths the P V GEMM runs per batch, its sum bounded by that batch's length on the
-// device (gemm_within_key_length). Inside those bounds, Q K^T's NaN scores of keys a particular row
+// with key lengths the P V GEMM runs per batch, each row's sum bounded on the device by the keys it
+// sees under that batch's length (gemm_over_visible_keys: past the length, and before a window
+// aligned at the last key). Inside those bounds, Q K^T's NaN scores of keys a particular row
 // does not see go nowhere: the softmax only reads the scores of visible keys (selection, not
 // arithmetic).
 #include <algorithm>
@@ -149,7 +150,8 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
     if (span_keys == 0) zero_chunk_rows(*ctx.device, call.out, call.heads, chunk);  // no row of it sees a key
     for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
-      // With key lengths, one GEMM per batch at most: its sum stops at that batch's length.
+      // With key lengths, one GEMM per batch at most: its sums stop at the keys each row sees under that
+      // batch's length.
       const int batch = pair / call.heads, count = chunk.pairs - done;
       const int left_in_batch = (batch + 1) * call.heads - pair;
       const PairRun run = run_from(call, pair, call.key_lengths ? std::min(count, left_in_batch) : count);
@@ -177,7 +179,7 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       pv.ldc = call.out.strides[2];
       pv.stride_c = run.stride.out;
       pv.batch_count = run.pairs;
-      gemm_within_key_length(ctx, pv, call.key_lengths ? call.key_lengths + batch : nullptr, span.begin);
+      gemm_over_visible_keys(ctx, pv, call, batch, chunk.row_begin, span.begin);
       done += run.pairs;
     }
   });

@@ -104,11 +104,12 @@ kernels::KeyRange chunk_key_span(const AttentionCall& call, const Chunk& chunk) 
   return {first.begin, last.end};
 }
 
-void gemm_within_key_length(ContextState& ctx, const GemmBatch& g, const int32_t* key_length, int key_offset) {
+void gemm_over_visible_keys(ContextState& ctx, const GemmBatch& g, const AttentionCall& call, int batch,
+                            int row_begin, int key_offset) {
   ctx.device->gemm_strided_batched(g);
   const int64_t elements = int64_t(g.m) * g.n * g.batch_count;
-  if (key_length == nullptr || elements == 0) return;
-  if (g.beta != 0.0f) throw BackendError("gemm_within_key_length: needs beta == 0");
+  if (call.key_lengths == nullptr || elements == 0) return;
+  if (g.beta != 0.0f) throw BackendError("gemm_over_visible_keys: needs beta == 0");
   kernels::KernelRef repair;
   if (ctx.device->backend() == Backend::sim) {
     repair = kernels::sim_target::gemm_key_repair_kernel_ref();
@@ -120,7 +121,10 @@ void gemm_within_key_length(ContextState& ctx, const GemmBatch& g, const int32_t
   if (!repair) throw NotAvailable("attention: no gemm_key_repair kernel for this backend");
   const kernels::GemmKeyRepairParams params{g.a, g.b, g.c, element_of(g.a_type), element_of(g.c_type), g.trans_a,
                                             g.trans_b, g.m, g.n, g.k, g.batch_count, g.lda, g.ldb, g.ldc,
-                                            g.stride_a, g.stride_b, g.stride_c, g.alpha, key_length, key_offset};
+                                            g.stride_a, g.stride_b, g.stride_c, g.alpha,
+                                            call.key_lengths + batch, key_offset, row_begin, call.seq_q,
+                                            call.seq_k, causal_mask_of(call.causal), call.window_left,
+                                            call.window_right};
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 65535;  // the grid-stride loop covers the rest
   kernels::LaunchShape shape;

@@ -41,16 +41,21 @@ kernels::KeyMask key_mask(const AttentionCall& call);
 // The cublas path's GEMMs run over these keys only, so a key row no row of the chunk sees - a
 // sliding-window cache's dropped keys, NaN included - never enters a product (0 * NaN = NaN).
 // With key lengths (device data), a none / bottom_right row's alignment depends on the length, so
-// the span is then all seq_k keys; the upper end is bounded on the device (gemm_within_key_length).
+// the span is then all seq_k keys, and the GEMMs' sums are bounded on the device
+// (gemm_over_visible_keys).
 kernels::KeyRange chunk_key_span(const AttentionCall& call, const Chunk& chunk);
 
-// One cublas-path GEMM whose sum stops at a key length that lives on the device: `g` over all its
-// k (cuBLAS takes k from the host, and reading the length back would synchronize the stream, which
-// attention() with key_lengths must not), then gemm_key_repair_kernel recomputes, over
-// i < *key_length - key_offset, the elements that came out non-finite. op(A) holds the keys
-// (V or K rows from key_offset on: past the length they may be NaN); op(B) must be 0 there (P and
-// dS are), which makes this the bounded sum; beta must be 0. key_length null: the GEMM alone.
-void gemm_within_key_length(ContextState& ctx, const GemmBatch& g, const int32_t* key_length, int key_offset);
+// One cublas-path GEMM of a chunk of `batch` whose sum must run over the keys each query row sees,
+// when those depend on the batch's key length (device data): `g` over all its k (cuBLAS takes k
+// from the host, and reading the length back would synchronize the stream, which attention() with
+// key_lengths must not), then gemm_key_repair_kernel recomputes, over the keys its row sees
+// (visible_key_range: past the length, and before a window aligned at the last key), the elements
+// that came out non-finite. C's column c is query row row_begin + c; op(A) holds the keys from
+// key_offset on (V or K rows: outside what a row sees they may be NaN); op(B) must be 0 there (P
+// and dS are), which makes this the bounded sum; beta must be 0. Without key lengths the host's
+// span is exact and this is the GEMM alone.
+void gemm_over_visible_keys(ContextState& ctx, const GemmBatch& g, const AttentionCall& call, int batch,
+                            int row_begin, int key_offset);
 
 // Zeros the chunk's rows of `view` ([batch, heads, seq, d]; pair = batch * heads + head): the
 // result of a GEMM over no keys, for a chunk whose span is empty.

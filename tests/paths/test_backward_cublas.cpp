@@ -18,7 +18,7 @@ TEST(CublasBackward, Sweep) {
 }
 
 // NaN in K and V rows past the key lengths (an unused cache's rows) reaches no gradient: dQ's sum
-// over keys stops at each batch's length (gemm_within_key_length), and dK/dV there stay exactly 0.
+// over keys stops at each batch's length (gemm_over_visible_keys), and dK/dV there stay exactly 0.
 TEST(CublasBackward, NanKeyPaddingReachesNoGradient) {
   Context ctx(Backend::sim);
   EXPECT_TRUE(testing::check_backward_ignores_key_padding(ctx, Path::cublas));

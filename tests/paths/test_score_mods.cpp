@@ -132,23 +132,28 @@ TEST_P(ScoreMods, BiasMasksEverything) {
                                  with(make(DType::f32, 1, 1, 1, 9, 13, 3, bottom_right), all)});
 }
 
-// The fused and naive paths never touch key tiles outside every row's window: with keys [0, 832)
-// of K and V set to NaN (bottom_right, window 40 back: row 0 of 64 over 1000 keys starts at key
-// 896), any such tile read would turn outputs NaN (P = 0 times V = NaN). The cublas path's GEMMs
-// cover every key by design, so it is not run here.
+// No path reads keys outside every row's window: with keys [0, 832) of K and V set to NaN
+// (bottom_right, window 40 back: row 0 of 64 over 1000 keys starts at key 896), any such key read
+// would turn outputs NaN (P = 0 times V = NaN). Then again with a key length on the device (1000 of
+// 1064 rows, the last 64 NaN too): the window's start then depends on the length, which the cublas
+// path's GEMMs cannot know on the host, so its sums are bounded on the device.
 TEST_P(ScoreMods, KeysOutsideTheWindowAreNeverRead) {
   Context ctx;
+  for (const bool with_key_length : {false, true})
   for (const auto& [dtype, head_dim] : {std::pair<DType, int>{DType::f16, 64}, {DType::f32, 8}}) {
     const int seq_q = 64, seq_k = 1000, poisoned = 832;
+    const int key_rows = with_key_length ? seq_k + 64 : seq_k;  // rows from seq_k on are past the length
+    const std::string label = std::string(to_string(dtype)) + (with_key_length ? " with a key length" : "");
     std::mt19937_64 rng{uint64_t(head_dim)};
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<double> q(size_t(seq_q) * head_dim), k(size_t(seq_k) * head_dim), v(k.size());
     for (auto* t : {&q, &k, &v})
       for (double& x : *t) x = testing::round_to(dtype, normal(rng));
     auto upload = [&](const std::vector<double>& values, int rows, bool poison) {
-      std::vector<unsigned char> bytes(values.size() * dtype_size(dtype));
-      for (size_t i = 0; i < values.size(); ++i) {
-        const bool nan = poison && int(i / head_dim) < poisoned;
+      std::vector<unsigned char> bytes(size_t(rows) * head_dim * dtype_size(dtype));
+      for (size_t i = 0; i < size_t(rows) * head_dim; ++i) {
+        const int row = int(i / head_dim);
+        const bool nan = poison && (row < poisoned || row >= seq_k);  // values has seq_k rows
         testing::store_element(bytes.data(), dtype, i, nan ? std::numeric_limits<float>::quiet_NaN() : float(values[i]));
       }
       DeviceBuffer<unsigned char> buffer(ctx, bytes.size(), "test tensor");
@@ -156,8 +161,8 @@ TEST_P(ScoreMods, KeysOutsideTheWindowAreNeverRead) {
       return std::make_pair(std::move(buffer), TensorView::bhsd(nullptr, dtype, 1, 1, rows, head_dim));
     };
     auto [q_buf, q_view] = upload(q, seq_q, false);
-    auto [k_buf, k_view] = upload(k, seq_k, true);
-    auto [v_buf, v_view] = upload(v, seq_k, true);
+    auto [k_buf, k_view] = upload(k, key_rows, true);
+    auto [v_buf, v_view] = upload(v, key_rows, true);
     auto [out_buf, out_view] = upload(q, seq_q, false);
     q_view.data = q_buf.data();
     k_view.data = k_buf.data();
@@ -168,6 +173,9 @@ TEST_P(ScoreMods, KeysOutsideTheWindowAreNeverRead) {
     options.causal = bottom_right;
     options.window_left = 40;
     options.window_right = 0;
+    DeviceBuffer<int32_t> key_length(ctx, 1, "test key_lengths");
+    key_length.copy_from_host(&seq_k, 1);
+    if (with_key_length) options.key_lengths = key_length.data();
     attention(ctx, q_view, k_view, v_view, out_view, options);
     ctx.synchronize();
 
@@ -186,18 +194,20 @@ TEST_P(ScoreMods, KeysOutsideTheWindowAreNeverRead) {
     std::vector<double> values(expected.out.size());
     for (size_t i = 0; i < values.size(); ++i) {
       values[i] = testing::load_element(got.data(), dtype, i);
-      ASSERT_FALSE(std::isnan(values[i])) << to_string(dtype) << ": out[" << i << "] is NaN: a key outside the window was read";
+      ASSERT_FALSE(std::isnan(values[i])) << label << ": out[" << i << "] is NaN: a key outside the window was read";
     }
-    EXPECT_TRUE(testing::judge("out", values, expected.out)) << to_string(dtype);
+    EXPECT_TRUE(testing::judge("out", values, expected.out)) << label;
   }
 }
 
 // The backward likewise: keys before every row's window hold NaN in K and V, and the gradients
 // must be those of the same call with them finite (equal on the sim: the same arithmetic), all
-// finite, with dk and dv exactly 0 on those keys (no row sees them).
+// finite, with dk and dv exactly 0 on those keys (no row sees them). Then again with the key length
+// on the device (where the window's start is known only there).
 TEST_P(ScoreMods, BackwardNeverReadsKeysOutsideTheWindow) {
   Context ctx;
   // The dtypes and head dims every path's backward takes (the fused one runs on tensor cores).
+  for (const bool with_key_length : {false, true})
   for (const auto& [dtype, head_dim] : {std::pair<DType, int>{DType::f16, 64}, {DType::bf16, 32}}) {
     const int seq_q = 64, seq_k = 300, poisoned = 180;  // rows see keys from 300 - 64 - 40 = 196 on
     std::mt19937_64 rng{uint64_t(head_dim) + 7};
@@ -228,7 +238,10 @@ TEST_P(ScoreMods, BackwardNeverReadsKeysOutsideTheWindow) {
     const TensorView dk = TensorView::bhsd(dk_buf.data(), dtype, 1, 1, seq_k, head_dim);
     const TensorView dv = TensorView::bhsd(dv_buf.data(), dtype, 1, 1, seq_k, head_dim);
     DeviceBuffer<float> lse(ctx, seq_q, "test lse");
+    DeviceBuffer<int32_t> key_length(ctx, 1, "test key_lengths");
+    key_length.copy_from_host(&seq_k, 1);
     AttentionOptions options;
+    if (with_key_length) options.key_lengths = key_length.data();
     options.path = path();
     options.causal = bottom_right;
     options.window_left = 40;
@@ -258,7 +271,7 @@ TEST_P(ScoreMods, BackwardNeverReadsKeysOutsideTheWindow) {
       for (size_t i = 0; i < got[g].size(); ++i) {
         const bool unseen = g > 0 && int(i / head_dim) < poisoned;
         ASSERT_TRUE(std::isfinite(got[g][i]) && (unseen ? got[g][i] == 0.0f : got[g][i] == want[g][i]))
-            << to_string(dtype) << ": " << names[g] << "[" << i << "] is " << got[g][i] << " with NaN keys outside the "
+            << to_string(dtype) << (with_key_length ? " with a key length" : "") << ": " << names[g] << "[" << i << "] is " << got[g][i] << " with NaN keys outside the "
             << "window, " << want[g][i] << " with them finite" << (unseen ? " (a key no row sees: expected 0)" : "");
       }
   }

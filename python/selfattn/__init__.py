@@ -14,8 +14,8 @@ QKV tensor) are used as they are. Errors are raised as :class:`InvalidArgument` 
 and :class:`BackendError` (a ``RuntimeError``), all subclasses of :class:`selfattn.Error`, with the
 library's message. PyTorch is optional and imported only when a torch tensor is passed.
 
-Gradients: :func:`attention_backward` computes dq, dk, dv from the forward's out and lse (any
-arrays); on torch tensors :func:`attention` is differentiable (``loss.backward()`` reaches the
+Gradients: :func:`attention_backward` (and :func:`attention_varlen_backward` for packed
+sequences) computes dq, dk, dv from the forward's out and lse (any arrays); on torch tensors :func:`attention` is differentiable (``loss.backward()`` reaches the
 library's backward through the custom op's autograd formula), except with the masks and score
 modifiers (window, softcap, alibi_slopes, bias), which the op does not take yet.
 """
@@ -28,8 +28,8 @@ from . import _arrays, _selfattn
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "self_attention", "Context", "default_context", "backends", "paths",
-           "version", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "self_attention",
+           "Context", "default_context", "backends", "paths", "version", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
            "__version__"]
 
 # Shown as selfattn.X (where users catch them), not selfattn._selfattn.X.
@@ -262,14 +262,62 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         max_seqlen_k = _arrays.max_difference(cu_k)
     lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
 
-    def packed(a):  # [total, heads, head_dim] viewed as [1, heads, total, head_dim]
-        return _arrays.swap_axes_1_2(a[None])
-
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
-    views = [arrays.dl(packed(a)) for a in (q, k, v, arrays["out"])]
+    views = [arrays.dl(_packed(a)) for a in (q, k, v, arrays["out"])]
     _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), causal,
                                _float_or_none("scale", scale), path, lse, *mods, arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, cu_seqlens_q: Any,
+                              cu_seqlens_k: Any, *, max_seqlen_q: Optional[int] = None,
+                              max_seqlen_k: Optional[int] = None, causal: Optional[str] = None,
+                              scale: Optional[float] = None, path: str = "auto", deterministic: bool = False,
+                              grad_dtype: Optional[str] = None, window: Optional[tuple] = None,
+                              softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
+                              context: Optional[Context] = None) -> tuple:
+    """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout.
+
+    - q, k, v, cu_seqlens_q, cu_seqlens_k and the keyword arguments max_seqlen_q, max_seqlen_k,
+      causal, scale, path, window, softcap, alibi_slopes and bias: exactly as the forward call took
+      them (packed [total, heads, head_dim]; no gradient is computed for bias or alibi_slopes)
+    - out: the forward's output; lse: its float32 [heads, total_q] log-sum-exp
+      (``attention_varlen(..., return_lse=True)``)
+    - dout: d(loss)/d(out), shaped and typed like out
+    - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
+    - deterministic: as for :func:`attention_backward`
+
+    Rows that see no key get dq = 0; keys no row sees, and rows outside every sequence, get 0.
+    """
+    _check_keywords(causal, "bhsd", path)
+    if grad_dtype not in (None, "float32"):
+        raise InvalidArgument(f"grad_dtype expected None (q's dtype) or 'float32', got {grad_dtype!r}")
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse), ndim=None)
+    for name in ("q", "k", "v", "out", "dout"):
+        arrays.expect_ndim(name, 3)
+    ctx = _context_for(arrays["q"], context)
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    grads = [_arrays.empty_like(a, tuple(a.shape), grad_dtype) for a in (q, k, v)]
+    for name, grad in zip(("dq", "dk", "dv"), grads):
+        arrays.add_output(name, grad)
+    cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
+    cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
+    if max_seqlen_q is None:
+        max_seqlen_q = _arrays.max_difference(cu_q)
+    if max_seqlen_k is None:
+        max_seqlen_k = _arrays.max_difference(cu_k)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    views = [arrays.dl(_packed(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
+    grad_views = [arrays.dl(_packed(arrays[name])) for name in ("dq", "dk", "dv")]
+    _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k, int(max_seqlen_q),
+                                        int(max_seqlen_k), causal, _float_or_none("scale", scale), path, *mods,
+                                        bool(deterministic), arrays.bf16_as_uint16)
+    return tuple(grads)
+
+
+def _packed(a):
+    """A varlen array [total, heads, head_dim] viewed as the library's [1, heads, total, head_dim]."""
+    return _arrays.swap_axes_1_2(a[None])
 
 
 def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = None, causal: Optional[str] = None,

@@ -513,6 +513,49 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   });
 }
 
+// The varlen backward: as attention_backward, every array packed as attention_varlen takes it (q,
+// out, dout, dq as [1, heads, total_q, head_dim] views; k, v, dk, dv over total_k), lse
+// [heads, total_q].
+void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InArray v, InArray out, InArray dout,
+                               InArray lse, OutArray dq, OutArray dk, OutArray dv, InArray cu_seqlens_q,
+                               InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
+                               std::optional<std::string> causal, std::optional<float> scale, std::string path,
+                               int window_left, int window_right, std::optional<float> softcap,
+                               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool deterministic,
+                               bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::BackwardOptions backward;
+  backward.deterministic = deterministic;
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false, data));
+  const Arg& ak = call.add(Arg("k", k, false, data));
+  const Arg& av = call.add(Arg("v", v, false, data));
+  const Arg& aout = call.add(Arg("out", out, false, data));
+  const Arg& adout = call.add(Arg("dout", dout, false, data));
+  const Arg& alse = call.add(Arg("lse", lse, false, Holds::vector));
+  const Arg& adq = call.add(Arg("dq", dq, true, data));
+  const Arg& adk = call.add(Arg("dk", dk, true, data));
+  const Arg& adv = call.add(Arg("dv", dv, true, data));
+  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
+  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false, Holds::vector));
+  if (acq.ndim != 1 || acq.shape[0] < 1) invalid("cu_seqlens_q expected a 1-D array of batch + 1 >= 1 entries");
+  const int64_t batch = acq.shape[0] - 1;
+  expect_int32_vector(acq, cu_seqlens_q.dtype(), batch + 1, "batch + 1");
+  expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
+  const selfattn::TensorView q_shape = tensor_view(aq);
+  expect_lse(alse, lse.dtype(), q_shape.heads() * q_shape.seq());
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, batch, q_shape.heads(), bf16_as_uint16);
+  run_call(context, call, [&] {
+    set_mod_options(options, mods);
+    selfattn::attention_varlen_backward(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av),
+                                        tensor_view(aout), tensor_view(adout), static_cast<const float*>(alse.data),
+                                        tensor_view(adq), tensor_view(adk), tensor_view(adv),
+                                        static_cast<const int32_t*>(acq.data), static_cast<const int32_t*>(ack.data),
+                                        int(batch), max_seqlen_q, max_seqlen_k, options, backward);
+  });
+}
+
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, bool bf16_as_uint16) {
@@ -608,6 +651,14 @@ NB_MODULE(_selfattn, m) {
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
         nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
         "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
+  m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+        nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
+        nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
+        "Low level: q, out, dout, dq as [1, heads, total_q, head_dim] views. Use "
+        "selfattn.attention_varlen_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
         nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),
         nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("bf16_as_uint16"),

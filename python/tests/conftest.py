@@ -129,6 +129,41 @@ def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None,
     return dq, dk, dv
 
 
+def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2, dim=16, causal=None, path="auto",
+                grad_dtype=None, spare_rows=0, **mods):
+    """attention_varlen_backward on packed sequences (spare_rows rows after the last sequence, in q
+    and k alike), each sequence's gradients against the float64 backward of it alone; rows outside
+    every sequence must come back 0. Returns (dq, dk, dv)."""
+    cu_q, cu_k = np.cumsum([0] + lengths_q), np.cumsum([0] + lengths_k)
+    total_q, total_k = cu_q[-1] + spare_rows, cu_k[-1] + spare_rows
+    q = random(rng, (total_q, heads, dim), dtype)
+    k = random(rng, (total_k, kv_heads, dim), dtype)
+    v = random(rng, (total_k, kv_heads, dim), dtype)
+    dout = random(rng, (total_q, heads, dim), dtype)
+    out, lse = selfattn.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True, **mods)
+    dq, dk, dv = selfattn.attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, causal=causal, path=path,
+                                                    grad_dtype=grad_dtype, **mods)
+    for got, like in zip((dq, dk, dv), (q, k, v)):
+        assert got.shape == like.shape
+        assert got.dtype == (np.float32 if grad_dtype == "float32" else like.dtype)
+    assert np.all(dq[cu_q[-1]:] == 0) and np.all(dk[cu_k[-1]:] == 0) and np.all(dv[cu_k[-1]:] == 0)
+
+    def bhsd(a):
+        return a.transpose(1, 0, 2)[None]
+
+    for b in range(len(lengths_q)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        per_sequence = {name: (value[b] if name == "alibi_slopes" and value.ndim == 2 else value)
+                        for name, value in mods.items() if name != "bias"}
+        if "bias" in mods:
+            per_sequence["bias"] = mods["bias"][b:b + 1, :, :lengths_q[b], :lengths_k[b]]
+        want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), causal,
+                                  **per_sequence)
+        for got, expected in zip((dq[rows], dk[keys], dv[keys]), want):
+            assert relative_error(bhsd(got), expected) <= 2 * TOLERANCE[dtype], b
+    return dq, dk, dv
+
+
 def relative_error(got, want):
     got = np.asarray(got, dtype=np.float64)
     assert np.all(np.isfinite(got)), "NaN or inf in the output"

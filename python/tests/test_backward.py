@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import selfattn
-from conftest import TOLERANCE, random, reference_backward, relative_error
+from conftest import TOLERANCE, check_varlen_backward, random, reference_backward, relative_error
 
 
 def run_case(rng, dtype="float32", batch=1, heads=2, kv_heads=None, seq_q=7, seq_k=None, dim=16, causal=None,
@@ -98,3 +98,26 @@ def test_errors_name_the_argument(rng):
         selfattn.attention_backward(q, q, q, out, q[:, :, :3], lse)
     with pytest.raises(selfattn.InvalidArgument, match="grad_dtype"):
         selfattn.attention_backward(q, q, q, out, q, lse, grad_dtype="float16")
+
+
+@pytest.mark.parametrize("path", ["naive", "cublas", "fused"])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_varlen_each_sequence_alone(rng, path, causal):
+    check_varlen_backward(rng, "float16", [5, 1, 0, 12, 7], [7, 3, 4, 9, 0], dim=32, causal=causal, path=path)
+
+
+def test_varlen_odd_sizes_float32_gradients_and_spare_rows(rng):
+    check_varlen_backward(rng, "bfloat16", [1, 113, 7], [113, 7, 1], heads=2, kv_heads=1, dim=7, causal="bottom_right",
+                grad_dtype="float32", spare_rows=3)
+
+
+def test_varlen_errors_name_the_argument(rng):
+    q = random(rng, (6, 2, 8), "float32")
+    cu = np.array([0, 2, 6], dtype=np.int32)
+    out, lse = selfattn.attention_varlen(q, q, q, cu, cu, return_lse=True)
+    with pytest.raises(selfattn.InvalidArgument, match="lse"):
+        selfattn.attention_varlen_backward(q, q, q, out, q, lse[:, :5], cu, cu)
+    with pytest.raises(selfattn.InvalidArgument, match="cu_seqlens_k"):
+        selfattn.attention_varlen_backward(q, q, q, out, q, lse, cu, cu[:2])
+    with pytest.raises(selfattn.InvalidArgument, match="dout"):
+        selfattn.attention_varlen_backward(q, q, q, out, q[:5], lse, cu, cu)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import selfattn
-from conftest import TOLERANCE, numpy_dtype, poisoned, random, reference, reference_backward, relative_error
+from conftest import (TOLERANCE, check_varlen_backward, numpy_dtype, poisoned, random, reference, reference_backward,
+                      relative_error)
 
 
 def slopes(rng, *shape):
@@ -186,6 +187,15 @@ def test_varlen_with_window_alibi_and_bias(rng, causal):
                                    alibi_slopes=alibi[b], bias=bias[b:b + 1, :, :lengths_q[b], :lengths_k[b]])
         check(bhsd(out[rows]), lse[None, :, rows], want, want_lse, "float16")
 
+
+@pytest.mark.parametrize("path", ["naive", "cublas", "fused"])
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+def test_varlen_backward_with_every_modifier(rng, path, causal):
+    lengths_q, lengths_k = [5, 1, 0, 12], [7, 3, 4, 9]
+    batch, heads = len(lengths_q), 4
+    check_varlen_backward(rng, "float16", lengths_q, lengths_k, heads=heads, dim=32, causal=causal, path=path,
+                          window=(3, 1), softcap=2.0, alibi_slopes=slopes(rng, batch, heads),
+                          bias=bias_with_holes(rng, (batch, 1, max(lengths_q), max(lengths_k)), masked=0.1))
 
 def test_varlen_window_alone(rng):
     cu = np.array([0, 6, 19], dtype=np.int32)

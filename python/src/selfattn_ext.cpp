@@ -397,6 +397,37 @@ AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k,
           call.add(Arg("out", out, true, data))};
 }
 
+// The arrays every backward call takes: q, k, v, out, dout and the forward's lse read; dq, dk, dv
+// written (each q's dtype or float32).
+struct BackwardArgs {
+  const Arg &q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv;
+};
+BackwardArgs add_backward_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const InArray& out,
+                               const InArray& dout, const InArray& lse, const OutArray& dq, const OutArray& dk,
+                               const OutArray& dv, bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  return {call.add(Arg("q", q, false, data)),      call.add(Arg("k", k, false, data)),
+          call.add(Arg("v", v, false, data)),      call.add(Arg("out", out, false, data)),
+          call.add(Arg("dout", dout, false, data)), call.add(Arg("lse", lse, false, Holds::vector)),
+          call.add(Arg("dq", dq, true, data)),     call.add(Arg("dk", dk, true, data)),
+          call.add(Arg("dv", dv, true, data))};
+}
+
+// A varlen call's cu_seqlens_q and cu_seqlens_k: int32 [batch + 1] each, batch from the first.
+struct CuSeqlens {
+  const Arg &q, &k;
+  int64_t batch;
+};
+CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray& cu_seqlens_k) {
+  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
+  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false, Holds::vector));
+  if (acq.ndim != 1 || acq.shape[0] < 1) invalid("cu_seqlens_q expected a 1-D array of batch + 1 >= 1 entries");
+  const int64_t batch = acq.shape[0] - 1;
+  expect_int32_vector(acq, cu_seqlens_q.dtype(), batch + 1, "batch + 1");
+  expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
+  return {acq, ack, batch};
+}
+
 // The arrays of the score modifiers, each optional: ALiBi slopes (fp32 [heads] or [batch, heads],
 // read from a bare pointer, so their shape is checked here) and the bias (a 4-D view in q's
 // dtype or fp32; the library checks its dtype, shape and strides).
@@ -458,27 +489,21 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
-  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
-  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false, Holds::vector));
+  const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
-  if (acq.ndim != 1 || acq.shape[0] < 1) invalid("cu_seqlens_q expected a 1-D array of batch + 1 >= 1 entries");
-  const int64_t batch = acq.shape[0] - 1;
-  expect_int32_vector(acq, cu_seqlens_q.dtype(), batch + 1, "batch + 1");
-  expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), q_shape.heads() * q_shape.seq());
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, batch, q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
     selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
-                               static_cast<const int32_t*>(acq.data), static_cast<const int32_t*>(ack.data),
-                               int(batch), max_seqlen_q, max_seqlen_k, options);
+                               static_cast<const int32_t*>(cu.q.data), static_cast<const int32_t*>(cu.k.data),
+                               int(cu.batch), max_seqlen_q, max_seqlen_k, options);
   });
 }
 
-// The backward: q, k, v, out, dout and the forward's lse read; dq, dk, dv written (each q's dtype or
-// float32).
+// The backward (arrays as add_backward_args takes them).
 void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, InArray out, InArray dout, InArray lse,
                         OutArray dq, OutArray dk, OutArray dv, std::optional<std::string> causal,
                         std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
@@ -488,28 +513,19 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
-  const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
-  const Arg& aq = call.add(Arg("q", q, false, data));
-  const Arg& ak = call.add(Arg("k", k, false, data));
-  const Arg& av = call.add(Arg("v", v, false, data));
-  const Arg& aout = call.add(Arg("out", out, false, data));
-  const Arg& adout = call.add(Arg("dout", dout, false, data));
-  const Arg& alse = call.add(Arg("lse", lse, false, Holds::vector));
-  const Arg& adq = call.add(Arg("dq", dq, true, data));
-  const Arg& adk = call.add(Arg("dk", dk, true, data));
-  const Arg& adv = call.add(Arg("dv", dv, true, data));
+  const BackwardArgs a = add_backward_args(call, q, k, v, out, dout, lse, dq, dk, dv, bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
-  const selfattn::TensorView q_shape = tensor_view(aq);
+  const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
-  expect_lse(alse, lse.dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  expect_lse(a.lse, lse.dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     set_mod_options(options, mods);
-    selfattn::attention_backward(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av), tensor_view(aout),
-                                 tensor_view(adout), static_cast<const float*>(alse.data), tensor_view(adq),
-                                 tensor_view(adk), tensor_view(adv), options, backward);
+    selfattn::attention_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
+                                 tensor_view(a.out), tensor_view(a.dout), static_cast<const float*>(a.lse.data),
+                                 tensor_view(a.dq), tensor_view(a.dk), tensor_view(a.dv), options, backward);
   });
 }
 
@@ -526,33 +542,20 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
-  const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
-  const Arg& aq = call.add(Arg("q", q, false, data));
-  const Arg& ak = call.add(Arg("k", k, false, data));
-  const Arg& av = call.add(Arg("v", v, false, data));
-  const Arg& aout = call.add(Arg("out", out, false, data));
-  const Arg& adout = call.add(Arg("dout", dout, false, data));
-  const Arg& alse = call.add(Arg("lse", lse, false, Holds::vector));
-  const Arg& adq = call.add(Arg("dq", dq, true, data));
-  const Arg& adk = call.add(Arg("dk", dk, true, data));
-  const Arg& adv = call.add(Arg("dv", dv, true, data));
-  const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
-  const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false, Holds::vector));
-  if (acq.ndim != 1 || acq.shape[0] < 1) invalid("cu_seqlens_q expected a 1-D array of batch + 1 >= 1 entries");
-  const int64_t batch = acq.shape[0] - 1;
-  expect_int32_vector(acq, cu_seqlens_q.dtype(), batch + 1, "batch + 1");
-  expect_int32_vector(ack, cu_seqlens_k.dtype(), batch + 1, "batch + 1, as cu_seqlens_q");
-  const selfattn::TensorView q_shape = tensor_view(aq);
-  expect_lse(alse, lse.dtype(), q_shape.heads() * q_shape.seq());
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, batch, q_shape.heads(), bf16_as_uint16);
+  const BackwardArgs a = add_backward_args(call, q, k, v, out, dout, lse, dq, dk, dv, bf16_as_uint16);
+  const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
+  const selfattn::TensorView q_shape = tensor_view(a.q);
+  expect_lse(a.lse, lse.dtype(), q_shape.heads() * q_shape.seq());
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(options, mods);
-    selfattn::attention_varlen_backward(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av),
-                                        tensor_view(aout), tensor_view(adout), static_cast<const float*>(alse.data),
-                                        tensor_view(adq), tensor_view(adk), tensor_view(adv),
-                                        static_cast<const int32_t*>(acq.data), static_cast<const int32_t*>(ack.data),
-                                        int(batch), max_seqlen_q, max_seqlen_k, options, backward);
+    selfattn::attention_varlen_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
+                                        tensor_view(a.out), tensor_view(a.dout),
+                                        static_cast<const float*>(a.lse.data), tensor_view(a.dq), tensor_view(a.dk),
+                                        tensor_view(a.dv), static_cast<const int32_t*>(cu.q.data),
+                                        static_cast<const int32_t*>(cu.k.data), int(cu.batch), max_seqlen_q,
+                                        max_seqlen_k, options, backward);
   });
 }
 

@@ -164,6 +164,21 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
     return dq, dk, dv
 
 
+def check_central_differences(loss, inputs, grads, h=1e-2):
+    """Each gradient against central differences of loss(*inputs), one input element at a time
+    (what torch.autograd.gradcheck does). h = 1e-2 keeps float32 noise (~1e-7 / h) far below the
+    O(h^2) truncation error."""
+    for which, grad in enumerate(grads):
+        x = inputs[which]
+        for index in np.ndindex(x.shape):
+            saved = x[index]
+            x[index] = saved + h
+            up = loss(*inputs)
+            x[index] = saved - h
+            down = loss(*inputs)
+            x[index] = saved
+            assert abs((up - down) / (2 * h) - grad[index]) <= 2e-3 * (1 + abs(grad[index])), (which, index)
+
 def relative_error(got, want):
     got = np.asarray(got, dtype=np.float64)
     assert np.all(np.isfinite(got)), "NaN or inf in the output"

@@ -183,16 +183,8 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
     """
     _check_keywords(causal, layout, path)
-    if grad_dtype not in (None, "float32"):
-        raise InvalidArgument(f"grad_dtype expected None (q's dtype) or 'float32', got {grad_dtype!r}")
-    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse), ndim=None)
-    for name in ("q", "k", "v", "out", "dout"):
-        arrays.expect_ndim(name, 4)
-    ctx = _context_for(arrays["q"], context)
-    q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    grads = [_arrays.empty_like(a, tuple(a.shape), grad_dtype) for a in (q, k, v)]
-    for name, grad in zip(("dq", "dk", "dv"), grads):
-        arrays.add_output(name, grad)
+    arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, 4, grad_dtype, context)
+    q = arrays["q"]
     as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
@@ -202,6 +194,20 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
                                  lengths, *mods, bool(deterministic), arrays.bf16_as_uint16)
     return tuple(grads)
 
+
+def _backward_arrays(q, k, v, out, dout, lse, ndim, grad_dtype, context):
+    """A backward call's checked arrays, the context they run on, and (dq, dk, dv) allocated like
+    q, k, v (in their dtype, or float32 with grad_dtype="float32")."""
+    if grad_dtype not in (None, "float32"):
+        raise InvalidArgument(f"grad_dtype expected None (q's dtype) or 'float32', got {grad_dtype!r}")
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse), ndim=None)
+    for name in ("q", "k", "v", "out", "dout"):
+        arrays.expect_ndim(name, ndim)
+    ctx = _context_for(arrays["q"], context)
+    grads = [_arrays.empty_like(arrays[name], tuple(arrays[name].shape), grad_dtype) for name in ("q", "k", "v")]
+    for name, grad in zip(("dq", "dk", "dv"), grads):
+        arrays.add_output(name, grad)
+    return arrays, ctx, grads
 
 def _qkv_out(q, k, v, out, ndim, context):
     """The checked arrays, the context they run on, and out (allocated like q when not given)."""
@@ -290,16 +296,8 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     Rows that see no key get dq = 0; keys no row sees, and rows outside every sequence, get 0.
     """
     _check_keywords(causal, "bhsd", path)
-    if grad_dtype not in (None, "float32"):
-        raise InvalidArgument(f"grad_dtype expected None (q's dtype) or 'float32', got {grad_dtype!r}")
-    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse), ndim=None)
-    for name in ("q", "k", "v", "out", "dout"):
-        arrays.expect_ndim(name, 3)
-    ctx = _context_for(arrays["q"], context)
-    q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    grads = [_arrays.empty_like(a, tuple(a.shape), grad_dtype) for a in (q, k, v)]
-    for name, grad in zip(("dq", "dk", "dv"), grads):
-        arrays.add_output(name, grad)
+    arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, 3, grad_dtype, context)
+    q = arrays["q"]
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
     if max_seqlen_q is None:

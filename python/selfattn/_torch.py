@@ -7,7 +7,6 @@ torch.autograd.Function) saves q, k, v, out and lse and runs the library's backw
 second custom op, ``selfattn::attention_backward`` (also with a fake implementation). Only out is
 differentiable: a gradient flowing into the returned lse raises NotImplementedError (the library's
 backward takes no dlse)."""
-from __future__ import annotations
 
 from typing import Optional, Tuple
 

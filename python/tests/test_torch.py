@@ -1,7 +1,7 @@
 """PyTorch integration on CPU tensors (they run on the sim through DLPack): the torch.library custom
 op, its fake implementation under FakeTensorMode, torch.compile, and autograd through the library's
-backward; the masks and score modifiers, which go around the op. Skipped without PyTorch (not run in
-the sessions that added autograd and the masks: no torch there)."""
+backward; the masks and score modifiers, which go around the op. Skipped without PyTorch
+(scripts/setup-deps installs it where it can)."""
 import numpy as np
 import pytest
 

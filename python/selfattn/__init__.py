@@ -15,9 +15,11 @@ and :class:`BackendError` (a ``RuntimeError``), all subclasses of :class:`selfat
 library's message. PyTorch is optional and imported only when a torch tensor is passed.
 
 Gradients: :func:`attention_backward` (and :func:`attention_varlen_backward` for packed
-sequences) computes dq, dk, dv from the forward's out and lse (any arrays); on torch tensors :func:`attention` is differentiable (``loss.backward()`` reaches the
-library's backward through the custom op's autograd formula), except with the masks and score
-modifiers (window, softcap, alibi_slopes, bias), which the op does not take yet.
+sequences) computes dq, dk, dv from the forward's out and lse (any arrays). On torch tensors
+:func:`attention` and :func:`attention_varlen` are differentiable, with every mask and score
+modifier (``loss.backward()`` reaches the library's backward through the custom ops' autograd
+formulas, see _torch.py); calls that would leave a tensor that requires grad without its
+gradient raise NotAvailable instead.
 """
 from __future__ import annotations
 
@@ -138,29 +140,56 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
       key (a row whose every key is masked gives 0 and lse -inf). Always in that [batch, heads,
       q, k] order, whatever `layout` is; an extent of 1 or a stride of 0 broadcasts.
 
-    With torch tensors these go around the custom op (no torch.compile op, no autograd): q, k, v,
-    alibi_slopes and bias must not require grad (NotAvailable); attention_backward gives the
-    gradients of q, k and v.
+    With torch tensors that need gradients (``loss.backward()``), call it without out= and context=
+    (out= and context= record no autograd graph and are refused then); alibi_slopes and bias get no
+    gradient and must not require one.
     """
     _check_keywords(causal, layout, path)
-    if all(_arrays.is_torch(a) for a in (q, k, v)):
-        if any(m is not None for m in (window, softcap, alibi_slopes, bias)):
-            # The custom op does not take the modifiers yet, so its autograd formula cannot apply
-            # them: refuse gradients rather than give wrong ones (or silently none, for bias).
-            if any(getattr(a, "requires_grad", False) for a in (q, k, v, alibi_slopes, bias)):
-                raise NotAvailable("attention: masks and score modifiers (window, softcap, alibi_slopes, bias) "
-                                   "with autograd are not supported yet through the torch op; pass tensors that "
-                                   "do not require grad and use selfattn.attention_backward for the gradients")
-        elif out is None and context is None:
-            from . import _torch
-            op = _torch.attention_op()
-            if op is not None:
-                lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-                result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout)
-                return (result, lse) if return_lse else result
+    op = _torch_op(0, "attention", (q, k, v, alibi_slopes, bias), out, context)
+    if op is not None:
+        lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
+        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
+        result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
+                         _float_or_none("softcap", softcap), slopes, bias)
+        return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
                       softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
+
+
+def _torch_op(index, function, inputs, out, context):
+    """The custom op (0: attention, 1: attention_varlen; see _torch.py) that a call on torch tensors
+    goes through, or None for a call that runs the library directly: one on other arrays, or with
+    out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes, bias. A direct
+    call records no autograd graph, so there torch inputs that require grad are refused rather than
+    left without a gradient; alibi_slopes and bias get none through the op either."""
+    named = dict(zip(("q", "k", "v", "alibi_slopes", "bias"), inputs))
+    if not all(_arrays.is_torch(named[name]) for name in ("q", "k", "v")):
+        return None
+    wanting = _torch_requiring_grad(named)
+    for name in wanting:
+        if name in ("alibi_slopes", "bias"):
+            raise NotAvailable(f"{function}: {name} requires grad, but selfattn computes no gradient for it; "
+                               f"pass it detached")
+    direct = out is not None or context is not None or not (named["bias"] is None or _arrays.is_torch(named["bias"]))
+    from . import _torch
+    ops = None if direct else _torch.ops()
+    if ops is None and wanting:
+        why = "out= and context= record no autograd graph" if direct else \
+            "this PyTorch has no torch.library.custom_op (2.4 or later is needed for gradients)"
+        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but {why}; call it without out= and "
+                           f"context=, or detach the inputs")
+    return None if ops is None else ops[index]
+
+
+def _torch_requiring_grad(named):
+    """The names of the torch tensors among `named` that autograd would differentiate."""
+    if not any(_arrays.is_torch(a) for a in named.values()):
+        return []
+    import torch
+    if not torch.is_grad_enabled():
+        return []
+    return [name for name, a in named.items() if isinstance(a, torch.Tensor) and a.requires_grad]
 
 
 def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Optional[str] = None,
@@ -255,24 +284,43 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     causal mask, the window and the scale apply within each sequence, rows and keys counted from
     the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
-    from 0.
+    from 0. On torch tensors it is differentiable as attention() is.
     """
     _check_keywords(causal, "bhsd", path)
+    op = _torch_op(1, "attention_varlen", (q, k, v, alibi_slopes, bias), out, context)
+    if op is not None:
+        cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
+        cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
+        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
+        result, lse = op(q, k, v, cu_q, cu_k, _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
+                         _float_or_none("scale", scale), path, *_window_sides(window),
+                         _float_or_none("softcap", softcap), slopes, bias)
+        return (result, lse) if return_lse else result
+    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                             causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
+                             softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, context=context)
+
+
+def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,
+                      return_lse, out, window, softcap, alibi_slopes, bias, context):
+    """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-    if max_seqlen_q is None:
-        max_seqlen_q = _arrays.max_difference(cu_q)
-    if max_seqlen_k is None:
-        max_seqlen_k = _arrays.max_difference(cu_k)
     lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
 
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     views = [arrays.dl(_packed(a)) for a in (q, k, v, arrays["out"])]
-    _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                               _float_or_none("scale", scale), path, lse, *mods, arrays.bf16_as_uint16)
+    _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, _max_seqlen(max_seqlen_q, cu_q),
+                               _max_seqlen(max_seqlen_k, cu_k), causal, _float_or_none("scale", scale), path, lse,
+                               *mods, arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
+
+
+def _max_seqlen(given, cu_seqlens):
+    """max_seqlen_q or max_seqlen_k: as given, or computed from cu_seqlens."""
+    return int(given) if given is not None else _arrays.max_difference(cu_seqlens)
 
 
 def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, cu_seqlens_q: Any,
@@ -300,15 +348,11 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     q = arrays["q"]
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-    if max_seqlen_q is None:
-        max_seqlen_q = _arrays.max_difference(cu_q)
-    if max_seqlen_k is None:
-        max_seqlen_k = _arrays.max_difference(cu_k)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     views = [arrays.dl(_packed(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(_packed(arrays[name])) for name in ("dq", "dk", "dv")]
-    _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k, int(max_seqlen_q),
-                                        int(max_seqlen_k), causal, _float_or_none("scale", scale), path, *mods,
+    _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k,
+                                        _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal, _float_or_none("scale", scale), path, *mods,
                                         bool(deterministic), arrays.bf16_as_uint16)
     return tuple(grads)
 
@@ -334,6 +378,10 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     key_lengths and context mean what they mean for attention().
     """
     _check_keywords(causal, "bhsd", path)
+    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo))
+    if wanting:
+        raise NotAvailable(f"self_attention: {wanting[0]} requires grad, but self_attention has no backward; "
+                           f"project with torch (q = x @ wq, ...) and call selfattn.attention, which has one")
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise InvalidArgument(f"heads expected an int, got {heads!r}")
     arrays = _arrays.Arguments(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo), ndim=None)
@@ -363,16 +411,21 @@ def _score_mods(arrays, window, softcap, alibi_slopes, bias):
     """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
     bias. bias joins `arrays` (the framework, device and bfloat16 handling of q, k, v); the library
     checks the values (window sides >= -1, softcap > 0, bias dtype and shape)."""
-    if window is None:
-        window = (-1, -1)
-    elif not (isinstance(window, (tuple, list)) and len(window) == 2 and
-              all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and -2**31 <= w < 2**31 for w in window)):
-        raise InvalidArgument(f"window expected None or a pair (left, right) of ints that fit int32 (-1: "
-                              f"unbounded on that side), got {window!r}")
     arrays.add_input("bias", bias, 4)
     q = arrays["q"]
     slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
-    return int(window[0]), int(window[1]), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"])
+    return (*_window_sides(window), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"]))
+
+
+def _window_sides(window):
+    """window (None, or a pair of ints) as the library's window_left, window_right (-1: unbounded)."""
+    if window is None:
+        return -1, -1
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and
+            all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and -2**31 <= w < 2**31 for w in window)):
+        raise InvalidArgument(f"window expected None or a pair (left, right) of ints that fit int32 (-1: "
+                              f"unbounded on that side), got {window!r}")
+    return int(window[0]), int(window[1])
 
 
 def _float_or_none(name, value):

@@ -1,43 +1,59 @@
-"""PyTorch integration: attention() on torch tensors goes through a torch.library custom op,
-``selfattn::attention``, with a fake (meta) implementation, so torch.compile traces it without
-running it. Imported only when a torch tensor reaches selfattn.attention().
+"""PyTorch integration: attention() and attention_varlen() on torch tensors go through torch.library
+custom ops, ``selfattn::attention`` and ``selfattn::attention_varlen``, each with a fake (meta)
+implementation, so torch.compile traces them without running them. Imported only when torch
+tensors reach those functions.
 
-Autograd: the op's formula (torch.library.register_autograd, the custom-op form of a
-torch.autograd.Function) saves q, k, v, out and lse and runs the library's backward through a
-second custom op, ``selfattn::attention_backward`` (also with a fake implementation). Only out is
-differentiable: a gradient flowing into the returned lse raises NotImplementedError (the library's
-backward takes no dlse)."""
+Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
+torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a
+second custom op (``selfattn::attention_backward``, ``selfattn::attention_varlen_backward``, also
+with fake implementations). The masks and score modifiers are the ops' arguments, so the gradients
+see them. Only out is differentiable: a gradient flowing into the returned lse raises
+NotImplementedError (the library's backward takes no dlse), and none flows to alibi_slopes or bias
+(the public functions refuse those when they require grad).
 
+Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
+alibi_slopes, bias."""
 from typing import Optional, Tuple
 
-_op = None
+_ops = None
 _failed = False
 
 
-def attention_op():
-    """The registered custom op, or None where this PyTorch lacks torch.library.custom_op (< 2.4)."""
-    global _op, _failed
-    if _op is None and not _failed:
+def ops():
+    """(attention, attention_varlen): the registered custom ops, or None where this PyTorch lacks
+    torch.library.custom_op (< 2.4)."""
+    global _ops, _failed
+    if _ops is None and not _failed:
         try:
-            _op = _register()
+            _ops = _register()
         except (ImportError, AttributeError):
             _failed = True
-    return _op
+    return _ops
 
 
 def _register():
     import torch
     from torch import Tensor
 
+    # The op bodies import the package's functions when they run: a reference held from here would
+    # keep the package (and its default contexts) alive in torch's op registry at interpreter exit,
+    # which nanobind reports as leaks.
+
+    # --- attention: q, k, v [batch, heads, seq, head_dim] (or bshd) ---
+
     @torch.library.custom_op("selfattn::attention", mutates_args=())
     def attention(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str], scale: Optional[float], path: str,
-                  key_lengths: Optional[Tensor], layout: str) -> Tuple[Tensor, Tensor]:
+                  key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
+                  softcap: Optional[float], alibi_slopes: Optional[Tensor],
+                  bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         from . import _attention
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
-                          out=None, layout=layout, context=None)
+                          out=None, layout=layout, context=None, window=(window_left, window_right),
+                          softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
 
     @attention.register_fake
-    def _(q, k, v, causal, scale, path, key_lengths, layout):
+    def _(q, k, v, causal, scale, path, key_lengths, layout, window_left, window_right, softcap, alibi_slopes,
+          bias):
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return torch.empty_like(q), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
@@ -45,32 +61,71 @@ def _register():
     @torch.library.custom_op("selfattn::attention_backward", mutates_args=())
     def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                            causal: Optional[str], scale: Optional[float], path: str, key_lengths: Optional[Tensor],
-                           layout: str) -> Tuple[Tensor, Tensor, Tensor]:
+                           layout: str, window_left: int, window_right: int, softcap: Optional[float],
+                           alibi_slopes: Optional[Tensor], bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         from . import attention_backward as library_backward
         return library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
-                                key_lengths=key_lengths, layout=layout)
+                                key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
+                                softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
 
     @attention_backward.register_fake
-    def _(q, k, v, out, dout, lse, causal, scale, path, key_lengths, layout):
+    def _(q, k, v, out, dout, lse, *options):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
+    # Both ops save the same: q, k, v, out, lse, and the other inputs as options for the backward.
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, scale, path, key_lengths, layout = inputs
+        q, k, v, *options = inputs
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, key_lengths)
-        ctx.options = (causal, scale, path, layout)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = options  # tensors among them (key_lengths, cu_seqlens, alibi_slopes, bias) take no gradient
         ctx.set_materialize_grads(False)
 
-    def backward(ctx, dout, dlse):
-        if dlse is not None:
-            raise NotImplementedError("selfattn: the gradient of lse is not supported (the backward takes none); "
-                                      "use only out in the loss")
-        q, k, v, out, lse, key_lengths = ctx.saved_tensors
-        causal, scale, path, layout = ctx.options
-        if dout is None:
-            return None, None, None, None, None, None, None, None
-        dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal, scale, path, key_lengths, layout)
-        return dq, dk, dv, None, None, None, None, None
+    def gradients_through(backward_op):
+        def gradients(ctx, dout, dlse):
+            if dlse is not None:
+                raise NotImplementedError("selfattn: the gradient of lse is not supported (the backward takes "
+                                          "none); use only out in the loss")
+            no_gradients = (None,) * len(ctx.options)
+            if dout is None:
+                return (None, None, None) + no_gradients
+            q, k, v, out, lse = ctx.saved_tensors
+            return backward_op(q, k, v, out, dout, lse, *ctx.options) + no_gradients
+        return gradients
 
-    attention.register_autograd(backward, setup_context=setup_context)
-    return attention
+    attention.register_autograd(gradients_through(attention_backward), setup_context=setup_context)
+
+    # --- attention_varlen: q [total_q, heads, head_dim], k, v [total_k, kv_heads, head_dim] ---
+
+    @torch.library.custom_op("selfattn::attention_varlen", mutates_args=())
+    def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                         max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
+                         path: str, window_left: int, window_right: int, softcap: Optional[float],
+                         alibi_slopes: Optional[Tensor], bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        from . import _attention_varlen
+        return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                 max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
+                                 out=None, window=(window_left, window_right), softcap=softcap,
+                                 alibi_slopes=alibi_slopes, bias=bias, context=None)
+
+    @attention_varlen.register_fake
+    def _(q, k, v, *options):
+        return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+    @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
+    def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
+                                  cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                  causal: Optional[str], scale: Optional[float], path: str, window_left: int,
+                                  window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
+                                  bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        from . import attention_varlen_backward as library_varlen_backward
+        return library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
+                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                                       scale=scale, path=path, window=(window_left, window_right), softcap=softcap,
+                                       alibi_slopes=alibi_slopes, bias=bias)
+
+    @attention_varlen_backward.register_fake
+    def _(q, k, v, out, dout, lse, *options):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    attention_varlen.register_autograd(gradients_through(attention_varlen_backward), setup_context=setup_context)
+    return attention, attention_varlen

@@ -1,14 +1,17 @@
 """PyTorch integration on CPU tensors (they run on the sim through DLPack): the torch.library custom
 op, its fake implementation under FakeTensorMode, torch.compile, and autograd through the library's
-backward; the masks and score modifiers, which go around the op. Skipped without PyTorch
+backward, with every mask and score modifier, for attention and attention_varlen; the refusal of
+inputs that require grad where no gradient would reach them. Skipped without PyTorch
 (scripts/setup-deps installs it where it can)."""
 import numpy as np
 import pytest
 
 import selfattn
-from conftest import TOLERANCE, reference, relative_error
+from conftest import TOLERANCE, reference, reference_backward, relative_error
 
 torch = pytest.importorskip("torch")
+# gradcheck warns that its inputs are float32 (the sim's fp32 path); its tolerances allow for that.
+pytestmark = pytest.mark.filterwarnings("ignore:Input #.*double precision:UserWarning")
 
 
 def tensors(shape, dtype=torch.float32, seed=0):
@@ -44,12 +47,12 @@ def test_fake_implementation_gives_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from selfattn import _torch
-    if _torch.attention_op() is None:
+    if _torch.ops() is None:
         pytest.skip("this PyTorch has no torch.library.custom_op")
     with FakeTensorMode():
         q = torch.empty(2, 5, 4, 8)
         k = v = torch.empty(2, 6, 2, 8)
-        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd")
+        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd", -1, -1, None, None, None)
         assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
@@ -90,23 +93,112 @@ def test_gradient_through_lse_is_refused():
         lse.sum().backward()
 
 
-def test_masks_without_grad_go_around_the_op():
-    # The custom op takes no masks or score modifiers yet: tensors that do not require grad run the
-    # library directly (torch alibi_slopes and bias, converted and checked like NumPy ones).
-    q, k, v = tensors((2, 2, 5, 8), seed=5)
-    alibi, bias = torch.tensor([0.5, 0.25]), torch.zeros(1, 2, 5, 5)
-    bias[0, 1, :, 0] = -float("inf")
-    out, lse = selfattn.attention(q, k, v, window=(2, 0), softcap=5.0, alibi_slopes=alibi, bias=bias, return_lse=True)
-    want, want_lse = reference(q.numpy(), k.numpy(), v.numpy(), window=(2, 0), softcap=5.0,
-                               alibi_slopes=alibi.numpy(), bias=bias.numpy())
-    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
-    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-4)
+def modifiers(heads, seq_q, seq_k, seed):
+    """window, softcap, ALiBi and a bias that masks key 0 of head 1, as torch tensors."""
+    g = torch.Generator().manual_seed(seed)
+    bias = torch.randn(1, heads, seq_q, seq_k, generator=g)
+    bias[0, 1 % heads, :, 0] = -float("inf")
+    return dict(window=(3, 1), softcap=4.0, alibi_slopes=torch.linspace(0.1, 0.4, heads), bias=bias)
 
 
-def test_masks_with_autograd_are_refused():
-    q, k, v = tensors((1, 1, 3, 4), seed=6)
-    k.requires_grad_()
-    with pytest.raises(selfattn.NotAvailable, match="autograd"):
-        selfattn.attention(q, k, v, softcap=5.0)
-    with pytest.raises(selfattn.NotAvailable, match="autograd"):
-        selfattn.attention(q.detach(), k.detach(), v, bias=torch.zeros(1, 1, 3, 3, requires_grad=True))
+def numpy_mods(mods):
+    return {name: (value.numpy() if isinstance(value, torch.Tensor) else value) for name, value in mods.items()}
+
+
+def test_autograd_with_every_modifier_and_key_lengths():
+    # Through the op, the modifiers reach the forward and the backward: out against the float64
+    # reference, the gradients against float64 central differences of that reference's loss... and
+    # against selfattn.attention_backward on the same values, bitwise.
+    q, k, v = (t.requires_grad_() for t in tensors((2, 2, 7, 8), seed=7))
+    mods, lengths = modifiers(2, 7, 7, seed=8), torch.tensor([5, 7], dtype=torch.int32)
+    out = selfattn.attention(q, k, v, causal="bottom_right", key_lengths=lengths, **mods)
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    detached = [t.detach() for t in (q, k, v)]
+    want, _ = reference(*(t.numpy() for t in detached), "bottom_right", key_lengths=lengths.numpy(), **numpy_mods(mods))
+    assert relative_error(out.detach().numpy(), want) <= TOLERANCE["float32"]
+    want_grads = reference_backward(*(t.numpy() for t in detached), dout.numpy(), "bottom_right",
+                                    key_lengths=lengths.numpy(), **numpy_mods(mods))
+    out2, lse = selfattn.attention(*detached, causal="bottom_right", key_lengths=lengths, return_lse=True, **mods)
+    library = selfattn.attention_backward(*detached, out2, dout, lse, causal="bottom_right", key_lengths=lengths,
+                                          **mods)
+    for tensor, expected, same in zip((q, k, v), want_grads, library):
+        assert relative_error(tensor.grad.numpy(), expected) <= 2 * TOLERANCE["float32"]
+        assert torch.equal(tensor.grad, same)
+
+
+def test_autograd_of_varlen_with_modifiers():
+    # Packed sequences of 3 and 5 rows (keys 4 and 5): each sequence's gradients against the
+    # float64 backward of it alone, and torch.autograd.gradcheck on the naive path.
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(shape, generator=g).requires_grad_() for shape in ((8, 2, 8), (9, 2, 8), (9, 2, 8)))
+    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    mods = modifiers(2, 5, 5, seed=10)
+    mods["bias"] = mods["bias"].expand(2, 2, 5, 5)
+    out = selfattn.attention_varlen(q, k, v, cu_q, cu_k, causal="top_left", **mods)
+    dout = torch.randn(out.shape, generator=g)
+    (out * dout).sum().backward()
+
+    def bhsd(t):
+        return t.detach().numpy().transpose(1, 0, 2)[None]
+
+    for b, (rows, keys) in enumerate(((slice(0, 3), slice(0, 4)), (slice(3, 8), slice(4, 9)))):
+        one = dict(window=mods["window"], softcap=mods["softcap"], alibi_slopes=mods["alibi_slopes"].numpy(),
+                   bias=mods["bias"][b:b + 1, :, :rows.stop - rows.start, :keys.stop - keys.start].numpy())
+        want_out, _ = reference(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), "top_left", **one)
+        assert relative_error(bhsd(out[rows]), want_out) <= TOLERANCE["float32"], b
+        want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), "top_left", **one)
+        for got, expected in zip((q.grad[rows], k.grad[keys], v.grad[keys]), want):
+            assert relative_error(bhsd(got), expected) <= 2 * TOLERANCE["float32"], b
+    small = [t.detach()[:5, :, :4].contiguous().requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: selfattn.attention_varlen(a, b, c, cu_q.clamp(max=5), cu_q.clamp(max=5), causal="top_left",
+                                                  path="naive", window=(1, 1), softcap=4.0,
+                                                  alibi_slopes=mods["alibi_slopes"]),
+        small, eps=1e-2, atol=2e-3, rtol=2e-3)
+
+
+def test_fake_implementation_of_varlen_and_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from selfattn import _torch
+    if _torch.ops() is None:
+        pytest.skip("this PyTorch has no torch.library.custom_op")
+    with FakeTensorMode():
+        q, k = torch.empty(9, 4, 8), torch.empty(11, 2, 8)
+        cu = torch.empty(3, dtype=torch.int32)
+        out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", -1, -1, None, None,
+                                                        None)
+        assert out.shape == q.shape and lse.shape == (4, 9) and lse.dtype == torch.float32
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(6, 2, 8, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+
+    def f(q, k, v):
+        return selfattn.attention_varlen(q, k, v, cu, cu, max_seqlen_q=4, max_seqlen_k=4, softcap=3.0) * 2
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(q, k, v), f(q, k, v))
+
+
+def test_calls_without_a_gradient_refuse_inputs_that_require_one():
+    # out=, context= and self_attention record no autograd graph, and alibi_slopes and bias get no
+    # gradient: a tensor that requires grad there is refused rather than silently left without one.
+    q, k, v = tensors((1, 2, 3, 4), seed=12)
+    wants = q.clone().requires_grad_()
+    for call in (lambda: selfattn.attention(wants, k, v, out=torch.empty_like(q)),
+                 lambda: selfattn.attention(q, wants, v, context=selfattn.default_context()),
+                 lambda: selfattn.attention_varlen(wants[0].transpose(0, 1), k[0].transpose(0, 1),
+                                                   v[0].transpose(0, 1), [0, 3], [0, 3], out=torch.empty(3, 2, 4))):
+        with pytest.raises(selfattn.NotAvailable, match="requires grad, but out= and context= record no autograd"):
+            call()
+    with pytest.raises(selfattn.NotAvailable, match="alibi_slopes requires grad"):
+        selfattn.attention(wants, k, v, alibi_slopes=torch.ones(2, requires_grad=True))
+    with pytest.raises(selfattn.NotAvailable, match="bias requires grad"):
+        selfattn.attention(q, k, v, bias=torch.zeros(1, 1, 3, 3, requires_grad=True))
+    x, w = torch.randn(1, 3, 4), torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(selfattn.NotAvailable, match="self_attention: wk requires grad"):
+        selfattn.self_attention(x, w.detach(), w, w.detach(), 2)
+    with torch.no_grad():  # nothing to differentiate: these run
+        assert selfattn.attention(wants, k, v, out=torch.empty_like(q)).shape == q.shape
+        assert selfattn.self_attention(x, w, w, w, 2).shape == (1, 2, 3, 2)

@@ -364,7 +364,8 @@ def _packed(a):
 
 def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = None, causal: Optional[str] = None,
                    scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None, out: Any = None,
-                   context: Optional[Context] = None) -> Any:
+                   window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
+                   bias: Any = None, context: Optional[Context] = None) -> Any:
     """Self-attention from token embeddings: ``Q = x wq``, ``K = x wk``, ``V = x wv``, split into
     heads, attention per head, then optionally the output projection ``wo``.
 
@@ -375,10 +376,11 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     - returns out: [batch, heads, seq, head_dim] without wo; [batch, seq, d_out] with wo.
 
     The projections accumulate in float32 into the context's workspace. causal, scale, path,
-    key_lengths and context mean what they mean for attention().
+    key_lengths, window, softcap, alibi_slopes, bias and context mean what they mean for
+    attention() (alibi_slopes [heads] or [batch, heads]; bias [batch or 1, heads or 1, seq, seq]).
     """
     _check_keywords(causal, "bhsd", path)
-    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo))
+    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo, alibi_slopes=alibi_slopes, bias=bias))
     if wanting:
         raise NotAvailable(f"self_attention: {wanting[0]} requires grad, but self_attention has no backward; "
                            f"project with torch (q = x @ wq, ...) and call selfattn.attention, which has one")
@@ -400,20 +402,21 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     arrays.expect_ndim("out", 3 if wo is not None else 4)
     out_view = arrays["out"][:, None] if wo is not None else arrays["out"]  # [batch, 1, seq, d_out] with wo
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=x) if key_lengths is not None else None
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, like="x")
     wo_view = arrays.dl(arrays["wo"]) if wo is not None else None
     _selfattn.self_attention(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]),
                              arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,
-                             _float_or_none("scale", scale), path, lengths, arrays.bf16_as_uint16)
+                             _float_or_none("scale", scale), path, lengths, *mods, arrays.bf16_as_uint16)
     return out
 
 
-def _score_mods(arrays, window, softcap, alibi_slopes, bias):
+def _score_mods(arrays, window, softcap, alibi_slopes, bias, like="q"):
     """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
-    bias. bias joins `arrays` (the framework, device and bfloat16 handling of q, k, v); the library
-    checks the values (window sides >= -1, softcap > 0, bias dtype and shape)."""
+    bias. bias joins `arrays` (the framework, device and bfloat16 handling of the data); alibi_slopes
+    is converted to float32 where arrays[like] lives; the library checks the values (window sides
+    >= -1, softcap > 0, bias dtype and shape)."""
     arrays.add_input("bias", bias, 4)
-    q = arrays["q"]
-    slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
+    slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=arrays[like]) if alibi_slopes is not None else None
     return (*_window_sides(window), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"]))
 
 

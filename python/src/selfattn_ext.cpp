@@ -127,8 +127,10 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
 
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
-                    std::string path, std::optional<InArray> key_lengths, bool bf16_as_uint16) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path);
+                    std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
+                    std::optional<float> softcap, std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                    bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
   const Arg& ax = call.add(Arg("x", x, false, data));
@@ -139,8 +141,10 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
   const Arg* awo = wo ? &call.add(Arg("wo", *wo, false, data)) : nullptr;
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax).batch(), "batch");
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, tensor_view(ax).batch(), heads, bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    set_mod_options(options, mods);
     const selfattn::MatrixView wo_view = awo ? matrix_view(*awo) : selfattn::MatrixView{};
     selfattn::self_attention(call.ctx(), tensor_view(ax), matrix_view(aq), matrix_view(ak), matrix_view(av), heads,
                              tensor_view(aout), options, awo ? &wo_view : nullptr);
@@ -230,6 +234,7 @@ NB_MODULE(_selfattn, m) {
         "selfattn.attention_varlen_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
         nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),
-        nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("bf16_as_uint16"),
-        "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
+        nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
+        nb::arg("bf16_as_uint16"), "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
 }

@@ -40,7 +40,8 @@ def test_varlen_explicit_max_seqlen_and_out(rng):
         assert relative_error(out[lo:hi].transpose(1, 0, 2)[None], want) <= TOLERANCE["float32"]
 
 
-def projections_reference(x, wq, wk, wv, heads, wo=None, causal=None):
+def projections_reference(x, wq, wk, wv, heads, wo=None, causal=None, **options):
+    """float64 self_attention; options: key_lengths and the modifiers, as reference() takes them."""
     x, wq, wk, wv = (np.asarray(a, dtype=np.float64) for a in (x, wq, wk, wv))
     batch, seq, _ = x.shape
     dim = wq.shape[1] // heads
@@ -49,7 +50,7 @@ def projections_reference(x, wq, wk, wv, heads, wo=None, causal=None):
     def split(y, h):  # [batch, seq, h * dim] -> [batch, h, seq, dim]
         return y.reshape(batch, seq, h, dim).transpose(0, 2, 1, 3)
 
-    out, _ = reference(split(x @ wq, heads), split(x @ wk, kv_heads), split(x @ wv, kv_heads), causal)
+    out, _ = reference(split(x @ wq, heads), split(x @ wk, kv_heads), split(x @ wv, kv_heads), causal, **options)
     if wo is None:
         return out
     return out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim) @ np.asarray(wo, dtype=np.float64)
@@ -66,6 +67,26 @@ def test_self_attention(rng, with_wo):
     out = selfattn.self_attention(x, wq, wk, wv, heads, wo=wo, causal="top_left")
     assert out.shape == ((batch, seq, 5) if with_wo else (batch, heads, seq, dim))
     assert relative_error(out, projections_reference(x, wq, wk, wv, heads, wo, "top_left")) <= 1e-4
+
+
+@pytest.mark.parametrize("with_wo", [False, True])
+def test_self_attention_with_every_modifier(rng, with_wo):
+    # Key lengths, a window aligned at the last key, softcap, per-batch ALiBi and a bias that masks
+    # key 3 of one head entirely: the attention step applies them as attention() does.
+    batch, seq, d_model, heads, kv_heads, dim = 2, 7, 16, 4, 2, 8
+    x = random(rng, (batch, seq, d_model), "float32")
+    wq, wk, wv = (random(rng, (d_model, h * dim), "float32") / 4.0 for h in (heads, kv_heads, kv_heads))
+    wo = random(rng, (heads * dim, 3), "float32") if with_wo else None
+    bias = random(rng, (batch, heads, seq, seq), "float32")
+    bias[1, 2, :, 3] = -np.inf
+    options = dict(key_lengths=[5, 7], window=(2, 1), softcap=3.0,
+                   alibi_slopes=rng.uniform(0.1, 0.5, (batch, heads)).astype(np.float32), bias=bias)
+    out = selfattn.self_attention(x, wq, wk, wv, heads, wo=wo, causal="bottom_right", **options)
+    assert relative_error(out, projections_reference(x, wq, wk, wv, heads, wo, "bottom_right", **options)) <= 1e-4
+    with pytest.raises(selfattn.InvalidArgument, match="alibi_slopes expected shape"):
+        selfattn.self_attention(x, wq, wk, wv, heads, alibi_slopes=np.ones(kv_heads, np.float32))
+    with pytest.raises(selfattn.InvalidArgument, match="bias"):
+        selfattn.self_attention(x, wq, wk, wv, heads, bias=bias[:, :, :, :4])
 
 
 def test_self_attention_bad_heads(rng):

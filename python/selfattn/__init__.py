@@ -23,10 +23,11 @@ gradient raise NotAvailable instead.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
+from ._calls import (_check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad,
+                     _window_sides, default_context)
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
@@ -39,25 +40,9 @@ for _cls in (Error, InvalidArgument, NotAvailable, WorkspaceTooSmall, BackendErr
     _cls.__module__ = __name__
 del _cls
 
-_CAUSAL = (None, "top_left", "bottom_right")
-_LAYOUTS = ("bhsd", "bshd")
-_default_contexts: dict = {}
-
-
 def version() -> str:
     """The library's version, "MAJOR.MINOR.PATCH"."""
     return __version__
-
-
-def default_context(backend: str = "sim", device: int = 0, stream: int = 0) -> Context:
-    """The module's shared context for a backend: one for the sim, one per (CUDA device, stream).
-
-    Calls without ``context=`` use these: host arrays the sim's, CUDA arrays the one of their device
-    and the caller's current stream. Each context keeps its workspace between calls."""
-    key = ("sim",) if backend == "sim" else (backend, device, stream)
-    if key not in _default_contexts:
-        _default_contexts[key] = Context(backend, device=device, stream=stream)
-    return _default_contexts[key]
 
 
 def backends() -> list:
@@ -77,26 +62,6 @@ def paths(backend: str = "sim") -> list:
     ("auto" always works and is not listed)."""
     context = default_context(backend)
     return [p for p in ("naive", "cublas", "fused") if context.path_available(p)]
-
-
-def _check_keywords(causal, layout, path):
-    if not (causal is None or (isinstance(causal, str) and causal in _CAUSAL)):
-        raise InvalidArgument(f"causal expected None, 'top_left' or 'bottom_right', got {causal!r}")
-    if layout not in _LAYOUTS:
-        raise InvalidArgument(f"layout expected 'bhsd' or 'bshd', got {layout!r}")
-    if not isinstance(path, str):
-        raise InvalidArgument(f"path expected 'auto', 'naive', 'cublas' or 'fused', got {path!r}")
-
-
-def _context_for(first, context):
-    if context is not None:
-        if not isinstance(context, Context):
-            raise InvalidArgument(f"context expected a selfattn.Context, got {type(context).__name__}")
-        return context
-    device_type, device_id = _arrays.device_of(first)
-    if device_type == _arrays.CUDA:
-        return default_context("cuda", device_id, _arrays.current_stream(first))
-    return default_context("sim")
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Optional[float] = None,
@@ -180,16 +145,6 @@ def _torch_op(index, function, inputs, out, context):
         raise NotAvailable(f"{function}: {wanting[0]} requires grad, but {why}; call it without out= and "
                            f"context=, or detach the inputs")
     return None if ops is None else ops[index]
-
-
-def _torch_requiring_grad(named):
-    """The names of the torch tensors among `named` that autograd would differentiate."""
-    if not any(_arrays.is_torch(a) for a in named.values()):
-        return []
-    import torch
-    if not torch.is_grad_enabled():
-        return []
-    return [name for name, a in named.items() if isinstance(a, torch.Tensor) and a.requires_grad]
 
 
 def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Optional[str] = None,
@@ -410,31 +365,4 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     return out
 
 
-def _score_mods(arrays, window, softcap, alibi_slopes, bias, like="q"):
-    """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
-    bias. bias joins `arrays` (the framework, device and bfloat16 handling of the data); alibi_slopes
-    is converted to float32 where arrays[like] lives; the library checks the values (window sides
-    >= -1, softcap > 0, bias dtype and shape)."""
-    arrays.add_input("bias", bias, 4)
-    slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=arrays[like]) if alibi_slopes is not None else None
-    return (*_window_sides(window), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"]))
 
-
-def _window_sides(window):
-    """window (None, or a pair of ints) as the library's window_left, window_right (-1: unbounded)."""
-    if window is None:
-        return -1, -1
-    if not (isinstance(window, (tuple, list)) and len(window) == 2 and
-            all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and -2**31 <= w < 2**31 for w in window)):
-        raise InvalidArgument(f"window expected None or a pair (left, right) of ints that fit int32 (-1: "
-                              f"unbounded on that side), got {window!r}")
-    return int(window[0]), int(window[1])
-
-
-def _float_or_none(name, value):
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} expected a number or None, got {value!r}") from None

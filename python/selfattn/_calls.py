@@ -1,0 +1,82 @@
+"""What the package's entry points share: the checks of their keywords, the context a call runs
+on (default_context), the score modifiers' arguments, and which torch inputs want gradients."""
+from __future__ import annotations
+
+import numbers
+
+from . import _arrays
+from ._selfattn import Context, InvalidArgument
+
+_CAUSAL = (None, "top_left", "bottom_right")
+_LAYOUTS = ("bhsd", "bshd")
+_default_contexts: dict = {}
+
+
+def default_context(backend: str = "sim", device: int = 0, stream: int = 0) -> Context:
+    """The module's shared context for a backend: one for the sim, one per (CUDA device, stream).
+
+    Calls without ``context=`` use these: host arrays the sim's, CUDA arrays the one of their device
+    and the caller's current stream. Each context keeps its workspace between calls."""
+    key = ("sim",) if backend == "sim" else (backend, device, stream)
+    if key not in _default_contexts:
+        _default_contexts[key] = Context(backend, device=device, stream=stream)
+    return _default_contexts[key]
+
+
+def _check_keywords(causal, layout, path):
+    if not (causal is None or (isinstance(causal, str) and causal in _CAUSAL)):
+        raise InvalidArgument(f"causal expected None, 'top_left' or 'bottom_right', got {causal!r}")
+    if layout not in _LAYOUTS:
+        raise InvalidArgument(f"layout expected 'bhsd' or 'bshd', got {layout!r}")
+    if not isinstance(path, str):
+        raise InvalidArgument(f"path expected 'auto', 'naive', 'cublas' or 'fused', got {path!r}")
+
+
+def _context_for(first, context):
+    if context is not None:
+        if not isinstance(context, Context):
+            raise InvalidArgument(f"context expected a selfattn.Context, got {type(context).__name__}")
+        return context
+    device_type, device_id = _arrays.device_of(first)
+    if device_type == _arrays.CUDA:
+        return default_context("cuda", device_id, _arrays.current_stream(first))
+    return default_context("sim")
+
+
+def _torch_requiring_grad(named):
+    """The names of the torch tensors among `named` that autograd would differentiate."""
+    if not any(_arrays.is_torch(a) for a in named.values()):
+        return []
+    import torch
+    if not torch.is_grad_enabled():
+        return []
+    return [name for name, a in named.items() if isinstance(a, torch.Tensor) and a.requires_grad]
+
+
+def _score_mods(arrays, window, softcap, alibi_slopes, bias, like="q"):
+    """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
+    bias. bias joins `arrays` (the framework, device and bfloat16 handling of the data); alibi_slopes
+    is converted to float32 where arrays[like] lives; the library checks the values (window sides
+    >= -1, softcap > 0, bias dtype and shape)."""
+    arrays.add_input("bias", bias, 4)
+    slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=arrays[like]) if alibi_slopes is not None else None
+    return (*_window_sides(window), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"]))
+
+
+def _window_sides(window):
+    """window (None, or a pair of ints) as the library's window_left, window_right (-1: unbounded)."""
+    if window is None:
+        return -1, -1
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and
+            all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and -2**31 <= w < 2**31 for w in window)):
+        raise InvalidArgument(f"window expected None or a pair (left, right) of ints that fit int32 (-1: "
+                              f"unbounded on that side), got {window!r}")
+    return int(window[0]), int(window[1])
+
+def _float_or_none(name, value):
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{name} expected a number or None, got {value!r}") from None

@@ -20,6 +20,9 @@ sequences) computes dq, dk, dv from the forward's out and lse (any arrays). On t
 modifier (``loss.backward()`` reaches the library's backward through the custom ops' autograd
 formulas, see _torch.py); calls that would leave a tensor that requires grad without its
 gradient raise NotAvailable instead.
+
+Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cache the caller owns
+(contiguous or paged), :func:`merge_states` combines partial results (see _kv_cache.py).
 """
 from __future__ import annotations
 
@@ -28,12 +31,14 @@ from typing import Any, Optional
 from . import _arrays, _selfattn
 from ._calls import (_check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad,
                      _window_sides, default_context)
+from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
 __all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "self_attention",
-           "Context", "default_context", "backends", "paths", "version", "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError",
-           "__version__"]
+           "append_kv", "attention_with_kv_cache", "merge_states", "cu_seqlens_from_lengths",
+           "Context", "default_context", "backends", "paths", "version",
+           "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError", "__version__"]
 
 # Shown as selfattn.X (where users catch them), not selfattn._selfattn.X.
 for _cls in (Error, InvalidArgument, NotAvailable, WorkspaceTooSmall, BackendError):

@@ -103,19 +103,20 @@ def swap_axes_1_2(a):
 
 
 def empty_like(like, shape, dtype=None):
-    """A new array of `shape` from like's framework, on like's device (dtype: like's, or "float32")."""
+    """A new array of `shape` from like's framework, on like's device (dtype: like's, or the name
+    "float32" or "int32")."""
     framework = _framework(like)
     if framework == "numpy":
-        return np.empty(shape, dtype=np.float32 if dtype == "float32" else like.dtype)
+        return np.empty(shape, dtype=np.dtype(dtype) if dtype else like.dtype)
     if framework == "torch":
         import torch
-        return torch.empty(shape, dtype=torch.float32 if dtype == "float32" else like.dtype, device=like.device)
+        return torch.empty(shape, dtype=getattr(torch, dtype) if dtype else like.dtype, device=like.device)
     if framework == "cupy":
         import cupy
         with like.device:
-            return cupy.empty(shape, dtype=cupy.float32 if dtype == "float32" else like.dtype)
+            return cupy.empty(shape, dtype=getattr(cupy, dtype) if dtype else like.dtype)
     xp = like.__array_namespace__()
-    return xp.empty(shape, dtype=xp.float32 if dtype == "float32" else like.dtype, device=like.device)
+    return xp.empty(shape, dtype=getattr(xp, dtype) if dtype else like.dtype, device=like.device)
 
 
 def int32_vector(name, values, like):

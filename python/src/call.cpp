@@ -1,6 +1,7 @@
 // The translation layer's definitions (call.h says what each does).
 #include "call.h"
 
+#include <climits>
 #include <cstring>
 
 namespace selfattn_python {
@@ -211,7 +212,9 @@ int64_t element_count(const Arg& a) {
 void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, int64_t rows) {
   expect_contiguous_float32(a, dt);
   const int64_t n = element_count(a);
-  if (n != rows) invalid("lse expected " + std::to_string(rows) + " elements, got " + std::to_string(n));
+  if (n != rows) {
+    invalid(std::string(a.name) + " expected " + std::to_string(rows) + " elements, got " + std::to_string(n));
+  }
 }
 
 selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,
@@ -279,6 +282,71 @@ void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
     options.alibi_slopes_count = element_count(*mods.alibi_slopes);
   }
   if (mods.bias) options.bias = tensor_view(*mods.bias);
+}
+
+KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
+                         const std::optional<InArray>& block_table) {
+  const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
+  const Arg* table = block_table ? &call.add(Arg("block_table", *block_table, false, Holds::vector)) : nullptr;
+  int64_t batch = k.ndim == 4 ? k.shape[0] : 0, max_pages = 0;
+  if (table) {
+    const nb::dlpack::dtype dt = block_table->dtype();
+    if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != 32 || dt.lanes != 1) {
+      invalid("block_table.dtype expected int32, got " + dtype_name(dt));
+    }
+    if (table->ndim != 2) {
+      invalid("block_table expected 2 dimensions [batch, max_pages_per_seq], got " + shape_text(*table));
+    }
+    batch = table->shape[0];
+    max_pages = table->shape[1];
+    if ((max_pages > 1 && table->strides[1] != 1) || (batch > 1 && table->strides[0] != max_pages)) {
+      invalid("block_table expected a contiguous (row-major) array");
+    }
+    if (batch > INT32_MAX || max_pages > INT32_MAX) {
+      invalid("block_table's extents expected to fit int32, got " + shape_text(*table));
+    }
+  }
+  expect_int32_vector(alengths, lengths.dtype(), batch, table ? "batch: block_table's rows" : "batch");
+  return {k, v, alengths, table, batch, max_pages};
+}
+
+selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
+  const auto* lengths = static_cast<const int32_t*>(cache.lengths.data);
+  if (!cache.block_table) return selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
+  return selfattn::KvCache::paged_pool(tensor_view(cache.k), tensor_view(cache.v),
+                                       static_cast<const int32_t*>(cache.block_table->data), int(cache.batch),
+                                       int(cache.max_pages_per_seq), lengths);
+}
+
+RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
+                      bool interleaved) {
+  if (bool(cos) != bool(sin)) invalid("rotary_cos and rotary_sin expected both or neither");
+  if (!cos) return {nullptr, nullptr, interleaved};
+  const Arg& acos = call.add(Arg("rotary_cos", *cos, false, Holds::vector));
+  const Arg& asin = call.add(Arg("rotary_sin", *sin, false, Holds::vector));
+  expect_contiguous_float32(acos, cos->dtype());
+  expect_contiguous_float32(asin, sin->dtype());
+  if (acos.ndim != 2 || acos.shape[0] < 1 || acos.shape[1] < 1) {
+    invalid("rotary_cos expected shape [max_position >= 1, rotary_dim / 2 >= 1], got " + shape_text(acos));
+  }
+  if (acos.shape[0] > INT32_MAX || acos.shape[1] > INT32_MAX / 2) {
+    invalid("rotary_cos's extents expected to fit int32, got " + shape_text(acos));
+  }
+  if (asin.shape != acos.shape) {
+    invalid("rotary_sin expected rotary_cos's shape " + shape_text(acos) + ", got " + shape_text(asin));
+  }
+  return {&acos, &asin, interleaved};
+}
+
+std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
+  if (!tables.cos) return std::nullopt;
+  selfattn::Rotary r;
+  r.cos = static_cast<const float*>(tables.cos->data);
+  r.sin = static_cast<const float*>(tables.sin->data);
+  r.max_position = int(tables.cos->shape[0]);
+  r.rotary_dim = int(tables.cos->shape[1] * 2);
+  r.interleaved = tables.interleaved;
+  return r;
 }
 
 }  // namespace selfattn_python

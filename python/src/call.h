@@ -174,7 +174,7 @@ void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt);
 
 int64_t element_count(const Arg& a);  // the product of the shape
 
-// lse as the library writes it: fp32, contiguous, `rows` elements.
+// An LSE array (lse, lse_a, ...) as the library reads or writes it: fp32, contiguous, `rows` elements.
 void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, int64_t rows);
 
 // The scalar options; the library checks their values (window sides >= -1, softcap finite > 0).
@@ -231,5 +231,30 @@ ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, con
 
 // After staging (the data pointers are the device's from here on, valid until run_call returns).
 void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods);
+
+// A KV cache's arrays (selfattn/kv_cache.h): k and v (the cache, or the page pool, as 4-D views;
+// added by the caller, written or not), lengths (int32 [batch]) and, for a paged pool,
+// block_table (int32 [batch, max_pages_per_seq], row-major: the library reads it from a bare
+// pointer, so its layout is checked here). batch is block_table's rows, else k's batch extent.
+struct KvCacheArgs {
+  const Arg &k, &v, &lengths;
+  const Arg* block_table;
+  int64_t batch, max_pages_per_seq;
+};
+KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
+                         const std::optional<InArray>& block_table);
+// After staging.
+selfattn::KvCache kv_cache(const KvCacheArgs& cache);
+
+// Rotary tables: cos and sin, fp32 [max_position, rotary_dim / 2] contiguous each (read from bare
+// pointers, so their shapes are checked here), both or neither.
+struct RotaryArgs {
+  const Arg *cos, *sin;
+  bool interleaved;
+};
+RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
+                      bool interleaved);
+// After staging; nullopt without tables.
+std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables);
 
 }  // namespace selfattn_python

@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -151,6 +152,108 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
   });
 }
 
+// The KV cache (selfattn/kv_cache.h). k_cache and v_cache are the cache or the page pool as
+// [batch or num_pages, kv_heads, capacity or page_size, head_dim] views; append_kv writes them.
+void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
+               std::optional<InArray> block_table, InArray k_new, InArray v_new, std::optional<InArray> rotary_cos,
+               std::optional<InArray> rotary_sin, bool rotary_interleaved, std::optional<OutArray> updated_lengths,
+               bool validate_metadata, bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data)),
+                                         call.add(Arg("v_cache", v_cache, true, data)), lengths, block_table);
+  const Arg& ak = call.add(Arg("k_new", k_new, false, data));
+  const Arg& av = call.add(Arg("v_new", v_new, false, data));
+  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
+  const Arg* aupdated =
+      updated_lengths ? &call.add(Arg("updated_lengths", *updated_lengths, true, Holds::vector)) : nullptr;
+  if (aupdated) expect_int32_vector(*aupdated, updated_lengths->dtype(), cache.batch, "batch");
+  run_call(context, call, [&] {
+    selfattn::AppendKvOptions options;
+    options.rotary = rotary(tables);
+    options.updated_lengths = aupdated ? static_cast<int32_t*>(aupdated->data) : nullptr;
+    options.validate_metadata = validate_metadata;
+    selfattn::append_kv(call.ctx(), kv_cache(cache), tensor_view(ak), tensor_view(av), options);
+  });
+}
+
+void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
+                             std::optional<InArray> block_table, OutArray out, std::optional<std::string> causal,
+                             std::optional<float> scale, std::string path, std::optional<OutArray> lse,
+                             std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin,
+                             bool rotary_interleaved, int num_splits, int window_left, int window_right,
+                             std::optional<float> softcap, std::optional<InArray> alibi_slopes,
+                             std::optional<InArray> bias, bool validate_metadata, bool bf16_as_uint16) {
+  // The attention options parsed as attention()'s, then carried over with the cache's own.
+  selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false, data));
+  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data)),
+                                         call.add(Arg("v_cache", v_cache, false, data)), lengths, block_table);
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(aq);
+  if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  run_call(context, call, [&] {
+    set_mod_options(parsed, mods);
+    selfattn::KvAttentionOptions options;
+    options.path = parsed.path;
+    options.causal = parsed.causal;
+    options.scale = parsed.scale;
+    options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    options.rotary = rotary(tables);
+    options.num_splits = num_splits;
+    options.validate_metadata = validate_metadata;
+    options.window_left = parsed.window_left;
+    options.window_right = parsed.window_right;
+    options.softcap = parsed.softcap;
+    options.alibi_slopes = parsed.alibi_slopes;
+    options.alibi_slopes_count = parsed.alibi_slopes_count;
+    options.bias = parsed.bias;
+    selfattn::attention_with_kv_cache(call.ctx(), tensor_view(aq), kv_cache(cache), tensor_view(aout), options);
+  });
+}
+
+// lse_a, lse_b and lse_out: fp32 [batch, heads, seq] contiguous, as the library reads them.
+void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray out_b, InArray lse_b, OutArray out,
+                  std::optional<OutArray> lse_out, bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aa = call.add(Arg("out_a", out_a, false, data));
+  const Arg& alse_a = call.add(Arg("lse_a", lse_a, false, Holds::vector));
+  const Arg& ab = call.add(Arg("out_b", out_b, false, data));
+  const Arg& alse_b = call.add(Arg("lse_b", lse_b, false, Holds::vector));
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const Arg* alse_out = lse_out ? &call.add(Arg("lse_out", *lse_out, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView shape = tensor_view(aa);
+  const int64_t rows = shape.batch() * shape.heads() * shape.seq();
+  expect_lse(alse_a, lse_a.dtype(), rows);
+  expect_lse(alse_b, lse_b.dtype(), rows);
+  if (alse_out) expect_lse(*alse_out, lse_out->dtype(), rows);
+  run_call(context, call, [&] {
+    selfattn::merge_states(call.ctx(), tensor_view(aa), static_cast<const float*>(alse_a.data), tensor_view(ab),
+                           static_cast<const float*>(alse_b.data), tensor_view(aout),
+                           alse_out ? static_cast<float*>(alse_out->data) : nullptr);
+  });
+}
+
+void cu_seqlens_from_lengths(BoundContext& context, InArray lengths, OutArray cu_seqlens) {
+  Call call(context);
+  const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
+  const Arg& acu = call.add(Arg("cu_seqlens", cu_seqlens, true, Holds::vector));
+  if (alengths.ndim != 1) invalid("lengths expected a 1-D array, got " + shape_text(alengths));
+  if (alengths.shape[0] > INT32_MAX - 1) invalid("lengths expected at most 2^31 - 2 entries");
+  expect_int32_vector(alengths, lengths.dtype(), alengths.shape[0], "batch");
+  expect_int32_vector(acu, cu_seqlens.dtype(), alengths.shape[0] + 1, "batch + 1");
+  run_call(context, call, [&] {
+    selfattn::cu_seqlens_from_lengths(call.ctx(), static_cast<const int32_t*>(alengths.data),
+                                      int(alengths.shape[0]), static_cast<int32_t*>(acu.data));
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_selfattn, m) {
@@ -237,4 +340,23 @@ NB_MODULE(_selfattn, m) {
         nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
         nb::arg("bf16_as_uint16"), "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
+  m.def("append_kv", &append_kv, nb::arg("context"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("lengths"),
+        nb::arg("block_table").none(), nb::arg("k_new"), nb::arg("v_new"), nb::arg("rotary_cos").none(),
+        nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"), nb::arg("updated_lengths").none(),
+        nb::arg("validate_metadata"), nb::arg("bf16_as_uint16"),
+        "Low level: every array as a [batch or pages, kv_heads, seq, head_dim] view. Use selfattn.append_kv().");
+  m.def("attention_with_kv_cache", &attention_with_kv_cache, nb::arg("context"), nb::arg("q"), nb::arg("k_cache"),
+        nb::arg("v_cache"), nb::arg("lengths"), nb::arg("block_table").none(), nb::arg("out"),
+        nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("lse").none(),
+        nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
+        nb::arg("num_splits"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("validate_metadata"),
+        nb::arg("bf16_as_uint16"),
+        "Low level: q, out and the cache as [batch or pages, heads, seq, head_dim] views. Use "
+        "selfattn.attention_with_kv_cache().");
+  m.def("merge_states", &merge_states, nb::arg("context"), nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"),
+        nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(), nb::arg("bf16_as_uint16"),
+        "Low level: the outs as [batch, heads, seq, head_dim] views. Use selfattn.merge_states().");
+  m.def("cu_seqlens_from_lengths", &cu_seqlens_from_lengths, nb::arg("context"), nb::arg("lengths"),
+        nb::arg("cu_seqlens"), "Low level. Use selfattn.cu_seqlens_from_lengths().");
 }

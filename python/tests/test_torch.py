@@ -202,3 +202,20 @@ def test_calls_without_a_gradient_refuse_inputs_that_require_one():
     with torch.no_grad():  # nothing to differentiate: these run
         assert selfattn.attention(wants, k, v, out=torch.empty_like(q)).shape == q.shape
         assert selfattn.self_attention(x, w, w, w, 2).shape == (1, 2, 3, 2)
+
+
+def test_kv_cache_on_torch_tensors():
+    # The decode calls on torch tensors (lists for lengths converted), with no autograd graph.
+    g = torch.Generator().manual_seed(13)
+    k_cache, v_cache = (torch.randn(2, 6, 1, 8, generator=g) for _ in range(2))  # bshd
+    k_new, v_new, q = (torch.randn(2, 1, 1, 8, generator=g) for _ in range(3))
+    lengths = selfattn.append_kv(k_cache, v_cache, [2, 5], k_new, v_new, layout="bshd", return_lengths=True)
+    assert lengths.dtype == torch.int32 and lengths.tolist() == [3, 6]
+    assert torch.equal(k_cache[0, 2], k_new[0, 0]) and torch.equal(k_cache[1, 5], k_new[1, 0])
+    out, lse = selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, layout="bshd", return_lse=True)
+    want, want_lse = reference(*(a.transpose(1, 2).numpy() for a in (q, k_cache, v_cache)), "bottom_right",
+                               key_lengths=lengths.numpy())
+    assert relative_error(out.transpose(1, 2).numpy(), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: q requires grad"):
+        selfattn.attention_with_kv_cache(q.requires_grad_(), k_cache, v_cache, lengths, layout="bshd")

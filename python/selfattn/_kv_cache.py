@@ -1,0 +1,184 @@
+"""Inference over a KV cache (selfattn/kv_cache.h has the exact rules): append_kv writes new tokens'
+K and V into a cache the caller owns, attention_with_kv_cache attends a few new query rows per
+sequence to it, merge_states combines attention results over disjoint key sets, and
+cu_seqlens_from_lengths turns per-sequence lengths into varlen offsets on the device.
+
+The cache is either contiguous, k_cache and v_cache [batch, kv_heads, capacity, head_dim]
+(layout="bhsd") or [batch, capacity, kv_heads, head_dim] (layout="bshd"), or a pool of pages,
+[num_pages, kv_heads, page_size, head_dim] or [num_pages, page_size, kv_heads, head_dim], with
+block_table (int32 [batch, max_pages_per_seq]) mapping sequence b's token t to page
+block_table[b, t // page_size], row t % page_size. lengths (int32 [batch]) holds each sequence's
+number of valid tokens. Wrong lengths or page indices give wrong numbers, never an access outside
+the arrays given (validate_metadata=True checks them first, reading them back to the host).
+
+Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, float32 [max_position,
+rotary_dim / 2]: the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
+rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
+
+These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _arrays, _selfattn
+from ._calls import _check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad
+from ._selfattn import Context, InvalidArgument, NotAvailable
+
+
+def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, *, block_table: Any = None,
+              layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None, rotary_interleaved: bool = False,
+              return_lengths: bool = False, validate_metadata: bool = False,
+              context: Optional[Context] = None) -> Any:
+    """Writes token t of k_new and v_new at position lengths[b] + t of sequence b, in place, across
+    page boundaries; lengths itself is not changed.
+
+    - k_cache, v_cache: the cache (see the module's doc), written in place
+    - lengths: int32 [batch] (any integer sequence is converted)
+    - k_new, v_new: [batch, kv_heads, seq_new, head_dim] (layout="bshd": [batch, seq_new, kv_heads,
+      head_dim]), the cache's dtype and head_dim; they must not overlap the cache
+    - rotary_cos, rotary_sin: rotate k_new on the way in (v is never rotated), token t of sequence b
+      at position lengths[b] + t
+    - returns None, or with return_lengths=True a new int32 [batch] array of
+      min(lengths[b] + seq_new, capacity): the lengths for the next attention call.
+
+    Tokens that would land past the capacity, or in a page outside the pool, are dropped.
+    """
+    _check_keywords(None, layout, "auto")
+    _refuse_gradients("append_kv", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new)
+    arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=4)
+    arrays.add_output("k_cache", k_cache)
+    arrays.add_output("v_cache", v_cache)
+    arrays.expect_ndim("k_cache", 4)
+    arrays.expect_ndim("v_cache", 4)
+    like = arrays["k_new"]
+    ctx = _context_for(like, context)
+    metadata = _cache_metadata(lengths, block_table, like)
+    cos, sin = _rotary_tables(rotary_cos, rotary_sin, like)
+    updated = None
+    if return_lengths:
+        updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
+    as_bhsd = _layout_view(layout)
+    _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
+                        arrays.dl(as_bhsd(arrays["k_new"])), arrays.dl(as_bhsd(arrays["v_new"])), cos, sin,
+                        bool(rotary_interleaved), updated, bool(validate_metadata), arrays.bf16_as_uint16)
+    return updated
+
+
+def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *, block_table: Any = None,
+                            layout: str = "bhsd", causal: Optional[str] = "bottom_right",
+                            scale: Optional[float] = None, path: str = "auto", return_lse: bool = False,
+                            out: Any = None, rotary_cos: Any = None, rotary_sin: Any = None,
+                            rotary_interleaved: bool = False, num_splits: int = 0, window: Optional[tuple] = None,
+                            softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
+                            validate_metadata: bool = False, context: Optional[Context] = None) -> Any:
+    """Attention of the new query rows of each sequence to its cached tokens (append them first).
+
+    - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
+      cache's dtype; heads a multiple of the cache's kv_heads
+    - k_cache, v_cache, lengths, block_table: the cache (see the module's doc), read only
+    - causal: "bottom_right" (row i of sequence b sees cache tokens j <= lengths[b] - seq_q + i, its
+      own position) or None (every cached token); "top_left" has no meaning against a cache
+    - rotary_cos, rotary_sin: rotate q, row i at position lengths[b] - seq_q + i (the cache is read as
+      it is)
+    - num_splits: the fused path's split of each sequence's keys over blocks (flash-decoding),
+      0..4096; 0 lets the library choose
+    - window, softcap, alibi_slopes: as for attention(), row i placed at lengths[b] - seq_q + i;
+      bias: [batch or 1, heads or 1, seq_q, capacity], keys indexed by cache position
+    - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
+      (-inf for a row without keys; a sequence of length 0 gives rows of 0).
+    """
+    _check_keywords(causal, layout, path)
+    _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
+                      bias=bias)
+    arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
+    q = arrays["q"]
+    ctx = _context_for(q, context)
+    if out is None:
+        out = _arrays.empty_like(q, tuple(q.shape))
+    arrays.add_output("out", out)
+    arrays.expect_ndim("out", 4)
+    as_bhsd = _layout_view(layout)
+    bhsd_q = as_bhsd(q)
+    lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
+    metadata = _cache_metadata(lengths, block_table, q)
+    cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise InvalidArgument(f"num_splits expected an int, got {num_splits!r}")
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
+                                      arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
+                                      arrays.dl(as_bhsd(arrays["out"])), causal, _float_or_none("scale", scale), path,
+                                      lse, cos, sin, bool(rotary_interleaved), num_splits, *mods,
+                                      bool(validate_metadata), arrays.bf16_as_uint16)
+    return (out, lse) if return_lse else out
+
+
+def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = None, layout: str = "bhsd",
+                 context: Optional[Context] = None) -> tuple:
+    """Merges two attention results of the same query rows over disjoint key sets (say a shared
+    prefix and each sequence's own tokens) into the result over their union.
+
+    - out_a, out_b: [batch, heads, seq, head_dim] (layout="bshd": [batch, seq, heads, head_dim]),
+      one dtype; lse_a, lse_b: their float32 [batch, heads, seq] log-sum-exps (return_lse=True)
+    - out: where to write (out=out_a merges in place); a new array like out_a by default
+    - returns (out, lse): lse the merged float32 [batch, heads, seq] (a row with both lse -inf
+      gives 0 and -inf).
+    """
+    _check_keywords(None, layout, "auto")
+    _refuse_gradients("merge_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    arrays = _arrays.Arguments(dict(out_a=out_a, out_b=out_b, lse_a=lse_a, lse_b=lse_b), ndim=None)
+    arrays.expect_ndim("out_a", 4)
+    arrays.expect_ndim("out_b", 4)
+    first = arrays["out_a"]
+    ctx = _context_for(first, context)
+    if out is None:
+        out = _arrays.empty_like(first, tuple(first.shape))
+    arrays.add_output("out", out)
+    arrays.expect_ndim("out", 4)
+    as_bhsd = _layout_view(layout)
+    lse = _arrays.empty_like(first, tuple(as_bhsd(first).shape[:3]), "float32")
+    _selfattn.merge_states(ctx, arrays.dl(as_bhsd(first)), arrays["lse_a"], arrays.dl(as_bhsd(arrays["out_b"])),
+                           arrays["lse_b"], arrays.dl(as_bhsd(arrays["out"])), lse, arrays.bf16_as_uint16)
+    return out, lse
+
+
+def cu_seqlens_from_lengths(lengths: Any, *, context: Optional[Context] = None) -> Any:
+    """Varlen offsets from per-sequence lengths: int32 [batch + 1] = 0, l0, l0 + l1, ..., computed
+    where lengths lives (for CUDA tensors on the device, without a host read). lengths: int32
+    [batch], any integer sequence for host arrays."""
+    if not hasattr(lengths, "__dlpack__"):
+        lengths = _arrays.int32_vector("lengths", lengths, like=np.empty(0))
+    arrays = _arrays.Arguments(dict(lengths=lengths), ndim=1)
+    lengths = arrays["lengths"]
+    ctx = _context_for(lengths, context)
+    cu = _arrays.empty_like(lengths, (lengths.shape[0] + 1,), "int32")
+    _selfattn.cu_seqlens_from_lengths(ctx, lengths, cu)
+    return cu
+
+
+def _layout_view(layout):
+    return _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
+
+
+def _cache_metadata(lengths, block_table, like):
+    """lengths, block_table as the compiled functions take them (int32, where `like` lives)."""
+    table = _arrays.int32_vector("block_table", block_table, like=like) if block_table is not None else None
+    return _arrays.int32_vector("lengths", lengths, like=like), table
+
+
+def _rotary_tables(cos, sin, like):
+    if (cos is None) != (sin is None):
+        raise InvalidArgument("rotary_cos and rotary_sin expected both or neither")
+    if cos is None:
+        return None, None
+    return _arrays.float32_array("rotary_cos", cos, like=like), _arrays.float32_array("rotary_sin", sin, like=like)
+
+
+def _refuse_gradients(function, **named):
+    wanting = _torch_requiring_grad(named)
+    if wanting:
+        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but {function} has no backward; detach it or "
+                           f"run under torch.no_grad()")

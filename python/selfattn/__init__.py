@@ -312,7 +312,8 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     views = [arrays.dl(_packed(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(_packed(arrays[name])) for name in ("dq", "dk", "dv")]
     _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k,
-                                        _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal, _float_or_none("scale", scale), path, *mods,
+                                        _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
+                                        _float_or_none("scale", scale), path, *mods,
                                         bool(deterministic), arrays.bf16_as_uint16)
     return tuple(grads)
 

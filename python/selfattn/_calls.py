@@ -59,7 +59,9 @@ def _score_mods(arrays, window, softcap, alibi_slopes, bias, like="q"):
     is converted to float32 where arrays[like] lives; the library checks the values (window sides
     >= -1, softcap > 0, bias dtype and shape)."""
     arrays.add_input("bias", bias, 4)
-    slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=arrays[like]) if alibi_slopes is not None else None
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=arrays[like])
     return (*_window_sides(window), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"]))
 
 

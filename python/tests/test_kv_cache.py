@@ -169,7 +169,8 @@ def test_modifiers_and_splits(rng, causal):
 
 def test_merge_states_gives_attention_over_the_union(rng):
     batch, heads, seq_q, seq_k, dim = 2, 3, 5, 11, 8
-    q, k, v = (random(rng, shape, "float32") for shape in ((batch, heads, seq_q, dim),) + ((batch, heads, seq_k, dim),) * 2)
+    q = random(rng, (batch, heads, seq_q, dim), "float32")
+    k, v = random(rng, (batch, heads, seq_k, dim), "float32"), random(rng, (batch, heads, seq_k, dim), "float32")
     out_a, lse_a = selfattn.attention(q, k[:, :, :4], v[:, :, :4], return_lse=True)
     out_b, lse_b = selfattn.attention(q, k[:, :, 4:], v[:, :, 4:], return_lse=True)
     want, want_lse = reference(q, k, v)

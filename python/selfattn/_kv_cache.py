@@ -95,11 +95,7 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                       bias=bias)
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
     q = arrays["q"]
-    ctx = _context_for(q, context)
-    if out is None:
-        out = _arrays.empty_like(q, tuple(q.shape))
-    arrays.add_output("out", out)
-    arrays.expect_ndim("out", 4)
+    ctx, out = _context_and_out(arrays, "q", out, context)
     as_bhsd = _layout_view(layout)
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
@@ -133,11 +129,7 @@ def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = N
     arrays.expect_ndim("out_a", 4)
     arrays.expect_ndim("out_b", 4)
     first = arrays["out_a"]
-    ctx = _context_for(first, context)
-    if out is None:
-        out = _arrays.empty_like(first, tuple(first.shape))
-    arrays.add_output("out", out)
-    arrays.expect_ndim("out", 4)
+    ctx, out = _context_and_out(arrays, "out_a", out, context)
     as_bhsd = _layout_view(layout)
     lse = _arrays.empty_like(first, tuple(as_bhsd(first).shape[:3]), "float32")
     _selfattn.merge_states(ctx, arrays.dl(as_bhsd(first)), arrays["lse_a"], arrays.dl(as_bhsd(arrays["out_b"])),
@@ -157,6 +149,17 @@ def cu_seqlens_from_lengths(lengths: Any, *, context: Optional[Context] = None) 
     cu = _arrays.empty_like(lengths, (lengths.shape[0] + 1,), "int32")
     _selfattn.cu_seqlens_from_lengths(ctx, lengths, cu)
     return cu
+
+
+def _context_and_out(arrays, like, out, context):
+    """The context a call on arrays[like] runs on, and out (a new array like it when not given),
+    added to arrays as the 4-D output."""
+    ctx = _context_for(arrays[like], context)
+    if out is None:
+        out = _arrays.empty_like(arrays[like], tuple(arrays[like].shape))
+    arrays.add_output("out", out)
+    arrays.expect_ndim("out", 4)
+    return ctx, out
 
 
 def _layout_view(layout):

@@ -115,7 +115,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     gradient and must not require one.
     """
     _check_keywords(causal, layout, path)
-    op = _torch_op(0, "attention", (q, k, v, alibi_slopes, bias), out, context)
+    op = _torch_op("attention", (q, k, v, alibi_slopes, bias), out, context)
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
         slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
@@ -127,10 +127,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
                       softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
 
 
-def _torch_op(index, function, inputs, out, context):
-    """The custom op (0: attention, 1: attention_varlen; see _torch.py) that a call on torch tensors
-    goes through, or None for a call that runs the library directly: one on other arrays, or with
-    out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes, bias. A direct
+def _torch_op(function, inputs, out, context):
+    """The custom op of `function` ("attention" or "attention_varlen"; see _torch.py) that a call
+    on torch tensors goes through, or None for a call that runs the library directly: one on other
+    arrays, or with out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes, bias. A direct
     call records no autograd graph, so there torch inputs that require grad are refused rather than
     left without a gradient; alibi_slopes and bias get none through the op either."""
     named = dict(zip(("q", "k", "v", "alibi_slopes", "bias"), inputs))
@@ -149,7 +149,7 @@ def _torch_op(index, function, inputs, out, context):
             "this PyTorch has no torch.library.custom_op (2.4 or later is needed for gradients)"
         raise NotAvailable(f"{function}: {wanting[0]} requires grad, but {why}; call it without out= and "
                            f"context=, or detach the inputs")
-    return None if ops is None else ops[index]
+    return None if ops is None else ops[function]
 
 
 def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Optional[str] = None,
@@ -247,7 +247,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     from 0. On torch tensors it is differentiable as attention() is.
     """
     _check_keywords(causal, "bhsd", path)
-    op = _torch_op(1, "attention_varlen", (q, k, v, alibi_slopes, bias), out, context)
+    op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias), out, context)
     if op is not None:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)

@@ -16,6 +16,8 @@ rotary_dim / 2]: the first rotary_dim elements of each row are rotated, in pairs
 rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
 
 These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
+On torch tensors append_kv and attention_with_kv_cache go through custom ops (see _torch.py), so
+torch.compile traces a decode step whole.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import _check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad
+from ._calls import (_check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad,
+                     _window_sides)
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
 
@@ -48,6 +51,20 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     """
     _check_keywords(None, layout, "auto")
     _refuse_gradients("append_kv", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new)
+    op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
+    if op is not None:
+        cos, sin = _rotary_tables(rotary_cos, rotary_sin, k_new)
+        updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new), k_new, v_new, layout, cos, sin,
+                     bool(rotary_interleaved), bool(validate_metadata))
+        return updated if return_lengths else None
+    return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
+                      rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+                      return_lengths=return_lengths, validate_metadata=validate_metadata, context=context)
+
+
+def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, rotary_cos, rotary_sin,
+               rotary_interleaved, return_lengths, validate_metadata, context):
+    """append_kv() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=4)
     arrays.add_output("k_cache", k_cache)
     arrays.add_output("v_cache", v_cache)
@@ -93,6 +110,31 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
                       bias=bias)
+    _check_num_splits(num_splits)
+    op = None
+    if out is None and (bias is None or _arrays.is_torch(bias)):
+        op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context)
+    if op is not None:
+        cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
+        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
+        result, lse = op(q, k_cache, v_cache, *_cache_metadata(lengths, block_table, q), layout, causal,
+                         _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
+                         *_window_sides(window), _float_or_none("softcap", softcap), slopes, bias,
+                         bool(validate_metadata))
+        return (result, lse) if return_lse else result
+    return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
+                                    causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
+                                    rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                    rotary_interleaved=rotary_interleaved, num_splits=num_splits, window=window,
+                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                                    validate_metadata=validate_metadata, context=context)
+
+
+def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
+                             out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
+                             alibi_slopes, bias, validate_metadata, context):
+    """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
+    calls this)."""
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
     q = arrays["q"]
     ctx, out = _context_and_out(arrays, "q", out, context)
@@ -101,8 +143,6 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     metadata = _cache_metadata(lengths, block_table, q)
     cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-        raise InvalidArgument(f"num_splits expected an int, got {num_splits!r}")
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                       arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
@@ -160,6 +200,22 @@ def _context_and_out(arrays, like, out, context):
     arrays.add_output("out", out)
     arrays.expect_ndim("out", 4)
     return ctx, out
+
+
+def _check_num_splits(num_splits):
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise InvalidArgument(f"num_splits expected an int, got {num_splits!r}")
+
+
+def _torch_kv_op(function, tensors, context):
+    """The custom op (see _torch.py) that a call on torch tensors goes through, so torch.compile
+    traces it; None for other arrays, with context= (the op has no such argument), or where this
+    PyTorch has no torch.library.custom_op."""
+    if context is not None or not all(_arrays.is_torch(a) for a in tensors):
+        return None
+    from . import _torch
+    ops = _torch.ops()
+    return None if ops is None else ops[function]
 
 
 def _layout_view(layout):

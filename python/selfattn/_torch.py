@@ -1,7 +1,7 @@
-"""PyTorch integration: attention() and attention_varlen() on torch tensors go through torch.library
-custom ops, ``selfattn::attention`` and ``selfattn::attention_varlen``, each with a fake (meta)
-implementation, so torch.compile traces them without running them. Imported only when torch
-tensors reach those functions.
+"""PyTorch integration: attention(), attention_varlen(), append_kv() and attention_with_kv_cache()
+on torch tensors go through torch.library custom ops (``selfattn::attention`` and so on), each with
+a fake (meta) implementation, so torch.compile traces them without running them. Imported only
+when torch tensors reach those functions.
 
 Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a
@@ -20,8 +20,9 @@ _failed = False
 
 
 def ops():
-    """(attention, attention_varlen): the registered custom ops, or None where this PyTorch lacks
-    torch.library.custom_op (< 2.4)."""
+    """The registered custom ops by the public function they serve (attention, attention_varlen,
+    append_kv, attention_with_kv_cache), or None where this PyTorch lacks torch.library.custom_op
+    (< 2.4)."""
     global _ops, _failed
     if _ops is None and not _failed:
         try:
@@ -128,4 +129,43 @@ def _register():
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     attention_varlen.register_autograd(gradients_through(attention_varlen_backward), setup_context=setup_context)
-    return attention, attention_varlen
+
+    # --- the KV cache: no autograd (the public functions refuse tensors that require grad) ---
+
+    @torch.library.custom_op("selfattn::append_kv", mutates_args=("k_cache", "v_cache"))
+    def append_kv(k_cache: Tensor, v_cache: Tensor, lengths: Tensor, block_table: Optional[Tensor], k_new: Tensor,
+                  v_new: Tensor, layout: str, rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                  rotary_interleaved: bool, validate_metadata: bool) -> Tensor:
+        from ._kv_cache import _append_kv
+        return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
+                          rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+                          return_lengths=True, validate_metadata=validate_metadata, context=None)
+
+    @append_kv.register_fake
+    def _(k_cache, v_cache, lengths, *options):
+        return torch.empty_like(lengths)  # the updated lengths
+
+    @torch.library.custom_op("selfattn::attention_with_kv_cache", mutates_args=())
+    def attention_with_kv_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
+                                block_table: Optional[Tensor], layout: str, causal: Optional[str],
+                                scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
+                                rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
+                                window_left: int, window_right: int, softcap: Optional[float],
+                                alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                                validate_metadata: bool) -> Tuple[Tensor, Tensor]:
+        from ._kv_cache import _attention_with_kv_cache
+        return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
+                                        causal=causal, scale=scale, path=path, return_lse=True, out=None,
+                                        rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                        rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+                                        window=(window_left, window_right), softcap=softcap,
+                                        alibi_slopes=alibi_slopes, bias=bias, validate_metadata=validate_metadata,
+                                        context=None)
+
+    @attention_with_kv_cache.register_fake
+    def _(q, k_cache, v_cache, lengths, block_table, layout, *options):
+        heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
+        return torch.empty_like(q), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+
+    return dict(attention=attention, attention_varlen=attention_varlen, append_kv=append_kv,
+                attention_with_kv_cache=attention_with_kv_cache)

@@ -219,3 +219,39 @@ def test_kv_cache_on_torch_tensors():
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
     with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: q requires grad"):
         selfattn.attention_with_kv_cache(q.requires_grad_(), k_cache, v_cache, lengths, layout="bshd")
+
+
+def test_a_decode_step_compiles_whole():
+    # append_kv (which writes the cache in place) and attention_with_kv_cache are custom ops, so a
+    # decode step traces with fullgraph=True; compiled and eager agree, caches included.
+    g = torch.Generator().manual_seed(14)
+    pool_k, pool_v = (torch.randn(5, 4, 2, 8, generator=g) for _ in range(2))  # bshd pages of 4 tokens
+    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32)
+    lengths = torch.tensor([2, 6], dtype=torch.int32)
+    k_new, v_new = (torch.randn(2, 1, 2, 8, generator=g) for _ in range(2))
+    q = torch.randn(2, 1, 4, 8, generator=g)
+
+    def step(q, k_new, v_new, pool_k, pool_v, lengths):
+        updated = selfattn.append_kv(pool_k, pool_v, lengths, k_new, v_new, block_table=table, layout="bshd",
+                                     return_lengths=True)
+        out = selfattn.attention_with_kv_cache(q, pool_k, pool_v, updated, block_table=table, layout="bshd",
+                                               softcap=20.0)
+        return out, updated
+
+    eager_k, eager_v = pool_k.clone(), pool_v.clone()
+    want, want_lengths = step(q, k_new, v_new, eager_k, eager_v, lengths)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    got, got_lengths = compiled(q, k_new, v_new, pool_k, pool_v, lengths)
+    assert torch.equal(got, want) and torch.equal(got_lengths, want_lengths)
+    assert torch.equal(pool_k, eager_k) and torch.equal(pool_v, eager_v)
+    assert torch.equal(pool_k[3, 2], k_new[0, 0]) and torch.equal(pool_k[4, 2], k_new[1, 0])  # tokens 2 and 6
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake_q = torch.empty(3, 2, 7, 16)
+        pool = torch.empty(9, 2, 4, 16)
+        cu = torch.empty(3, dtype=torch.int32)
+        out, lse = torch.ops.selfattn.attention_with_kv_cache(fake_q, pool, pool, cu, None, "bhsd", "bottom_right",
+                                                              None, "auto", None, None, False, 0, -1, -1, None, None,
+                                                              None, False)
+        assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)

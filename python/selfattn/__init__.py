@@ -26,6 +26,7 @@ Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cac
 """
 from __future__ import annotations
 
+import sys as _sys
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
@@ -141,7 +142,10 @@ def _torch_op(function, inputs, out, context):
         if name in ("alibi_slopes", "bias"):
             raise NotAvailable(f"{function}: {name} requires grad, but selfattn computes no gradient for it; "
                                f"pass it detached")
-    direct = out is not None or context is not None or not (named["bias"] is None or _arrays.is_torch(named["bias"]))
+    foreign_bias = not (named["bias"] is None or _arrays.is_torch(named["bias"]))
+    if foreign_bias:
+        return None  # the direct call refuses a bias of another framework, naming it
+    direct = out is not None or context is not None
     from . import _torch
     ops = None if direct else _torch.ops()
     if ops is None and wanting:
@@ -371,4 +375,8 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     return out
 
 
-
+# torch.compile cannot trace the custom ops' registration: register them now where torch is already
+# imported (otherwise the first eager call on torch tensors does).
+if "torch" in _sys.modules:
+    from . import _torch as _torch_ops
+    _torch_ops.ops()

@@ -50,7 +50,8 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     Tokens that would land past the capacity, or in a page outside the pool, are dropped.
     """
     _check_keywords(None, layout, "auto")
-    _refuse_gradients("append_kv", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new)
+    _refuse_gradients("append_kv", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos,
+                      rotary_sin=rotary_sin)
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
         cos, sin = _rotary_tables(rotary_cos, rotary_sin, k_new)
@@ -109,7 +110,7 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
-                      bias=bias)
+                      bias=bias, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     _check_num_splits(num_splits)
     op = None
     if out is None and (bias is None or _arrays.is_torch(bias)):
@@ -179,10 +180,10 @@ def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = N
 
 def cu_seqlens_from_lengths(lengths: Any, *, context: Optional[Context] = None) -> Any:
     """Varlen offsets from per-sequence lengths: int32 [batch + 1] = 0, l0, l0 + l1, ..., computed
-    where lengths lives (for CUDA tensors on the device, without a host read). lengths: int32
-    [batch], any integer sequence for host arrays."""
-    if not hasattr(lengths, "__dlpack__"):
-        lengths = _arrays.int32_vector("lengths", lengths, like=np.empty(0))
+    where lengths lives (for CUDA tensors on the device, without a host read). lengths: [batch]
+    integers of any type (a list, an int64 array), converted to int32 where they live."""
+    # Integers of any type (a list, an int64 array or tensor) become int32 where they live.
+    lengths = _arrays.int32_vector("lengths", lengths, like=lengths if hasattr(lengths, "__dlpack__") else np.empty(0))
     arrays = _arrays.Arguments(dict(lengths=lengths), ndim=1)
     lengths = arrays["lengths"]
     ctx = _context_for(lengths, context)
@@ -203,8 +204,8 @@ def _context_and_out(arrays, like, out, context):
 
 
 def _check_num_splits(num_splits):
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-        raise InvalidArgument(f"num_splits expected an int, got {num_splits!r}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 4096:
+        raise InvalidArgument(f"num_splits expected an int from 0 (the library chooses) to 4096, got {num_splits!r}")
 
 
 def _torch_kv_op(function, tensors, context):

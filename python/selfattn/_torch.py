@@ -57,7 +57,7 @@ def _register():
           bias):
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return torch.empty_like(q), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+        return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_backward", mutates_args=())
     def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
@@ -71,14 +71,17 @@ def _register():
 
     @attention_backward.register_fake
     def _(q, k, v, out, dout, lse, *options):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     # Both ops save the same: q, k, v, out, lse, and the other inputs as options for the backward.
+    # The tensors among the options (key_lengths, cu_seqlens, alibi_slopes, bias; they take no
+    # gradient) are saved too, so changing one in place before backward() raises as torch does.
     def setup_context(ctx, inputs, output):
         q, k, v, *options = inputs
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = options  # tensors among them (key_lengths, cu_seqlens, alibi_slopes, bias) take no gradient
+        tensor_options = [i for i, o in enumerate(options) if isinstance(o, torch.Tensor)]
+        ctx.save_for_backward(q, k, v, out, lse, *(options[i] for i in tensor_options))
+        ctx.options, ctx.tensor_options = options, tensor_options
         ctx.set_materialize_grads(False)
 
     def gradients_through(backward_op):
@@ -89,8 +92,11 @@ def _register():
             no_gradients = (None,) * len(ctx.options)
             if dout is None:
                 return (None, None, None) + no_gradients
-            q, k, v, out, lse = ctx.saved_tensors
-            return backward_op(q, k, v, out, dout, lse, *ctx.options) + no_gradients
+            q, k, v, out, lse, *saved_options = ctx.saved_tensors
+            options = list(ctx.options)
+            for i, saved in zip(ctx.tensor_options, saved_options):
+                options[i] = saved
+            return backward_op(q, k, v, out, dout, lse, *options) + no_gradients
         return gradients
 
     attention.register_autograd(gradients_through(attention_backward), setup_context=setup_context)
@@ -110,7 +116,7 @@ def _register():
 
     @attention_varlen.register_fake
     def _(q, k, v, *options):
-        return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
@@ -126,7 +132,7 @@ def _register():
 
     @attention_varlen_backward.register_fake
     def _(q, k, v, out, dout, lse, *options):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     attention_varlen.register_autograd(gradients_through(attention_varlen_backward), setup_context=setup_context)
 
@@ -143,7 +149,7 @@ def _register():
 
     @append_kv.register_fake
     def _(k_cache, v_cache, lengths, *options):
-        return torch.empty_like(lengths)  # the updated lengths
+        return lengths.new_empty(lengths.shape, dtype=torch.int32)  # the updated lengths
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache", mutates_args=())
     def attention_with_kv_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
@@ -165,7 +171,7 @@ def _register():
     @attention_with_kv_cache.register_fake
     def _(q, k_cache, v_cache, lengths, block_table, layout, *options):
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return torch.empty_like(q), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+        return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
 
     return dict(attention=attention, attention_varlen=attention_varlen, append_kv=append_kv,
                 attention_with_kv_cache=attention_with_kv_cache)

@@ -209,11 +209,12 @@ int64_t element_count(const Arg& a) {
   return n;
 }
 
-void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, int64_t rows) {
+void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, const std::vector<int64_t>& shape, const char* dims) {
   expect_contiguous_float32(a, dt);
-  const int64_t n = element_count(a);
-  if (n != rows) {
-    invalid(std::string(a.name) + " expected " + std::to_string(rows) + " elements, got " + std::to_string(n));
+  if (a.shape != shape) {
+    std::string want = "[";
+    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+    invalid(std::string(a.name) + " expected shape " + want + "] (" + dims + "), got " + shape_text(a));
   }
 }
 

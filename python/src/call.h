@@ -174,8 +174,9 @@ void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt);
 
 int64_t element_count(const Arg& a);  // the product of the shape
 
-// An LSE array (lse, lse_a, ...) as the library reads or writes it: fp32, contiguous, `rows` elements.
-void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, int64_t rows);
+// An LSE array (lse, lse_a, ...) as the library reads or writes it: fp32, contiguous, of `shape`
+// (`dims` names its axes for the message: "batch, heads, seq_q").
+void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, const std::vector<int64_t>& shape, const char* dims);
 
 // The scalar options; the library checks their values (window sides >= -1, softcap finite > 0).
 selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,

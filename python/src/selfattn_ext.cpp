@@ -39,7 +39,7 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
   const selfattn::TensorView q_shape = tensor_view(a.q);
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
-  if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
@@ -59,7 +59,7 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
-  if (alse) expect_lse(*alse, lse->dtype(), q_shape.heads() * q_shape.seq());
+  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
@@ -85,7 +85,7 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
-  expect_lse(a.lse, lse.dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  expect_lse(a.lse, lse.dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
@@ -113,7 +113,7 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   const BackwardArgs a = add_backward_args(call, q, k, v, out, dout, lse, dq, dk, dv, bf16_as_uint16);
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
   const selfattn::TensorView q_shape = tensor_view(a.q);
-  expect_lse(a.lse, lse.dtype(), q_shape.heads() * q_shape.seq());
+  expect_lse(a.lse, lse.dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(options, mods);
@@ -195,7 +195,7 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
   const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(aq);
-  if (alse) expect_lse(*alse, lse->dtype(), q_shape.batch() * q_shape.heads() * q_shape.seq());
+  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(parsed, mods);
@@ -229,10 +229,10 @@ void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray o
   const Arg& aout = call.add(Arg("out", out, true, data));
   const Arg* alse_out = lse_out ? &call.add(Arg("lse_out", *lse_out, true, Holds::vector)) : nullptr;
   const selfattn::TensorView shape = tensor_view(aa);
-  const int64_t rows = shape.batch() * shape.heads() * shape.seq();
-  expect_lse(alse_a, lse_a.dtype(), rows);
-  expect_lse(alse_b, lse_b.dtype(), rows);
-  if (alse_out) expect_lse(*alse_out, lse_out->dtype(), rows);
+  const std::vector<int64_t> rows = {shape.batch(), shape.heads(), shape.seq()};
+  expect_lse(alse_a, lse_a.dtype(), rows, "batch, heads, seq of out_a");
+  expect_lse(alse_b, lse_b.dtype(), rows, "batch, heads, seq of out_a");
+  if (alse_out) expect_lse(*alse_out, lse_out->dtype(), rows, "batch, heads, seq of out_a");
   run_call(context, call, [&] {
     selfattn::merge_states(call.ctx(), tensor_view(aa), static_cast<const float*>(alse_a.data), tensor_view(ab),
                            static_cast<const float*>(alse_b.data), tensor_view(aout),

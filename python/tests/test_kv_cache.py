@@ -189,6 +189,7 @@ def test_cu_seqlens_from_lengths():
     np.testing.assert_array_equal(selfattn.cu_seqlens_from_lengths([3, 0, 5, 1]), [0, 3, 3, 8, 9])
     np.testing.assert_array_equal(selfattn.cu_seqlens_from_lengths(np.array([7], np.int32)), [0, 7])
     assert selfattn.cu_seqlens_from_lengths(np.zeros(0, np.int32)).tolist() == [0]
+    np.testing.assert_array_equal(selfattn.cu_seqlens_from_lengths(np.array([2, 4])), [0, 2, 6])  # int64
 
 
 def test_errors_name_the_argument(rng):
@@ -213,8 +214,8 @@ def test_errors_name_the_argument(rng):
     with pytest.raises(selfattn.InvalidArgument, match="block_table"):
         selfattn.append_kv(cache.k, cache.v, lengths, q, q, block_table=bad, validate_metadata=True)
     np.testing.assert_array_equal(cache.k, pool)  # nothing written on a throw
-    with pytest.raises(selfattn.InvalidArgument, match="lse_b expected 2 elements, got 10"):
-        selfattn.merge_states(q, np.zeros(2, np.float32), q, np.zeros(10, np.float32))
+    with pytest.raises(selfattn.InvalidArgument, match=r"lse_b expected shape \[2, 1, 1\] \(batch, heads, seq of out_a\), got \[10\]"):
+        selfattn.merge_states(q, np.zeros((2, 1, 1), np.float32), q, np.zeros(10, np.float32))
 
 
 def test_wrong_metadata_stays_inside_the_pool(rng):

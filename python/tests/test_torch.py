@@ -255,3 +255,62 @@ def test_a_decode_step_compiles_whole():
                                                               None, "auto", None, None, False, 0, -1, -1, None, None,
                                                               None, False)
         assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)
+
+
+def test_fake_implementations_match_the_real_ones():
+    # torch.library.opcheck compares each op's fake with its real implementation (shapes, dtypes
+    # and strides: both give contiguous outputs, also for transposed inputs) and checks the schema.
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("this PyTorch has no torch.library.opcheck")
+    g = torch.Generator().manual_seed(15)
+    q, k, v = (torch.randn(1, 5, 2, 8, generator=g).transpose(1, 2) for _ in range(3))  # bhsd views of bshd
+    bias = torch.randn(1, 2, 5, 5, generator=g)
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.selfattn.attention.default,
+                          (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias), test_utils=utils)
+    out, lse = selfattn.attention(q, k, v, return_lse=True)
+    torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
+                          (q, k, v, out, torch.randn_like(out), lse, None, None, "auto", None, "bhsd", -1, -1, None,
+                           None, None), test_utils=utils)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
+    torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
+                          (*packed, cu, cu, 3, 3, None, None, "auto", -1, -1, None, None, None), test_utils=utils)
+    cache = torch.randn(1, 2, 6, 8, generator=g)
+    torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
+                          (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None, "bhsd",
+                           "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None, None, False),
+                          test_utils=utils)
+
+
+def test_options_changed_in_place_before_backward_raise():
+    # bias (like key_lengths and alibi_slopes) is saved for the backward: changing it in between is
+    # caught by torch's version counter instead of giving gradients of another bias.
+    q, k, v = (t.requires_grad_() for t in tensors((1, 1, 4, 8), seed=16))
+    bias = torch.zeros(1, 1, 4, 4)
+    out = selfattn.attention(q, k, v, bias=bias)
+    bias.fill_(-float("inf"))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_rotary_tables_that_require_grad_are_refused():
+    cache, q = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 1, 8)
+    cos = torch.ones(4, 2, requires_grad=True)
+    with pytest.raises(selfattn.NotAvailable, match="append_kv: rotary_cos requires grad"):
+        selfattn.append_kv(cache, cache.clone(), [0], q, q, rotary_cos=cos, rotary_sin=cos.detach())
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: rotary_sin requires grad"):
+        selfattn.attention_with_kv_cache(q, cache, cache.clone(), [1], rotary_cos=cos.detach(), rotary_sin=cos)
+
+
+def test_compile_as_the_first_call_in_a_fresh_process():
+    # With torch imported before selfattn, the ops are registered at import, so a compiled function
+    # may be the first to reach them (registration cannot be traced).
+    import subprocess
+    import sys
+    code = ("import torch, selfattn\n"
+            "q = torch.randn(1, 2, 4, 8)\n"
+            "f = torch.compile(lambda q: selfattn.attention(q, q, q.clone()) * 2, backend='eager', fullgraph=True)\n"
+            "assert torch.allclose(f(q), selfattn.attention(q, q, q.clone()) * 2)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

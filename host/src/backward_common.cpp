@@ -55,6 +55,7 @@ void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d) 
   p.dout_stride_head = call.dout.strides[1];
   p.dout_stride_row = call.dout.strides[2];
   p.d = d;
+  p.dlse = call.dlse;
   // The views' own extents: a varlen call's [1, heads, total_q] is the D layout as it stands.
   p.batch = int(f.q.batch());
   p.heads = int(f.q.heads());

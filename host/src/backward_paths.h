@@ -21,6 +21,7 @@ struct BackwardCall {
   const float* lse;       // [batch, heads, seq_q] (varlen: [heads, total_q]), fp32, device
   TensorView dq, dk, dv;  // dq like q, dk/dv like k; each q's dtype or f32
   bool deterministic = false;
+  const float* dlse = nullptr;  // BackwardOptions::dlse, lse's layout, or null
 };
 
 // The workspace of a plan, one reservation: D (every path), then the path's own parts. Offsets

@@ -63,6 +63,7 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
   call.dk = dk;
   call.dv = dv;
   call.deterministic = backward.deterministic;
+  call.dlse = backward.dlse;
   call.forward = std::move(forward);
   const int64_t rows = backward_query_rows(call);
   if (rows > 0 && k.seq() > 0 && lse == nullptr) {
@@ -70,6 +71,9 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
   }
   if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0) {
     fail(function, "lse expected 4-byte alignment (fp32), got a misaligned pointer");
+  }
+  if (reinterpret_cast<uintptr_t>(backward.dlse) % alignof(float) != 0) {
+    fail(function, "backward.dlse expected 4-byte alignment (fp32), got a misaligned pointer");
   }
 
   // Nothing written may overlap anything read, or another gradient.
@@ -83,6 +87,7 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
       {"out", byte_range(f.out)},
       {"dout", byte_range(dout)},
       {"lse", byte_range(lse, size_t(rows) * sizeof(float))},
+      {"backward.dlse", byte_range(backward.dlse, size_t(rows) * sizeof(float))},
       {"options.key_lengths", byte_range(options.key_lengths, size_t(f.batch) * sizeof(int32_t))},
       {"options.alibi_slopes", byte_range(options.alibi_slopes, size_t(options.alibi_slopes_count) * sizeof(float))},
       {"options.bias", f.bias ? byte_range(*f.bias) : ByteRange{}},

@@ -18,12 +18,18 @@
 namespace selfattn::reference {
 
 Gradients attention_backward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                             const std::vector<double>& v, const std::vector<double>& dout) {
-  // The forward's own checks (shapes, options) first; then dout's size.
+                             const std::vector<double>& v, const std::vector<double>& dout,
+                             const std::vector<double>& dlse) {
+  // The forward's own checks (shapes, options) first; then dout's and dlse's sizes.
   (void)attention(p, q, k, v);
   if (dout.size() != q.size()) {
     throw InvalidArgument("reference::attention_backward: dout expected " + std::to_string(q.size()) +
                           " elements (q's), got " + std::to_string(dout.size()));
+  }
+  const size_t rows = size_t(p.batch) * p.heads * p.seq_q;
+  if (!dlse.empty() && dlse.size() != rows) {
+    throw InvalidArgument("reference::attention_backward: dlse expected " + std::to_string(rows) +
+                          " elements (batch * heads * seq_q) or none, got " + std::to_string(dlse.size()));
   }
   const double scale = p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(std::max(p.head_dim, 1)));
   const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
@@ -68,7 +74,8 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
         for (int j = keys.begin; j < keys.end; ++j) sum += (x[j] = std::exp(x[j] - max_x));
         for (int j = keys.begin; j < keys.end; ++j) x[j] /= sum;  // x is now P
 
-        double dsum = 0;  // D_i = sum_j P_ij dP_ij
+        // D_i = sum_j P_ij dP_ij, less the LSE's gradient: d lse_i / d s_ij = P_ij adds dlse_i P_ij to dS_ij.
+        double dsum = dlse.empty() ? 0.0 : -dlse[row];
         for (int j = keys.begin; j < keys.end; ++j) {
           const double* v_row = v.data() + kv_offset + size_t(j) * d;
           double dot = 0;

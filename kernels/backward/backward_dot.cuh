@@ -1,7 +1,8 @@
 #pragma once
 // D_i = sum_c dO_ic O_ic, the row term of dS = P * (dP - D): the first kernel of every backward path
 // (see BackwardDotParams). It equals sum_j P_ij dP_ij, the form the derivation gives, but costs one
-// pass over O and dO instead of a pass over the keys.
+// pass over O and dO instead of a pass over the keys. A gradient through the LSE enters here too, as
+// D_i - dlse_i, so no path needs to know of it.
 //
 // One warp owns a row: lane l sums columns l, l + 32, ... in fp32, then the warp reduces; lane 0
 // writes D. Rows are flat indices (b * heads + h) * rows + i, visited by a grid-stride loop so any
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(BackwardDotTraits::kThreads) backward_dot_kern
     float sum = 0.0f;
     for (int c = lane; c < p.head_dim; c += 32) sum += to_float(d_o[c]) * to_float(o[c]);
     sum = warp_reduce_sum<32>(sum);
-    if (lane == 0) p.d[row] = sum;
+    if (lane == 0) p.d[row] = p.dlse != nullptr ? sum - p.dlse[row] : sum;
   }
 }
 

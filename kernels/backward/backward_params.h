@@ -14,7 +14,8 @@
 
 namespace selfattn::kernels {
 
-// d[(b * heads + h) * rows + i] = sum_c dout[b, h, i, c] * out[b, h, i, c] in fp32.
+// d[(b * heads + h) * rows + i] = sum_c dout[b, h, i, c] * out[b, h, i, c] in fp32, minus
+// dlse[(b * heads + h) * rows + i] when dlse is set (the LSE's upstream gradient, same layout).
 // One warp per row; grid.x blocks of BackwardDotTraits::kRowsPerBlock rows, a grid-stride loop over
 // the batch * heads * rows rows.
 struct BackwardDotParams {
@@ -23,6 +24,7 @@ struct BackwardDotParams {
   int64_t out_stride_batch, out_stride_head, out_stride_row;
   int64_t dout_stride_batch, dout_stride_head, dout_stride_row;
   float* d;
+  const float* dlse;  // null: no gradient through the LSE
   int batch, heads, rows, head_dim;
 };
 

@@ -160,7 +160,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
                        scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None,
                        layout: str = "bhsd", deterministic: bool = False, grad_dtype: Optional[str] = None,
                        window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
-                       bias: Any = None, context: Optional[Context] = None) -> tuple:
+                       bias: Any = None, dlse: Any = None, context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout.
 
     - q, k, v, and the keyword arguments causal, scale, path, key_lengths, layout, window,
@@ -169,6 +169,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     - out: the forward's output; lse: its float32 [batch, heads, seq_q] log-sum-exp
       (``attention(..., return_lse=True)``)
     - dout: d(loss)/d(out), shaped and typed like out
+    - dlse: d(loss)/d(lse) where the loss uses lse too, float32 shaped like lse (None: 0)
     - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
     - deterministic: bitwise-identical gradients run to run on every path (the fused path then
       computes dq in a second kernel instead of with atomics; see selfattn/backward.h)
@@ -176,7 +177,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
     """
     _check_keywords(causal, layout, path)
-    arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, 4, grad_dtype, context)
+    arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 4, grad_dtype, context)
     q = arrays["q"]
     as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
@@ -184,16 +185,16 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
     _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale), path,
-                                 lengths, *mods, bool(deterministic), arrays.bf16_as_uint16)
+                                 lengths, *mods, bool(deterministic), arrays["dlse"], arrays.bf16_as_uint16)
     return tuple(grads)
 
 
-def _backward_arrays(q, k, v, out, dout, lse, ndim, grad_dtype, context):
+def _backward_arrays(q, k, v, out, dout, lse, dlse, ndim, grad_dtype, context):
     """A backward call's checked arrays, the context they run on, and (dq, dk, dv) allocated like
     q, k, v (in their dtype, or float32 with grad_dtype="float32")."""
     if grad_dtype not in (None, "float32"):
         raise InvalidArgument(f"grad_dtype expected None (q's dtype) or 'float32', got {grad_dtype!r}")
-    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse), ndim=None)
+    arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, dlse=dlse), ndim=None)
     for name in ("q", "k", "v", "out", "dout"):
         arrays.expect_ndim(name, ndim)
     ctx = _context_for(arrays["q"], context)
@@ -293,7 +294,7 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
                               scale: Optional[float] = None, path: str = "auto", deterministic: bool = False,
                               grad_dtype: Optional[str] = None, window: Optional[tuple] = None,
                               softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                              context: Optional[Context] = None) -> tuple:
+                              dlse: Any = None, context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout.
 
     - q, k, v, cu_seqlens_q, cu_seqlens_k and the keyword arguments max_seqlen_q, max_seqlen_k,
@@ -301,14 +302,14 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
       them (packed [total, heads, head_dim]; no gradient is computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [heads, total_q] log-sum-exp
       (``attention_varlen(..., return_lse=True)``)
-    - dout: d(loss)/d(out), shaped and typed like out
+    - dout: d(loss)/d(out), shaped and typed like out; dlse: d(loss)/d(lse), as for attention_backward
     - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
     - deterministic: as for :func:`attention_backward`
 
     Rows that see no key get dq = 0; keys no row sees, and rows outside every sequence, get 0.
     """
     _check_keywords(causal, "bhsd", path)
-    arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, 3, grad_dtype, context)
+    arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 3, grad_dtype, context)
     q = arrays["q"]
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
@@ -318,7 +319,7 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k,
                                         _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
                                         _float_or_none("scale", scale), path, *mods,
-                                        bool(deterministic), arrays.bf16_as_uint16)
+                                        bool(deterministic), arrays["dlse"], arrays.bf16_as_uint16)
     return tuple(grads)
 
 

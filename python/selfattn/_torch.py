@@ -7,9 +7,9 @@ Autograd: each op's formula (torch.library.register_autograd, the custom-op form
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a
 second custom op (``selfattn::attention_backward``, ``selfattn::attention_varlen_backward``, also
 with fake implementations). The masks and score modifiers are the ops' arguments, so the gradients
-see them. Only out is differentiable: a gradient flowing into the returned lse raises
-NotImplementedError (the library's backward takes no dlse), and none flows to alibi_slopes or bias
-(the public functions refuse those when they require grad).
+see them. out and lse are both differentiable (the library's backward takes dlse, the gradient of
+lse, through BackwardOptions::dlse); none flows to alibi_slopes or bias (the public functions
+refuse those when they require grad).
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
 alibi_slopes, bias."""
@@ -61,13 +61,14 @@ def _register():
 
     @torch.library.custom_op("selfattn::attention_backward", mutates_args=())
     def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
-                           causal: Optional[str], scale: Optional[float], path: str, key_lengths: Optional[Tensor],
+                           dlse: Optional[Tensor], causal: Optional[str], scale: Optional[float], path: str, key_lengths: Optional[Tensor],
                            layout: str, window_left: int, window_right: int, softcap: Optional[float],
                            alibi_slopes: Optional[Tensor], bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         from . import attention_backward as library_backward
         return library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
                                 key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
-                                softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
+                                softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                                dlse=None if dlse is None else dlse.contiguous())
 
     @attention_backward.register_fake
     def _(q, k, v, out, dout, lse, *options):
@@ -86,17 +87,16 @@ def _register():
 
     def gradients_through(backward_op):
         def gradients(ctx, dout, dlse):
-            if dlse is not None:
-                raise NotImplementedError("selfattn: the gradient of lse is not supported (the backward takes "
-                                          "none); use only out in the loss")
             no_gradients = (None,) * len(ctx.options)
-            if dout is None:
+            if dout is None and dlse is None:
                 return (None, None, None) + no_gradients
             q, k, v, out, lse, *saved_options = ctx.saved_tensors
+            if dout is None:  # a loss of lse alone
+                dout = torch.zeros_like(out)
             options = list(ctx.options)
             for i, saved in zip(ctx.tensor_options, saved_options):
                 options[i] = saved
-            return backward_op(q, k, v, out, dout, lse, *options) + no_gradients
+            return backward_op(q, k, v, out, dout, lse, dlse, *options) + no_gradients
         return gradients
 
     attention.register_autograd(gradients_through(attention_backward), setup_context=setup_context)
@@ -120,7 +120,7 @@ def _register():
 
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
-                                  cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                  dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                                   causal: Optional[str], scale: Optional[float], path: str, window_left: int,
                                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
                                   bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -128,7 +128,8 @@ def _register():
         return library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                        scale=scale, path=path, window=(window_left, window_right), softcap=softcap,
-                                       alibi_slopes=alibi_slopes, bias=bias)
+                                       alibi_slopes=alibi_slopes, bias=bias,
+                                       dlse=None if dlse is None else dlse.contiguous())
 
     @attention_varlen_backward.register_fake
     def _(q, k, v, out, dout, lse, *options):

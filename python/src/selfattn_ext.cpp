@@ -76,7 +76,7 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
                         std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                         int window_left, int window_right, std::optional<float> softcap,
                         std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool deterministic,
-                        bool bf16_as_uint16) {
+                        std::optional<InArray> dlse, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -86,8 +86,11 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   expect_lse(a.lse, lse.dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
+  const Arg* adlse = dlse ? &call.add(Arg("dlse", *dlse, false, Holds::vector)) : nullptr;
+  if (adlse) expect_lse(*adlse, dlse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "lse's");
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
+    backward.dlse = adlse ? static_cast<const float*>(adlse->data) : nullptr;
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     set_mod_options(options, mods);
     selfattn::attention_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
@@ -105,7 +108,7 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                std::optional<std::string> causal, std::optional<float> scale, std::string path,
                                int window_left, int window_right, std::optional<float> softcap,
                                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool deterministic,
-                               bool bf16_as_uint16) {
+                               std::optional<InArray> dlse, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -114,8 +117,11 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
   const selfattn::TensorView q_shape = tensor_view(a.q);
   expect_lse(a.lse, lse.dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
+  const Arg* adlse = dlse ? &call.add(Arg("dlse", *dlse, false, Holds::vector)) : nullptr;
+  if (adlse) expect_lse(*adlse, dlse->dtype(), {q_shape.heads(), q_shape.seq()}, "lse's");
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
+    backward.dlse = adlse ? static_cast<const float*>(adlse->data) : nullptr;
     set_mod_options(options, mods);
     selfattn::attention_varlen_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
                                         tensor_view(a.out), tensor_view(a.dout),
@@ -325,14 +331,14 @@ NB_MODULE(_selfattn, m) {
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("bf16_as_uint16"),
         "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
   m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
-        nb::arg("deterministic"), nb::arg("bf16_as_uint16"),
+        nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("bf16_as_uint16"),
         "Low level: q, out, dout, dq as [1, heads, total_q, head_dim] views. Use "
         "selfattn.attention_varlen_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),

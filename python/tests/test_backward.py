@@ -68,6 +68,29 @@ def test_gradcheck_against_the_library_forward(rng):
     check_central_differences(loss, [q, k, v], grads)
 
 
+@pytest.mark.parametrize("path", [p for p in selfattn.paths("sim") if p != "fused"])
+def test_gradient_through_the_lse(rng, path):
+    # L = sum(dout * out) + sum(dlse * lse), with key lengths (batch 0 sees no key: its lse is -inf
+    # and takes no gradient), a window and softcap: attention_backward(dlse=...) against central
+    # differences of the float64 reference's L. float32 here, so not the fused path (f16/bf16),
+    # whose dlse cases are in the C++ sweep (tests/support/backward_check.h).
+    from conftest import reference
+    options = dict(causal="bottom_right", key_lengths=[0, 5], window=(2, 0), softcap=3.0)
+    q, k, v = (random(rng, (2, 2, n, 4), "float32") for n in (3, 5, 5))
+    dout = random(rng, (2, 2, 3, 4), "float32")
+    dlse = random(rng, (2, 2, 3), "float32")
+    out, lse = selfattn.attention(q, k, v, return_lse=True, **options)
+    grads = selfattn.attention_backward(q, k, v, out, dout, lse, dlse=dlse, path=path, **options)
+
+    def loss(*inputs):
+        ref_out, ref_lse = reference(*inputs, **options)
+        return float(np.sum(dout * ref_out) + np.sum(np.where(np.isfinite(ref_lse), dlse * ref_lse, 0.0)))
+
+    check_central_differences(loss, [a.astype(np.float64) for a in (q, k, v)], grads, h=1e-4)
+    with pytest.raises(selfattn.InvalidArgument, match=r"dlse expected shape \[2, 2, 3\]"):
+        selfattn.attention_backward(q, k, v, out, dout, lse, dlse=dlse[0], **options)
+
+
 def test_bshd_layout(rng):
     q = random(rng, (2, 11, 4, 16), "float32")  # [batch, seq, heads, dim]
     k = random(rng, (2, 9, 2, 16), "float32")

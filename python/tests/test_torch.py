@@ -86,11 +86,34 @@ def test_autograd_reaches_the_library_backward():
                                     atol=2e-3, rtol=2e-3)
 
 
-def test_gradient_through_lse_is_refused():
-    q, k, v = (t.requires_grad_() for t in tensors((1, 1, 3, 4), seed=4))
+def test_gradient_through_lse():
+    # Both outputs are differentiable: gradcheck perturbs out's and lse's upstream gradients alike;
+    # a loss of lse alone matches attention_backward with dout = 0; and under AOTAutograd (which
+    # hands an unused lse a zero gradient) a compiled function returning lse trains as eager does.
+    q, k, v = (t.requires_grad_() for t in tensors((1, 2, 4, 4), seed=4))
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: selfattn.attention(a, b, c, causal="top_left", path="naive", return_lse=True),
+        (q, k, v), eps=1e-2, atol=2e-3, rtol=2e-3)
     out, lse = selfattn.attention(q, k, v, return_lse=True)
-    with pytest.raises(NotImplementedError, match="lse"):
-        lse.sum().backward()
+    weights = torch.randn_like(lse)
+    (lse * weights).sum().backward()
+    want = selfattn.attention_backward(*(t.detach() for t in (q, k, v)), out.detach(), torch.zeros_like(out),
+                                       lse.detach(), dlse=weights)
+    for tensor, expected in zip((q, k, v), want):
+        assert torch.equal(tensor.grad, expected)
+        tensor.grad = None
+
+    def f(q, k, v):
+        return selfattn.attention(q, k, v, return_lse=True)
+
+    out, lse = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    out.sum().backward()
+    compiled = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    f(q, k, v)[0].sum().backward()
+    for got, expected in zip(compiled, (q.grad, k.grad, v.grad)):
+        assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def modifiers(heads, seq_q, seq_k, seed):
@@ -270,8 +293,8 @@ def test_fake_implementations_match_the_real_ones():
                           (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias), test_utils=utils)
     out, lse = selfattn.attention(q, k, v, return_lse=True)
     torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
-                          (q, k, v, out, torch.randn_like(out), lse, None, None, "auto", None, "bhsd", -1, -1, None,
-                           None, None), test_utils=utils)
+                          (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto", None,
+                           "bhsd", -1, -1, None, None, None), test_utils=utils)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
     torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,

@@ -147,6 +147,14 @@ TEST(BackwardArguments, LseRequiredWhenThereAreRows) {
   EXPECT_REJECTED(c, "lse expected the forward's LSE", "got null");
 }
 
+TEST(BackwardArguments, DlseMustNotOverlapAGradientAndMustBeAligned) {
+  BackwardCallFixture c;
+  c.backward.dlse = static_cast<const float*>(c.dq.data);
+  EXPECT_REJECTED(c, "dq expected not to overlap backward.dlse");
+  c.backward.dlse = reinterpret_cast<const float*>(reinterpret_cast<const char*>(c.lse_mem.data()) + 2);
+  EXPECT_REJECTED(c, "backward.dlse expected 4-byte alignment");
+}
+
 TEST(BackwardArguments, GradientOverlaps) {
   { BackwardCallFixture c; c.dq.data = c.q_mem.data(); EXPECT_REJECTED(c, "dq expected not to overlap q"); }
   {

@@ -1,6 +1,7 @@
 // The backward reference judged by the forward reference: its gradients must equal central
-// differences of L = sum(dout * out) computed with reference::attention, in fp64, for every option
-// the backward honours. So the judge of every backward path is itself judged.
+// differences of L = sum(dout * out) (+ sum(dlse * lse) with an LSE gradient) computed with
+// reference::attention, in fp64, for every option the backward honours. So the judge of every
+// backward path is itself judged.
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -19,9 +20,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 struct Inputs {
   std::vector<double> q, k, v, dout;
+  std::vector<double> dlse;  // [batch, heads, seq_q] or empty
 };
 
-Inputs random_inputs(const Problem& p, uint64_t seed) {
+Inputs random_inputs(const Problem& p, uint64_t seed, bool with_dlse = false) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   Inputs in;
@@ -31,6 +33,10 @@ Inputs random_inputs(const Problem& p, uint64_t seed) {
     vec->resize(n);
     for (double& x : *vec) x = normal(rng);
   }
+  if (with_dlse) {
+    in.dlse.resize(size_t(p.batch) * p.heads * p.seq_q);
+    for (double& x : in.dlse) x = normal(rng);
+  }
   return in;
 }
 
@@ -38,14 +44,17 @@ double loss(const Problem& p, const Inputs& in) {
   const Result r = attention(p, in.q, in.k, in.v);
   double l = 0;
   for (size_t i = 0; i < r.out.size(); ++i) l += in.dout[i] * r.out[i];
+  for (size_t i = 0; i < in.dlse.size(); ++i) {
+    if (std::isfinite(r.lse[i])) l += in.dlse[i] * r.lse[i];  // a row without keys keeps lse -inf
+  }
   return l;
 }
 
 // Every element of each input against the central difference (h = 1e-5: truncation ~1e-10,
 // cancellation ~1e-11 at |L| ~ 1).
-void expect_matches_finite_differences(const Problem& p, uint64_t seed) {
-  Inputs in = random_inputs(p, seed);
-  const Gradients g = attention_backward(p, in.q, in.k, in.v, in.dout);
+void expect_matches_finite_differences(const Problem& p, uint64_t seed, bool with_dlse = false) {
+  Inputs in = random_inputs(p, seed, with_dlse);
+  const Gradients g = attention_backward(p, in.q, in.k, in.v, in.dout, in.dlse);
   constexpr double h = 1e-5;
   const std::pair<const char*, std::pair<std::vector<double>*, const std::vector<double>*>> parts[] = {
       {"dq", {&in.q, &g.dq}}, {"dk", {&in.k, &g.dk}}, {"dv", {&in.v, &g.dv}}};
@@ -109,6 +118,18 @@ TEST(BackwardReference, FiniteDifferencesWindowSoftcapAlibiBias) {
   p.bias[3] = -kInf;       // a masked key
   for (int j = 0; j < p.seq_k; ++j) p.bias[size_t(2) * p.seq_k + j] = -kInf;  // a row with every key masked
   expect_matches_finite_differences(p, 4);
+}
+
+// A loss that uses the LSE too (a merge of partial results, a logsumexp term), with every option that
+// moves it: key lengths (batch 0 sees nothing), a window, softcap and ALiBi.
+TEST(BackwardReference, FiniteDifferencesThroughTheLse) {
+  Problem p = base(2, 1, 5, 6, 3);
+  p.key_lengths = {0, 6};
+  p.causal = Causal::bottom_right;
+  p.window_left = 3;
+  p.softcap = 2.0;
+  p.alibi_slopes = {0.5, 0.25};
+  expect_matches_finite_differences(p, 7, true);
 }
 
 TEST(BackwardReference, ExactZerosWhereNothingIsSeen) {

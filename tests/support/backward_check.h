@@ -40,6 +40,7 @@ struct Case {
   Path path = Path::naive;
   bool deterministic = false;        // BackwardOptions::deterministic
   bool deterministic_rerun = false;  // run the backward twice, require bitwise-equal gradients
+  bool dlse = false;                 // an upstream gradient of the LSE too (BackwardOptions::dlse)
 };
 
 struct Gradients {
@@ -54,6 +55,7 @@ struct Dense {
   std::vector<double> q, k, v, dout, bias;  // bias [batch, heads, seq_q, seq_k] or empty
   std::vector<double> slopes;               // [heads] or empty
   std::vector<int32_t> key_lengths;
+  std::vector<double> dlse;                 // [batch, heads, seq_q] or empty
 };
 
 // dq/dk/dv and which rows/keys must be exactly 0.
@@ -86,7 +88,8 @@ inline reference::Problem problem_of(const Dense& p, const Case& c, double scale
 }
 
 inline Expected reference_gradients(const Dense& p, const Case& c, double scale) {
-  const reference::Gradients g = reference::attention_backward(problem_of(p, c, scale), p.q, p.k, p.v, p.dout);
+  const reference::Gradients g =
+      reference::attention_backward(problem_of(p, c, scale), p.q, p.k, p.v, p.dout, p.dlse);
   Expected e;
   e.dq = g.dq;
   e.dk = g.dk;
@@ -175,6 +178,11 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   upload(dob, dov, dout);
 
   DeviceBuffer<float> lse(ctx, size_t(vb) * c.heads * rows_q + 1);
+  // dL/d(lse) in lse's layout, fp32 values.
+  std::vector<float> dlse_f(c.dlse ? size_t(vb) * c.heads * rows_q : 0);
+  for (float& x : dlse_f) x = float(normal(rng));
+  DeviceBuffer<float> dlse_b(ctx, std::max<size_t>(dlse_f.size(), 1));
+  if (c.dlse) dlse_b.copy_from_host(dlse_f.data(), dlse_f.size());
   DeviceBuffer<int32_t> lengths(ctx, std::max<size_t>(c.key_lengths.size(), 1)), cuq(ctx, cu_q.size()), cuk(ctx, cu_k.size());
   if (!c.key_lengths.empty()) lengths.copy_from_host(c.key_lengths.data(), c.key_lengths.size());
   cuq.copy_from_host(cu_q.data(), cu_q.size());
@@ -220,6 +228,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
 
   BackwardOptions backward;
   backward.deterministic = c.deterministic;
+  if (c.dlse) backward.dlse = dlse_b.data();
   const auto run_backward = [&]() {
     dqb.fill_bytes(0xFF);  // NaN in every dtype: an element not written fails
     dkb.fill_bytes(0xFF);
@@ -290,18 +299,22 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
             for (int j = 0; j < p.seq_k; ++j)
               p.bias.push_back(bias[((size_t(varlen ? b : bb) * c.heads + h) * max_q + i) * max_k + j]);
     }
+    // This problem's rows of lse (and dlse), in its own [batch, heads, seq_q] layout.
+    std::vector<double> lse_p;
+    for (int bb = 0; bb < p.batch; ++bb)
+      for (int h = 0; h < c.heads; ++h)
+        for (int i = 0; i < p.seq_q; ++i) {
+          const size_t at = varlen ? size_t(h) * rows_q + q0 + i : (size_t(bb) * c.heads + h) * rows_q + i;
+          lse_p.push_back(lse_host[at]);
+          if (c.dlse) p.dlse.push_back(dlse_f[at]);
+        }
     const Expected part = reference_gradients(p, c, scale);
     // judge.h's rule on this problem's part of each gradient.
     {
-      std::vector<double> lse_p;
-      for (int bb = 0; bb < p.batch; ++bb)
-        for (int h = 0; h < c.heads; ++h)
-          for (int i = 0; i < p.seq_q; ++i)
-            lse_p.push_back(lse_host[varlen ? size_t(h) * rows_q + q0 + i : (size_t(bb) * c.heads + h) * rows_q + i]);
       const testing::BackwardArithmetic arithmetic{c.dtype, gdt, c.dtype != DType::f32};
       const testing::BackwardExpected be =
           testing::expected_backward(problem_of(p, c, scale), p.q, p.k, p.v, p.dout,
-                                     rows_of(out_all, c.heads, rows_q, q0, p.seq_q), lse_p, arithmetic);
+                                     rows_of(out_all, c.heads, rows_q, q0, p.seq_q), lse_p, arithmetic, p.dlse);
       const std::string where = varlen ? " of sequence " + std::to_string(b) : "";
       const std::pair<const char*, std::pair<const std::vector<double>*, const testing::Expected*>> parts[] = {
           {"dq", {&got_dq, &be.dq}}, {"dk", {&got_dk, &be.dk}}, {"dv", {&got_dv, &be.dv}}};
@@ -378,10 +391,11 @@ inline std::vector<Case> sweep(Path path) {
     add(c);
     c = Case{};
     c.dtype = dtype;
-    c.name = "bottom_right_d7_lengths";
+    c.name = "bottom_right_d7_lengths_dlse";
     c.batch = 2, c.heads = 2, c.kv_heads = 2, c.seq_q = 37, c.seq_k = 50, c.head_dim = 7;
     c.causal = Causal::bottom_right;
     c.key_lengths = {0, 29};
+    c.dlse = true;  // rows without keys (batch 0, and the first rows of batch 1) take none of it
     add(c);
     c = Case{};
     c.dtype = dtype;
@@ -422,7 +436,8 @@ inline std::vector<Case> sweep(Path path) {
     b.bias = true;
     add(b);
     Case all = c;
-    all.name = "everything_varlen";
+    all.name = "everything_varlen_dlse";
+    all.dlse = true;
     all.varlen_q = {20, 13};
     all.varlen_k = {31, 45};
     all.causal = Causal::top_left;
@@ -474,7 +489,8 @@ inline std::vector<Case> fused_sweep() {
   c.batch = 2, c.heads = 2, c.kv_heads = 1, c.seq_q = 33, c.seq_k = 40, c.head_dim = 128;
   c.causal = Causal::bottom_right;
   c.key_lengths = {0, 29};
-  add(c, "bottom_right_lengths_d128");
+  c.dlse = true;
+  add(c, "bottom_right_lengths_d128_dlse");
   c = Case{};
   c.dtype = DType::bf16;
   c.heads = 2, c.kv_heads = 1, c.head_dim = 64;
@@ -493,7 +509,8 @@ inline std::vector<Case> fused_sweep() {
   c.alibi = true;
   c.bias = true;
   c.grad_f32 = true;
-  add(c, "window_softcap_alibi_bias_varlen");
+  c.dlse = true;
+  add(c, "window_softcap_alibi_bias_varlen_dlse");
   return cases;
 }
 

@@ -10,8 +10,9 @@ namespace selfattn::testing {
 BackwardExpected expected_backward(const reference::Problem& p, const std::vector<double>& q,
                                    const std::vector<double>& k, const std::vector<double>& v,
                                    const std::vector<double>& dout, const std::vector<double>& out,
-                                   const std::vector<double>& lse, const BackwardArithmetic& arithmetic) {
-  const reference::Gradients exact = reference::attention_backward(p, q, k, v, dout);
+                                   const std::vector<double>& lse, const BackwardArithmetic& arithmetic,
+                                   const std::vector<double>& dlse) {
+  const reference::Gradients exact = reference::attention_backward(p, q, k, v, dout, dlse);
   const size_t d = size_t(p.head_dim);
   const float scale = p.scale != 0 ? float(p.scale) : 1.0f / std::sqrt(float(std::max(p.head_dim, 1)));
   const int group = p.heads / p.kv_heads;
@@ -43,6 +44,10 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
         for (size_t c = 0; c < d; ++c) {
           D += float(do_row[c]) * float(out[row * d + c]);
           D_magnitude += std::abs(do_row[c] * out[row * d + c]);
+        }
+        if (!dlse.empty()) {  // what backward_dot does: D_i - dlse_i, one more fp32 rounding
+          D -= float(dlse[row]);
+          D_magnitude += std::abs(dlse[row]);
         }
         double max_a = 0;
         int n = 0;

@@ -5,7 +5,7 @@
 //
 // The allowed computation, row by row in fp32, from the kernels' own inputs (out as the forward
 // stored it, the forward's fp32 LSE):
-//   D_i   = sum_c dO_ic O_ic                          one fp32 chain
+//   D_i   = sum_c dO_ic O_ic (- dlse_i with an LSE gradient)   one fp32 chain
 //   x_ij  = mods(fl(fl(q_i.k_j) * scale))             as attention_expected.h
 //   P_ij  = fl(exp(x_ij - lse_i)),  dP_ij = fl(dO_i.v_j),  dS_ij = fl(P_ij (dP_ij - D_i)) (softcap factor)
 //   P and scale * dS rounded to the input dtype where the path rounds them (tensor cores: f16/bf16)
@@ -34,10 +34,12 @@ struct BackwardExpected {
   Expected dq, dk, dv;  // BHSD like q / k / v, rows of head_dim
 };
 
-// q, k, v, dout, out: contiguous BHSD (out as the kernel reads it); lse [batch, heads, seq_q] fp32 values.
+// q, k, v, dout, out: contiguous BHSD (out as the kernel reads it); lse [batch, heads, seq_q] fp32 values;
+// dlse: the LSE's upstream gradient in lse's layout, or empty for none.
 BackwardExpected expected_backward(const reference::Problem& problem, const std::vector<double>& q,
                                    const std::vector<double>& k, const std::vector<double>& v,
                                    const std::vector<double>& dout, const std::vector<double>& out,
-                                   const std::vector<double>& lse, const BackwardArithmetic& arithmetic);
+                                   const std::vector<double>& lse, const BackwardArithmetic& arithmetic,
+                                   const std::vector<double>& dlse = {});
 
 }  // namespace selfattn::testing

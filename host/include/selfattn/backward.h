@@ -25,6 +25,11 @@ struct BackwardOptions {
   // a second kernel that computes dQ per query tile instead (no atomics; it recomputes S and dP
   // once more: 7 matrix products instead of 5). bench/NOTES.md has what it costs.
   bool deterministic = false;
+  // The upstream gradient of the forward's LSE, dL/d(lse): device fp32 in the lse argument's layout
+  // ([batch, heads, seq_q] contiguous; varlen: [heads, total_q]), or null for none (a loss of out
+  // alone). It adds dlse_i P_ij to dS_ij (d lse_i / d s_ij = P_ij), which is D_i - dlse_i in place
+  // of D_i in dS = P (dP - D): every path takes it at the same cost. Must not overlap a gradient.
+  const float* dlse = nullptr;
 };
 
 // Gradients of attention(ctx, q, k, v, out, options) for the upstream gradient dout.

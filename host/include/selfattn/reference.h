@@ -33,12 +33,14 @@ Result attention(const Problem& problem, const std::vector<double>& q, const std
 // The gradients of attention() (selfattn/backward.h) in double precision: dq like q, dk and dv like
 // k, for the upstream gradient dout [batch, heads, seq_q, head_dim]. Computed from q, k, v and dout
 // alone (the forward is redone exactly). Rows that see no key get dq = 0; keys no row sees get
-// dk = dv = 0. Implemented in reference_backward.cpp.
+// dk = dv = 0. dlse, when not empty, is the upstream gradient of the LSE ([batch, heads, seq_q]):
+// the loss is then sum(dout * out) + sum(dlse * lse). Implemented in reference_backward.cpp.
 struct Gradients {
   std::vector<double> dq, dk, dv;
 };
 Gradients attention_backward(const Problem& problem, const std::vector<double>& q, const std::vector<double>& k,
-                             const std::vector<double>& v, const std::vector<double>& dout);
+                             const std::vector<double>& v, const std::vector<double>& dout,
+                             const std::vector<double>& dlse = {});
 
 // Number of keys (a prefix [0, n)) that query `row` sees under the causal mask alone.
 int visible_keys(int row, int seq_q, int len_k, Causal causal);

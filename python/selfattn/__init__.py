@@ -179,7 +179,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     _check_keywords(causal, layout, path)
     arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 4, grad_dtype, context)
     q = arrays["q"]
-    as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
+    as_bhsd = _arrays.layout_view(layout)
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
     views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
@@ -218,7 +218,7 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 4, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    as_bhsd = _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
+    as_bhsd = _arrays.layout_view(layout)
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
@@ -242,7 +242,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     - cu_seqlens_q, cu_seqlens_k: int32 [batch + 1], starting at 0: sequence b owns query rows
       [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
     - max_seqlen_q, max_seqlen_k: bounds on the per-sequence lengths; computed from cu_seqlens
-      when not given (for CUDA tensors that waits for the GPU: pass them to avoid it).
+      when not given (for CUDA tensors that waits for the GPU, and torch.compile cannot trace it:
+      pass them to avoid both).
     - returns out: [total_q, heads, head_dim], and with return_lse=True lse: float32 [heads, total_q].
 
     causal, scale, path, out, window, softcap and context mean what they mean for attention(); the

@@ -86,7 +86,8 @@ class Arguments:
     def expect_ndim(self, name, ndim):
         a = self._arrays.get(name)
         if a is not None and len(a.shape) != ndim:
-            raise InvalidArgument(f"{name} expected {ndim} dimensions, got {len(a.shape)} (shape {tuple(a.shape)})")
+            raise InvalidArgument(f"{name} expected {ndim} dimension{'s' if ndim != 1 else ''}, got {len(a.shape)} "
+                                  f"(shape {tuple(a.shape)})")
 
     @staticmethod
     def dl(a):
@@ -100,6 +101,11 @@ def swap_axes_1_2(a):
     axes = list(range(len(a.shape)))
     axes[1], axes[2] = 2, 1
     return a.transpose(axes)
+
+
+def layout_view(layout):
+    """The function that views an array of `layout` ("bhsd" or "bshd") in the library's BHSD order."""
+    return swap_axes_1_2 if layout == "bshd" else (lambda a: a)
 
 
 def empty_like(like, shape, dtype=None):

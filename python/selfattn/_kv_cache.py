@@ -16,8 +16,8 @@ rotary_dim / 2]: the first rotary_dim elements of each row are rotated, in pairs
 rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
 
 These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
-On torch tensors append_kv and attention_with_kv_cache go through custom ops (see _torch.py), so
-torch.compile traces a decode step whole.
+On torch tensors append_kv, attention_with_kv_cache and merge_states go through custom ops (see
+_torch.py), so torch.compile traces a decode step whole.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     updated = None
     if return_lengths:
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
-    as_bhsd = _layout_view(layout)
+    as_bhsd = _arrays.layout_view(layout)
     _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                         arrays.dl(as_bhsd(arrays["k_new"])), arrays.dl(as_bhsd(arrays["v_new"])), cos, sin,
                         bool(rotary_interleaved), updated, bool(validate_metadata), arrays.bf16_as_uint16)
@@ -139,7 +139,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
     q = arrays["q"]
     ctx, out = _context_and_out(arrays, "q", out, context)
-    as_bhsd = _layout_view(layout)
+    as_bhsd = _arrays.layout_view(layout)
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     metadata = _cache_metadata(lengths, block_table, q)
@@ -166,12 +166,20 @@ def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = N
     """
     _check_keywords(None, layout, "auto")
     _refuse_gradients("merge_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    op = _torch_kv_op("merge_states", (out_a, lse_a, out_b, lse_b), context) if out is None else None
+    if op is not None:
+        return op(out_a, lse_a, out_b, lse_b, layout)
+    return _merge_states(out_a, lse_a, out_b, lse_b, out=out, layout=layout, context=context)
+
+
+def _merge_states(out_a, lse_a, out_b, lse_b, *, out, layout, context):
+    """merge_states() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays = _arrays.Arguments(dict(out_a=out_a, out_b=out_b, lse_a=lse_a, lse_b=lse_b), ndim=None)
     arrays.expect_ndim("out_a", 4)
     arrays.expect_ndim("out_b", 4)
     first = arrays["out_a"]
     ctx, out = _context_and_out(arrays, "out_a", out, context)
-    as_bhsd = _layout_view(layout)
+    as_bhsd = _arrays.layout_view(layout)
     lse = _arrays.empty_like(first, tuple(as_bhsd(first).shape[:3]), "float32")
     _selfattn.merge_states(ctx, arrays.dl(as_bhsd(first)), arrays["lse_a"], arrays.dl(as_bhsd(arrays["out_b"])),
                            arrays["lse_b"], arrays.dl(as_bhsd(arrays["out"])), lse, arrays.bf16_as_uint16)
@@ -217,10 +225,6 @@ def _torch_kv_op(function, tensors, context):
     from . import _torch
     ops = _torch.ops()
     return None if ops is None else ops[function]
-
-
-def _layout_view(layout):
-    return _arrays.swap_axes_1_2 if layout == "bshd" else (lambda a: a)
 
 
 def _cache_metadata(lengths, block_table, like):

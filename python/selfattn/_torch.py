@@ -1,5 +1,5 @@
-"""PyTorch integration: attention(), attention_varlen(), append_kv() and attention_with_kv_cache()
-on torch tensors go through torch.library custom ops (``selfattn::attention`` and so on), each with
+"""PyTorch integration: attention(), attention_varlen(), append_kv(), attention_with_kv_cache() and
+merge_states() on torch tensors go through torch.library custom ops (``selfattn::attention`` and so on), each with
 a fake (meta) implementation, so torch.compile traces them without running them. Imported only
 when torch tensors reach those functions.
 
@@ -21,7 +21,7 @@ _failed = False
 
 def ops():
     """The registered custom ops by the public function they serve (attention, attention_varlen,
-    append_kv, attention_with_kv_cache), or None where this PyTorch lacks torch.library.custom_op
+    append_kv, attention_with_kv_cache, merge_states), or None where this PyTorch lacks torch.library.custom_op
     (< 2.4)."""
     global _ops, _failed
     if _ops is None and not _failed:
@@ -61,9 +61,10 @@ def _register():
 
     @torch.library.custom_op("selfattn::attention_backward", mutates_args=())
     def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
-                           dlse: Optional[Tensor], causal: Optional[str], scale: Optional[float], path: str, key_lengths: Optional[Tensor],
-                           layout: str, window_left: int, window_right: int, softcap: Optional[float],
-                           alibi_slopes: Optional[Tensor], bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                           dlse: Optional[Tensor], causal: Optional[str], scale: Optional[float], path: str,
+                           key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
+                           softcap: Optional[float], alibi_slopes: Optional[Tensor],
+                           bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         from . import attention_backward as library_backward
         return library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
                                 key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
@@ -120,9 +121,10 @@ def _register():
 
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
-                                  dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                                  causal: Optional[str], scale: Optional[float], path: str, window_left: int,
-                                  window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
+                                  dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                  max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str],
+                                  scale: Optional[float], path: str, window_left: int, window_right: int,
+                                  softcap: Optional[float], alibi_slopes: Optional[Tensor],
                                   bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         from . import attention_varlen_backward as library_varlen_backward
         return library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
@@ -174,5 +176,14 @@ def _register():
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
 
+    @torch.library.custom_op("selfattn::merge_states", mutates_args=())
+    def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, layout: str) -> Tuple[Tensor, Tensor]:
+        from ._kv_cache import _merge_states
+        return _merge_states(out_a, lse_a, out_b, lse_b, out=None, layout=layout, context=None)
+
+    @merge_states.register_fake
+    def _(out_a, lse_a, out_b, lse_b, layout):
+        return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
+
     return dict(attention=attention, attention_varlen=attention_varlen, append_kv=append_kv,
-                attention_with_kv_cache=attention_with_kv_cache)
+                attention_with_kv_cache=attention_with_kv_cache, merge_states=merge_states)

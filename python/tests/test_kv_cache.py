@@ -214,7 +214,8 @@ def test_errors_name_the_argument(rng):
     with pytest.raises(selfattn.InvalidArgument, match="block_table"):
         selfattn.append_kv(cache.k, cache.v, lengths, q, q, block_table=bad, validate_metadata=True)
     np.testing.assert_array_equal(cache.k, pool)  # nothing written on a throw
-    with pytest.raises(selfattn.InvalidArgument, match=r"lse_b expected shape \[2, 1, 1\] \(batch, heads, seq of out_a\), got \[10\]"):
+    with pytest.raises(selfattn.InvalidArgument,
+                       match=r"lse_b expected shape \[2, 1, 1\] \(batch, heads, seq of out_a\), got \[10\]"):
         selfattn.merge_states(q, np.zeros((2, 1, 1), np.float32), q, np.zeros(10, np.float32))
 
 

@@ -290,7 +290,8 @@ def test_fake_implementations_match_the_real_ones():
     bias = torch.randn(1, 2, 5, 5, generator=g)
     utils = ("test_schema", "test_faketensor")
     torch.library.opcheck(torch.ops.selfattn.attention.default,
-                          (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias), test_utils=utils)
+                          (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias),
+                          test_utils=utils)
     out, lse = selfattn.attention(q, k, v, return_lse=True)
     torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
                           (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto", None,
@@ -337,3 +338,20 @@ def test_compile_as_the_first_call_in_a_fresh_process():
             "assert torch.allclose(f(q), selfattn.attention(q, q, q.clone()) * 2)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_merge_states_is_an_op():
+    # A decode step that merges a shared prefix's result with each sequence's own compiles whole.
+    g = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(1, 2, 3, 8, generator=g) for _ in range(3))
+    k2, v2 = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(2))
+
+    def step(q):
+        out_a, lse_a = selfattn.attention(q, k, v, return_lse=True)
+        out_b, lse_b = selfattn.attention(q, k2, v2, return_lse=True)
+        return selfattn.merge_states(out_a, lse_a, out_b, lse_b)
+
+    out, lse = torch.compile(step, backend="eager", fullgraph=True)(q)
+    want, want_lse = reference(q.numpy(), torch.cat((k, k2), 2).numpy(), torch.cat((v, v2), 2).numpy())
+    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)

@@ -46,6 +46,7 @@ for _cls in (Error, InvalidArgument, NotAvailable, WorkspaceTooSmall, BackendErr
     _cls.__module__ = __name__
 del _cls
 
+
 def version() -> str:
     """The library's version, "MAJOR.MINOR.PATCH"."""
     return __version__
@@ -131,9 +132,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
 def _torch_op(function, inputs, out, context):
     """The custom op of `function` ("attention" or "attention_varlen"; see _torch.py) that a call
     on torch tensors goes through, or None for a call that runs the library directly: one on other
-    arrays, or with out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes, bias. A direct
-    call records no autograd graph, so there torch inputs that require grad are refused rather than
-    left without a gradient; alibi_slopes and bias get none through the op either."""
+    arrays, or with out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes,
+    bias. A direct call records no autograd graph, so there torch inputs that require grad are
+    refused rather than left without a gradient; alibi_slopes and bias get none through the op
+    either."""
     named = dict(zip(("q", "k", "v", "alibi_slopes", "bias"), inputs))
     if not all(_arrays.is_torch(named[name]) for name in ("q", "k", "v")):
         return None
@@ -202,6 +204,7 @@ def _backward_arrays(q, k, v, out, dout, lse, dlse, ndim, grad_dtype, context):
     for name, grad in zip(("dq", "dk", "dv"), grads):
         arrays.add_output(name, grad)
     return arrays, ctx, grads
+
 
 def _qkv_out(q, k, v, out, ndim, context):
     """The checked arrays, the context they run on, and out (allocated like q when not given)."""

@@ -75,6 +75,7 @@ def _window_sides(window):
                               f"unbounded on that side), got {window!r}")
     return int(window[0]), int(window[1])
 
+
 def _float_or_none(name, value):
     if value is None:
         return None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import selfattn
-from conftest import TOLERANCE, numpy_dtype, poisoned, random, reference, relative_error
+from conftest import TOLERANCE, poisoned, random, reference, relative_error
 
 
 def paths():

@@ -16,10 +16,10 @@ library's message. PyTorch is optional and imported only when a torch tensor is 
 
 Gradients: :func:`attention_backward` (and :func:`attention_varlen_backward` for packed
 sequences) computes dq, dk, dv from the forward's out and lse (any arrays). On torch tensors
-:func:`attention` and :func:`attention_varlen` are differentiable, with every mask and score
-modifier (``loss.backward()`` reaches the library's backward through the custom ops' autograd
-formulas, see _torch.py); calls that would leave a tensor that requires grad without its
-gradient raise NotAvailable instead.
+:func:`attention`, :func:`attention_varlen` and :func:`self_attention` are differentiable, with
+every mask and score modifier (``loss.backward()`` reaches the library's backward through the
+custom ops' autograd formulas, see _torch.py); calls that would leave a tensor that requires grad
+without its gradient raise NotAvailable instead.
 
 Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cache the caller owns
 (contiguous or paged), :func:`merge_states` combines partial results (see _kv_cache.py).
@@ -348,14 +348,26 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     The projections accumulate in float32 into the context's workspace. causal, scale, path,
     key_lengths, window, softcap, alibi_slopes, bias and context mean what they mean for
     attention() (alibi_slopes [heads] or [batch, heads]; bias [batch or 1, heads or 1, seq, seq]).
+
+    Torch tensors that require grad (x or a weight) are projected with torch's matmul instead, in
+    their dtype, and attended through attention()'s custom op, so loss.backward() reaches them all;
+    that needs out= and context= left unset.
     """
     _check_keywords(causal, "bhsd", path)
-    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo, alibi_slopes=alibi_slopes, bias=bias))
-    if wanting:
-        raise NotAvailable(f"self_attention: {wanting[0]} requires grad, but self_attention has no backward; "
-                           f"project with torch (q = x @ wq, ...) and call selfattn.attention, which has one")
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise InvalidArgument(f"heads expected an int, got {heads!r}")
+    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo, alibi_slopes=alibi_slopes, bias=bias))
+    if wanting:
+        for name in ("alibi_slopes", "bias"):
+            if name in wanting:
+                raise NotAvailable(f"self_attention: {name} requires grad, but selfattn computes no gradient for "
+                                   f"it; pass it detached")
+        if out is not None or context is not None:
+            raise NotAvailable(f"self_attention: {wanting[0]} requires grad, but out= and context= record no "
+                               f"autograd graph; call it without them, or detach the inputs")
+        return _self_attention_with_autograd(x, wq, wk, wv, heads, wo, causal=causal, scale=scale, path=path,
+                                             key_lengths=key_lengths, window=window, softcap=softcap,
+                                             alibi_slopes=alibi_slopes, bias=bias)
     arrays = _arrays.Arguments(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo), ndim=None)
     x, wq = arrays["x"], arrays["wq"]
     for name, ndim in (("x", 3), ("wq", 2), ("wk", 2), ("wv", 2), ("wo", 2)):
@@ -379,6 +391,35 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
                              _float_or_none("scale", scale), path, lengths, *mods, arrays.bf16_as_uint16)
     return out
 
+
+def _self_attention_with_autograd(x, wq, wk, wv, heads, wo, **options):
+    """self_attention() on torch tensors that require grad: the projections with torch's matmul
+    (so autograd sees them), the attention step through attention()'s custom op."""
+    for name, a, ndim in (("x", x, 3), ("wq", wq, 2), ("wk", wk, 2), ("wv", wv, 2), ("wo", wo, 2)):
+        if a is not None and (not _arrays.is_torch(a) or a.dim() != ndim):
+            raise InvalidArgument(f"self_attention: {name} expected a {ndim}-D torch tensor like x (x or a weight "
+                                  f"requires grad), got {type(a).__name__} of shape {tuple(getattr(a, 'shape', ()))}")
+    batch, seq, d_model = x.shape
+    if heads < 1 or wq.shape[1] % heads != 0 or wq.shape[1] == 0:
+        raise InvalidArgument(f"self_attention: wq.cols expected a positive multiple of heads ({heads}), got "
+                              f"{wq.shape[1]}")
+    dim = wq.shape[1] // heads
+    for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
+        if w.shape[0] != d_model:
+            raise InvalidArgument(f"self_attention: {name}.rows expected x's d_model ({d_model}), got {w.shape[0]}")
+    if wk.shape[1] % dim != 0 or wv.shape != wk.shape or heads % (wk.shape[1] // dim or 1) != 0 or wk.shape[1] == 0:
+        raise InvalidArgument(f"self_attention: wk and wv expected [d_model, kv_heads * {dim}] with kv_heads dividing "
+                              f"heads ({heads}), got {tuple(wk.shape)} and {tuple(wv.shape)}")
+    kv_heads = wk.shape[1] // dim
+    if wo is not None and wo.shape[0] != heads * dim:
+        raise InvalidArgument(f"self_attention: wo.rows expected heads * head_dim ({heads * dim}), got {wo.shape[0]}")
+    q = (x @ wq).view(batch, seq, heads, dim)
+    k = (x @ wk).view(batch, seq, kv_heads, dim)
+    v = (x @ wv).view(batch, seq, kv_heads, dim)
+    attended = attention(q, k, v, layout="bshd", **options)  # [batch, seq, heads, dim]
+    if wo is None:
+        return attended.transpose(1, 2).contiguous()  # [batch, heads, seq, dim], as the library writes it
+    return attended.reshape(batch, seq, heads * dim) @ wo
 
 # torch.compile cannot trace the custom ops' registration: register them now where torch is already
 # imported (otherwise the first eager call on torch tensors does).

@@ -205,7 +205,7 @@ def test_fake_implementation_of_varlen_and_compile():
 
 
 def test_calls_without_a_gradient_refuse_inputs_that_require_one():
-    # out=, context= and self_attention record no autograd graph, and alibi_slopes and bias get no
+    # out= and context= record no autograd graph, and alibi_slopes and bias get no
     # gradient: a tensor that requires grad there is refused rather than silently left without one.
     q, k, v = tensors((1, 2, 3, 4), seed=12)
     wants = q.clone().requires_grad_()
@@ -220,8 +220,8 @@ def test_calls_without_a_gradient_refuse_inputs_that_require_one():
     with pytest.raises(selfattn.NotAvailable, match="bias requires grad"):
         selfattn.attention(q, k, v, bias=torch.zeros(1, 1, 3, 3, requires_grad=True))
     x, w = torch.randn(1, 3, 4), torch.randn(4, 4, requires_grad=True)
-    with pytest.raises(selfattn.NotAvailable, match="self_attention: wk requires grad"):
-        selfattn.self_attention(x, w.detach(), w, w.detach(), 2)
+    with pytest.raises(selfattn.NotAvailable, match="self_attention: wk requires grad, but out= and context="):
+        selfattn.self_attention(x, w.detach(), w, w.detach(), 2, out=torch.empty(1, 2, 3, 2))
     with torch.no_grad():  # nothing to differentiate: these run
         assert selfattn.attention(wants, k, v, out=torch.empty_like(q)).shape == q.shape
         assert selfattn.self_attention(x, w, w, w, 2).shape == (1, 2, 3, 2)
@@ -355,3 +355,34 @@ def test_merge_states_is_an_op():
     want, want_lse = reference(q.numpy(), torch.cat((k, k2), 2).numpy(), torch.cat((v, v2), 2).numpy())
     assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_wo", [False, True])
+def test_self_attention_trains(with_wo):
+    # With weights that require grad, self_attention projects with torch and attends through the
+    # op: its output and every gradient match the same model built on torch's own SDPA (GQA: each
+    # kv head repeated for its query heads), and its output the library's own self_attention.
+    g = torch.Generator().manual_seed(18)
+    batch, seq, d_model, heads, kv_heads, dim = 2, 7, 12, 4, 2, 8
+    x = torch.randn(batch, seq, d_model, generator=g)
+    weights = [torch.randn(d_model, n * dim, generator=g) / 4 for n in (heads, kv_heads, kv_heads)]
+    wo = torch.randn(heads * dim, 5, generator=g) if with_wo else None
+    leaves = [t.clone().requires_grad_() for t in [x, *weights] + ([wo] if with_wo else [])]
+    out = selfattn.self_attention(*leaves[:4], heads, wo=leaves[4] if with_wo else None, causal="top_left")
+    assert torch.allclose(out, selfattn.self_attention(x, *weights, heads, wo=wo, causal="top_left"), atol=1e-5)
+    upstream = torch.randn(out.shape, generator=g)
+    (out * upstream).sum().backward()
+
+    twins = [t.clone().requires_grad_() for t in [x, *weights] + ([wo] if with_wo else [])]
+    tx, twq, twk, twv = twins[:4]
+
+    def split(y, n):  # [batch, seq, n * dim] -> [batch, heads, seq, dim], kv heads repeated
+        return y.view(batch, seq, n, dim).transpose(1, 2).repeat_interleave(heads // n, dim=1)
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention(split(tx @ twq, heads), split(tx @ twk, kv_heads),
+                                                            split(tx @ twv, kv_heads), is_causal=True)
+    want = sdpa if not with_wo else sdpa.transpose(1, 2).reshape(batch, seq, heads * dim) @ twins[4]
+    (want * upstream).sum().backward()
+    assert torch.allclose(out, want, atol=1e-5)
+    for got, expected in zip(leaves, twins):
+        assert torch.allclose(got.grad, expected.grad, rtol=1e-4, atol=1e-5)

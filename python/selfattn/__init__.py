@@ -396,9 +396,14 @@ def _self_attention_with_autograd(x, wq, wk, wv, heads, wo, **options):
     """self_attention() on torch tensors that require grad: the projections with torch's matmul
     (so autograd sees them), the attention step through attention()'s custom op."""
     for name, a, ndim in (("x", x, 3), ("wq", wq, 2), ("wk", wk, 2), ("wv", wv, 2), ("wo", wo, 2)):
-        if a is not None and (not _arrays.is_torch(a) or a.dim() != ndim):
-            raise InvalidArgument(f"self_attention: {name} expected a {ndim}-D torch tensor like x (x or a weight "
-                                  f"requires grad), got {type(a).__name__} of shape {tuple(getattr(a, 'shape', ()))}")
+        if a is None:
+            continue
+        if not _arrays.is_torch(a) or a.dim() != ndim:
+            raise InvalidArgument(f"self_attention: {name} expected a {ndim}-D torch tensor (x or a weight requires "
+                                  f"grad), got {type(a).__name__} of shape {tuple(getattr(a, 'shape', ()))}")
+        if a.dtype != x.dtype or a.device != x.device:
+            raise InvalidArgument(f"self_attention: {name} expected x's dtype and device ({x.dtype} on {x.device}), "
+                                  f"got {a.dtype} on {a.device}")
     batch, seq, d_model = x.shape
     if heads < 1 or wq.shape[1] % heads != 0 or wq.shape[1] == 0:
         raise InvalidArgument(f"self_attention: wq.cols expected a positive multiple of heads ({heads}), got "

@@ -386,3 +386,14 @@ def test_self_attention_trains(with_wo):
     assert torch.allclose(out, want, atol=1e-5)
     for got, expected in zip(leaves, twins):
         assert torch.allclose(got.grad, expected.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_empty_torch_arrays_run():
+    # torch gives empty tensors strides a contiguity check must not judge (seq_q = 0: lse [2, 4, 0]).
+    q = torch.randn(2, 4, 0, 8)
+    out, lse = selfattn.attention(q, q, q.clone(), return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 0)
+    x, w = torch.randn(2, 0, 8, requires_grad=True), torch.randn(8, 32)
+    assert selfattn.self_attention(x, w, w, w.clone(), 4).shape == (2, 4, 0, 8)
+    with pytest.raises(selfattn.InvalidArgument, match="wq expected x's dtype and device"):
+        selfattn.self_attention(torch.randn(1, 2, 8, requires_grad=True), w.half(), w, w, 4)

@@ -5,11 +5,11 @@
 #include "backward/backward_params.h"
 #include "backward/flash_bwd_params.h"
 #include "decode/kv_cache_params.h"
-#include "flash_fwd_params.h"
+#include "forward/flash_fwd_params.h"
 #include "hopper/flash_fwd_hopper_params.h"
 #include "launch.h"
-#include "naive_params.h"
 #include "params.h"
+#include "unfused/naive_params.h"
 
 namespace selfattn::kernels {
 namespace sim_target {

@@ -27,73 +27,73 @@ mutant() {
 }
 
 # Fused tensor-core kernel (f16/bf16).
-mutant tc_lse_ln2_fifth_digit kernels/flash_fwd.cuh 1 \
+mutant tc_lse_ln2_fifth_digit kernels/forward/flash_fwd.cuh 1 \
   '* 0.69314718055994531f : -INFINITY;' '* 0.6931f : -INFINITY;' \
   'LSE converted with ln 2 = 0.6931 (7e-5 relative)'
-mutant tc_rescale_skipped_near_1 kernels/flash_fwd.cuh 1 \
+mutant tc_rescale_skipped_near_1 kernels/forward/flash_fwd.cuh 1 \
   'if (rescale != 1.0f) {' 'if (rescale < 0.999f) {' \
   'O not rescaled when the running max grows by under 0.1%'
-mutant tc_mask_one_key_late kernels/flash_fwd.cuh 1 \
+mutant tc_mask_one_key_late kernels/forward/flash_fwd.cuh 1 \
   's = needs_mask && key >= visible[mt][half] ?' 's = needs_mask && key > visible[mt][half] ?' \
   'masked tiles let each row see one key too many'
-mutant tc_scale_twice_in_tile_1 kernels/flash_fwd.cuh 1 \
+mutant tc_scale_twice_in_tile_1 kernels/forward/flash_fwd.cuh 1 \
   ': s * p.scale_log2;' ': s * p.scale_log2 * (tile == 1 ? p.scale_log2 : 1.0f);' \
   'the scale applied twice in the second key tile'
-mutant tc_block_rows_clamp kernels/flash_fwd.cuh 1 \
+mutant tc_block_rows_clamp kernels/forward/flash_fwd.cuh 1 \
   '? seq.q_len - block_row0 : Traits::kBlockRows;' '? seq.q_len - block_row0 - 1 : Traits::kBlockRows;' \
   'the last partial query block loses its last row (clamp off by one)'
-mutant tc_unmasked_keys_off_by_one kernels/flash_fwd.cuh 1 \
+mutant tc_unmasked_keys_off_by_one kernels/forward/flash_fwd.cuh 1 \
   'const int unmasked_keys = visible_keys(block_row0,' 'const int unmasked_keys = visible_keys(block_row0 + 1,' \
   'a tile the first row sees only in part taken as unmasked'
 
 # Fused SIMT kernel (fp32, odd head dims, unaligned rows).
-mutant simt_lse_ln2_fifth_digit kernels/flash_fwd_simt.cuh 1 \
+mutant simt_lse_ln2_fifth_digit kernels/forward/flash_fwd_simt.cuh 1 \
   '* 0.69314718055994531f : -INFINITY;' '* 0.69315f : -INFINITY;' \
   'LSE converted with ln 2 = 0.69315 (4e-6 relative)'
-mutant simt_rescale_skipped_near_1 kernels/flash_fwd_simt.cuh 1 \
+mutant simt_rescale_skipped_near_1 kernels/forward/flash_fwd_simt.cuh 1 \
   'for (int c = 0; c < C; ++c) acc[r][c] *= rescale;' \
   'for (int c = 0; c < C; ++c) acc[r][c] *= rescale < 0.999f ? rescale : 1.0f;' \
   'O not rescaled when the running max grows by under 0.1%'
-mutant simt_mask_one_key_late kernels/flash_fwd_simt.cuh 1 \
+mutant simt_mask_one_key_late kernels/forward/flash_fwd_simt.cuh 1 \
   'key0 + lane < visible[r] ?' 'key0 + lane <= visible[r] ?' \
   'each row sees one key too many'
-mutant simt_scale_fifth_digit kernels/flash_fwd_simt.cuh 1 \
+mutant simt_scale_fifth_digit kernels/forward/flash_fwd_simt.cuh 1 \
   'score[r] * p.scale_log2 :' 'score[r] * p.scale_log2 * 1.00001f :' \
   'scores scaled 1e-5 too much'
 
 # Softmax rows (naive and cublas paths).
-mutant softmax_inverse_fifth_digit kernels/softmax_rows.cuh 2 \
+mutant softmax_inverse_fifth_digit kernels/unfused/softmax_rows.cuh 2 \
   'visible > 0 ? 1.0f / row_sum : 0.0f;' 'visible > 0 ? 1.00001f / row_sum : 0.0f;' \
   'P normalised by 1.00001 / sum'
-mutant softmax_lse_fifth_digit kernels/softmax_rows.cuh 1 \
+mutant softmax_lse_fifth_digit kernels/unfused/softmax_rows.cuh 1 \
   'row_max + logf(row_sum)' 'row_max + logf(row_sum * 1.00001f)' \
   'LSE off by 1e-5'
-mutant softmax_mask_one_key_early kernels/softmax_rows.cuh 1 \
+mutant softmax_mask_one_key_early kernels/unfused/softmax_rows.cuh 1 \
   'x[c] = key < visible ? s[key] * p.scale : -INFINITY;' 'x[c] = key + 1 < visible ? s[key] * p.scale : -INFINITY;' \
   'short rows (cached) drop their last visible key'
-mutant softmax_streaming_rescale_skipped kernels/softmax_rows.cuh 1 \
+mutant softmax_streaming_rescale_skipped kernels/unfused/softmax_rows.cuh 1 \
   'thread_sum = thread_sum * exp_below(thread_max, new_max) + expf(x - new_max);' \
   'thread_sum = (new_max - thread_max < 0.001f ? thread_sum : thread_sum * exp_below(thread_max, new_max)) + expf(x - new_max);' \
   'long rows: a thread'"'"'s sum not rescaled when its max grows by under 0.001'
 
 # Tiled Q K^T and P V (naive path).
-mutant qk_skips_tile_with_one_key kernels/qk_tiled.cuh 2 \
+mutant qk_skips_tile_with_one_key kernels/unfused/qk_tiled.cuh 2 \
   'if (key0 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;' \
   'if (key0 + 1 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;' \
   'a key tile whose only visible key is its first is skipped (scores left stale)'
-mutant pv_key_end_clamp kernels/pv_tiled.cuh 2 \
+mutant pv_key_end_clamp kernels/unfused/pv_tiled.cuh 2 \
   'const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);' \
   'const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM) - 1;' \
   'P V stops one key short for every row tile'
-mutant tile_last_row_clamp kernels/attention_heads.cuh 1 \
+mutant tile_last_row_clamp kernels/common/attention_heads.cuh 1 \
   '(row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;' \
   '(row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 2;' \
   'a row tile'"'"'s keys taken from its second-to-last row (clamp off by one)'
-mutant pv_simt_out_fifth_digit kernels/pv_tiled.cuh 1 \
+mutant pv_simt_out_fifth_digit kernels/unfused/pv_tiled.cuh 1 \
   'out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[i][j]);' \
   'out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[i][j] * 1.00001f);' \
   'SIMT P V output 1e-5 too large'
-mutant mma_stage_drops_last_column kernels/mma_tile.cuh 1 \
+mutant mma_stage_drops_last_column kernels/common/mma_tile.cuh 1 \
   '(row < count && col < c_end)' '(row < count && col + 1 < c_end)' \
   'tensor-core tiles zero the last column of each operand'
 

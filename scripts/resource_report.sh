@@ -29,8 +29,8 @@ done
 # Launch geometry and dynamic shared memory straight from the traits (host compiler, no GPU).
 cat > "$work/geometry.cpp" <<'CPP'
 #include <cstdio>
-#include "flash_fwd.cuh"
-#include "flash_fwd_simt.cuh"
+#include "forward/flash_fwd.cuh"
+#include "forward/flash_fwd_simt.cuh"
 #include "hopper/flash_fwd_hopper.cuh"
 using namespace selfattn::kernels;
 template <int D> void hopper() {

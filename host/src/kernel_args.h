@@ -1,6 +1,6 @@
 #pragma once
 // The host's enums as the kernels spell them (kernels/ knows nothing of the public API).
-#include "../../kernels/flash_fwd_params.h"
+#include "../../kernels/forward/flash_fwd_params.h"
 #include "../../kernels/params.h"
 #include "paths.h"
 #include "selfattn/types.h"
@@ -25,7 +25,7 @@ inline kernels::CausalMask causal_mask_of(Causal causal) {
   return kernels::CausalMask::none;
 }
 
-// The call's window, softcap, ALiBi and bias as every kernel takes them (kernels/score_mods.cuh).
+// The call's window, softcap, ALiBi and bias as every kernel takes them (kernels/common/score_mods.cuh).
 inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
   kernels::ScoreMods mods{};
   mods.window_left = call.window_left;

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "../../kernels/causal_mask.cuh"
+#include "../../kernels/common/causal_mask.cuh"
 #include "../../kernels/registry.h"
 #include "kernel_args.h"
 #include "paths.h"

@@ -11,7 +11,7 @@
 
 #include "../common/compat.h"
 #include "../common/primitives.cuh"
-#include "../simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "backward_params.h"
 
 SELFATTN_KERNELS_BEGIN

@@ -11,11 +11,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../attention_heads.cuh"
+#include "../common/attention_heads.cuh"
 #include "../common/compat.h"
 #include "../common/primitives.cuh"
-#include "../score_mods.cuh"
-#include "../simt_tile.cuh"
+#include "../common/score_mods.cuh"
+#include "../common/simt_tile.cuh"
 #include "naive_backward_params.h"
 
 SELFATTN_KERNELS_BEGIN

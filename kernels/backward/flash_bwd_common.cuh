@@ -9,9 +9,9 @@
 
 #include "../common/compat.h"
 #include "../common/primitives.cuh"
-#include "../flash_fwd_sequence.cuh"
-#include "../score_mods.cuh"
-#include "../simt_tile.cuh"
+#include "../forward/flash_fwd_sequence.cuh"
+#include "../common/score_mods.cuh"
+#include "../common/simt_tile.cuh"
 #include "flash_bwd_params.h"
 
 SELFATTN_KERNELS_BEGIN

@@ -19,8 +19,8 @@
 
 #include "../common/compat.h"
 #include "../common/primitives.cuh"
-#include "../flash_fwd.cuh"
-#include "../flash_fwd_sequence.cuh"
+#include "../forward/flash_fwd.cuh"
+#include "../forward/flash_fwd_sequence.cuh"
 #include "flash_bwd_common.cuh"
 #include "flash_bwd_params.h"
 

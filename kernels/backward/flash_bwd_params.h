@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../flash_fwd_params.h"
+#include "../forward/flash_fwd_params.h"
 #include "../launch.h"
 #include "../params.h"
 

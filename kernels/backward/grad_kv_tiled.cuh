@@ -13,11 +13,11 @@
 // rows' scores are 0 there.
 #include <cstdint>
 
-#include "../attention_heads.cuh"
+#include "../common/attention_heads.cuh"
 #include "../common/compat.h"
 #include "../common/primitives.cuh"
-#include "../mma_tile.cuh"
-#include "../simt_tile.cuh"
+#include "../common/mma_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "naive_backward_params.h"
 
 SELFATTN_KERNELS_BEGIN

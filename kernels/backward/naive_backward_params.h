@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "../launch.h"
-#include "../naive_params.h"
+#include "../unfused/naive_params.h"
 #include "../params.h"
 
 namespace selfattn::kernels {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "../common/compat.h"
-#include "../simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "backward_params.h"
 
 SELFATTN_KERNELS_BEGIN

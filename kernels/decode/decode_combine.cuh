@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "kv_cache_params.h"
 
 SELFATTN_KERNELS_BEGIN

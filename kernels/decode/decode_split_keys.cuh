@@ -4,7 +4,7 @@
 // (causal_mask.cuh), so only the tiles inside a sliding window are read - cut into num_splits runs
 // of whole key tiles. A split past the last tile (more splits than tiles, a length of 0, a window
 // that leaves nothing) is empty: it writes LSE -inf and O = 0, which the combine weighs as nothing.
-#include "../causal_mask.cuh"
+#include "../common/causal_mask.cuh"
 #include "../common/compat.h"
 #include "kv_cache_params.h"
 

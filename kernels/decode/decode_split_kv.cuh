@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "../common/primitives.cuh"
-#include "../score_mods.cuh"
-#include "../simt_tile.cuh"
+#include "../common/score_mods.cuh"
+#include "../common/simt_tile.cuh"
 #include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"

@@ -18,9 +18,9 @@
 
 #include "../common/primitives.cuh"
 #include "../common/primitives_fragments.cuh"
-#include "../mma_tile.cuh"
-#include "../score_mods.cuh"
-#include "../simt_tile.cuh"
+#include "../common/mma_tile.cuh"
+#include "../common/score_mods.cuh"
+#include "../common/simt_tile.cuh"
 #include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"

@@ -5,7 +5,7 @@
 // entry can make this write outside the cache.
 #include <cstdint>
 
-#include "../simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "kv_pages.cuh"
 #include "rotary.cuh"
 

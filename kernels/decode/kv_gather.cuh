@@ -6,7 +6,7 @@
 // keep that product finite.
 #include <cstdint>
 
-#include "../simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "kv_pages.cuh"
 
 SELFATTN_KERNELS_BEGIN

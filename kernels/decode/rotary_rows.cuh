@@ -5,7 +5,7 @@
 // kv_append.
 #include <cstdint>
 
-#include "../simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 #include "rotary.cuh"
 
 SELFATTN_KERNELS_BEGIN

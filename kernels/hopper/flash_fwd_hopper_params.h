@@ -9,7 +9,7 @@
 // (64, block keys) for k and v: 64 16-bit elements is the 128-byte swizzle's row, so a tile of
 // head_dim columns arrives as head_dim / 64 boxes (kernels/hopper/smem_layout.h).
 #include "../common/tma_descriptor.h"
-#include "../flash_fwd_params.h"
+#include "../forward/flash_fwd_params.h"
 #include "../launch.h"
 
 namespace selfattn::kernels {

@@ -1,6 +1,6 @@
 // dQ = dS K for the naive backward: pv_tiled.cuh's kernels with dq's element type. Same-type
 // outputs are the forward's instances (instances/pv_tiled.cu); this file adds fp32 dq for f16/bf16.
-#include "../pv_tiled.cuh"
+#include "../unfused/pv_tiled.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

@@ -1,4 +1,4 @@
-#include "../fill.cuh"
+#include "../common/fill.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

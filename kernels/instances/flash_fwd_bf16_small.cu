@@ -1,6 +1,6 @@
 // Tensor-core fused attention, bf16, the small head dims (one file per dtype and size class, so a
 // clean build compiles them in parallel).
-#include "../flash_fwd.cuh"
+#include "../forward/flash_fwd.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

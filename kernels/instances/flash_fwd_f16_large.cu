@@ -1,5 +1,5 @@
 // Tensor-core fused attention, f16, the large head dims.
-#include "../flash_fwd.cuh"
+#include "../forward/flash_fwd.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

@@ -1,6 +1,6 @@
 // The exact-fp32 fused kernel, for every element type: fp32 inputs, and f16/bf16 head dims or
 // alignments the tensor-core kernel does not take.
-#include "../flash_fwd_simt.cuh"
+#include "../forward/flash_fwd_simt.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

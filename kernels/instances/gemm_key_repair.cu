@@ -1,4 +1,4 @@
-#include "../gemm_key_repair.cuh"
+#include "../unfused/gemm_key_repair.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

@@ -1,5 +1,5 @@
 // Instances of qk_tiled.cuh: the SIMT kernel for each dtype, the tensor-core kernel for f16/bf16.
-#include "../qk_tiled.cuh"
+#include "../unfused/qk_tiled.cuh"
 #include "../registry.h"
 
 SELFATTN_KERNELS_BEGIN

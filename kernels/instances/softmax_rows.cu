@@ -1,6 +1,6 @@
 // Instances of softmax_rows.cuh: P in f32 / f16 / bf16, each with the three row groups.
 #include "../registry.h"
-#include "../softmax_rows.cuh"
+#include "../unfused/softmax_rows.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -55,7 +55,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;
         // The keys the mask rule leaves (causal and window), then the score modifiers in fp32 as the
-        // kernels apply them (kernels/score_mods.cuh): softcap, ALiBi, bias. A key the bias masks
+        // kernels apply them (kernels/common/score_mods.cuh): softcap, ALiBi, bias. A key the bias masks
         // (-inf) gets probability 0; a row with no key left is 0 and -inf exactly (scale 0).
         const reference::KeyRange keys =
             reference::visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);

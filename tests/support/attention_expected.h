@@ -5,7 +5,7 @@
 //
 // The allowed computation, row by row, in fp32 with every rounding explicit:
 //   x_j = fl(fl(sum_e q_e k_je) * scale)       scores in fp32 (the library holds scale as a float),
-//         then softcap, ALiBi and bias in fp32 (kernels/score_mods.cuh), over the keys the
+//         then softcap, ALiBi and bias in fp32 (kernels/common/score_mods.cuh), over the keys the
 //         mask rule leaves (reference::visible_key_range); a_j grows by what each adds
 //   m = max x_j,  l = sum_j fl(exp(x_j - m)),  lse = fl(m + log l)
 //   p_j = fl(exp(x_j - m) / l), then rounded to the input dtype where the path does that (a

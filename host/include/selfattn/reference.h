@@ -54,7 +54,7 @@ int aligned_row(int row, int seq_q, int len_k, Causal causal);
 double alibi_slope(const Problem& problem, int batch, int head);
 
 // Keys [begin, end) that query `row` sees under the causal mask and the sliding window: the mask in
-// one place (kernels/causal_mask.cuh is its device twin). With i' = aligned_row(row):
+// one place (kernels/common/causal_mask.cuh is its device twin). With i' = aligned_row(row):
 //   end = min(visible_keys(row), i' + window_right + 1), begin = max(0, i' - window_left)
 // (-1: that side unbounded); an empty range has begin == end, both in [0, len_k].
 struct KeyRange {

@@ -29,7 +29,7 @@ const char* to_string(Path path);
 // The sliding window and ALiBi (AttentionOptions) measure distances from row i's aligned key
 // position i': i under top_left; i + (len_k - seq_q) under bottom_right and under none (none
 // aligns at the last key, as FlashAttention's windows do). reference::visible_key_range() and
-// kernels/causal_mask.cuh state the whole rule.
+// kernels/common/causal_mask.cuh state the whole rule.
 enum class Causal : uint8_t { none, top_left, bottom_right };
 const char* to_string(Causal causal);
 

@@ -3,8 +3,8 @@
 #include <cstdint>
 
 #include "causal_mask.cuh"
-#include "common/compat.h"
-#include "naive_params.h"
+#include "compat.h"
+#include "../unfused/naive_params.h"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -11,8 +11,8 @@
 // M/N work; the padding contributes nothing to the sums.
 #include <cstdint>
 
-#include "common/compat.h"
-#include "common/primitives.cuh"
+#include "compat.h"
+#include "primitives.cuh"
 #include "simt_tile.cuh"
 
 SELFATTN_KERNELS_BEGIN

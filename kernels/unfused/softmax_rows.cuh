@@ -14,12 +14,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/compat.h"
-#include "attention_heads.cuh"
-#include "common/primitives.cuh"
+#include "../common/compat.h"
+#include "../common/attention_heads.cuh"
+#include "../common/primitives.cuh"
 #include "naive_params.h"
-#include "score_mods.cuh"
-#include "simt_tile.cuh"
+#include "../common/score_mods.cuh"
+#include "../common/simt_tile.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -8,11 +8,11 @@
 // score[mt][nt][4] is that flat array per m-tile, wgmma's accumulator is it for the warpgroup.)
 #include <cstdint>
 
-#include "common/compat.h"
-#include "common/primitives.cuh"
+#include "../common/compat.h"
+#include "../common/primitives.cuh"
 #include "flash_fwd_params.h"
 #include "flash_fwd_sequence.cuh"
-#include "score_mods.cuh"
+#include "../common/score_mods.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -9,8 +9,8 @@
 // Strides of q/k/v/out are in elements (64-bit, from TensorView); head_dim's stride is 1.
 #include <cstdint>
 
-#include "launch.h"
-#include "params.h"
+#include "../launch.h"
+#include "../params.h"
 
 namespace selfattn::kernels {
 

@@ -8,8 +8,8 @@
 // two broadcasts; stores of C are 16 consecutive elements per row.
 #include <cstdint>
 
-#include "common/compat.h"
-#include "common/primitives.cuh"
+#include "compat.h"
+#include "primitives.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

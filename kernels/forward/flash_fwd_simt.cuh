@@ -11,11 +11,11 @@
 // and alignment works.
 #include <cstdint>
 
-#include "common/compat.h"
-#include "common/primitives.cuh"
+#include "../common/compat.h"
+#include "../common/primitives.cuh"
 #include "flash_fwd_params.h"
 #include "flash_fwd_sequence.cuh"
-#include "launch.h"
+#include "../launch.h"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -9,12 +9,12 @@
 //                          picks it from head_dim 16 on, where the padding wastes at most a third).
 #include <cstdint>
 
-#include "common/compat.h"
-#include "common/primitives.cuh"
-#include "mma_tile.cuh"
-#include "attention_heads.cuh"
+#include "../common/compat.h"
+#include "../common/primitives.cuh"
+#include "../common/mma_tile.cuh"
+#include "../common/attention_heads.cuh"
 #include "naive_params.h"
-#include "simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

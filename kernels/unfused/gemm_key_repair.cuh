@@ -9,11 +9,11 @@
 // another reason is recomputed to the same). With finite keys the kernel only reads C.
 #include <cstdint>
 
-#include "causal_mask.cuh"
-#include "common/compat.h"
-#include "launch.h"
-#include "params.h"
-#include "simt_tile.cuh"
+#include "../common/causal_mask.cuh"
+#include "../common/compat.h"
+#include "../launch.h"
+#include "../params.h"
+#include "../common/simt_tile.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -20,12 +20,12 @@
 // the previous one, so the 8 row addresses of each ldmatrix phase hit 8 disjoint groups of 4 banks.
 #include <cstdint>
 
-#include "common/compat.h"
-#include "common/primitives.cuh"
+#include "../common/compat.h"
+#include "../common/primitives.cuh"
 #include "flash_fwd_params.h"
 #include "flash_fwd_sequence.cuh"
 #include "flash_fwd_softmax.cuh"
-#include "launch.h"
+#include "../launch.h"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -2,8 +2,8 @@
 // The mask in one place for every kernel: which keys each query row sees.
 #include <cstdint>
 
-#include "common/compat.h"
-#include "params.h"
+#include "compat.h"
+#include "../params.h"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "causal_mask.cuh"
-#include "common/compat.h"
-#include "params.h"
+#include "compat.h"
+#include "../params.h"
 
 SELFATTN_KERNELS_BEGIN
 

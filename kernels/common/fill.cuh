@@ -3,9 +3,9 @@
 // backend end to end (runtime -> KernelRef -> launch) and is the template for the others.
 #include <cstdint>
 
-#include "common/compat.h"
-#include "launch.h"
-#include "params.h"
+#include "compat.h"
+#include "../launch.h"
+#include "../params.h"
 
 SELFATTN_KERNELS_BEGIN
 

@@ -3,10 +3,10 @@
 // rows start, how many queries and keys it has, and which keys each query row sees.
 #include <cstdint>
 
-#include "causal_mask.cuh"
-#include "common/compat.h"
+#include "../common/causal_mask.cuh"
+#include "../common/compat.h"
 #include "flash_fwd_params.h"
-#include "score_mods.cuh"
+#include "../common/score_mods.cuh"
 
 // Loops over register fragments must be unrolled completely, or the fragment arrays they index
 // move to local memory (nvcc). The host compiler (sim) does not need it.

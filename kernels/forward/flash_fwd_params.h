@@ -10,8 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "launch.h"
-#include "params.h"
+#include "../launch.h"
+#include "../params.h"
 
 namespace selfattn::kernels {
 

@@ -11,12 +11,12 @@
 // V := K) with Out = float when dq is fp32 for f16/bf16 inputs.
 #include <cstdint>
 
-#include "attention_heads.cuh"
-#include "common/compat.h"
-#include "common/primitives.cuh"
-#include "mma_tile.cuh"
+#include "../common/attention_heads.cuh"
+#include "../common/compat.h"
+#include "../common/primitives.cuh"
+#include "../common/mma_tile.cuh"
 #include "naive_params.h"
-#include "simt_tile.cuh"
+#include "../common/simt_tile.cuh"
 
 SELFATTN_KERNELS_BEGIN
 

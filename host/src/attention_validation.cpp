@@ -68,6 +68,7 @@ void check_common(const char* function, const TensorView& q, const TensorView& k
     fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
   }
   if (check_out_overlap) {
+    expect_distinct_addresses(function, "out", out);
     const ByteRange out_range = byte_range(out);
     expect_disjoint(function, "out", out_range, "q", byte_range(q));
     expect_disjoint(function, "out", out_range, "k", byte_range(k));
@@ -87,6 +88,7 @@ float checked_scale(const char* function, const AttentionOptions& options, int64
 void check_lse(const char* function, const AttentionOptions& options, int64_t rows, const TensorView& q,
                const TensorView& k, const TensorView& v, const TensorView& out, bool check_out_overlap) {
   if (options.lse == nullptr) return;
+  expect_aligned(function, "options.lse", options.lse, alignof(float));
   const ByteRange lse = byte_range(options.lse, size_t(rows) * sizeof(float));
   expect_disjoint(function, "options.lse", lse, "q", byte_range(q));
   expect_disjoint(function, "options.lse", lse, "k", byte_range(k));
@@ -98,6 +100,7 @@ void check_lse(const char* function, const AttentionOptions& options, int64_t ro
 void check_key_lengths(const char* function, const AttentionOptions& options, int64_t batch, int64_t lse_rows,
                        const TensorView& out, bool check_out_overlap) {
   if (options.key_lengths == nullptr) return;
+  expect_aligned(function, "options.key_lengths", options.key_lengths, alignof(int32_t));
   const ByteRange lengths = byte_range(options.key_lengths, size_t(batch) * sizeof(int32_t));
   if (check_out_overlap) expect_disjoint(function, "options.key_lengths", lengths, "out", byte_range(out));
   if (options.lse) {
@@ -159,9 +162,7 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
                          " ([heads]) or batch * heads = " + std::to_string(batch * heads) + " ([batch, heads]), got " +
                          std::to_string(options.alibi_slopes_count));
     }
-    if (reinterpret_cast<uintptr_t>(options.alibi_slopes) % alignof(float) != 0) {
-      fail(function, "options.alibi_slopes expected 4-byte alignment (fp32), got a misaligned pointer");
-    }
+    expect_aligned(function, "options.alibi_slopes", options.alibi_slopes, alignof(float));
     const ByteRange slopes = byte_range(options.alibi_slopes, size_t(options.alibi_slopes_count) * sizeof(float));
     expect_disjoint(function, "options.alibi_slopes", slopes, "out", out_range);
     expect_disjoint(function, "options.alibi_slopes", slopes, "options.lse", lse_range);
@@ -242,8 +243,38 @@ void check_view(const char* function, const char* name, const TensorView& view) 
   }
   if (view.numel() == 0) return;
   if (view.data == nullptr) fail(function, std::string(name) + ".data expected non-null, got null");
+  if (reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype) != 0) {
+    fail(function, std::string(name) + ".data expected alignment to its element size " +
+                       std::to_string(dtype_size(view.dtype)) + " (" + to_string(view.dtype) + "), got a misaligned pointer");
+  }
   if (view.strides[3] != 1) {
     fail(function, std::string(name) + ".strides[3] (head_dim) expected 1, got " + std::to_string(view.strides[3]));
+  }
+}
+
+void expect_distinct_addresses(const char* function, const char* name, const TensorView& view) {
+  if (view.numel() == 0) return;
+  // Dimensions of extent > 1, innermost (smallest stride) first: each stride must step past every
+  // element the dimensions inside it reach, or two indices share an address.
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return view.strides[a] < view.strides[b]; });
+  int64_t reach = 0;  // largest offset the inner dimensions reach
+  for (int i : order) {
+    if (view.shape[i] == 1) continue;
+    if (view.strides[i] <= reach) {
+      fail(function, std::string(name) + ".strides[" + std::to_string(i) + "] (" + kDimNames[i] + ") = " +
+                         std::to_string(view.strides[i]) + " makes elements of " + name +
+                         " share addresses (a written view needs distinct addresses; expected > " +
+                         std::to_string(reach) + ")");
+    }
+    reach += (view.shape[i] - 1) * view.strides[i];
+  }
+}
+
+void expect_aligned(const char* function, const char* name, const void* data, size_t alignment) {
+  if (reinterpret_cast<uintptr_t>(data) % alignment != 0) {
+    fail(function, std::string(name) + " expected " + std::to_string(alignment) +
+                       "-byte alignment, got a misaligned pointer");
   }
 }
 
@@ -330,10 +361,20 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
   }
   if (batch > 0 && cu_seqlens_q == nullptr) fail(function, "cu_seqlens_q expected non-null (batch > 0), got null");
   if (batch > 0 && cu_seqlens_k == nullptr) fail(function, "cu_seqlens_k expected non-null (batch > 0), got null");
+  expect_aligned(function, "cu_seqlens_q", cu_seqlens_q, alignof(int32_t));
+  expect_aligned(function, "cu_seqlens_k", cu_seqlens_k, alignof(int32_t));
   if (options.key_lengths != nullptr) {
     fail(function, "options.key_lengths expected null (varlen sequences carry their own lengths in cu_seqlens_k), got a pointer");
   }
   check_lse(function, options, q.heads() * q.seq(), q, k, v, out, true);
+  // The offsets are read while out and lse are written: they must not lie in either.
+  const ByteRange lse_range = byte_range(options.lse, size_t(q.heads() * q.seq()) * sizeof(float));
+  for (const auto& [name, offsets] : {std::pair<const char*, const int32_t*>{"cu_seqlens_q", cu_seqlens_q},
+                                      {"cu_seqlens_k", cu_seqlens_k}}) {
+    const ByteRange range = byte_range(offsets, batch > 0 ? size_t(batch + 1) * sizeof(int32_t) : 0);
+    expect_disjoint(function, name, range, "out", byte_range(out));
+    expect_disjoint(function, name, range, "options.lse", lse_range);
+  }
 
   AttentionCall call = make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
   call.batch = batch;

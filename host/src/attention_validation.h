@@ -26,8 +26,16 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
                       bool check_out_overlap, AttentionCall& call, const char* seq_k_name = "seq_k");
 
 // Checks one view on its own: sizes >= 0 and within int, strides >= 0, head_dim stride 1, data
-// non-null when it has elements, a known dtype.
+// non-null and aligned to its element size when it has elements, a known dtype.
 void check_view(const char* function, const char* name, const TensorView& view);
+
+// For a view the call writes (after check_view and the shape checks): no two of its elements at the
+// same address (a stride of 0, or strides that interleave, would have blocks race on one element).
+void expect_distinct_addresses(const char* function, const char* name, const TensorView& view);
+
+// Device metadata and LSE pointers are loaded as whole elements: an address that is not a multiple
+// of `alignment` faults on the GPU, so it is refused here, naming the argument.
+void expect_aligned(const char* function, const char* name, const void* data, size_t alignment);
 
 // Whether the view's elements fill one contiguous byte range with no gaps (any order of dims).
 bool is_dense(const TensorView& view);

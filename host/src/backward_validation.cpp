@@ -55,6 +55,9 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
   expect_gradient_dtype(function, "dq", dq, q.dtype);
   expect_gradient_dtype(function, "dk", dk, q.dtype);
   expect_gradient_dtype(function, "dv", dv, q.dtype);
+  expect_distinct_addresses(function, "dq", dq);
+  expect_distinct_addresses(function, "dk", dk);
+  expect_distinct_addresses(function, "dv", dv);
 
   BackwardCall call;
   call.dout = dout;
@@ -69,12 +72,8 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
   if (rows > 0 && k.seq() > 0 && lse == nullptr) {
     fail(function, "lse expected the forward's LSE (fp32, " + std::to_string(rows) + " rows), got null");
   }
-  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0) {
-    fail(function, "lse expected 4-byte alignment (fp32), got a misaligned pointer");
-  }
-  if (reinterpret_cast<uintptr_t>(backward.dlse) % alignof(float) != 0) {
-    fail(function, "backward.dlse expected 4-byte alignment (fp32), got a misaligned pointer");
-  }
+  expect_aligned(function, "lse", lse, alignof(float));
+  expect_aligned(function, "backward.dlse", backward.dlse, alignof(float));
 
   // Nothing written may overlap anything read, or another gradient.
   const AttentionCall& f = call.forward;

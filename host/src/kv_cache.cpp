@@ -257,13 +257,16 @@ void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, cons
   ContextState& state = ctx.state();
   const CacheShape shape = detail::validate_append_kv(cache, k_new, v_new, options);
   if (options.validate_metadata) detail::check_metadata("append_kv", state, cache, shape, int(k_new.seq()));
-  if (shape.batch == 0 || shape.kv_heads == 0) return;
-  const bool no_tokens = k_new.seq() == 0 || shape.head_dim == 0;
-  if (no_tokens && options.updated_lengths == nullptr) return;
+  if (shape.batch == 0) return;
+  // With no element to copy (no token, no kv head or head_dim 0), updated_lengths still advances by
+  // seq_new: one block per sequence writes it, with a view of no columns so that it copies nothing.
+  const bool nothing_to_copy = k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim == 0;
+  if (nothing_to_copy && options.updated_lengths == nullptr) return;
   const DecodeKernel kernel = SELFATTN_DECODE_KERNEL(state, kv_append_instance, cache.k.dtype);
 
   kernels::KvAppendParams params{};
   params.cache = pages_view(cache, shape);
+  if (nothing_to_copy) params.cache.head_dim = 0;
   params.k_new = k_new.data;
   params.v_new = v_new.data;
   params.new_stride_batch_k = k_new.strides[0];
@@ -272,12 +275,12 @@ void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, cons
   params.new_stride_batch_v = v_new.strides[0];
   params.new_stride_head_v = v_new.strides[1];
   params.new_stride_row_v = v_new.strides[2];
-  params.seq_new = no_tokens ? 0 : int(k_new.seq());
+  params.seq_new = int(k_new.seq());
   params.rotary = rotary_tables(options.rotary);
   params.updated_lengths = options.updated_lengths;
-  // At least one block per sequence, so that updated_lengths is written even without new tokens.
-  const int64_t rows = std::max<int64_t>(params.seq_new, 1);
-  state.device->launch(kernel.kernel, rows_grid(kernel, rows, shape.kv_heads, shape.batch), &params);
+  const int64_t rows = nothing_to_copy ? 1 : params.seq_new;
+  const int64_t heads = nothing_to_copy ? 1 : shape.kv_heads;
+  state.device->launch(kernel.kernel, rows_grid(kernel, rows, heads, shape.batch), &params);
 }
 
 void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,

@@ -35,7 +35,8 @@ void expect_dtype(const char* function, const char* name, const TensorView& view
 ByteRange int_range(const int32_t* data, int64_t count) { return byte_range(data, size_t(count) * sizeof(int32_t)); }
 
 // The cache alone: views, dtypes, layout, sizes, metadata pointers, and its parts not overlapping.
-CacheShape check_cache(const char* function, const KvCache& cache) {
+// `written`: the call writes the cache (append_kv), so its elements need addresses of their own.
+CacheShape check_cache(const char* function, const KvCache& cache, bool written) {
   check_view(function, "cache.k", cache.k);
   check_view(function, "cache.v", cache.v);
   if (cache.v.dtype != cache.k.dtype) {
@@ -45,6 +46,10 @@ CacheShape check_cache(const char* function, const KvCache& cache) {
   for (int i = 0; i < 4; ++i) {
     expect_equal(function, "cache.v.shape[" + str(i) + "]", cache.k.shape[i], "cache.k.shape[" + str(i) + "]",
                  cache.v.shape[i]);
+  }
+  if (written) {
+    expect_distinct_addresses(function, "cache.k", cache.k);
+    expect_distinct_addresses(function, "cache.v", cache.v);
   }
   if (cache.batch < 0) fail(function, "cache.batch expected >= 0, got " + str(cache.batch));
   if (cache.batch > kMaxGridYZ) fail(function, "cache.batch expected <= 65535, got " + str(cache.batch));
@@ -73,6 +78,8 @@ CacheShape check_cache(const char* function, const KvCache& cache) {
   }
   shape.capacity = int(capacity);
   if (shape.batch > 0 && cache.lengths == nullptr) fail(function, "cache.lengths expected non-null, got null");
+  expect_aligned(function, "cache.lengths", cache.lengths, alignof(int32_t));
+  if (cache.paged()) expect_aligned(function, "cache.block_table", cache.block_table, alignof(int32_t));
   const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
   expect_disjoint(function, "cache.v", v, "cache.k", k);
   const ByteRange lengths = int_range(cache.lengths, shape.batch);
@@ -91,6 +98,8 @@ void check_rotary(const char* function, const char* name, const std::optional<Ro
   const std::string prefix = name;
   if (rotary->cos == nullptr) fail(function, prefix + ".cos expected non-null, got null");
   if (rotary->sin == nullptr) fail(function, prefix + ".sin expected non-null, got null");
+  expect_aligned(function, (prefix + ".cos").c_str(), rotary->cos, alignof(float));
+  expect_aligned(function, (prefix + ".sin").c_str(), rotary->sin, alignof(float));
   if (rotary->max_position < 1) fail(function, prefix + ".max_position expected >= 1, got " + str(rotary->max_position));
   if (rotary->rotary_dim < 2 || rotary->rotary_dim % 2 != 0 || rotary->rotary_dim > head_dim) {
     fail(function, prefix + ".rotary_dim expected an even number in [2, head_dim = " + str(head_dim) + "], got " +
@@ -112,7 +121,7 @@ void check_rotary_disjoint(const char* function, const char* name, const std::op
 CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
                               const AppendKvOptions& options) {
   const char* function = "append_kv";
-  const CacheShape shape = check_cache(function, cache);
+  const CacheShape shape = check_cache(function, cache, /*written=*/true);
   check_view(function, "k_new", k_new);
   check_view(function, "v_new", v_new);
   expect_dtype(function, "k_new", k_new, cache.k.dtype);
@@ -136,10 +145,15 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.k", k);
   check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.v", v);
   if (options.updated_lengths != nullptr) {
+    expect_aligned(function, "options.updated_lengths", options.updated_lengths, alignof(int32_t));
     const ByteRange updated = int_range(options.updated_lengths, shape.batch);
     expect_disjoint(function, "options.updated_lengths", updated, "cache.lengths", int_range(cache.lengths, shape.batch));
     expect_disjoint(function, "options.updated_lengths", updated, "cache.k", k);
     expect_disjoint(function, "options.updated_lengths", updated, "cache.v", v);
+    // Written while other blocks read the new tokens and the rotary tables.
+    expect_disjoint(function, "options.updated_lengths", updated, "k_new", byte_range(k_new));
+    expect_disjoint(function, "options.updated_lengths", updated, "v_new", byte_range(v_new));
+    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.updated_lengths", updated);
     if (cache.paged()) {
       expect_disjoint(function, "options.updated_lengths", updated, "cache.block_table",
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
@@ -167,7 +181,7 @@ AttentionOptions attention_options_of(const KvAttentionOptions& options, const K
 CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
                                             const KvAttentionOptions& options, AttentionCall& score_mods) {
   const char* function = "attention_with_kv_cache";
-  const CacheShape shape = check_cache(function, cache);
+  const CacheShape shape = check_cache(function, cache, /*written=*/false);
   check_view(function, "q", q);
   check_view(function, "out", out);
   expect_dtype(function, "q", q, cache.k.dtype);
@@ -177,12 +191,15 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   for (int i = 0; i < 4; ++i) {
     expect_equal(function, "out.shape[" + str(i) + "]", q.shape[i], "q.shape[" + str(i) + "]", out.shape[i]);
   }
+  expect_distinct_addresses(function, "out", out);
   if (q.heads() > kMaxGridYZ) fail(function, "q.shape[1] (heads) expected <= 65535, got " + str(q.heads()));
   if (q.heads() > 0 && (shape.kv_heads == 0 || q.heads() % shape.kv_heads != 0)) {
     fail(function, "q.shape[1] (heads) expected a multiple of cache.k.shape[1] (kv_heads) = " + str(shape.kv_heads) +
                        ", got " + str(q.heads()));
   }
-  if (q.numel() > 0 && shape.head_dim == 0) fail(function, "q.shape[3] (head_dim) expected >= 1, got 0");
+  if (q.batch() * q.heads() * q.seq() > 0 && shape.head_dim == 0) {
+    fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
+  }
   if (options.causal != Causal::none && options.causal != Causal::bottom_right) {
     fail(function, "options.causal expected none or bottom_right (top_left has no meaning against a cache), got " +
                        std::string(options.causal == Causal::top_left ? "top_left" : "value " + str(int(options.causal))));
@@ -206,6 +223,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   }
   check_rotary_disjoint(function, "options.rotary", options.rotary, "out", out_range);
   if (options.lse != nullptr) {
+    expect_aligned(function, "options.lse", options.lse, alignof(float));
     const ByteRange lse = byte_range(options.lse, size_t(q.batch() * q.heads() * q.seq()) * sizeof(float));
     expect_disjoint(function, "options.lse", lse, "out", out_range);
     expect_disjoint(function, "options.lse", lse, "q", byte_range(q));
@@ -239,9 +257,13 @@ void validate_merge_states(const TensorView& out_a, const float* lse_a, const Te
                    "out_a.shape[" + str(i) + "]", view.shape[i]);
     }
   }
+  expect_distinct_addresses(function, "out", out);
   const int64_t rows = out_a.batch() * out_a.heads() * out_a.seq();
   if (rows > 0 && lse_a == nullptr) fail(function, "lse_a expected non-null, got null");
   if (rows > 0 && lse_b == nullptr) fail(function, "lse_b expected non-null, got null");
+  expect_aligned(function, "lse_a", lse_a, alignof(float));
+  expect_aligned(function, "lse_b", lse_b, alignof(float));
+  expect_aligned(function, "lse_out", lse_out, alignof(float));
   const size_t lse_bytes = size_t(rows) * sizeof(float);
   const ByteRange a = byte_range(out_a), b = byte_range(out_b), o = byte_range(out);
   const ByteRange la = byte_range(lse_a, lse_bytes), lb = byte_range(lse_b, lse_bytes), lo = byte_range(lse_out, lse_bytes);
@@ -265,6 +287,8 @@ void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const i
   if (batch < 0) fail(function, "batch expected >= 0, got " + str(batch));
   if (batch > 0 && lengths == nullptr) fail(function, "lengths expected non-null (batch > 0), got null");
   if (cu_seqlens == nullptr) fail(function, "cu_seqlens expected non-null (batch + 1 entries), got null");
+  expect_aligned(function, "lengths", lengths, alignof(int32_t));
+  expect_aligned(function, "cu_seqlens", cu_seqlens, alignof(int32_t));
   expect_disjoint(function, "cu_seqlens", int_range(cu_seqlens, int64_t(batch) + 1), "lengths", int_range(lengths, batch));
 }
 

@@ -101,6 +101,7 @@ void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, con
   detail::ContextState& state = ctx.state();
   detail::check_view(kFunction, "x", x);
   detail::check_view(kFunction, "out", out);
+  detail::expect_aligned(kFunction, "options.lse", options.lse, alignof(float));
   if (x.heads() != 1) fail("x.shape[1] expected 1 (x is [batch, 1, seq, d_model]), got " + std::to_string(x.heads()));
   if (heads < 1) fail("heads expected >= 1, got " + std::to_string(heads));
   const DType dtype = x.dtype;
@@ -131,6 +132,7 @@ void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, con
   } else {
     expect_out_shape(out, {batch, heads, seq, head_dim}, "([batch, heads, seq, head_dim])");
   }
+  detail::expect_distinct_addresses(kFunction, "out", out);
   const detail::ByteRange out_range = detail::byte_range(out);
   const std::pair<const char*, detail::ByteRange> inputs[] = {{"x", detail::byte_range(x)},
                                                               {"wq", matrix_range(wq)},

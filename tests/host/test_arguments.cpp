@@ -120,6 +120,30 @@ TEST(AttentionArguments, KeyLengthsMustNotLieInOutOrLse) {
   EXPECT_REJECTED(c, "options.key_lengths expected not to overlap options.lse");
 }
 
+// Elements are loaded whole: a pointer off its element size faults on the GPU, so it is refused.
+TEST(AttentionArguments, MisalignedPointersAreRejected) {
+  const auto off_by_two = [](const void* data) { return static_cast<const char*>(data) + 2; };
+  { Call c; c.q.data = const_cast<char*>(off_by_two(c.q_mem.data())); EXPECT_REJECTED(c, "q.data expected alignment to its element size 4 (f32)"); }
+  { Call c; c.out.data = const_cast<char*>(off_by_two(c.out_mem.data())); EXPECT_REJECTED(c, "out.data expected alignment"); }
+  {
+    Call c;
+    c.options.lse = reinterpret_cast<float*>(const_cast<char*>(off_by_two(c.lse_mem.data())));
+    EXPECT_REJECTED(c, "options.lse expected 4-byte alignment");
+  }
+  {
+    Call c;
+    DeviceBuffer<int32_t> lengths(c.ctx, 3);
+    c.options.key_lengths = reinterpret_cast<const int32_t*>(off_by_two(lengths.data()));
+    EXPECT_REJECTED(c, "options.key_lengths expected 4-byte alignment");
+  }
+}
+
+// Blocks write out's elements in parallel: two indices on one address would race.
+TEST(AttentionArguments, OutElementsNeedAddressesOfTheirOwn) {
+  { Call c; c.out.strides[2] = 0; EXPECT_REJECTED(c, "out.strides[2] (seq) = 0 makes elements of out share addresses"); }
+  { Call c; c.out.strides[1] = Call::kDim; EXPECT_REJECTED(c, "makes elements of out share addresses"); }
+}
+
 TEST(AttentionArguments, ScaleMustBeFinite) {
   Call c;
   c.options.scale = std::numeric_limits<float>::quiet_NaN();
@@ -179,6 +203,19 @@ TEST(VarlenArguments, Rejected) {
     EXPECT_TRUE(untouched(c.out_mem));
   }
   { VarlenCall c; c.out.dtype = DType::f16; EXPECT_REJECTED(c, "out.dtype expected f32"); }
+  {
+    // The offsets are read while out is written: they may not lie in it, and must be aligned.
+    VarlenCall c;
+    const auto* in_out = reinterpret_cast<const int32_t*>(c.out_mem.data());
+    EXPECT_TRUE(throws_with<InvalidArgument>(
+        [&] { attention_varlen(c.ctx, c.q, c.k, c.v, c.out, in_out, c.cu_k.data(), 2, 3, 4); },
+        {"cu_seqlens_q expected not to overlap out"}));
+    const auto* misaligned = reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(c.cu_k.data()) + 2);
+    EXPECT_TRUE(throws_with<InvalidArgument>(
+        [&] { attention_varlen(c.ctx, c.q, c.k, c.v, c.out, c.cu_q.data(), misaligned, 2, 3, 4); },
+        {"cu_seqlens_k expected 4-byte alignment"}));
+    EXPECT_TRUE(untouched(c.out_mem));
+  }
 }
 
 // Every sequence's cu_seqlens are checked before the first sequence is computed.
@@ -321,6 +358,7 @@ struct SelfAttentionCall {
 TEST(SelfAttentionArguments, Rejected) {
   { SelfAttentionCall c; c.x.shape[1] = 2; EXPECT_REJECTED(c, "self_attention", "x.shape[1] expected 1"); }
   { SelfAttentionCall c; c.heads = 0; EXPECT_REJECTED(c, "heads expected >= 1, got 0"); }
+  { SelfAttentionCall c; c.out.strides[0] = 0; EXPECT_REJECTED(c, "self_attention", "out.strides[0] (batch) = 0 makes elements"); }
   { SelfAttentionCall c; c.wq.rows = 3; EXPECT_REJECTED(c, "wq.rows expected 4", "got 3"); }
   { SelfAttentionCall c; c.heads = 4; EXPECT_REJECTED(c, "wq.cols expected a positive multiple of heads = 4, got 6"); }
   { SelfAttentionCall c; c.wv.cols = 3; EXPECT_REJECTED(c, "wv.cols expected 6 (wk.cols), got 3"); }

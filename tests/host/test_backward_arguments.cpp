@@ -155,6 +155,11 @@ TEST(BackwardArguments, DlseMustNotOverlapAGradientAndMustBeAligned) {
   EXPECT_REJECTED(c, "backward.dlse expected 4-byte alignment");
 }
 
+TEST(BackwardArguments, GradientElementsNeedAddressesOfTheirOwn) {
+  { BackwardCallFixture c; c.dq.strides[2] = 0; EXPECT_REJECTED(c, "dq.strides[2] (seq) = 0 makes elements of dq share addresses"); }
+  { BackwardCallFixture c; c.dv.strides[0] = 0; EXPECT_REJECTED(c, "dv.strides[0] (batch) = 0 makes elements of dv share addresses"); }
+}
+
 TEST(BackwardArguments, GradientOverlaps) {
   { BackwardCallFixture c; c.dq.data = c.q_mem.data(); EXPECT_REJECTED(c, "dq expected not to overlap q"); }
   {

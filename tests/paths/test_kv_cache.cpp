@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <selfattn_sim/sim.h>
@@ -277,6 +278,23 @@ TEST(KvCacheAppend, RotaryOnKeysAndQueries) {
                                        std::make_pair(128, false), Path::cublas));
 }
 
+// Tokens with no element (no kv head, or head_dim 0) are still tokens: updated_lengths advances by
+// seq_new, clamped to the capacity, and nothing else is written.
+TEST(KvCacheAppend, TokensWithoutElementsStillAdvanceUpdatedLengths) {
+  Context ctx;
+  DeviceBuffer<int32_t> lengths(ctx, 2, "lengths"), updated(ctx, 2, "updated");
+  lengths.copy_from_host(std::vector<int32_t>{5, 14});
+  for (const auto& [kv_heads, head_dim] : {std::pair<int, int>{0, 64}, {2, 0}}) {
+    updated.copy_from_host(std::vector<int32_t>{-99, -99});
+    const TensorView cache_k = TensorView::bhsd(nullptr, DType::f16, 2, kv_heads, 16, head_dim);
+    const TensorView k_new = TensorView::bhsd(nullptr, DType::f16, 2, kv_heads, 3, head_dim);
+    AppendKvOptions options;
+    options.updated_lengths = updated.data();
+    append_kv(ctx, KvCache::contiguous(cache_k, cache_k, lengths.data()), k_new, k_new, options);
+    EXPECT_EQ(updated.to_host(), (std::vector<int32_t>{8, 16})) << "kv_heads " << kv_heads << ", head_dim " << head_dim;
+  }
+}
+
 // merge_states on two disjoint key sets: the two halves of a contiguous cache, attended separately
 // on the device and merged, against the reference's merge of the reference halves. Sequence 1 has no
 // key in part a (merged with a side of LSE -inf) and sequence 2 none at all (0 and -inf).
@@ -397,6 +415,13 @@ struct Call {
   AppendKvOptions append;
 };
 
+// Two bytes past `data`: off the alignment of any 4-byte element.
+template <class T>
+T* misaligned(T* data) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(data) + 2);
+}
+
 struct BadArgumentFixture {
   Context ctx;
   std::mt19937_64 rng{5};
@@ -495,6 +520,16 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
        [](Call& c) { c.attend.bias = TensorView::bhsd(c.out.data, DType::f16, 1, 1, 3, 48); }},
       {"options.alibi_slopes expected not to overlap options.lse",
        [](Call& c) { c.attend.alibi_slopes = c.attend.lse; c.attend.alibi_slopes_count = 4; }},
+      // Pointers off their element size (they fault on the GPU) and an out whose rows share addresses.
+      {"q.data expected alignment to its element size 2", [](Call& c) { c.q.data = static_cast<char*>(c.q.data) + 1; }},
+      {"cache.lengths expected 4-byte alignment", [](Call& c) { c.cache.lengths = misaligned(c.cache.lengths); }},
+      {"cache.block_table expected 4-byte alignment", [](Call& c) { c.cache.block_table = misaligned(c.cache.block_table); }},
+      {"options.lse expected 4-byte alignment", [](Call& c) { c.attend.lse = misaligned(c.attend.lse); }},
+      {"options.rotary.sin expected 4-byte alignment",
+       [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->sin = misaligned(c.attend.rotary->sin); }},
+      {"out.strides[2] (seq) = 0 makes elements of out share addresses", [](Call& c) { c.out.strides[2] = 0; }},
+      {"attention_with_kv_cache: q.shape[3] (head_dim) expected >= 1 when there are query rows",
+       [](Call& c) { c.q.shape[3] = c.out.shape[3] = c.cache.k.shape[3] = c.cache.v.shape[3] = 0; }},
   };
   for (const auto& [expected, mutate] : cases) f.expect_rejected(expected, mutate, run_attend);
 }
@@ -516,6 +551,11 @@ TEST(KvCacheArguments, AppendRejectsEachBadArgument) {
        [&](Call& c) { c.cache.lengths = f.bad_lengths.data(); c.append.validate_metadata = true; }},
       {"cache.block_table[1][0] expected a page in [0, 8)",
        [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.append.validate_metadata = true; }},
+      {"cache.k.strides[1] (heads) = 0 makes elements of cache.k share addresses", [](Call& c) { c.cache.k.strides[1] = 0; }},
+      {"options.updated_lengths expected not to overlap k_new",
+       [](Call& c) { c.append.updated_lengths = static_cast<int32_t*>(c.k_new.data); }},
+      {"options.updated_lengths expected 4-byte alignment",
+       [&](Call& c) { c.append.updated_lengths = misaligned(f.bad_lengths.data()); }},
   };
   for (const auto& [expected, mutate] : cases) f.expect_rejected(expected, mutate, run_append);
 }
@@ -547,6 +587,10 @@ TEST(KvCacheArguments, MergeRejectsEachBadArgument) {
   expect("lse_a expected non-null", a.view, nullptr, b.view, lse_b.data(), out_view, lse_out.data());
   expect("out expected not to overlap out_b", a.view, lse_a.data(), b.view, lse_b.data(), b.view, lse_out.data());
   expect("lse_out expected not to overlap lse_b", a.view, lse_a.data(), b.view, lse_b.data(), out_view, lse_b.data());
+  TensorView shared_rows = out_view;
+  shared_rows.strides[2] = 0;
+  expect("out.strides[2] (seq) = 0 makes elements", a.view, lse_a.data(), b.view, lse_b.data(), shared_rows, lse_out.data());
+  expect("lse_out expected 4-byte alignment", a.view, lse_a.data(), b.view, lse_b.data(), out_view, misaligned(lse_out.data()));
 }
 
 // cu_seqlens from device lengths on the device (batch 0 gives the single 0), and its bad arguments.

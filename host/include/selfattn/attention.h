@@ -74,6 +74,8 @@ void attention(Context& ctx, const TensorView& q, const TensorView& k, const Ten
 // rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
 // cu_seqlens_* are device int32 arrays of batch+1 entries starting at 0; max_seqlen_* bound the
 // per-sequence lengths. options.key_lengths must be null; options.lse, when set, is [heads, total_q].
+// max_seqlen_k = 0 (or total_k = 0) says no sequence has a key: out is zeroed and lse set to -inf
+// without cu_seqlens being read; max_seqlen_q = 0 says no sequence has a query row: nothing is written.
 // The naive and cublas paths read cu_seqlens back to the host (synchronizing the stream) and check
 // every sequence, and its workspace need, before the first one runs.
 void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -16,8 +16,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "attention_expected.h"
 #include "attention_harness.h"
 #include "backward_expected.h"
 #include "selfattn/selfattn.h"
@@ -309,13 +311,27 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
           if (c.dlse) p.dlse.push_back(dlse_f[at]);
         }
     const Expected part = reference_gradients(p, c, scale);
+    // The allowed computation below starts from the forward's out and LSE as stored (what the
+    // kernels read), so those are judged first: a wrong LSE row would otherwise widen the
+    // tolerance of every gradient element.
+    const std::string where = varlen ? " of sequence " + std::to_string(b) : "";
+    {
+      const testing::AttentionExpected forward = testing::expected_attention(
+          problem_of(p, c, scale), p.q, p.k, p.v, testing::AttentionArithmetic{c.dtype, c.dtype != DType::f32});
+      for (const auto& [what, got_x, want] :
+           {std::tuple<const char*, std::vector<double>, const testing::Expected*>{
+                "the forward's out", rows_of(out_all, c.heads, rows_q, q0, p.seq_q), &forward.out},
+            {"the forward's lse", lse_p, &forward.lse}}) {
+        if (auto r = testing::judge(std::string(what) + where, got_x, *want); !r)
+          return ::testing::AssertionFailure() << c.name << ": the backward's input is wrong: " << r.message();
+      }
+    }
     // judge.h's rule on this problem's part of each gradient.
     {
       const testing::BackwardArithmetic arithmetic{c.dtype, gdt, c.dtype != DType::f32};
       const testing::BackwardExpected be =
           testing::expected_backward(problem_of(p, c, scale), p.q, p.k, p.v, p.dout,
                                      rows_of(out_all, c.heads, rows_q, q0, p.seq_q), lse_p, arithmetic, p.dlse);
-      const std::string where = varlen ? " of sequence " + std::to_string(b) : "";
       const std::pair<const char*, std::pair<const std::vector<double>*, const testing::Expected*>> parts[] = {
           {"dq", {&got_dq, &be.dq}}, {"dk", {&got_dk, &be.dk}}, {"dv", {&got_dv, &be.dv}}};
       for (const auto& [what, pair] : parts) {

@@ -220,19 +220,21 @@ TEST(KvCacheScoreMods, SplitKvSkipsTilesOutsideTheWindow) {
     // Without rotary the copy is exact; rotary computes in fp32 and rounds once to the dtype.
     testing::Expected judged = exact_copy(wanted);
     if (rotary && which == 0) {
-      // x cos - y sin rounds in proportion to |x cos| + |y sin| <= sqrt(2) |(x, y)|, which the
-      // row's norm bounds (a rotation keeps each pair's norm); the rotated value may be far smaller.
-      const size_t d = size_t(expected.head_dim);
-      for (size_t row = 0; row < wanted.size() / d; ++row) {
-        double norm2 = 0;
-        for (size_t e = 0; e < d; ++e) norm2 += wanted[row * d + e] * wanted[row * d + e];
-        for (size_t e = 0; e < d; ++e) {
-          const size_t i = row * d + e;
+      // x cos - y sin rounds in proportion to |x cos| + |y sin| <= sqrt(2) |(x, y)|, the norm of
+      // its own pair (a rotation keeps it; the rotated value may be far smaller). Elements past
+      // rotary_dim pass through and stay exact copies.
+      const size_t d = size_t(expected.head_dim), rotary_dim = size_t(rotary->table.rotary_dim);
+      const auto partner = [&](size_t e) {
+        if (rotary->table.interleaved) return e ^ 1;
+        return e < rotary_dim / 2 ? e + rotary_dim / 2 : e - rotary_dim / 2;
+      };
+      for (size_t row = 0; row < wanted.size() / d; ++row)
+        for (size_t e = 0; e < rotary_dim; ++e) {
+          const size_t i = row * d + e, j = row * d + partner(e);
           judged.allowed[i] = round_to(spec.dtype, float(wanted[i]));
-          judged.scale[i] = std::sqrt(2 * norm2);
+          judged.scale[i] = std::sqrt(2 * (wanted[i] * wanted[i] + wanted[j] * wanted[j]));
           judged.floor[i] = testing::rounding_floor(spec.dtype, 4, judged.scale[i]);
         }
-      }
     }
     ::testing::AssertionResult result = judge_values(name + (which ? " v" : " k"), written, judged);
     if (!result) return result;

@@ -3,6 +3,7 @@
 // schedules, every bad argument, and wrong device metadata (clamped, or named by validate_metadata).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -433,6 +434,7 @@ struct BadArgumentFixture {
   Tensor v_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng);
   DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 2 * 4 * 3 * 64);
   DeviceBuffer<float> lse{ctx, 2 * 4 * 3, "lse"};
+  DeviceBuffer<int32_t> updated{ctx, 2, "updated lengths"};
   DeviceBuffer<int32_t> bad_lengths{ctx, 2, "bad lengths"}, bad_table{ctx, 6, "bad table"};
   TestRotary rotary = make_rotary(ctx, 64, 64, true, rng);
   DeviceBuffer<float> slopes{ctx, 8, "slopes"}, bias{ctx, 2 * 4 * 3 * 48, "bias"};
@@ -445,15 +447,18 @@ struct BadArgumentFixture {
     call.v_new = v_new.view;
     call.cache = cache.view;
     call.attend.lse = lse.data();
+    call.append.updated_lengths = updated.data();
     return call;
   }
 
   // Runs `run` on a mutated valid call: it must throw InvalidArgument mentioning `expected`, and
-  // out and both pools must be byte-for-byte what they were.
+  // out, lse, updated_lengths and both pools must be byte-for-byte what they were.
   void expect_rejected(const std::string& expected, const std::function<void(Call&)>& mutate,
                        const std::function<void(Context&, const Call&)>& run) {
     Call call = valid();
     mutate(call);
+    lse.fill_bytes(0xFF);
+    updated.fill_bytes(0xFF);
     const std::vector<unsigned char> out_before = out.to_host(), k_before = cache.k.to_host(), v_before = cache.v.to_host();
     try {
       run(ctx, call);
@@ -465,6 +470,13 @@ struct BadArgumentFixture {
     EXPECT_TRUE(out.to_host() == out_before) << expected << ": out was written";
     EXPECT_TRUE(cache.k.to_host() == k_before) << expected << ": cache k was written";
     EXPECT_TRUE(cache.v.to_host() == v_before) << expected << ": cache v was written";
+    const auto all_poison = [](const auto& values) {
+      std::vector<unsigned char> bytes(values.size() * sizeof(values[0]));
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+      return std::all_of(bytes.begin(), bytes.end(), [](unsigned char byte) { return byte == 0xFF; });
+    };
+    EXPECT_TRUE(all_poison(lse.to_host())) << expected << ": lse was written";
+    EXPECT_TRUE(all_poison(updated.to_host())) << expected << ": updated_lengths was written";
   }
 };
 
@@ -571,14 +583,19 @@ TEST(KvCacheArguments, MergeRejectsEachBadArgument) {
   const TensorView out_view = TensorView::bhsd(out.data(), DType::f16, 1, 2, 3, 8);
   auto expect = [&](const std::string& expected, TensorView out_a, const float* la, TensorView out_b, const float* lb,
                     TensorView o, float* lo) {
-    const std::vector<unsigned char> before = out.to_host();
+    lse_out.fill_bytes(0xFF);
+    const std::vector<unsigned char> before = out.to_host(), b_before = b.device.to_host();
     try {
       merge_states(ctx, out_a, la, out_b, lb, o, lo);
       ADD_FAILURE() << "no exception; expected InvalidArgument naming " << expected;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "message: " << e.what();
     }
-    EXPECT_TRUE(out.to_host() == before) << expected;
+    EXPECT_TRUE(out.to_host() == before) << expected << ": out was written";
+    EXPECT_TRUE(b.device.to_host() == b_before) << expected << ": out_b was written";
+    const std::vector<float> lse_after = lse_out.to_host();
+    EXPECT_TRUE(std::all_of(lse_after.begin(), lse_after.end(), [](float x) { return std::isnan(x); }))
+        << expected << ": lse_out was written";
   };
   TensorView wrong_shape = b.view;
   wrong_shape.shape[3] = 4;

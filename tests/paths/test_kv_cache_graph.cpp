@@ -27,6 +27,7 @@ struct DecodeStep {
   DeviceBuffer<unsigned char> merged = poisoned(ctx, DType::f16, 3 * 4 * 2 * 64);
   DeviceBuffer<float> lse{ctx, 3 * 4 * 2, "lse"}, merged_lse{ctx, 3 * 4 * 2, "merged lse"};
   DeviceBuffer<int32_t> cu_seqlens{ctx, 4, "cu_seqlens"};
+  std::vector<unsigned char> k_pool, v_pool;  // the pools as made
 
   DecodeStep() {
     CacheSpec spec;
@@ -41,6 +42,18 @@ struct DecodeStep {
     q = random_tensor(ctx, DType::f16, 3, 4, 2, 64, rng);
     k_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng);
     v_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng);
+    k_pool = cache.k.to_host();
+    v_pool = cache.v.to_host();
+  }
+
+  // Every output NaN / 0xff again and the pools as before any append, so that a call skipped in
+  // the scope cannot pass on what the run outside it left.
+  void reset() {
+    for (DeviceBuffer<unsigned char>* buffer : {&out, &merged}) buffer->fill_bytes(0xff);
+    for (DeviceBuffer<float>* buffer : {&lse, &merged_lse}) buffer->fill_bytes(0xff);
+    for (DeviceBuffer<int32_t>* buffer : {&updated, &cu_seqlens}) buffer->fill_bytes(0xff);
+    cache.k.copy_from_host(k_pool);
+    cache.v.copy_from_host(v_pool);
   }
 
   TensorView out_view(DeviceBuffer<unsigned char>& buffer) {
@@ -65,12 +78,21 @@ struct DecodeStep {
     cu_seqlens_from_lengths(ctx, updated.data(), 3, cu_seqlens.data());
   }
 
+  // Everything the step writes, as bytes.
   std::vector<unsigned char> results() {
-    std::vector<unsigned char> bytes = out.to_host(), more = merged.to_host();
-    bytes.insert(bytes.end(), more.begin(), more.end());
-    const std::vector<int32_t> cu = cu_seqlens.to_host();
-    const auto* cu_bytes = reinterpret_cast<const unsigned char*>(cu.data());
-    bytes.insert(bytes.end(), cu_bytes, cu_bytes + cu.size() * sizeof(int32_t));
+    std::vector<unsigned char> bytes;
+    const auto add = [&](const auto& values) {
+      const auto* first = reinterpret_cast<const unsigned char*>(values.data());
+      bytes.insert(bytes.end(), first, first + values.size() * sizeof(values[0]));
+    };
+    add(out.to_host());
+    add(merged.to_host());
+    add(lse.to_host());
+    add(merged_lse.to_host());
+    add(updated.to_host());
+    add(cu_seqlens.to_host());
+    add(cache.k.to_host());
+    add(cache.v.to_host());
     return bytes;
   }
 };
@@ -78,11 +100,11 @@ struct DecodeStep {
 TEST(KvCacheGraph, WarmDecodeStepMakesNoSyncNoAllocation) {
   for (Path path : {Path::fused, Path::naive, Path::cublas}) {
     DecodeStep step;
+    step.reset();
     step.run(path);  // grows the workspace
     step.ctx.synchronize();
     const std::vector<unsigned char> outside = step.results();
-    step.out.fill_bytes(0xff);
-    step.merged.fill_bytes(0xff);
+    step.reset();
     {
       detail::SimCaptureScope capture;
       EXPECT_NO_THROW(step.run(path)) << to_string(path);

@@ -1,6 +1,7 @@
 """Shared pieces of the Python tests: a float64 NumPy reference of attention written here (not the
 library's), fresh random inputs, and the tolerances per dtype."""
 import math
+import os
 import zlib
 
 import numpy as np
@@ -13,7 +14,7 @@ try:
 except ImportError:  # bf16 tests skip without it
     ml_dtypes = None
 
-# Relative error (Frobenius norm of the difference over that of the reference), per input dtype.
+# Largest relative error of a row (relative_error below), per input dtype.
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
@@ -160,7 +161,7 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
         want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), causal,
                                   **per_sequence)
         for got, expected in zip((dq[rows], dk[keys], dv[keys]), want):
-            assert relative_error(bhsd(got), expected) <= 2 * TOLERANCE[dtype], b
+            assert relative_error(bhsd(got), expected, per_row=False) <= 2 * TOLERANCE[dtype], b
     return dq, dk, dv
 
 
@@ -179,17 +180,35 @@ def check_central_differences(loss, inputs, grads, h=1e-2):
             x[index] = saved
             assert abs((up - down) / (2 * h) - grad[index]) <= 2e-3 * (1 + abs(grad[index])), (which, index)
 
-def relative_error(got, want):
+def relative_error(got, want, per_row=True):
+    """The worst row's error (rows along the last axis): the norm of its difference over the norm
+    of its reference row, or over the typical (root-mean-square) row norm where that is larger, so
+    that one wrong row or element cannot hide in a whole-tensor norm, nor a row whose reference
+    nearly cancels fail on rounding alone. per_row=False: the whole tensor's norms, for gradients,
+    whose rows cancel in ways the C++ judge (tests/support/backward_expected.h) bounds and this
+    one does not."""
     got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
     assert np.all(np.isfinite(got)), "NaN or inf in the output"
-    norm = np.linalg.norm(want)
-    return np.linalg.norm(got - want) / (norm if norm > 0 else 1.0)
+    if want.size == 0:
+        return 0.0
+    row_length = want.shape[-1] if want.ndim and per_row else max(want.size, 1)
+    got_rows, want_rows = got.reshape(-1, row_length), want.reshape(-1, row_length)
+    row_norms = np.linalg.norm(want_rows, axis=1)
+    typical = np.linalg.norm(want_rows) / math.sqrt(len(want_rows))
+    denominators = np.maximum(row_norms, typical)
+    denominators[denominators == 0] = 1.0
+    return float(np.max(np.linalg.norm(got_rows - want_rows, axis=1) / denominators))
 
 
 @pytest.fixture
 def rng(request):
-    # A fresh seed per test (its name), so the cases differ from each other but rerun identically.
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+    # A seed per test (its name) mixed with SELFATTN_SIM_SEED, as the C++ tests' input_seed: the
+    # cases differ from each other, the two seeded registrations of a test see different inputs,
+    # and a run reruns identically.
+    seed = int(os.environ.get("SELFATTN_SIM_SEED", "0"))
+    return np.random.default_rng([zlib.crc32(request.node.name.encode()), seed])
 
 
 def random(rng, shape, dtype):

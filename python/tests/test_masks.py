@@ -26,7 +26,7 @@ def check(out, lse, want, want_lse, dtype):
     seen = np.isfinite(want_lse)
     assert np.array_equal(np.isfinite(lse), seen), "LSE is -inf exactly where a row sees no key"
     assert np.all(lse[~seen] == -np.inf) and np.all(np.asarray(out, dtype=np.float64)[~seen] == 0)
-    np.testing.assert_allclose(lse[seen], want_lse[seen], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(lse[seen], want_lse[seen], rtol=1e-5, atol=1e-5)
 
 
 def run_case(rng, dtype="float32", batch=1, heads=2, kv_heads=None, seq_q=7, seq_k=None, dim=16, causal=None,

@@ -25,7 +25,7 @@ def test_cpu_tensors_run_on_the_sim():
     assert isinstance(out, torch.Tensor) and out.dtype == q.dtype and lse.dtype == torch.float32
     want, want_lse = reference(q.numpy(), k.numpy(), v.numpy(), "bottom_right")
     assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
-    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_and_bshd():
@@ -146,7 +146,7 @@ def test_autograd_with_every_modifier_and_key_lengths():
     library = selfattn.attention_backward(*detached, out2, dout, lse, causal="bottom_right", key_lengths=lengths,
                                           **mods)
     for tensor, expected, same in zip((q, k, v), want_grads, library):
-        assert relative_error(tensor.grad.numpy(), expected) <= 2 * TOLERANCE["float32"]
+        assert relative_error(tensor.grad.numpy(), expected, per_row=False) <= 2 * TOLERANCE["float32"]
         assert torch.equal(tensor.grad, same)
 
 
@@ -172,7 +172,7 @@ def test_autograd_of_varlen_with_modifiers():
         assert relative_error(bhsd(out[rows]), want_out) <= TOLERANCE["float32"], b
         want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), "top_left", **one)
         for got, expected in zip((q.grad[rows], k.grad[keys], v.grad[keys]), want):
-            assert relative_error(bhsd(got), expected) <= 2 * TOLERANCE["float32"], b
+            assert relative_error(bhsd(got), expected, per_row=False) <= 2 * TOLERANCE["float32"], b
     small = [t.detach()[:5, :, :4].contiguous().requires_grad_() for t in (q, k, v)]
     assert torch.autograd.gradcheck(
         lambda a, b, c: selfattn.attention_varlen(a, b, c, cu_q.clamp(max=5), cu_q.clamp(max=5), causal="top_left",

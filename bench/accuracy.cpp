@@ -38,7 +38,8 @@ void reference_row(const Case& c, const std::vector<float>& q, const std::vector
       row, c.seq_q, c.seq_k, c.causal, c.mods.window_left, c.mods.window_right);
   const int aligned = selfattn::reference::aligned_row(row, c.seq_q, c.seq_k, c.causal);
   out_row.assign(d, 0.0);
-  if (keys.end <= keys.begin) return;
+  const double sink = c.mods.sinks ? double(sink_logit(c, h)) : -INFINITY;
+  if (keys.end <= keys.begin) return;  // out 0 (with or without a sink)
   const double scale = 1.0 / std::sqrt(double(d));
   const double slope = c.mods.alibi ? alibi_slope(c, h) : 0.0;
   std::vector<double> scores(size_t(keys.end - keys.begin));
@@ -53,7 +54,9 @@ void reference_row(const Case& c, const std::vector<float>& q, const std::vector
     scores[j - keys.begin] = s;
     max_score = std::max(max_score, s);
   }
-  double sum = 0;
+  max_score = std::max(max_score, sink);
+  if (max_score == -INFINITY) return;  // every key masked
+  double sum = std::exp(sink - max_score);  // the sink: a key whose value row is 0
   for (double& s : scores) sum += (s = std::exp(s - max_score));
   for (int j = keys.begin; j < keys.end; ++j) {
     const double p = scores[j - keys.begin] / sum;
@@ -76,6 +79,8 @@ selfattn::reference::Problem reference_problem(const Case& c) {
   problem.softcap = c.mods.softcap;
   if (c.mods.alibi)
     for (int h = 0; h < c.heads; ++h) problem.alibi_slopes.push_back(alibi_slope(c, h));
+  if (c.mods.sinks)
+    for (int h = 0; h < c.heads; ++h) problem.sinks.push_back(sink_logit(c, h));
   if (c.mods.bias != BiasKind::none) {
     problem.bias.reserve(size_t(c.batch) * c.heads * c.seq_q * c.seq_k);
     for (int b = 0; b < c.batch; ++b)

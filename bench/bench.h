@@ -28,7 +28,10 @@ struct ScoreMods {
   float softcap = 0;                        // 0: none
   bool alibi = false;                       // slopes 2^(-8 (h + 1) / heads), [heads]
   BiasKind bias = BiasKind::none;
-  bool any() const { return window_left >= 0 || window_right >= 0 || softcap > 0 || alibi || bias != BiasKind::none; }
+  bool sinks = false;                       // attention sinks sink_logit(c, h), [heads]
+  bool any() const {
+    return window_left >= 0 || window_right >= 0 || softcap > 0 || alibi || bias != BiasKind::none || sinks;
+  }
 };
 
 // A decode case (--mode decode): attention_with_kv_cache over a paged cache of cache_len tokens per
@@ -59,13 +62,15 @@ struct Case {
   FusedKernel fused_kernel = FusedKernel::automatic;  // fused path only
 };
 
-// "w256,0 cap30 alibi bias=heads", or "-" without modifiers.
+// "w256,0 cap30 alibi bias=heads sinks", or "-" without modifiers.
 std::string describe_mods(const ScoreMods& mods);
 // The bias value the bench stores at (b, h, row, key) of a case, rounded to its dtype: a cheap
 // deterministic pattern (the check recomputes it instead of keeping a copy).
 float bias_value(const Case& c, int b, int h, int row, int key);
 // ALiBi slope of head h.
 float alibi_slope(const Case& c, int h);
+// The sink logit of head h: near log(seq_k), where a sink weighs as much as the keys together.
+float sink_logit(const Case& c, int h);
 
 // measure.cpp: host conversions of a float already rounded to f16/bf16 (round to nearest even).
 uint16_t to_half_bits(float x, DType dtype);

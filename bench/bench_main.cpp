@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   int splits = 0;
   double sweep_mods_softcap = 0;
   bool sweep_mods_alibi = false;
+  bool sweep_mods_sinks = false;
   std::vector<int> window;
   std::string bias_word = "none";
 
@@ -115,6 +116,8 @@ int main(int argc, char** argv) {
   app.add_option("--softcap", sweep_mods_softcap, "logit soft-cap C > 0: s -> C tanh(s / C) (default: none)")
       ->check(CLI::PositiveNumber)->group("Masks and score modifiers");
   app.add_flag("--alibi", sweep_mods_alibi, "ALiBi with slopes 2^(-8 (h+1) / heads)")->group("Masks and score modifiers");
+  app.add_flag("--sinks", sweep_mods_sinks, "attention sinks, logits log(seq_k) - 0.5 + (h % 4) / 4 (the backward also "
+               "computes their gradient)")->group("Masks and score modifiers");
   app.add_option("--bias", bias_word, "additive bias in the input dtype: full [b,h,q,k], heads [1,h,q,k], batch [b,1,q,k], none")
       ->check(CLI::IsMember({"full", "heads", "batch", "none"}))->group("Masks and score modifiers");
   app.add_flag("--check", settings.check,
@@ -249,6 +252,7 @@ int main(int argc, char** argv) {
     }
     sweep.mods.softcap = float(sweep_mods_softcap);
     sweep.mods.alibi = sweep_mods_alibi;
+    sweep.mods.sinks = sweep_mods_sinks;
     sweep.mods.bias = bias_word == "full"    ? sb::BiasKind::full
                       : bias_word == "heads" ? sb::BiasKind::heads
                       : bias_word == "batch" ? sb::BiasKind::batch

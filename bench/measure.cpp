@@ -263,6 +263,18 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     options.alibi_slopes_count = c.heads;
   }
   if (c.mods.bias != BiasKind::none) options.bias = make_bias(ctx, c, bias);
+  selfattn::DeviceBuffer<float> sinks, dsinks;
+  selfattn::BackwardOptions backward_options;
+  if (c.mods.sinks) {
+    std::vector<float> host(size_t(c.heads));
+    for (int h = 0; h < c.heads; ++h) host[h] = sink_logit(c, h);
+    sinks = selfattn::DeviceBuffer<float>(ctx, host.size(), "bench sinks");
+    sinks.copy_from_host(host);
+    options.sinks = sinks.data();
+    // A training step with sinks learns them too: the backward computes their gradient.
+    dsinks = selfattn::DeviceBuffer<float>(ctx, host.size(), "bench dsinks");
+    backward_options.dsinks = dsinks.data();
+  }
   const bool backward = c.direction != Direction::fwd;
   if (backward) add_backward_buffers(ctx, in);
   auto forward = [&](InputCache::Inputs::Set& set, float* lse) {
@@ -278,7 +290,8 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     selfattn::attention_backward(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
                                  view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q),
                                  view(set.dout, c.heads, c.seq_q), set.lse.data(), view(set.dq, c.heads, c.seq_q),
-                                 view(set.dk, c.kv_heads, c.seq_k), view(set.dv, c.kv_heads, c.seq_k), options);
+                                 view(set.dk, c.kv_heads, c.seq_k), view(set.dv, c.kv_heads, c.seq_k), options,
+                                 backward_options);
   };
 
   // The first call doubles as the probe for support and as the checked run: its output is

@@ -67,10 +67,13 @@ std::string describe_mods(const ScoreMods& m) {
   if (m.bias == BiasKind::full) add("bias=full");
   if (m.bias == BiasKind::heads) add("bias=heads");
   if (m.bias == BiasKind::batch) add("bias=batch");
+  if (m.sinks) add("sinks");
   return text.empty() ? "-" : text;
 }
 
 float alibi_slope(const Case& c, int h) { return std::exp2(-8.0f * float(h + 1) / float(c.heads)); }
+
+float sink_logit(const Case& c, int h) { return std::log(float(std::max(c.seq_k, 1))) + 0.25f * float(h % 4) - 0.5f; }
 
 namespace {
 // A case of the shape's sizes, every other field at its default.

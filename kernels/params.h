@@ -26,6 +26,18 @@ struct ScoreMods {
   // True when softcap, ALiBi or bias change score values (the window only masks). Kernels test it
   // once so calls without them keep their original arithmetic.
   bool changes_values;
+  // Attention sinks: [heads], each query head's sink logit (natural log; -inf: none for that head),
+  // one more term of every row's softmax denominator (softmax_row_end); null: off.
+  const float* sinks;
+};
+
+// lse_without_keys.cuh: the LSE of rows that see no key at all (the call has no keys): each row's
+// head's sink logit, or -inf without sinks. Row r belongs to head (r / rows_per_head) % heads.
+struct LseWithoutKeysParams {
+  float* lse;
+  const float* sinks;  // [heads] or null
+  int64_t rows, rows_per_head;
+  int heads;
 };
 
 // gemm_key_repair.cuh: one strided-batched column-major GEMM C = alpha op(A) op(B) already computed

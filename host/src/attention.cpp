@@ -3,8 +3,9 @@
 //
 // Zero sizes are handled here, not by the paths:
 //   batch, heads or seq_q == 0  -> nothing is written.
-//   seq_k == 0 (varlen: total_k or max_seqlen_k == 0) -> out is zero-filled and lse set to -inf
-//   (varlen: all of out's total_q rows, since no sequence has a key).
+//   seq_k == 0 (varlen: total_k or max_seqlen_k == 0) -> out is zero-filled and lse set to -inf, or
+//   to the head's sink logit with sinks (varlen: all of out's total_q rows, since no sequence has a
+//   key).
 // Paths therefore only see calls with at least one query row and at least one key column.
 // (Rows that see no key for other reasons - key_lengths of 0, causal masks - are the paths' job.)
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../../kernels/registry.h"
 #include "attention_validation.h"
 #include "paths.h"
 #include "score_chunks.h"
@@ -50,12 +52,25 @@ bool run_without_keys(ContextState& state, const AttentionCall& call) {
   const bool no_keys = call.seq_k == 0 || call.k.seq() == 0;
   if (!no_keys) return false;
   detail::zero_fill(*state.device, call.out);
-  const int64_t lse_rows =
-      call.varlen() ? int64_t(call.heads) * call.q.seq() : int64_t(call.batch) * call.heads * call.seq_q;
-  if (call.lse != nullptr && lse_rows > 0) {
-    const std::vector<float> minus_infinity(size_t(lse_rows), -std::numeric_limits<float>::infinity());
-    state.device->copy(call.lse, minus_infinity.data(), minus_infinity.size() * sizeof(float), /*async=*/false);
+  const int64_t rows_per_head = call.varlen() ? call.q.seq() : call.seq_q;
+  const int64_t lse_rows = call.varlen() ? int64_t(call.heads) * rows_per_head : int64_t(call.batch) * call.heads * rows_per_head;
+  if (call.lse == nullptr || lse_rows == 0) return true;
+  kernels::KernelRef kernel;
+  if (state.device->backend() == Backend::sim) {
+    kernel = kernels::sim_target::lse_without_keys_kernel_ref();
+  } else {
+#if SELFATTN_HAVE_CUDA
+    kernel = kernels::cuda_target::lse_without_keys_kernel_ref();
+#endif
   }
+  if (!kernel) throw NotAvailable("attention: no lse_without_keys kernel for this backend");
+  const kernels::LseWithoutKeysParams params{call.lse, call.sinks, lse_rows, rows_per_head, call.heads};
+  constexpr int kThreads = 256;
+  constexpr int64_t kMaxBlocks = 65535;  // the kernel's grid-stride loop covers the rest
+  kernels::LaunchShape shape;
+  shape.grid = dim3(unsigned(std::min((lse_rows + kThreads - 1) / kThreads, kMaxBlocks)));
+  shape.block = dim3(kThreads);
+  state.device->launch(kernel, shape, &params);
   return true;
 }
 

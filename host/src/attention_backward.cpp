@@ -4,7 +4,8 @@
 //
 // Zero sizes are handled here, not by the paths: no query rows (batch, heads or seq_q of 0) or no
 // keys (seq_k of 0) -> every gradient is zero-filled (dK = dV = 0 without queries, dQ = 0 without
-// keys) and no path runs.
+// keys) and no path runs. The sinks' gradient is 0 without queries; with queries but no keys each
+// row's softmax is its sink alone, and D and the sink gradient run as always.
 #include <string>
 #include <vector>
 
@@ -38,18 +39,32 @@ void zero_gradients(ContextState& state, const BackwardCall& call) {
   zero_fill(*state.device, call.dv);
 }
 
+// D (every path's first kernel) into the workspace at `d`, then the sinks' gradient when asked.
+void run_row_terms(ContextState& state, const BackwardCall& call, float* d) {
+  launch_backward_dot(state, call, d);
+  if (call.dsinks != nullptr) launch_sink_gradient(state, call, d);
+}
+
 // The calls no path sees (see the top of this file). Returns true when the call is complete.
-bool run_without_work(ContextState& state, const BackwardCall& call) {
+bool run_without_work(ContextState& state, const BackwardCall& call, const char* function) {
   const AttentionCall& f = call.forward;
   const bool no_queries = f.batch == 0 || f.heads == 0 || f.seq_q == 0 || f.q.seq() == 0;
   const bool no_keys = f.seq_k == 0 || f.k.seq() == 0;
   if (!no_queries && !no_keys) return false;
+  if (no_queries || call.dsinks == nullptr) {
+    zero_gradients(state, call);
+    if (call.dsinks != nullptr && f.heads > 0) state.device->fill(call.dsinks, 0, size_t(f.heads) * sizeof(float));
+    return true;
+  }
+  void* d = state.workspace.reserve(round_up_256(size_t(backward_query_rows(call)) * sizeof(float)),
+                                    std::string(function) + ": backward workspace");
   zero_gradients(state, call);
+  run_row_terms(state, call, static_cast<float*>(d));
   return true;
 }
 
 void run_backward(ContextState& state, const BackwardCall& call, Path requested, const char* function) {
-  if (run_without_work(state, call)) return;
+  if (run_without_work(state, call, function)) return;
   PlannedBackward planned;
   planned.call = call;
   planned.path = choose_backward_path(state, call, requested, function);
@@ -67,7 +82,7 @@ void run_backward(ContextState& state, const BackwardCall& call, Path requested,
   // Every check has passed: from here on the call writes.
   if (call.forward.varlen()) zero_gradients(state, call);  // rows outside every sequence stay 0
   unsigned char* base = static_cast<unsigned char*>(workspace);
-  launch_backward_dot(state, call, reinterpret_cast<float*>(base + planned.workspace.d_offset));
+  run_row_terms(state, call, reinterpret_cast<float*>(base + planned.workspace.d_offset));
   switch (planned.path) {
     case Path::naive: return run_naive_backward(state, planned, workspace);
     case Path::cublas: return run_cublas_backward(state, planned, workspace);

@@ -171,6 +171,14 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
     call.alibi_stride_batch = options.alibi_slopes_count == heads ? 0 : heads;
   }
 
+  if (options.sinks != nullptr) {
+    expect_aligned(function, "options.sinks", options.sinks, alignof(float));
+    const ByteRange sinks = byte_range(options.sinks, size_t(heads) * sizeof(float));
+    expect_disjoint(function, "options.sinks", sinks, "out", out_range);
+    expect_disjoint(function, "options.sinks", sinks, "options.lse", lse_range);
+    call.sinks = options.sinks;
+  }
+
   if (options.bias) {
     TensorView bias = *options.bias;
     if (bias.dtype != DType::f32 && bias.dtype != q.dtype) {
@@ -320,6 +328,7 @@ std::string describe(const AttentionCall& call) {
   if (call.softcap > 0) text += " softcap=" + std::to_string(call.softcap);
   if (call.alibi_slopes) text += " alibi";
   if (call.bias) text += std::string(" bias=") + to_string(call.bias->dtype);
+  if (call.sinks) text += " sinks";
   if (call.varlen()) text += " varlen";
   return text;
 }

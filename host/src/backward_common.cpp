@@ -1,5 +1,5 @@
-// What every backward path shares (backward_paths.h): the D preprocessing and the store of an fp32
-// gradient accumulator into the caller's view.
+// What every backward path shares (backward_paths.h): the D preprocessing, the sinks' gradient and
+// the store of an fp32 gradient accumulator into the caller's view.
 #include <algorithm>
 
 #include "../../kernels/registry.h"
@@ -14,6 +14,15 @@ kernels::BackwardKernel dot_kernel(Backend backend, kernels::Element element) {
   if (backend == Backend::sim) return kernels::sim_target::backward_dot_instance(element);
 #if SELFATTN_HAVE_CUDA
   return kernels::cuda_target::backward_dot_instance(element);
+#else
+  return {};
+#endif
+}
+
+kernels::BackwardKernel sink_kernel(Backend backend) {
+  if (backend == Backend::sim) return kernels::sim_target::sink_gradient_instance();
+#if SELFATTN_HAVE_CUDA
+  return kernels::cuda_target::sink_gradient_instance();
 #else
   return {};
 #endif
@@ -66,6 +75,28 @@ void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d) 
   kernels::LaunchShape shape;
   shape.grid = dim3(blocks_for(rows, kernel.rows_per_block, kMaxBlocks));
   shape.block = dim3(unsigned(kernel.threads));
+  ctx.device->launch(kernel.kernel, shape, &p);
+}
+
+void launch_sink_gradient(ContextState& ctx, const BackwardCall& call, const float* d) {
+  const AttentionCall& f = call.forward;
+  const kernels::BackwardKernel kernel = sink_kernel(ctx.device->backend());
+  if (!kernel.kernel) throw NotAvailable("attention_backward: no sink_gradient kernel for this backend");
+  kernels::SinkGradientParams p{};
+  p.lse = call.lse;
+  p.d = d;
+  p.sinks = f.sinks;
+  p.dsinks = call.dsinks;
+  // The rows of a varlen call's sequences end where its last one does; rows past it hold no query.
+  p.rows_end = f.varlen() ? f.cu_seqlens_q + f.batch : nullptr;
+  // The LSE layout as the views stand (varlen: batch 1, rows = total_q), as backward_dot's.
+  p.batch = int(f.q.batch());
+  p.heads = f.heads;
+  p.rows = int(f.q.seq());
+  kernels::LaunchShape shape;
+  shape.grid = dim3(unsigned(f.heads));
+  shape.block = dim3(unsigned(kernel.threads));
+  shape.dynamic_smem_bytes = kernel.smem_bytes;
   ctx.device->launch(kernel.kernel, shape, &p);
 }
 

@@ -22,6 +22,7 @@ struct BackwardCall {
   TensorView dq, dk, dv;  // dq like q, dk/dv like k; each q's dtype or f32
   bool deterministic = false;
   const float* dlse = nullptr;  // BackwardOptions::dlse, lse's layout, or null
+  float* dsinks = nullptr;      // BackwardOptions::dsinks, [heads], or null
 };
 
 // The workspace of a plan, one reservation: D (every path), then the path's own parts. Offsets
@@ -69,6 +70,9 @@ int64_t backward_query_rows(const BackwardCall& call);
 // D_i = sum_c dO_ic O_ic in fp32 for every query row, into d (the LSE's layout) - the first kernel of
 // every path.
 void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d);
+
+// call.dsinks from the LSE and D (sink_gradient.cuh); a varlen call counts the rows of its sequences.
+void launch_sink_gradient(ContextState& ctx, const BackwardCall& call, const float* d);
 
 // Stores an fp32 accumulator [batch, heads, seq, head_dim] (contiguous, `view`'s shape) into `view`
 // (its dtype and strides), each value times `multiplier`.

@@ -67,18 +67,28 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
   call.dv = dv;
   call.deterministic = backward.deterministic;
   call.dlse = backward.dlse;
+  call.dsinks = backward.dsinks;
   call.forward = std::move(forward);
   const int64_t rows = backward_query_rows(call);
-  if (rows > 0 && k.seq() > 0 && lse == nullptr) {
+  if (backward.dsinks != nullptr && call.forward.sinks == nullptr) {
+    fail(function, "backward.dsinks expected null without options.sinks (there is no sink to differentiate), got a "
+                   "pointer");
+  }
+  // The sinks' gradient needs the LSE even where no key exists (each row's sink probability).
+  if (rows > 0 && (k.seq() > 0 || backward.dsinks != nullptr) && lse == nullptr) {
     fail(function, "lse expected the forward's LSE (fp32, " + std::to_string(rows) + " rows), got null");
   }
   expect_aligned(function, "lse", lse, alignof(float));
   expect_aligned(function, "backward.dlse", backward.dlse, alignof(float));
+  expect_aligned(function, "backward.dsinks", backward.dsinks, alignof(float));
 
   // Nothing written may overlap anything read, or another gradient.
   const AttentionCall& f = call.forward;
   const std::pair<const char*, ByteRange> written[] = {
-      {"dq", byte_range(dq)}, {"dk", byte_range(dk)}, {"dv", byte_range(dv)}};
+      {"dq", byte_range(dq)},
+      {"dk", byte_range(dk)},
+      {"dv", byte_range(dv)},
+      {"backward.dsinks", byte_range(backward.dsinks, size_t(f.heads) * sizeof(float))}};
   std::pair<const char*, ByteRange> read[] = {
       {"q", byte_range(q)},
       {"k", byte_range(k)},
@@ -90,12 +100,14 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
       {"options.key_lengths", byte_range(options.key_lengths, size_t(f.batch) * sizeof(int32_t))},
       {"options.alibi_slopes", byte_range(options.alibi_slopes, size_t(options.alibi_slopes_count) * sizeof(float))},
       {"options.bias", f.bias ? byte_range(*f.bias) : ByteRange{}},
+      {"options.sinks", byte_range(f.sinks, size_t(f.heads) * sizeof(float))},
       {"cu_seqlens_q", byte_range(f.cu_seqlens_q, f.varlen() ? size_t(f.batch + 1) * sizeof(int32_t) : 0)},
       {"cu_seqlens_k", byte_range(f.cu_seqlens_k, f.varlen() ? size_t(f.batch + 1) * sizeof(int32_t) : 0)},
   };
-  for (size_t w = 0; w < 3; ++w) {
+  constexpr size_t kWritten = sizeof(written) / sizeof(written[0]);
+  for (size_t w = 0; w < kWritten; ++w) {
     for (const auto& [name, range] : read) expect_disjoint(function, written[w].first, written[w].second, name, range);
-    for (size_t other = w + 1; other < 3; ++other) {
+    for (size_t other = w + 1; other < kWritten; ++other) {
       expect_disjoint(function, written[w].first, written[w].second, written[other].first, written[other].second);
     }
   }

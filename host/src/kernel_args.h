@@ -25,7 +25,7 @@ inline kernels::CausalMask causal_mask_of(Causal causal) {
   return kernels::CausalMask::none;
 }
 
-// The call's window, softcap, ALiBi and bias as every kernel takes them (kernels/common/score_mods.cuh).
+// The call's window, softcap, ALiBi, bias and sinks as every kernel takes them (kernels/common/score_mods.cuh).
 inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
   kernels::ScoreMods mods{};
   mods.window_left = call.window_left;
@@ -45,6 +45,7 @@ inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
     mods.bias_keys = int(bias.shape[3]);
   }
   mods.changes_values = call.softcap > 0 || call.alibi_slopes != nullptr || call.bias.has_value();
+  mods.sinks = call.sinks;
   return mods;
 }
 

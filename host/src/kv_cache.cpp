@@ -239,6 +239,7 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   merge.out_stride_head = out.strides[1];
   merge.out_stride_row = out.strides[2];
   merge.lse = lse;
+  merge.sinks = params.mods.sinks;
   merge.rows = params.rows;
   merge.heads = params.heads;
   merge.seq_q = params.seq_q;

@@ -175,6 +175,7 @@ AttentionOptions attention_options_of(const KvAttentionOptions& options, const K
   converted.alibi_slopes = options.alibi_slopes;
   converted.alibi_slopes_count = options.alibi_slopes_count;
   converted.bias = options.bias;
+  converted.sinks = options.sinks;
   return converted;
 }
 

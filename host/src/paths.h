@@ -34,6 +34,7 @@ struct AttentionCall {
   const float* alibi_slopes = nullptr;
   int64_t alibi_stride_batch = 0;
   std::optional<TensorView> bias;
+  const float* sinks = nullptr;  // device, [heads] or null
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

@@ -28,6 +28,15 @@ double alibi_slope(const Problem& p, int batch, int head) {
   return p.alibi_slopes[p.alibi_slopes.size() == size_t(p.heads) ? size_t(head) : size_t(batch) * p.heads + head];
 }
 
+double limit_score(double score) {
+  if (score <= -kScoreLimit) return -std::numeric_limits<double>::infinity();
+  return score > kScoreLimit ? kScoreLimit : score;
+}
+
+double sink_logit(const Problem& p, int head) {
+  return p.sinks.empty() ? -std::numeric_limits<double>::infinity() : p.sinks[size_t(head)];
+}
+
 KeyRange visible_key_range(int row, int seq_q, int len_k, Causal causal, int window_left, int window_right) {
   const int64_t i = aligned_row(row, seq_q, len_k, causal);
   int64_t end = visible_keys(row, seq_q, len_k, causal);
@@ -64,6 +73,12 @@ void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size
   if (!p.alibi_slopes.empty() && p.alibi_slopes.size() != heads && p.alibi_slopes.size() != pairs) {
     fail("alibi_slopes expected empty, " + std::to_string(heads) + " or " + std::to_string(pairs) + " entries, got " +
          std::to_string(p.alibi_slopes.size()));
+  }
+  if (!p.sinks.empty() && p.sinks.size() != heads) {
+    fail("sinks expected empty or " + std::to_string(heads) + " entries, got " + std::to_string(p.sinks.size()));
+  }
+  for (const double sink : p.sinks) {
+    if (std::isnan(sink) || sink == std::numeric_limits<double>::infinity()) fail("sinks expected finite or -inf");
   }
   const size_t bias_expected = pairs * p.seq_q * p.seq_k;
   if (!p.bias.empty() && p.bias.size() != bias_expected) {
@@ -107,13 +122,16 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
           if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
           s -= slope * std::abs(double(aligned) - double(j));
           if (!p.bias.empty()) s += p.bias[row * p.seq_k + j];
-          scores[j] = s;
+          scores[j] = s = limit_score(s);
           max_score = std::max(max_score, s);
         }
-        // No key, or only keys the bias masks: output 0, LSE -inf (already there).
+        // The sink joins the softmax as one more score whose value row is 0.
+        const double sink = sink_logit(p, h);
+        max_score = std::max(max_score, sink);
+        // No key (or only keys the bias masks) and no sink: output 0, LSE -inf (already there).
         if (max_score == -std::numeric_limits<double>::infinity()) continue;
         // Subtracting the row maximum keeps exp() in range; it cancels in the normalisation.
-        double sum = 0;
+        double sum = std::exp(sink - max_score);
         for (int j = keys.begin; j < keys.end; ++j) {
           scores[j] = std::exp(scores[j] - max_score);
           sum += scores[j];

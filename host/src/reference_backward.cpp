@@ -7,6 +7,8 @@
 //   dP_ij  = dout_i . v_j,  D_i = sum_j P_ij dP_ij,  dx_ij = P_ij (dP_ij - D_i)
 //   dr_ij  = dx_ij * dmods/dr  (softcap: 1 - tanh^2(r / softcap); ALiBi and bias add constants)
 //   dq_i  += scale dr_ij k_j,  dk_j += scale dr_ij q_i
+// A sink is a key whose value is 0 and whose score is its logit: it takes probability P_i,sink in
+// the softmax (and so in D_i) and gets dsink += P_i,sink (0 - D_i).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -39,6 +41,7 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
   g.dq.assign(q.size(), 0.0);
   g.dk.assign(k.size(), 0.0);
   g.dv.assign(v.size(), 0.0);
+  if (!p.sinks.empty()) g.dsinks.assign(size_t(p.heads), 0.0);
   std::vector<double> x(size_t(p.seq_k)), tanh_r(size_t(p.seq_k)), dp(size_t(p.seq_k));
 
   for (int b = 0; b < p.batch; ++b) {
@@ -66,13 +69,16 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
           }
           s -= slope * std::abs(double(aligned) - double(j));
           if (!p.bias.empty()) s += p.bias[row * p.seq_k + j];
-          x[j] = s;
+          x[j] = s = limit_score(s);  // the clamp's own derivative is taken as 1, as the kernels do
           max_x = std::max(max_x, s);
         }
-        if (max_x == -std::numeric_limits<double>::infinity()) continue;  // no key: every gradient 0
-        double sum = 0;
+        const double sink = sink_logit(p, h);
+        max_x = std::max(max_x, sink);
+        if (max_x == -std::numeric_limits<double>::infinity()) continue;  // no key, no sink: every gradient 0
+        double sum = std::exp(sink - max_x);
         for (int j = keys.begin; j < keys.end; ++j) sum += (x[j] = std::exp(x[j] - max_x));
         for (int j = keys.begin; j < keys.end; ++j) x[j] /= sum;  // x is now P
+        const double sink_prob = std::exp(sink - max_x) / sum;
 
         // D_i = sum_j P_ij dP_ij, less the LSE's gradient: d lse_i / d s_ij = P_ij adds dlse_i P_ij to dS_ij.
         double dsum = dlse.empty() ? 0.0 : -dlse[row];
@@ -83,6 +89,7 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
           dp[j] = dot;
           dsum += x[j] * dot;
         }
+        if (!g.dsinks.empty()) g.dsinks[size_t(h)] -= sink_prob * dsum;
         double* dq_row = g.dq.data() + row * d;
         for (int j = keys.begin; j < keys.end; ++j) {
           const double prob = x[j];

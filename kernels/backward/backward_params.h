@@ -38,6 +38,20 @@ struct StoreGradientParams {
   float multiplier;
 };
 
+// dsinks[h] = -sum over b and i < rows_end of exp(sinks[h] - lse[r]) * d[r], r = (b * heads + h) *
+// rows + i: the gradient of head h's sink logit (a key with value 0 whose probability in row r is
+// exp(sink - lse_r); d is D - dlse, so a gradient through the LSE is in it). 0 for a head whose
+// sink is -inf. rows_end: device int32 (a varlen call's cu_seqlens_q[batch], the end of its last
+// sequence, clamped to [0, rows]) or null for all rows. One block per head (grid.x = heads).
+struct SinkGradientParams {
+  const float* lse;
+  const float* d;
+  const float* sinks;
+  float* dsinks;
+  const int32_t* rows_end;
+  int batch, heads, rows;
+};
+
 // What the registry hands the host for one of these kernels.
 struct BackwardKernel {
   KernelRef kernel;

@@ -6,7 +6,10 @@
 //   s = s - slope(b, h) * |i' - key|           with ALiBi; i' = aligned_row(row) (causal_mask.cuh)
 //   s = s + bias(b, h, row, key)               with a bias; -inf masks the key
 // Which keys a row sees at all (causal mask, key lengths, sliding window) is visible_key_range()
-// in causal_mask.cuh; a key outside it never reaches modified_score().
+// in causal_mask.cuh; a key outside it never reaches modified_score(). The result is then kept in
+// fp32's exp2-domain range (limit_score).
+// An attention sink (a head's logit that joins every row's softmax as a key whose value is 0) does
+// not change any score: it enters where a row's softmax ends, in softmax_row_end().
 #include <cstdint>
 
 #include "causal_mask.cuh"
@@ -25,11 +28,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct HeadScoreMods {
   float slope;       // 0 without ALiBi
   const void* bias;  // this head's bias, or null
+  float sink;        // this head's sink logit (natural log), -inf without one
 };
 
 __host__ __device__ inline HeadScoreMods head_score_mods(const ScoreMods& m, int batch, int head) {
-  HeadScoreMods h{0.0f, nullptr};
+  HeadScoreMods h{0.0f, nullptr, -INFINITY};
   if (m.alibi_slopes != nullptr) h.slope = m.alibi_slopes[batch * m.alibi_stride_batch + head];
+  if (m.sinks != nullptr) h.sink = m.sinks[head];
   if (m.bias != nullptr) {
     const int64_t offset = batch * m.bias_stride_batch + head * m.bias_stride_head;
     const int element_bytes = m.bias_element == Element::f32 ? 4 : 2;
@@ -50,6 +55,18 @@ __device__ inline float load_bias(Element element, const void* bias, int64_t off
 // The score of query `row` (aligned position `aligned`) and key `key` after the modifiers, from
 // its scaled score (natural-log units). -INFINITY when the bias masks the key, and for a row or
 // key outside the bias's extent (only wrong varlen metadata gets there; nothing is read).
+// The largest magnitude a modified score keeps: the fused kernels scale scores by log2(e), and a
+// finite score beyond FLT_MAX / log2(e) would become inf there (and a row's max - max NaN). So a
+// score at or below -kScoreLimit masks its key as -inf does (an additive mask written as -FLT_MAX,
+// as torch.finfo(dtype).min is, then masks on every path), one above +kScoreLimit is clamped to it,
+// NaN stays NaN. reference::limit_score is the host twin.
+constexpr float kScoreLimit = 1e38f;
+
+__device__ inline float limit_score(float s) {
+  if (s <= -kScoreLimit) return -INFINITY;
+  return s > kScoreLimit ? kScoreLimit : s;
+}
+
 __device__ inline float modified_score(const ScoreMods& m, const HeadScoreMods& h, float scaled, int row, int aligned,
                                        int key) {
   float s = scaled;
@@ -59,7 +76,37 @@ __device__ inline float modified_score(const ScoreMods& m, const HeadScoreMods& 
     if (row >= m.bias_rows || key >= m.bias_keys) return -INFINITY;
     s += load_bias(m.bias_element, h.bias, row * m.bias_stride_row + key * m.bias_stride_key);
   }
-  return s;
+  return limit_score(s);
+}
+
+// How a row's softmax ends: what its unnormalised output sum_j e^(s_j - max) v_j is multiplied by,
+// and its LSE (natural log).
+struct SoftmaxRowEnd {
+  float inverse;
+  float lse;
+};
+
+// The end of one row's softmax from its largest score `max` (-inf: no key) and `sum` = sum_j
+// e^(s_j - max) over its keys (0: none), both in log2 units when Log2 (the fused kernels' exp2
+// domain) or natural ones, and the head's sink logit (natural log, -inf: none). Without a sink:
+// 1 / sum and max + log(sum), a row without keys 0 and -inf. A sink adds e^(sink - max) to the sum,
+// shifted by max(max, sink) so that neither term overflows; a row without keys then gets inverse 0
+// and LSE sink. That branch works in natural units: converting the row's max rounds differently
+// row by row, where converting the sink would give every row of a head the same error (and a
+// leading sink enters the LSE exactly).
+template <bool Log2>
+__device__ __forceinline__ SoftmaxRowEnd softmax_row_end(float max, float sum, float sink) {
+  constexpr float kLn2 = 0.69314718055994531f;
+  if (sink == -INFINITY) {
+    if (!(sum > 0.0f)) return {0.0f, -INFINITY};
+    return {1.0f / sum, Log2 ? (max + log2f(sum)) * kLn2 : max + logf(sum)};
+  }
+  const float row_max = Log2 ? max * kLn2 : max;
+  const float shift = fmaxf(row_max, sink);
+  // e^(row_max - shift) is 0 for a row without keys (max = -inf): its sum is 0 too.
+  const float keys_share = expf(row_max - shift);
+  const float total = sum * keys_share + expf(sink - shift);
+  return {keys_share / total, shift + logf(total)};
 }
 
 SELFATTN_KERNELS_END

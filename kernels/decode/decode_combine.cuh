@@ -1,7 +1,9 @@
 #pragma once
 // Combines the num_splits partial results of decode_split_kv into out and lse: with
 // M = max_s lse_s and lse = M + log(sum_s exp(lse_s - M)), out = sum_s exp(lse_s - lse) O_s.
-// Empty splits (LSE -inf) weigh nothing; a row with no key anywhere gets 0 and -inf. One block
+// Empty splits (LSE -inf) weigh nothing; a row with no key anywhere gets 0 and -inf. The head's
+// sink, which no split took, enters here once: as one more split with LSE = its logit and O = 0
+// (so a row with no key gets 0 and the sink's logit). One block
 // per row (striding over the rows when there are more than blocks), the splits summed in order
 // (deterministic).
 #include <cmath>
@@ -22,11 +24,12 @@ __global__ void __launch_bounds__(DecodeCombineTraits::kThreads) decode_combine_
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int i = int(row % p.seq_q), head = int((row / p.seq_q) % p.heads);
     const int64_t b = row / p.seq_q / p.heads;
-    float max_lse = -INFINITY;
+    const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+    float max_lse = sink;
     for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[int64_t(s) * p.rows + row]);
     float lse = -INFINITY;
     if (max_lse != -INFINITY) {
-      float sum = 0.0f;
+      float sum = sink != -INFINITY ? expf(sink - max_lse) : 0.0f;
       for (int s = 0; s < p.num_splits; ++s) sum += expf(p.partial_lse[int64_t(s) * p.rows + row] - max_lse);
       lse = max_lse + logf(sum);
     }

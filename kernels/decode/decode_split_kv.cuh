@@ -178,20 +178,21 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     if (g >= group_rows) continue;
     const int head = kv_head * p.heads_per_kv + g / p.seq_q, i = g % p.seq_q;
     const int64_t row = (int64_t(b) * p.heads + head) * p.seq_q + i;
-    const bool any = row_sum[j] > 0.0f;
-    const float lse = any ? (row_max[j] + log2f(row_sum[j])) * 0.6931471805599453f : -INFINITY;
-    const float inverse = any ? 1.0f / row_sum[j] : 0.0f;
+    // One split holds the whole row, whose softmax ends here with the head's sink; a split's part
+    // leaves the sink to decode_combine, which takes it once.
+    const float sink = p.num_splits == 1 ? head_mods[j].sink : -INFINITY;
+    const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(row_max[j], row_sum[j], sink);
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
                int64_t(i) * p.out_stride_row;
       for (int c = 0; c < C; ++c)
-        if (lane + 32 * c < d) out[lane + 32 * c] = from_float<T>(acc[j][c] * inverse);
-      if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+        if (lane + 32 * c < d) out[lane + 32 * c] = from_float<T>(acc[j][c] * end.inverse);
+      if (lane == 0 && p.lse != nullptr) p.lse[row] = end.lse;
     } else {
       float* out = p.partial_out + (int64_t(split) * p.rows + row) * d;
       for (int c = 0; c < C; ++c)
-        if (lane + 32 * c < d) out[lane + 32 * c] = acc[j][c] * inverse;
-      if (lane == 0) p.partial_lse[int64_t(split) * p.rows + row] = lse;
+        if (lane + 32 * c < d) out[lane + 32 * c] = acc[j][c] * end.inverse;
+      if (lane == 0) p.partial_lse[int64_t(split) * p.rows + row] = end.lse;
     }
   }
 }

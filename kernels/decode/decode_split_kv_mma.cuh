@@ -211,19 +211,20 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
         value += o_merge[(w * R + r) * D + col] * weight;
       }
     }
-    const bool any = sum > 0.0f;
-    const float lse = any ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY;
-    const float normalised = any ? value / sum : 0.0f;
     const int head = kv_head * p.heads_per_kv + row / p.seq_q, query = row % p.seq_q;
     const int64_t flat = (int64_t(b) * p.heads + head) * p.seq_q + query;
+    // One split holds the whole row, whose softmax ends here with the head's sink; a split's part
+    // leaves the sink to decode_combine, which takes it once.
+    const float sink = p.num_splits == 1 ? head_score_mods(p.mods, b, head).sink : -INFINITY;
+    const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(top, sum, sink);
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
                int64_t(query) * p.out_stride_row;
-      out[col] = from_float<T>(normalised);
-      if (col == 0 && p.lse != nullptr) p.lse[flat] = lse;
+      out[col] = from_float<T>(value * end.inverse);
+      if (col == 0 && p.lse != nullptr) p.lse[flat] = end.lse;
     } else {
-      p.partial_out[(int64_t(split) * p.rows + flat) * D + col] = normalised;
-      if (col == 0) p.partial_lse[int64_t(split) * p.rows + flat] = lse;
+      p.partial_out[(int64_t(split) * p.rows + flat) * D + col] = value * end.inverse;
+      if (col == 0) p.partial_lse[int64_t(split) * p.rows + flat] = end.lse;
     }
   }
 }

@@ -119,6 +119,7 @@ struct DecodeCombineParams {
   void* out;
   int64_t out_stride_batch, out_stride_head, out_stride_row;
   float* lse;  // or null
+  const float* sinks;  // [heads] sink logits, or null (ScoreMods::sinks)
   int64_t rows;
   int heads, seq_q, head_dim, num_splits;
 };

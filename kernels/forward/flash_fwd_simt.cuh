@@ -170,21 +170,21 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
 
   Element* out = static_cast<Element*>(p.out) + batch * p.out_stride_batch + head * p.out_stride_head +
                  seq.q_row_start * p.out_stride_row;
+  const float sink = head_score_mods(p.mods, batch, head).sink;
   SELFATTN_FLASH_UNROLL
   for (int r = 0; r < R; ++r) {
     const int row = block_row0 + warp_row0 + r;
     const float sum = warp_reduce_sum<32>(row_sum[r]);
     if (row >= seq.q_len) continue;
-    // A row without keys has sum 0 and accumulators 0: it writes 0 and LSE -inf.
-    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+    // A row without keys has sum 0 and accumulators 0: it writes 0 and LSE -inf (or the sink's logit).
+    const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(row_max[r], sum, sink);
     SELFATTN_FLASH_UNROLL
     for (int c = 0; c < C; ++c) {
       const int col = lane + 32 * c;
-      if (col < d) flash_simt_store(out, row * p.out_stride_row + col, acc[r][c] * inv_sum);
+      if (col < d) flash_simt_store(out, row * p.out_stride_row + col, acc[r][c] * end.inverse);
     }
     if (p.lse != nullptr && lane == 0) {
-      const float lse = sum > 0.0f ? (row_max[r] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-      p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = lse;
+      p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = end.lse;
     }
   }
 }

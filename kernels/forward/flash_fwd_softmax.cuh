@@ -87,25 +87,25 @@ __device__ __forceinline__ void flash_rescale_row(float* row_acc, float rescale)
   }
 }
 
-// The epilogue of one row: O / l to `out` (the sequence's first row, this head) and the LSE. A row
-// without visible keys has l = 0 and O = 0: it writes 0 and -inf. Called by all four threads of the
-// row's quad (the sum is reduced over them), for rows past q_len too (they write nothing).
+// The epilogue of one row: O times softmax_row_end's inverse (1 / l without a sink) to `out` (the
+// sequence's first row, this head) and the LSE. A row without visible keys has l = 0 and O = 0: it
+// writes 0 and -inf (the sink's logit with one). Called by all four threads of the row's quad (the
+// sum is reduced over them), for rows past q_len too (they write nothing).
 template <class T, int DimTiles8>
 __device__ __forceinline__ void flash_store_row(const FlashFwdParams& p, int batch, int head, const FlashSequence& seq,
                                                 T* out, int row, int in_group, const float* row_acc,
-                                                const FlashRowState& state) {
+                                                const FlashRowState& state, float sink) {
   const float sum = warp_reduce_sum<4>(state.sum);
   if (row >= seq.q_len) return;
-  const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(state.max, sum, sink);
   T* out_row = out + row * p.out_stride_row;
   SELFATTN_FLASH_UNROLL
   for (int t = 0; t < DimTiles8; ++t) {
-    const uint32_t pair = pack2<T>(row_acc[4 * t] * inv_sum, row_acc[4 * t + 1] * inv_sum);
+    const uint32_t pair = pack2<T>(row_acc[4 * t] * end.inverse, row_acc[4 * t + 1] * end.inverse);
     *reinterpret_cast<uint32_t*>(out_row + t * 8 + 2 * in_group) = pair;
   }
   if (p.lse != nullptr && in_group == 0) {
-    const float lse = sum > 0.0f ? (state.max + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-    p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = lse;
+    p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + seq.q_row_start + row] = end.lse;
   }
 }
 

@@ -1,6 +1,7 @@
 // Instances of the kernels every backward path shares (backward/backward_dot.cuh,
-// backward/store_gradient.cuh), one per element type each.
+// backward/store_gradient.cuh, one per element type each; backward/sink_gradient.cuh, fp32 only).
 #include "../backward/backward_dot.cuh"
+#include "../backward/sink_gradient.cuh"
 #include "../backward/store_gradient.cuh"
 #include "../registry.h"
 
@@ -30,6 +31,12 @@ BackwardKernel store_gradient_instance(Element element) {
       return make(make_kernel_ref<StoreGradientParams, store_gradient_kernel<__nv_bfloat16>>("store_gradient<bf16>"));
   }
   return {};
+}
+
+BackwardKernel sink_gradient_instance() {
+  using Traits = SinkGradientTraits;
+  return BackwardKernel{make_kernel_ref<SinkGradientParams, sink_gradient_kernel>("sink_gradient"), Traits::kThreads, 1,
+                        Traits::kSmemBytes};
 }
 
 SELFATTN_KERNELS_END

@@ -4,7 +4,9 @@
 // visible_key_range(i) (attention_heads.cuh), each score passed through modified_score()
 // (score_mods.cuh: softcap, ALiBi, bias); other keys get P = 0. A row that sees no key, or whose
 // every visible key the bias masks (-inf), gets P = 0 everywhere and LSE = -inf, never NaN (no
-// exp(-inf - -inf) is ever evaluated, and the sum is tested, not the count).
+// exp(-inf - -inf) is ever evaluated, and the sum is tested, not the count). With a sink the row's
+// probabilities sum to less than 1 (softmax_row_end, score_mods.cuh), and a row without keys gets
+// LSE = the sink's logit.
 //
 // A "row group" of Group threads owns one row: a warp (Group 32, 4 rows per 128-thread block) for
 // short rows, the whole block (Group 256) for long ones. Cached: the row is read once into registers
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   P* out = static_cast<P*>(p.p) + int64_t(blockIdx.y) * p.p_bh_stride + int64_t(row) * p.p_row_stride;
 
   float row_max, row_sum;
+  SoftmaxRowEnd end;
   if constexpr (Cached) {
     float x[SoftmaxTraits::kCachedPerThread];
     float thread_max = -INFINITY;
@@ -105,10 +108,10 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
       thread_sum += x[c];
     }
     row_sum = group_sum<Group>(thread_sum, partials);
-    const float inverse = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    end = softmax_row_end</*Log2=*/false>(row_max, row_sum, mods.sink);
     for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
       const int key = member + c * Group;
-      if (key < p.seq_k) out[key] = from_float<P>(x[c] * inverse);
+      if (key < p.seq_k) out[key] = from_float<P>(x[c] * end.inverse);
     }
   } else {
     float thread_max = -INFINITY, thread_sum = 0;
@@ -120,14 +123,13 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
     }
     row_max = group_max<Group>(thread_max, partials);
     row_sum = group_sum<Group>(thread_sum * exp_below(thread_max, row_max), partials);
-    const float inverse = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    end = softmax_row_end</*Log2=*/false>(row_max, row_sum, mods.sink);
     for (int key = member; key < p.seq_k; key += Group)
-      out[key] = from_float<P>(key >= seen.begin && key < seen.end ? exp_below(score(s[key], key), row_max) * inverse
+      out[key] = from_float<P>(key >= seen.begin && key < seen.end ? exp_below(score(s[key], key), row_max) * end.inverse
                                                                    : 0.0f);
   }
 
-  if (p.lse && member == 0)
-    p.lse[int64_t(bh) * p.lse_pair_stride + query] = row_sum > 0.0f ? row_max + logf(row_sum) : -INFINITY;
+  if (p.lse && member == 0) p.lse[int64_t(bh) * p.lse_pair_stride + query] = end.lse;
 }
 
 SELFATTN_KERNELS_END

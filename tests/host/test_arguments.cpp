@@ -120,6 +120,22 @@ TEST(AttentionArguments, KeyLengthsMustNotLieInOutOrLse) {
   EXPECT_REJECTED(c, "options.key_lengths expected not to overlap options.lse");
 }
 
+TEST(AttentionArguments, SinksMisuse) {
+  { Call c; c.options.sinks = c.out_mem.data() + 2; EXPECT_REJECTED(c, "options.sinks expected not to overlap out"); }
+  {
+    Call c;
+    c.options.lse = c.lse_mem.data();
+    c.options.sinks = c.lse_mem.data() + c.lse_mem.size() - 1;  // heads = 4 floats from the last lse entry
+    EXPECT_REJECTED(c, "options.sinks expected not to overlap options.lse");
+  }
+  {
+    Call c;
+    DeviceBuffer<float> sinks(c.ctx, Call::kHeads + 1);
+    c.options.sinks = reinterpret_cast<const float*>(reinterpret_cast<const char*>(sinks.data()) + 2);
+    EXPECT_REJECTED(c, "options.sinks expected 4-byte alignment");
+  }
+}
+
 // Elements are loaded whole: a pointer off its element size faults on the GPU, so it is refused.
 TEST(AttentionArguments, MisalignedPointersAreRejected) {
   const auto off_by_two = [](const void* data) { return static_cast<const char*>(data) + 2; };
@@ -256,6 +272,39 @@ TEST(ZeroSizes, NoKeysGiveZeroRowsAndMinusInfinityLse) {
     c.run();
     EXPECT_EQ(c.out_mem.to_host(), std::vector<float>(c.out_mem.size(), 0.0f));
     EXPECT_EQ(c.lse_mem.to_host(), std::vector<float>(c.lse_mem.size(), -std::numeric_limits<float>::infinity()));
+  }
+}
+
+// With sinks, a row without keys is its sink alone: out 0, LSE the head's sink (-inf for a head
+// without one); padded and varlen.
+TEST(ZeroSizes, NoKeysWithSinksGiveTheSinksLse) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  const std::vector<float> sink_values{0.5f, minus_inf, -3.25f, 7.0f};
+  for (bool varlen : {false, true}) {
+    VarlenCall c;
+    DeviceBuffer<float> sinks(c.ctx, Call::kHeads);
+    sinks.copy_from_host(sink_values);
+    c.options.sinks = sinks.data();
+    c.options.lse = c.lse_mem.data();
+    if (varlen) {
+      c.max_k = 0;
+      c.run();
+    } else {
+      Call& padded = c;
+      padded.q.shape[0] = padded.out.shape[0] = Call::kBatch;
+      c.k = TensorView::bhsd(c.k_mem.data(), DType::f32, Call::kBatch, Call::kKvHeads, 0, Call::kDim);
+      c.v = c.k;
+      padded.Call::run();
+    }
+    const int64_t rows_per_head = varlen ? Call::kSeqQ : Call::kSeqQ, batches = varlen ? 1 : Call::kBatch;
+    const std::vector<float> lse = c.lse_mem.to_host();
+    for (int64_t b = 0; b < batches; ++b)
+      for (int64_t h = 0; h < Call::kHeads; ++h)
+        for (int64_t i = 0; i < rows_per_head; ++i)
+          EXPECT_EQ(lse[size_t((b * Call::kHeads + h) * rows_per_head + i)], sink_values[size_t(h)])
+              << (varlen ? "varlen" : "padded") << " b" << b << " h" << h << " row " << i;
+    const std::vector<float> out = c.out_mem.to_host();
+    for (size_t i = 0; i < size_t(batches * Call::kHeads * Call::kSeqQ * Call::kDim); ++i) EXPECT_EQ(out[i], 0.0f);
   }
 }
 

@@ -155,6 +155,27 @@ TEST(BackwardArguments, DlseMustNotOverlapAGradientAndMustBeAligned) {
   EXPECT_REJECTED(c, "backward.dlse expected 4-byte alignment");
 }
 
+TEST(BackwardArguments, DsinksNeedSinksAndAPlaceOfTheirOwn) {
+  {
+    BackwardCallFixture c;
+    DeviceBuffer<float> dsinks(c.ctx, BackwardCallFixture::kHeads);
+    c.backward.dsinks = dsinks.data();
+    EXPECT_REJECTED(c, "backward.dsinks expected null without options.sinks");
+  }
+  BackwardCallFixture c;
+  DeviceBuffer<float> sinks(c.ctx, BackwardCallFixture::kHeads), dsinks(c.ctx, BackwardCallFixture::kHeads + 1);
+  c.options.sinks = sinks.data();
+  c.backward.dsinks = sinks.data();
+  EXPECT_REJECTED(c, "backward.dsinks expected not to overlap options.sinks");
+  c.backward.dsinks = c.dq_mem.data() + 5;
+  EXPECT_REJECTED(c, "dq expected not to overlap backward.dsinks");
+  c.backward.dsinks = reinterpret_cast<float*>(reinterpret_cast<char*>(dsinks.data()) + 2);
+  EXPECT_REJECTED(c, "backward.dsinks expected 4-byte alignment");
+  c.backward.dsinks = dsinks.data();
+  c.options.sinks = c.dq_mem.data();
+  EXPECT_REJECTED(c, "dq expected not to overlap options.sinks");
+}
+
 TEST(BackwardArguments, GradientElementsNeedAddressesOfTheirOwn) {
   { BackwardCallFixture c; c.dq.strides[2] = 0; EXPECT_REJECTED(c, "dq.strides[2] (seq) = 0 makes elements of dq share addresses"); }
   { BackwardCallFixture c; c.dv.strides[0] = 0; EXPECT_REJECTED(c, "dv.strides[0] (batch) = 0 makes elements of dv share addresses"); }
@@ -285,6 +306,50 @@ TEST(BackwardZeroSizes, NoKeysZeroFillsDq) {
     for (size_t i = 0; i < host.size() * sizeof(float); ++i) {
       ASSERT_EQ(bytes[i], i < view_bytes ? 0 : kGradientFill) << "byte " << i;
     }
+  }
+}
+
+// dsinks without query rows is 0; without keys every row is its sink alone (P_sink = 1, out = 0):
+// dsinks[h] = sum of the head's dlse, and dq is 0.
+TEST(BackwardZeroSizes, SinksGradientWithoutQueriesOrKeys) {
+  using F = BackwardCallFixture;
+  {
+    F c;
+    DeviceBuffer<float> sinks(c.ctx, F::kHeads), dsinks(c.ctx, F::kHeads);
+    sinks.copy_from_host(std::vector<float>(F::kHeads, 0.5f));
+    dsinks.fill_bytes(kGradientFill);
+    c.options.sinks = sinks.data();
+    c.backward.dsinks = dsinks.data();
+    for (TensorView* view : {&c.q, &c.out, &c.dout, &c.dq}) view->shape[2] = 0;
+    c.run();
+    EXPECT_TRUE(all_zero(dsinks));
+  }
+  F c;
+  c.k.shape[2] = c.v.shape[2] = c.dk.shape[2] = c.dv.shape[2] = 0;
+  c.out_mem.fill_bytes(0);  // the forward's out without keys
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  const std::vector<float> sink_values{0.5f, minus_inf, -2.0f, 3.0f};
+  std::vector<float> lse(F::kRows), dlse(F::kRows);
+  for (size_t r = 0; r < F::kRows; ++r) {
+    lse[r] = sink_values[(r / F::kSeqQ) % F::kHeads];
+    dlse[r] = 0.25f * float(r % 7) - 0.5f;
+  }
+  c.lse_mem.copy_from_host(lse);
+  DeviceBuffer<float> sinks(c.ctx, F::kHeads), dsinks(c.ctx, F::kHeads), dlse_mem(c.ctx, F::kRows);
+  sinks.copy_from_host(sink_values);
+  dlse_mem.copy_from_host(dlse);
+  dsinks.fill_bytes(kGradientFill);
+  c.options.sinks = sinks.data();
+  c.backward.dsinks = dsinks.data();
+  c.backward.dlse = dlse_mem.data();
+  c.run();
+  EXPECT_TRUE(all_zero(c.dq_mem));
+  const std::vector<float> got = dsinks.to_host();
+  for (int h = 0; h < F::kHeads; ++h) {
+    double want = 0;
+    for (size_t r = 0; r < F::kRows; ++r)
+      if (int((r / F::kSeqQ) % F::kHeads) == h && sink_values[size_t(h)] != minus_inf) want += dlse[r];
+    EXPECT_NEAR(got[size_t(h)], want, 1e-6) << "head " << h;
   }
 }
 

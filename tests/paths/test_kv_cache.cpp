@@ -166,6 +166,31 @@ TEST(KvCacheScoreMods, SplitKvSkipsTilesOutsideTheWindow) {
   }
 }
 
+// Attention sinks over the cache, every path; on the fused path with 1 split (the block ends the
+// row's softmax), 3 and more splits than key tiles (the combine takes the sink once, empty splits
+// weigh nothing). Lengths of 0 give rows that are their sink alone (out 0, LSE the sink); three
+// heads per kv head, the third without a sink; with a window, ALiBi and a bias beside them.
+TEST(KvCacheScoreMods, Sinks) {
+  Context ctx;
+  testing::ScoreModsCase sinks;
+  sinks.sinks = true;
+  testing::ScoreModsCase with_others = window_mods(30, 0);
+  with_others.sinks = true;
+  with_others.alibi = testing::AlibiSlopes::heads;
+  with_others.bias = testing::BiasLayout::full;
+  with_others.masked_key_period = 5;
+  for (const testing::ScoreModsCase& m : {sinks, with_others})
+    for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+      AttendCase c = attend(paged(dtype, 3, 1, 64, 16, 5, {0, 37, 80}), 3, 2);
+      c.mods = m;
+      for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+      for (int splits : {1, 3, 64}) {
+        c.num_splits = splits;
+        EXPECT_TRUE(check_attend(ctx, c, Path::fused));
+      }
+    }
+}
+
 // append_kv writes exactly the new tokens' rows (checked element by element against the reference,
 // every other byte of the pool unchanged), across page boundaries, and attention then sees them.
 ::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,

@@ -317,6 +317,74 @@ TEST_P(ScoreMods, Combined) {
   EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, varlen_mods)) << varlen.name() << varlen_mods.name();
 }
 
+// A mask written with the lowest finite value (torch.finfo(dtype).min) instead of -inf: fp32's
+// -FLT_MAX and bf16's -3.39e38 mask like -inf (attention.h: scores at or below -1e38), also rows
+// whose every key is so masked (out 0, LSE -inf, or the sink's); f16's -65504 is an ordinary value.
+TEST_P(ScoreMods, LowestFiniteBiasMasks) {
+  Context ctx;
+  ScoreModsCase lowest;
+  lowest.bias = BiasLayout::keys;
+  lowest.masked_row_period = 3;
+  lowest.masked_key_period = 7;
+  lowest.mask_with_lowest = true;
+  ScoreModsCase input_dtype = lowest;
+  input_dtype.bias_in_input_dtype = true;
+  ScoreModsCase with_sinks = lowest;
+  with_sinks.sinks = true;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 1, 2, 1, 40, 70, 7, none), lowest),
+      with(make(DType::bf16, 1, 2, 1, 40, 70, 64, bottom_right), input_dtype),
+      with(make(DType::f16, 1, 3, 1, 40, 70, 64, top_left), with_sinks),
+  });
+}
+
+// Attention sinks: every dtype and each fused kernel's head dims (the Hopper kernel's 64 and 128,
+// mma.sync's 32, SIMT's odd ones), GQA with a head without a sink (every third), both causal
+// alignments, key lengths of 0 and rows the causal mask leaves empty (out 0, LSE the sink's logit),
+// a bias that masks every key, and varlen with empty sequences.
+TEST_P(ScoreMods, Sinks) {
+  Context ctx;
+  ScoreModsCase sinks;
+  sinks.sinks = true;
+  ScoreModsCase masked = sinks;
+  masked.bias = BiasLayout::keys;
+  masked.masked_row_period = 3;  // rows 2, 5, ...: every key masked, only the sink left
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 2, 3, 1, 113, 203, 7, none, {0, 150}), sinks),
+      with(make(DType::f16, 2, 3, 3, 113, 70, 64, bottom_right, {70, 9}), sinks),  // rows 0-42 see no key
+      with(make(DType::bf16, 1, 6, 2, 64, 203, 128, top_left, {}, Layout::bshd), sinks),
+      with(make(DType::f16, 1, 3, 1, 7, 64, 32, none), masked),
+      with(make(DType::bf16, 1, 3, 1, 1, 1000, 64, bottom_right), sinks),
+  });
+  VarlenCase varlen;
+  varlen.dtype = DType::bf16;
+  varlen.heads = 3;
+  varlen.kv_heads = 1;
+  varlen.head_dim = 64;
+  varlen.seq_q = {37, 0, 64, 5};
+  varlen.seq_k = {90, 12, 64, 0};
+  varlen.causal = bottom_right;
+  varlen.with_lse = true;
+  varlen.path = path();
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, sinks)) << varlen.name() << sinks.name();
+}
+
+// Sinks beside every other modifier.
+TEST_P(ScoreMods, SinksWithEverything) {
+  Context ctx;
+  ScoreModsCase all = window(30, 10);
+  all.softcap = 4.0f;
+  all.alibi = AlibiSlopes::batch_heads;
+  all.bias = BiasLayout::full;
+  all.masked_row_period = 11;
+  all.masked_key_period = 9;
+  all.sinks = true;
+  testing::expect_all_pass(ctx, {
+      with(make(DType::f32, 2, 3, 1, 113, 203, 7, bottom_right, {203, 150}), all),
+      with(make(DType::f16, 2, 3, 3, 113, 203, 64, top_left, {100, 203}, Layout::bshd), all),
+  });
+}
+
 // Batch 1 of the bias starts 2^31 elements after batch 0: bias offsets need 64 bits.
 TEST_P(ScoreMods, BiasOffsetsPast32Bits) {
   Context ctx;

@@ -55,7 +55,7 @@ double loss(const Problem& p, const Inputs& in) {
 void expect_matches_finite_differences(const Problem& p, uint64_t seed, bool with_dlse = false) {
   Inputs in = random_inputs(p, seed, with_dlse);
   const Gradients g = attention_backward(p, in.q, in.k, in.v, in.dout, in.dlse);
-  constexpr double h = 1e-5;
+  constexpr double h = 1e-5, h_step = h;
   const std::pair<const char*, std::pair<std::vector<double>*, const std::vector<double>*>> parts[] = {
       {"dq", {&in.q, &g.dq}}, {"dk", {&in.k, &g.dk}}, {"dv", {&in.v, &g.dv}}};
   for (const auto& [name, pair] : parts) {
@@ -72,6 +72,17 @@ void expect_matches_finite_differences(const Problem& p, uint64_t seed, bool wit
       const double numeric = (up - down) / (2 * h);
       EXPECT_NEAR(analytic[i], numeric, 1e-6 * (1 + std::abs(numeric))) << name << "[" << i << "]";
     }
+  }
+  // Each head's sink logit, a parameter of the problem.
+  ASSERT_EQ(g.dsinks.size(), p.sinks.size());
+  for (size_t h = 0; h < p.sinks.size(); ++h) {
+    Problem moved = p;
+    moved.sinks[h] = p.sinks[h] + h_step;
+    const double up = loss(moved, in);
+    moved.sinks[h] = p.sinks[h] - h_step;
+    const double down = loss(moved, in);
+    const double numeric = (up - down) / (2 * h_step);
+    EXPECT_NEAR(g.dsinks[h], numeric, 1e-6 * (1 + std::abs(numeric))) << "dsinks[" << h << "]";
   }
 }
 
@@ -130,6 +141,19 @@ TEST(BackwardReference, FiniteDifferencesThroughTheLse) {
   p.softcap = 2.0;
   p.alibi_slopes = {0.5, 0.25};
   expect_matches_finite_differences(p, 7, true);
+}
+
+// Sinks with everything that moves the softmax beside them: rows without keys (their LSE is the
+// sink's), a masked row, a window, softcap, GQA and the LSE's own gradient.
+TEST(BackwardReference, FiniteDifferencesWithSinks) {
+  Problem p = base(4, 2, 5, 6, 3);
+  p.key_lengths = {0, 6};
+  p.causal = Causal::bottom_right;
+  p.window_left = 2;
+  p.softcap = 2.0;
+  p.sinks = {0.3, -1.2, 2.5, -kInf};  // the last head has none: its gradient is 0
+  expect_matches_finite_differences(p, 8, false);
+  expect_matches_finite_differences(p, 9, true);
 }
 
 TEST(BackwardReference, ExactZerosWhereNothingIsSeen) {

@@ -123,6 +123,54 @@ TEST(ReferenceScoreMods, MinusInfinityBiasMasks) {
   EXPECT_EQ(r.lse[1], -kInf);
 }
 
+TEST(ReferenceScoreMods, ScoresBeyondTheLimitMaskOrClamp) {
+  EXPECT_EQ(limit_score(-1e38), -kInf);
+  EXPECT_EQ(limit_score(-std::numeric_limits<double>::max()), -kInf);
+  EXPECT_EQ(limit_score(-9.9e37), -9.9e37);
+  EXPECT_EQ(limit_score(3e38), 1e38);
+  EXPECT_TRUE(std::isnan(limit_score(std::nan(""))));
+  // -FLT_MAX on every key masks the row (0, LSE -inf); +3e38 on key 1 makes it the whole softmax.
+  Problem p = problem(2, 2);
+  const double lowest = -3.4028234663852886e38;
+  p.bias = {lowest, lowest, 0.0, 3e38};
+  const Result r = attention(p, {1, 1}, {1, 2}, {3, 7});
+  EXPECT_EQ(r.out[0], 0.0);
+  EXPECT_EQ(r.lse[0], -kInf);
+  EXPECT_EQ(r.out[1], 7.0);
+  EXPECT_EQ(r.lse[1], 1e38);
+}
+
+TEST(ReferenceScoreMods, SinkTakesItsShareOfTheSoftmax) {
+  // Scores 1 and 0 beside a sink of logit 0.5 (a key whose value is 0): weights e, 1 and e^0.5.
+  Problem p = problem(1, 2);
+  p.sinks = {0.5};
+  const Result r = attention(p, {1}, {1, 0}, {3, 7});
+  const double a = std::exp(1.0), b = 1.0, sink = std::exp(0.5);
+  EXPECT_NEAR(r.out[0], (3 * a + 7 * b) / (a + b + sink), 1e-14);
+  EXPECT_NEAR(r.lse[0], std::log(a + b + sink), 1e-14);
+  // A sink far above the scores leaves almost nothing to the keys, without overflow.
+  p.sinks = {800.0};
+  const Result high = attention(p, {1}, {1, 0}, {3, 7});
+  EXPECT_EQ(high.out[0], 0.0);
+  EXPECT_NEAR(high.lse[0], 800.0, 1e-12);
+  // -inf is no sink.
+  p.sinks = {-kInf};
+  EXPECT_NEAR(attention(p, {1}, {1, 0}, {3, 7}).out[0], (3 * a + 7 * b) / (a + b), 1e-14);
+}
+
+TEST(ReferenceScoreMods, RowWithoutKeysIsZeroWithTheSinksLse) {
+  // Row 0 sees no key (every key masked): out 0, LSE the sink's logit. Per head: head 1 has no sink.
+  Problem p = problem(1, 2);
+  p.heads = p.kv_heads = 2;
+  p.bias = {-kInf, -kInf, -kInf, -kInf};
+  p.sinks = {1.25, -kInf};
+  const Result r = attention(p, {1, 1}, {1, 2, 1, 2}, {3, 7, 3, 7});
+  EXPECT_EQ(r.out[0], 0.0);
+  EXPECT_EQ(r.lse[0], 1.25);
+  EXPECT_EQ(r.out[1], 0.0);
+  EXPECT_EQ(r.lse[1], -kInf);
+}
+
 TEST(ReferenceScoreMods, RejectsBadModifiers) {
   Problem p = problem(1, 2);
   p.window_left = -2;
@@ -135,6 +183,13 @@ TEST(ReferenceScoreMods, RejectsBadModifiers) {
   EXPECT_THROW(attention(p, {1}, {1, 2}, {1, 2}), InvalidArgument);
   p = problem(1, 2);
   p.bias = {1};
+  EXPECT_THROW(attention(p, {1}, {1, 2}, {1, 2}), InvalidArgument);
+  p = problem(1, 2);
+  p.sinks = {1, 2};  // one per head
+  EXPECT_THROW(attention(p, {1}, {1, 2}, {1, 2}), InvalidArgument);
+  p.sinks = {std::nan("")};
+  EXPECT_THROW(attention(p, {1}, {1, 2}, {1, 2}), InvalidArgument);
+  p.sinks = {kInf};
   EXPECT_THROW(attention(p, {1}, {1, 2}, {1, 2}), InvalidArgument);
 }
 

@@ -51,6 +51,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
       const double* k_head = k.data() + kv * p.seq_k * d;
       const double* v_head = v.data() + kv * p.seq_k * d;
       const double slope = reference::alibi_slope(p, b, h);
+      const float sink = float(reference::sink_logit(p, h));
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;
@@ -60,7 +61,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         const reference::KeyRange keys =
             reference::visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
         const int aligned = reference::aligned_row(i, p.seq_q, len_k, p.causal);
-        if (keys.end <= keys.begin || !std::isfinite(exact.lse[row])) continue;
+        if (!std::isfinite(exact.lse[row])) continue;  // no key, no sink: 0 and -inf exactly
 
         float max_score = -INFINITY;
         double max_magnitude = 0;
@@ -89,6 +90,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
             score += float(bias);
             if (std::isfinite(bias)) added += std::abs(bias);
           }
+          score = float(reference::limit_score(score));
           x[j] = score;
           magnitude[j] = double(scale) * abs_dot + added;
           if (score == -INFINITY) continue;
@@ -96,17 +98,34 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
           max_score = std::max(max_score, x[j]);
           max_magnitude = std::max(max_magnitude, magnitude[j]);
         }
+        if (n == 0) {
+          // Only the sink (the exact LSE is finite): out is 0 exactly, the LSE its logit up to
+          // the few roundings of the units the kernel keeps it in.
+          e.lse.allowed[row] = sink;
+          e.lse.scale[row] = std::abs(exact.lse[row]) + 1;
+          e.lse.floor[row] = u32 * (std::abs(exact.lse[row]) + 4);
+          continue;
+        }
         for (int j = keys.begin; j < keys.end; ++j) probs[j] = std::exp(x[j] - max_score);
-        const float sum = pairwise_sum(probs.data() + keys.begin, keys.end - keys.begin);
+        float sum = pairwise_sum(probs.data() + keys.begin, keys.end - keys.begin);
+        // A sink ends the row's softmax as softmax_row_end does: the keys' sum shifted to
+        // max(max_score, sink), plus the sink's own term (kernels/common/score_mods.cuh).
+        float inverse = 1.0f / sum, lse_shift = max_score;
+        if (sink != -INFINITY) {
+          lse_shift = std::max(max_score, sink);
+          const float keys_share = std::exp(max_score - lse_shift);
+          sum = sum * keys_share + std::exp(sink - lse_shift);
+          inverse = keys_share / sum;
+        }
         double weighted_magnitude = 0;
         for (int j = keys.begin; j < keys.end; ++j) {
-          probs[j] = probs[j] / sum;
+          probs[j] = sink != -INFINITY ? probs[j] * inverse : probs[j] / sum;
           weighted_magnitude += double(probs[j]) * magnitude[j];
           if (arithmetic.p_rounded) probs[j] = round_to(arithmetic.dtype, probs[j]);
         }
         const double fp32_steps = 4 + std::sqrt(double(n)) + 2 * max_magnitude;
 
-        const float lse = max_score + std::log(sum);
+        const float lse = lse_shift + std::log(sum);
         e.lse.allowed[row] = lse;
         e.lse.scale[row] = std::abs(exact.lse[row]) + weighted_magnitude + 1;
         e.lse.floor[row] = u32 * (std::abs(exact.lse[row]) + fp32_steps);

@@ -8,6 +8,9 @@
 //         then softcap, ALiBi and bias in fp32 (kernels/common/score_mods.cuh), over the keys the
 //         mask rule leaves (reference::visible_key_range); a_j grows by what each adds
 //   m = max x_j,  l = sum_j fl(exp(x_j - m)),  lse = fl(m + log l)
+//   with a sink s: m' = max(m, s), l' = fl(l e^(m - m') + e^(s - m')), lse = fl(m' + log l') and
+//   p_j scaled by e^(m - m') / l' (kernels/common/score_mods.cuh, softmax_row_end); a row whose
+//   only term is the sink has out 0 exactly and LSE s within a few fp32 roundings
 //   p_j = fl(exp(x_j - m) / l), then rounded to the input dtype where the path does that (a
 //         tensor-core P V takes A and B of one type: P becomes f16/bf16)
 //   out_c = round_to_dtype(sum_j p_j v_jc)     the result stored in dtype

@@ -6,7 +6,9 @@
 // and each gradient within judge.h's rule: against reference::attention_backward from the rounded
 // inputs, at most 2x the error of backward_expected.h's allowed computation (fp32, P and dS rounded
 // to the input dtype for f16/bf16, from the forward's stored out and LSE) at every element, row and
-// overall, plus a floor. SELFATTN_TEST_REPORT=1 prints how close each gradient came to its bounds.
+// overall, plus a floor. With sinks, dsinks is judged by the same rule against an allowed computation
+// from the stored out and LSE (fp32 D and sums). SELFATTN_TEST_REPORT=1 prints how close each
+// gradient came to its bounds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,10 +45,14 @@ struct Case {
   bool deterministic = false;        // BackwardOptions::deterministic
   bool deterministic_rerun = false;  // run the backward twice, require bitwise-equal gradients
   bool dlse = false;                 // an upstream gradient of the LSE too (BackwardOptions::dlse)
+  // Attention sinks ([heads] logits near log(seq_k), every third head -inf) and their gradient
+  // (BackwardOptions::dsinks).
+  bool sinks = false;
 };
 
 struct Gradients {
   std::vector<float> dq, dk, dv;  // logical BHSD ([1, h, total, d] for varlen), as stored then widened
+  std::vector<float> dsinks;      // [heads] with sinks
 };
 
 inline double to_double_rounded(DType dtype, double x) { return double(testing::round_to(dtype, float(x))); }
@@ -58,12 +64,14 @@ struct Dense {
   std::vector<double> slopes;               // [heads] or empty
   std::vector<int32_t> key_lengths;
   std::vector<double> dlse;                 // [batch, heads, seq_q] or empty
+  std::vector<double> sinks;                // [heads] or empty
 };
 
 // dq/dk/dv and which rows/keys must be exactly 0.
 struct Expected {
   std::vector<double> dq, dk, dv;
   std::vector<char> dq_zero, dkv_zero;  // per row of dq; per key row of dk/dv
+  std::vector<double> dsinks;           // [heads] with sinks
 };
 
 // The expected gradients of one padded problem: reference::attention_backward (itself checked against
@@ -86,6 +94,7 @@ inline reference::Problem problem_of(const Dense& p, const Case& c, double scale
   problem.softcap = c.softcap;
   problem.alibi_slopes = p.slopes;
   problem.bias = p.bias;
+  problem.sinks = p.sinks;
   return problem;
 }
 
@@ -96,6 +105,7 @@ inline Expected reference_gradients(const Dense& p, const Case& c, double scale)
   e.dq = g.dq;
   e.dk = g.dk;
   e.dv = g.dv;
+  e.dsinks = g.dsinks;
   e.dq_zero.assign(size_t(p.batch) * p.heads * p.seq_q, 1);
   e.dkv_zero.assign(size_t(p.batch) * p.kv_heads * p.seq_k, 1);
   const int hpk = p.heads / p.kv_heads;
@@ -209,6 +219,12 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   }
   DeviceBuffer<float> bias_b(ctx, std::max<size_t>(bias_f.size(), 1));
   if (c.bias) bias_b.copy_from_host(bias_f.data(), bias_f.size());
+  std::vector<float> sinks_f;
+  std::normal_distribution<double> sink_logit(std::log(double(std::max(max_k, 1))), 1.5);
+  for (int h = 0; c.sinks && h < c.heads; ++h) sinks_f.push_back(h % 3 == 2 ? -INFINITY : float(sink_logit(rng)));
+  const std::vector<double> sinks(sinks_f.begin(), sinks_f.end());
+  DeviceBuffer<float> sinks_b(ctx, std::max<size_t>(sinks_f.size(), 1)), dsinks_b(ctx, sinks_b.size());
+  if (c.sinks) sinks_b.copy_from_host(sinks_f.data(), sinks_f.size());
 
   AttentionOptions options;
   options.path = Path::naive;
@@ -222,6 +238,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     options.alibi_slopes_count = c.heads;
   }
   if (c.bias) options.bias = TensorView::bhsd(bias_b.data(), DType::f32, batch, c.heads, max_q, max_k);
+  if (c.sinks) options.sinks = sinks_b.data();
   options.lse = lse.data();
   if (varlen) attention_varlen(ctx, qv, kv, vv, ov, cuq.data(), cuk.data(), batch, max_q, max_k, options);
   else attention(ctx, qv, kv, vv, ov, options);
@@ -231,17 +248,21 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   BackwardOptions backward;
   backward.deterministic = c.deterministic;
   if (c.dlse) backward.dlse = dlse_b.data();
+  if (c.sinks) backward.dsinks = dsinks_b.data();
   const auto run_backward = [&]() {
     dqb.fill_bytes(0xFF);  // NaN in every dtype: an element not written fails
     dkb.fill_bytes(0xFF);
     dvb.fill_bytes(0xFF);
+    dsinks_b.fill_bytes(0xFF);
     if (varlen)
       attention_varlen_backward(ctx, qv, kv, vv, ov, dov, lse.data(), dqv, dkv, dvv, cuq.data(), cuk.data(), batch,
                                 max_q, max_k, options, backward);
     else
       attention_backward(ctx, qv, kv, vv, ov, dov, lse.data(), dqv, dkv, dvv, options, backward);
     ctx.synchronize();
-    return Gradients{download(dqb, dqv), download(dkb, dkv), download(dvb, dvv)};
+    std::vector<float> dsinks(sinks_f.size());
+    if (c.sinks) dsinks_b.copy_to_host(dsinks.data(), dsinks.size());
+    return Gradients{download(dqb, dqv), download(dkb, dkv), download(dvb, dvv), dsinks};
   };
   const Gradients g = run_backward();
   if (got) *got = g;
@@ -250,7 +271,8 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
     };
-    if (!same_bits(g.dq, again.dq) || !same_bits(g.dk, again.dk) || !same_bits(g.dv, again.dv))
+    if (!same_bits(g.dq, again.dq) || !same_bits(g.dk, again.dk) || !same_bits(g.dv, again.dv) ||
+        !same_bits(g.dsinks, again.dsinks))
       return ::testing::AssertionFailure() << c.name << ": two runs gave different gradient bits";
   }
 
@@ -270,12 +292,14 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   e.dv.assign(nk, 0.0);
   e.dq_zero.assign(nq / d, 1);
   e.dkv_zero.assign(nk / d, 1);
+  e.dsinks.assign(sinks.size(), 0.0);
   for (int b = 0; b < (varlen ? batch : 1); ++b) {
     Dense p;
     p.heads = c.heads;
     p.kv_heads = c.kv_heads;
     p.head_dim = d;
     p.slopes = slopes;
+    p.sinks = sinks;
     const int q0 = varlen ? cu_q[b] : 0, k0 = varlen ? cu_k[b] : 0;
     p.batch = varlen ? 1 : batch;
     p.seq_q = varlen ? c.varlen_q[b] : c.seq_q;
@@ -311,6 +335,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
           if (c.dlse) p.dlse.push_back(dlse_f[at]);
         }
     const Expected part = reference_gradients(p, c, scale);
+    for (size_t h = 0; h < part.dsinks.size(); ++h) e.dsinks[h] += part.dsinks[h];
     // The allowed computation below starts from the forward's out and LSE as stored (what the
     // kernels read), so those are judged first: a wrong LSE row would otherwise widen the
     // tolerance of every gradient element.
@@ -380,6 +405,44 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   if (auto r = compare("dq", g.dq, e.dq, e.dq_zero); !r) return r;
   if (auto r = compare("dk", g.dk, e.dk, e.dkv_zero); !r) return r;
   if (auto r = compare("dv", g.dv, e.dv, e.dkv_zero); !r) return r;
+  if (c.sinks) {
+    // dsinks[h] = -sum_i exp(sink - lse_i) (D_i - dlse_i), allowed as the kernels compute it: D_i
+    // an fp32 sum over the stored out and dout, the terms summed in fp32. Scale: the sum of the
+    // terms' magnitudes; floor: fp32 roundings of D (sqrt(d)) and of the sum (sqrt(rows)).
+    testing::Expected want;
+    want.row_length = c.heads;
+    want.exact = e.dsinks;
+    want.allowed.assign(sinks.size(), 0.0);
+    want.scale.assign(sinks.size(), 0.0);
+    want.floor.assign(sinks.size(), 0.0);
+    const double u32 = testing::unit_roundoff(DType::f32);
+    for (int h = 0; h < c.heads; ++h) {
+      if (sinks_f[size_t(h)] == -INFINITY) continue;  // exactly 0
+      float sum = 0;
+      double magnitude = 0;
+      int rows = 0;
+      for (int bb = 0; bb < vb; ++bb)
+        for (int i = 0; i < rows_q; ++i, ++rows) {
+          const size_t row = (size_t(bb) * c.heads + h) * rows_q + i;
+          float dot = 0;
+          double abs_dot = 0;
+          for (int e2 = 0; e2 < d; ++e2) {
+            dot += float(dout[row * d + e2]) * float(out_stored[row * d + e2]);
+            abs_dot += std::abs(dout[row * d + e2] * out_stored[row * d + e2]);
+          }
+          const float dlse_i = c.dlse ? dlse_f[row] : 0.0f;
+          const float prob = std::exp(sinks_f[size_t(h)] - lse_host[row]);
+          sum += prob * (dot - dlse_i);
+          magnitude += double(prob) * (abs_dot + std::abs(dlse_i));
+        }
+      want.allowed[size_t(h)] = -sum;
+      want.scale[size_t(h)] = magnitude;
+      want.floor[size_t(h)] = u32 * (4 + std::sqrt(double(d)) + std::sqrt(double(rows))) * magnitude;
+    }
+    const std::vector<double> got_dsinks(g.dsinks.begin(), g.dsinks.end());
+    if (auto r = testing::judge("dsinks", got_dsinks, want); !r && judged)
+      judged = ::testing::AssertionFailure() << c.name << ": " << r.message();
+  }
   return judged;
 }
 
@@ -451,6 +514,14 @@ inline std::vector<Case> sweep(Path path) {
     b.name = "bias";
     b.bias = true;
     add(b);
+    Case sinks = c;
+    sinks.name = "sinks_gqa_lengths_dlse";  // batch 0 sees no key: its rows are the sinks' alone
+    sinks.batch = 2, sinks.heads = 3, sinks.kv_heads = 1;
+    sinks.key_lengths = {0, 40};
+    sinks.causal = Causal::bottom_right;
+    sinks.sinks = true;
+    sinks.dlse = true;
+    add(sinks);
     Case all = c;
     all.name = "everything_varlen_dlse";
     all.dlse = true;
@@ -461,6 +532,7 @@ inline std::vector<Case> sweep(Path path) {
     all.softcap = 3.0f;
     all.alibi = true;
     all.bias = true;
+    all.sinks = true;
     all.grad_f32 = dtype != DType::f32;
     add(all);
   }
@@ -526,7 +598,16 @@ inline std::vector<Case> fused_sweep() {
   c.bias = true;
   c.grad_f32 = true;
   c.dlse = true;
-  add(c, "window_softcap_alibi_bias_varlen_dlse");
+  c.sinks = true;
+  add(c, "window_softcap_alibi_bias_sinks_varlen_dlse");
+  c = Case{};
+  c.dtype = DType::bf16;
+  c.batch = 2, c.heads = 3, c.kv_heads = 1, c.seq_q = 40, c.seq_k = 70, c.head_dim = 64;
+  c.causal = Causal::bottom_right;
+  c.key_lengths = {0, 55};  // batch 0's rows hold only their sinks
+  c.sinks = true;
+  c.dlse = true;
+  add(c, "sinks_gqa_lengths_d64_dlse");
   return cases;
 }
 

@@ -78,6 +78,7 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
             s += float(bias);
             if (std::isfinite(bias)) added += std::abs(bias);
           }
+          s = float(reference::limit_score(s));
           x[j] = s;
           a[j] = double(scale) * abs_dot + added;
           if (s != -INFINITY) {

@@ -22,7 +22,8 @@ const char* to_string(BiasLayout layout) {
 }
 
 bool ScoreModsCase::any() const {
-  return window_left >= 0 || window_right >= 0 || softcap || alibi != AlibiSlopes::none || bias != BiasLayout::none;
+  return window_left >= 0 || window_right >= 0 || softcap || alibi != AlibiSlopes::none || bias != BiasLayout::none ||
+         sinks;
 }
 
 std::string ScoreModsCase::name() const {
@@ -32,9 +33,11 @@ std::string ScoreModsCase::name() const {
   if (alibi != AlibiSlopes::none) s << " alibi=" << (alibi == AlibiSlopes::heads ? "heads" : "batch_heads");
   if (bias != BiasLayout::none) {
     s << " bias=" << to_string(bias) << (bias_in_input_dtype ? "/input" : "/f32");
-    if (masked_row_period || masked_key_period) s << " -inf=rows" << masked_row_period << ",keys" << masked_key_period;
+    if (masked_row_period || masked_key_period)
+      s << (mask_with_lowest ? " lowest=rows" : " -inf=rows") << masked_row_period << ",keys" << masked_key_period;
     if (bias_batch_gap) s << " bias_batch_gap=" << bias_batch_gap;
   }
+  if (sinks) s << " sinks";
   return s.str();
 }
 
@@ -79,6 +82,10 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
     std::vector<unsigned char> host(std::max<size_t>(elements, 1) * dtype_size(bias_type), 0);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const float minus_inf = -std::numeric_limits<float>::infinity();
+    const float lowest = bias_type == DType::f16    ? -65504.0f
+                         : bias_type == DType::bf16 ? -3.3895313892515355e38f
+                                                    : std::numeric_limits<float>::lowest();
+    const float masked_value = c.mask_with_lowest ? lowest : minus_inf;
     std::vector<float> stored(elements, 0.0f);
     for (int b = 0; b < stored_batch; ++b)
       for (int h = 0; h < stored_heads; ++h)
@@ -87,7 +94,7 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
             const bool masked = (c.masked_row_period > 0 && r % c.masked_row_period == c.masked_row_period - 1) ||
                                 (c.masked_key_period > 0 && k % c.masked_key_period == 1);
             const size_t at = ((size_t(b) * stored_heads + h) * seq_q + r) * size_t(row_stride) + k;
-            stored[at] = masked ? minus_inf : round_to(bias_type, normal(rng));
+            stored[at] = masked ? masked_value : round_to(bias_type, normal(rng));
             store_element(host.data(), bias_type, at, stored[at]);
           }
     // Batch by batch: with a gap, only the blocks are written.
@@ -109,6 +116,19 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
             data.bias_logical[i] = stored[((size_t(sb) * stored_heads + sh) * seq_q + r) * size_t(row_stride) + k];
           }
   }
+
+  if (c.sinks) {
+    // Scores (scale q.k) of unit-normal inputs are about unit-normal; log(seq_k) is where a sink
+    // holds as much weight as all the keys together.
+    std::normal_distribution<float> normal(std::log(float(std::max(seq_k, 1))), 1.5f);
+    std::vector<float> sinks(size_t(std::max(heads, 1)));
+    for (int h = 0; h < heads; ++h) {
+      sinks[size_t(h)] = h % 3 == 2 ? -std::numeric_limits<float>::infinity() : normal(rng);
+      data.sinks_logical.push_back(sinks[size_t(h)]);
+    }
+    data.sinks = DeviceBuffer<float>(ctx, sinks.size(), "test sinks");
+    data.sinks.copy_from_host(sinks);
+  }
   return data;
 }
 
@@ -118,6 +138,7 @@ void ScoreModsData::apply(const ScoreModsCase& c, reference::Problem& problem) c
   problem.softcap = c.softcap ? double(*c.softcap) : 0.0;
   problem.alibi_slopes = slopes_logical;
   problem.bias = bias_logical;
+  problem.sinks = sinks_logical;
 }
 
 void ScoreModsData::apply_sequence(const ScoreModsCase& c, reference::Problem& problem, int b, int len_q,
@@ -125,6 +146,7 @@ void ScoreModsData::apply_sequence(const ScoreModsCase& c, reference::Problem& p
   problem.window_left = c.window_left;
   problem.window_right = c.window_right;
   problem.softcap = c.softcap ? double(*c.softcap) : 0.0;
+  problem.sinks = sinks_logical;
   problem.alibi_slopes.clear();
   if (!slopes_logical.empty()) {
     const bool per_batch = slopes_logical.size() != size_t(heads);

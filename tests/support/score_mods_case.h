@@ -1,8 +1,8 @@
 #pragma once
-// Masks and score modifiers of a test case (sliding window, softcap, ALiBi, additive bias): what a
-// case asks for, and the inputs made from it - random slopes and bias uploaded to the device in the
-// asked layout, and the same values, expanded to dense [batch, heads, seq_q, seq_k], for the
-// double reference. Used by the attention harness (AttentionCase::mods, VarlenCase::mods).
+// Masks and score modifiers of a test case (sliding window, softcap, ALiBi, additive bias, attention
+// sinks): what a case asks for, and the inputs made from it - random slopes, bias and sinks uploaded
+// to the device in the asked layout, and the same values, the bias expanded to dense [batch, heads,
+// seq_q, seq_k], for the double reference. Used by the attention harness (AttentionCase::mods, VarlenCase::mods).
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -33,9 +33,16 @@ struct ScoreModsCase {
   // -inf entries of the bias: query rows r with r % masked_row_period == masked_row_period - 1
   // entirely (rows that see no key), keys k with k % masked_key_period == 1 (columns). 0: none.
   int masked_row_period = 0, masked_key_period = 0;
+  // Masked entries hold the bias dtype's lowest finite value (-FLT_MAX for f32 and bf16's -3.39e38:
+  // torch.finfo(dtype).min, the additive masks of many models) instead of -inf.
+  bool mask_with_lowest = false;
   // Extra elements between the bias's batches (full and batch layouts): 2^31 puts batch 1 past
   // 32-bit element offsets; only the batches' blocks are touched (the sim reserves the gap).
   int64_t bias_batch_gap = 0;
+  // Attention sinks: one logit per head, drawn around the scores' own size (so that the sink takes a
+  // real share of each row: a sink far below every score would change nothing measurable); every
+  // third head (h % 3 == 2) has none (-inf).
+  bool sinks = false;
 
   bool any() const;
   // "" when none, else " window=L,R softcap=C alibi=heads bias=full/f32 -inf=rows5,keys7".
@@ -49,6 +56,8 @@ struct ScoreModsData {
   std::optional<TensorView> bias;
   std::vector<double> slopes_logical;  // as uploaded: [heads] or [batch, heads]
   std::vector<double> bias_logical;    // dense [batch, heads, seq_q, seq_k]
+  DeviceBuffer<float> sinks;
+  std::vector<double> sinks_logical;   // [heads] or empty
   int batch = 0, heads = 0, seq_q = 0, seq_k = 0;
 
   // The options of attention() or attention_with_kv_cache() (the fields have the same names).
@@ -62,6 +71,7 @@ struct ScoreModsData {
       options.alibi_slopes_count = int64_t(slopes_logical.size());
     }
     options.bias = bias;
+    if (!sinks_logical.empty()) options.sinks = sinks.data();
   }
   // The reference problem of the whole call, or (varlen) of sequence `b` alone with len_q rows and
   // len_k keys of the [batch, heads, max_q, max_k] bias.

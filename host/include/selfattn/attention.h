@@ -28,7 +28,10 @@ struct AttentionOptions {
   // aligned as the causal mask in force aligns it (types.h): i' = i under top_left, i + (len_k -
   // seq_q) under bottom_right AND under none (a window or ALiBi without a causal mask is aligned at
   // the last key, FlashAttention's convention). A row left with no key, or whose every visible key
-  // the bias masks, outputs 0 and LSE -inf.
+  // the bias masks, outputs 0 and LSE -inf (with a sink: sink[h], below). A modified score at or
+  // below -1e38 masks its key as -inf does (so a mask written as -FLT_MAX, torch.finfo(dtype).min,
+  // masks on every path, also a row of nothing else), and one above 1e38 is clamped to 1e38: the
+  // fused kernels scale scores by log2(e), past which fp32 overflows (reference::limit_score).
 
   // Sliding window: row i sees key j only when i' - window_left <= j <= i' + window_right; -1 means
   // unbounded on that side (the default: no window). (0, 0) sees key i' alone; with top_left or
@@ -49,6 +52,14 @@ struct AttentionOptions {
   // (a mask: a boolean mask is a bias of 0 where allowed and -inf where not). Any strides >= 0;
   // 64-bit offsets. Must not overlap out or lse.
   std::optional<TensorView> bias;
+  // Attention sinks (gpt-oss; StreamingLLM's learned variant): device fp32 [heads], one logit per
+  // query head that joins every row's softmax as one more key whose value row is 0, taken as it is
+  // (not scaled, capped, distance-penalised or biased):
+  //   out_i = sum_j e^(s_ij) v_j / (e^(sink[h]) + sum_j e^(s_ij)),  lse_i = log(e^(sink[h]) + sum_j e^(s_ij))
+  // over row i's visible keys. A row that sees no key outputs 0 and LSE sink[h]. Values are finite,
+  // or -inf for a head without a sink (not checked: device memory). Must not overlap out or lse.
+  // Null: no sinks. The backward's gradient for them is BackwardOptions::dsinks.
+  const float* sinks = nullptr;
 };
 
 // out = softmax(mods(scale * q k^T) + mask) v, per (batch, head) (mods: see AttentionOptions).

@@ -30,6 +30,13 @@ struct BackwardOptions {
   // alone). It adds dlse_i P_ij to dS_ij (d lse_i / d s_ij = P_ij), which is D_i - dlse_i in place
   // of D_i in dS = P (dP - D): every path takes it at the same cost. Must not overlap a gradient.
   const float* dlse = nullptr;
+  // The gradient of the forward's sinks (AttentionOptions::sinks): device fp32 [heads], written
+  // (not accumulated) with dL/d sink[h] = -sum over the head's rows of P_i,sink (D_i - dlse_i),
+  // P_i,sink = exp(sink[h] - lse_i), summed in a fixed order (deterministic). Null: not computed
+  // (sinks held fixed); must be null without options.sinks. A head whose sink is -inf gets 0, and
+  // so does every head of a call without query rows. Must not overlap anything read or written.
+  // Costs one pass over the LSE and D (2 x 4 bytes per query row) after D is computed.
+  float* dsinks = nullptr;
 };
 
 // Gradients of attention(ctx, q, k, v, out, options) for the upstream gradient dout.
@@ -41,9 +48,9 @@ struct BackwardOptions {
 //   dq:       [batch, heads, seq_q, head_dim], dk, dv: [batch, kv_heads, seq_k, head_dim], each in q's
 //             dtype or f32, any strides (head_dim stride 1). Every element is written.
 // options: the forward's options, all of them honoured (path, causal, scale, key_lengths, window,
-// softcap, ALiBi, bias); options.lse must be null (the forward's LSE is the `lse` argument).
+// softcap, ALiBi, bias, sinks); options.lse must be null (the forward's LSE is the `lse` argument).
 // No gradient may overlap another or anything the call reads (q, k, v, out, dout, lse, key_lengths,
-// slopes, bias). Throws as attention() does (InvalidArgument naming the argument, NotAvailable,
+// slopes, bias, sinks). Throws as attention() does (InvalidArgument naming the argument, NotAvailable,
 // WorkspaceTooSmall, BackendError), and every check runs before anything is written: on the first
 // three, dq, dk and dv are untouched.
 // Zero sizes: no query rows gives dK = dV = 0; no keys gives dQ = 0; nothing runs a path.

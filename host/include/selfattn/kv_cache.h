@@ -24,8 +24,7 @@
 // cu_seqlens_from_lengths make no host-device synchronisation, no host read of device data and,
 // once the context's workspace has grown to the shape (run the shape once before capturing), no
 // allocation - unless options.validate_metadata is set, which copies the metadata to the host
-// (synchronous, not graph-safe), or the cache has no slot at all (capacity 0) and options.lse is
-// set (attention()'s no-key case copies the -inf LSE from the host). attention_varlen() on the
+// (synchronous, not graph-safe). attention_varlen() on the
 // naive and cublas paths reads cu_seqlens back and is not graph-safe; attention() with key_lengths
 // is. tests/paths/test_kv_cache_graph proves the graph-safe ones on the sim.
 //
@@ -140,12 +139,15 @@ struct KvAttentionOptions {
   // so the same view serves every step while lengths grow), fp32 or q's dtype, a dimension of
   // extent 1 or stride 0 broadcasts, -inf masks a key. Must not overlap out or lse.
   std::optional<TensorView> bias;
+  // Attention sinks: device fp32 [heads] logits, as AttentionOptions::sinks; a row that sees no
+  // cache token (length 0) outputs 0 and LSE sink[h].
+  const float* sinks = nullptr;
 };
 
 // out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),
 // after the new tokens were appended (append_kv). q, out: [batch, heads, seq_q, head_dim], the
 // cache's dtype; heads a multiple of the cache's kv_heads (GQA/MQA). A sequence with length 0
-// gives rows of 0 and LSE -inf. Paths:
+// gives rows of 0 and LSE -inf (with sinks, the head's sink logit). Paths:
 //   fused (and automatic, for head_dim <= 256): the split-KV decode kernel reads the cache in
 //     place; the query heads sharing a kv head are processed together, so each K/V element is read
 //     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim 64 and 128 when every

@@ -19,6 +19,7 @@ struct Problem {
   double softcap = 0;                       // 0: none
   std::vector<double> alibi_slopes;         // empty, [heads] or [batch, heads]
   std::vector<double> bias;                 // empty, or dense [batch, heads, seq_q, seq_k]; -inf masks
+  std::vector<double> sinks;                // empty, or [heads]: attention sinks' logits (-inf: none)
 };
 
 struct Result {
@@ -35,8 +36,10 @@ Result attention(const Problem& problem, const std::vector<double>& q, const std
 // alone (the forward is redone exactly). Rows that see no key get dq = 0; keys no row sees get
 // dk = dv = 0. dlse, when not empty, is the upstream gradient of the LSE ([batch, heads, seq_q]):
 // the loss is then sum(dout * out) + sum(dlse * lse). Implemented in reference_backward.cpp.
+// With sinks, dsinks [heads] is the gradient of each head's sink logit (summed over the batch and
+// rows); it is empty without sinks.
 struct Gradients {
-  std::vector<double> dq, dk, dv;
+  std::vector<double> dq, dk, dv, dsinks;
 };
 Gradients attention_backward(const Problem& problem, const std::vector<double>& q, const std::vector<double>& k,
                              const std::vector<double>& v, const std::vector<double>& dout,
@@ -52,6 +55,15 @@ int aligned_row(int row, int seq_q, int len_k, Causal causal);
 // The ALiBi slope of (batch, head): 0 without slopes, else slopes[head] ([heads]) or
 // slopes[batch * heads + head] ([batch, heads]).
 double alibi_slope(const Problem& problem, int batch, int head);
+
+// The rule that keeps modified scores in fp32's exp2-domain range (AttentionOptions): a score at or
+// below -kScoreLimit masks its key (-inf), one above +kScoreLimit is clamped to it, NaN stays NaN.
+// kernels/common/score_mods.cuh's limit_score is its device twin.
+constexpr double kScoreLimit = 1e38;
+double limit_score(double score);
+
+// The sink logit of `head`: -inf without sinks.
+double sink_logit(const Problem& problem, int head);
 
 // Keys [begin, end) that query `row` sees under the causal mask and the sliding window: the mask in
 // one place (kernels/common/causal_mask.cuh is its device twin). With i' = aligned_row(row):

@@ -67,6 +67,11 @@ void check_common(const char* function, const TensorView& q, const TensorView& k
   if (heads > 0 && q.batch() > 0 && q.seq() > 0 && q.head_dim() == 0) {
     fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
   }
+  // The naive and cublas paths count (batch, head) pairs in int32.
+  if (q.batch() * heads > INT_MAX) {
+    fail(function, "q.shape[0] * q.shape[1] (batch * heads) expected <= " + std::to_string(INT_MAX) + ", got " +
+                       std::to_string(q.batch() * heads));
+  }
   if (check_out_overlap) {
     expect_distinct_addresses(function, "out", out);
     const ByteRange out_range = byte_range(out);

@@ -13,6 +13,7 @@ namespace selfattn::detail {
 namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;  // kv heads / heads on grid.y, sequences on grid.z
+constexpr int64_t kMaxGroupRows = (int64_t(1) << 31) - 1 - 64;  // a row block's first row stays an int32
 
 [[noreturn]] void fail(const char* function, const std::string& message) {
   throw InvalidArgument(std::string(function) + ": " + message);
@@ -191,6 +192,12 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   expect_equal(function, "q.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", q.head_dim());
   for (int i = 0; i < 4; ++i) {
     expect_equal(function, "out.shape[" + str(i) + "]", q.shape[i], "q.shape[" + str(i) + "]", out.shape[i]);
+  }
+  // The decode kernels number the rows of one (sequence, kv head) group, (heads / kv_heads) * seq_q
+  // of them, and their blocks' first rows in int32.
+  if (shape.kv_heads > 0 && q.heads() / shape.kv_heads * q.seq() > kMaxGroupRows) {
+    fail(function, "q.shape[1] / kv_heads * q.shape[2] (query rows per kv head) expected <= " + str(kMaxGroupRows) +
+                       ", got " + str(q.heads() / shape.kv_heads * q.seq()));
   }
   expect_distinct_addresses(function, "out", out);
   if (q.heads() > kMaxGridYZ) fail(function, "q.shape[1] (heads) expected <= 65535, got " + str(q.heads()));

@@ -120,6 +120,14 @@ TEST(AttentionArguments, KeyLengthsMustNotLieInOutOrLse) {
   EXPECT_REJECTED(c, "options.key_lengths expected not to overlap options.lse");
 }
 
+// The naive and cublas paths count (batch, head) pairs in int32: more is refused, not wrapped.
+TEST(AttentionArguments, BatchTimesHeadsFitsInt32) {
+  Call c;
+  c.q.shape[0] = c.k.shape[0] = c.v.shape[0] = c.out.shape[0] = 60000;
+  c.q.shape[1] = c.out.shape[1] = 40000;
+  EXPECT_REJECTED(c, "q.shape[0] * q.shape[1] (batch * heads) expected <= 2147483647, got 2400000000");
+}
+
 TEST(AttentionArguments, SinksMisuse) {
   { Call c; c.options.sinks = c.out_mem.data() + 2; EXPECT_REJECTED(c, "options.sinks expected not to overlap out"); }
   {

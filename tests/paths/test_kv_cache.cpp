@@ -559,6 +559,15 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
        [](Call& c) { c.attend.bias = TensorView::bhsd(c.out.data, DType::f16, 1, 1, 3, 48); }},
       {"options.alibi_slopes expected not to overlap options.lse",
        [](Call& c) { c.attend.alibi_slopes = c.attend.lse; c.attend.alibi_slopes_count = 4; }},
+      {"options.sinks expected not to overlap out", [](Call& c) { c.attend.sinks = static_cast<float*>(c.out.data); }},
+      // 2 query heads per kv head x 2^30 rows: past the decode kernels' int32 row numbers (q read
+      // through stride 0, out's rows far apart: only the count is too large).
+      {"q.shape[1] / kv_heads * q.shape[2] (query rows per kv head) expected <= 2147483583, got 2147483648",
+       [](Call& c) {
+         c.q.shape[2] = c.out.shape[2] = int64_t(1) << 30;
+         c.q.strides[2] = 0;
+         c.attend.lse = nullptr;
+       }},
       // Pointers off their element size (they fault on the GPU) and an out whose rows share addresses.
       {"q.data expected alignment to its element size 2", [](Call& c) { c.q.data = static_cast<char*>(c.q.data) + 1; }},
       {"cache.lengths expected 4-byte alignment", [](Call& c) { c.cache.lengths = misaligned(c.cache.lengths); }},

@@ -88,7 +88,11 @@ void attention(Context& ctx, const TensorView& q, const TensorView& k, const Ten
 // max_seqlen_k = 0 (or total_k = 0) says no sequence has a key: out is zeroed and lse set to -inf
 // without cu_seqlens being read; max_seqlen_q = 0 says no sequence has a query row: nothing is written.
 // The naive and cublas paths read cu_seqlens back to the host (synchronizing the stream) and check
-// every sequence, and its workspace need, before the first one runs.
+// every sequence, and its workspace need, before the first one runs. Rows of out and lse that no
+// sequence owns (from cu_seqlens_q[batch] on) are not written. The fused path reads cu_seqlens on
+// the device only and clamps each entry into the views: wrong offsets give wrong rows, never an
+// access outside q, k, v, out or lse; offsets out of order make sequences overlap, and two blocks
+// then write the same rows (the sim reports that write conflict as a BackendError).
 void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});

@@ -31,10 +31,15 @@ struct HeadScoreMods {
   float sink;        // this head's sink logit (natural log), -inf without one
 };
 
+// A head's sink logit, -inf without sinks. The fused kernels read it in their epilogue rather than
+// hold it in a register across the key loop.
+__host__ __device__ inline float head_sink(const ScoreMods& m, int head) {
+  return m.sinks != nullptr ? m.sinks[head] : -INFINITY;
+}
+
 __host__ __device__ inline HeadScoreMods head_score_mods(const ScoreMods& m, int batch, int head) {
-  HeadScoreMods h{0.0f, nullptr, -INFINITY};
+  HeadScoreMods h{0.0f, nullptr, head_sink(m, head)};
   if (m.alibi_slopes != nullptr) h.slope = m.alibi_slopes[batch * m.alibi_stride_batch + head];
-  if (m.sinks != nullptr) h.sink = m.sinks[head];
   if (m.bias != nullptr) {
     const int64_t offset = batch * m.bias_stride_batch + head * m.bias_stride_head;
     const int element_bytes = m.bias_element == Element::f32 ? 4 : 2;

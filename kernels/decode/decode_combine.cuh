@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(DecodeCombineTraits::kThreads) decode_combine_
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int i = int(row % p.seq_q), head = int((row / p.seq_q) % p.heads);
     const int64_t b = row / p.seq_q / p.heads;
-    const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+    const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;  // ScoreMods::sinks, as head_sink
     float max_lse = sink;
     for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[int64_t(s) * p.rows + row]);
     float lse = -INFINITY;

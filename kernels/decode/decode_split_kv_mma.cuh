@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
     const int64_t flat = (int64_t(b) * p.heads + head) * p.seq_q + query;
     // One split holds the whole row, whose softmax ends here with the head's sink; a split's part
     // leaves the sink to decode_combine, which takes it once.
-    const float sink = p.num_splits == 1 ? head_score_mods(p.mods, b, head).sink : -INFINITY;
+    const float sink = p.num_splits == 1 ? head_sink(p.mods, head) : -INFINITY;
     const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(top, sum, sink);
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head +

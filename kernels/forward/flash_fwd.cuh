@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half)
       flash_store_row<T, DT>(p, batch, head, seq, out, block_row0 + warp_row0 + mt * 16 + group + 8 * half, in_group,
-                             &acc[mt][0][2 * half], row_state[mt][half], mods.sink);
+                             &acc[mt][0][2 * half], row_state[mt][half]);
 }
 
 template <class T, int HeadDim>

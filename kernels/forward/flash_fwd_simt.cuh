@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
 
   Element* out = static_cast<Element*>(p.out) + batch * p.out_stride_batch + head * p.out_stride_head +
                  seq.q_row_start * p.out_stride_row;
-  const float sink = head_score_mods(p.mods, batch, head).sink;
+  const float sink = head_sink(p.mods, head);
   SELFATTN_FLASH_UNROLL
   for (int r = 0; r < R; ++r) {
     const int row = block_row0 + warp_row0 + r;

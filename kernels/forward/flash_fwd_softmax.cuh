@@ -94,10 +94,10 @@ __device__ __forceinline__ void flash_rescale_row(float* row_acc, float rescale)
 template <class T, int DimTiles8>
 __device__ __forceinline__ void flash_store_row(const FlashFwdParams& p, int batch, int head, const FlashSequence& seq,
                                                 T* out, int row, int in_group, const float* row_acc,
-                                                const FlashRowState& state, float sink) {
+                                                const FlashRowState& state) {
   const float sum = warp_reduce_sum<4>(state.sum);
   if (row >= seq.q_len) return;
-  const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(state.max, sum, sink);
+  const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(state.max, sum, head_sink(p.mods, head));
   T* out_row = out + row * p.out_stride_row;
   SELFATTN_FLASH_UNROLL
   for (int t = 0; t < DimTiles8; ++t) {

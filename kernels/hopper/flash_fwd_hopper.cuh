@@ -325,8 +325,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
            seq.q_row_start * p.out_stride_row;
   SELFATTN_FLASH_UNROLL
   for (int half = 0; half < 2; ++half)
-    flash_store_row<T, D / 8>(p, batch, head, seq, out, row0 + 8 * half, in_group, acc + 2 * half, row_state[half],
-                              mods.sink);
+    flash_store_row<T, D / 8>(p, batch, head, seq, out, row0 + 8 * half, in_group, acc + 2 * half, row_state[half]);
 }
 
 template <class T, int HeadDim>

@@ -50,6 +50,20 @@ class ScoreMods : public ::testing::TestWithParam<Path> {
     return make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, true,
                      std::move(key_lengths), path());
   }
+  // Four sequences, bottom-right causal, LSE: one without queries, one without keys, one short.
+  VarlenCase make_varlen(DType dtype, int heads, int kv_heads, int head_dim) const {
+    VarlenCase varlen;
+    varlen.dtype = dtype;
+    varlen.heads = heads;
+    varlen.kv_heads = kv_heads;
+    varlen.head_dim = head_dim;
+    varlen.seq_q = {37, 0, 64, 5};
+    varlen.seq_k = {90, 12, 64, 0};
+    varlen.causal = bottom_right;
+    varlen.with_lse = true;
+    varlen.path = path();
+    return varlen;
+  }
 };
 
 // The window alone: both sides, one side, width 0, wider than the sequence, under each alignment.
@@ -297,16 +311,7 @@ TEST_P(ScoreMods, Combined) {
       with(make(DType::bf16, 1, 3, 1, 64, 113, 32, none), all),
   });
 
-  VarlenCase varlen;
-  varlen.dtype = DType::f16;
-  varlen.heads = 4;
-  varlen.kv_heads = 2;
-  varlen.head_dim = 32;
-  varlen.seq_q = {37, 0, 64, 5};
-  varlen.seq_k = {90, 12, 64, 0};
-  varlen.causal = bottom_right;
-  varlen.with_lse = true;
-  varlen.path = path();
+  VarlenCase varlen = make_varlen(DType::f16, 4, 2, 32);
   EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, all)) << varlen.name() << all.name();
   varlen.dtype = DType::f32;
   varlen.head_dim = 7;
@@ -356,16 +361,7 @@ TEST_P(ScoreMods, Sinks) {
       with(make(DType::f16, 1, 3, 1, 7, 64, 32, none), masked),
       with(make(DType::bf16, 1, 3, 1, 1, 1000, 64, bottom_right), sinks),
   });
-  VarlenCase varlen;
-  varlen.dtype = DType::bf16;
-  varlen.heads = 3;
-  varlen.kv_heads = 1;
-  varlen.head_dim = 64;
-  varlen.seq_q = {37, 0, 64, 5};
-  varlen.seq_k = {90, 12, 64, 0};
-  varlen.causal = bottom_right;
-  varlen.with_lse = true;
-  varlen.path = path();
+  const VarlenCase varlen = make_varlen(DType::bf16, 3, 1, 64);
   EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, sinks)) << varlen.name() << sinks.name();
 }
 

@@ -41,7 +41,7 @@ restore() {
 trap restore EXIT INT TERM
 
 mkdir -p "$build"
-cmake -S . -B "$build" -G Ninja -DSELFATTN_ENABLE_CUDA=OFF -DSELFATTN_BUILD_BENCH=OFF -DSELFATTN_BUILD_DEMO=OFF \
+cmake -S . -B "$build" -G Ninja -DSELFATTN_ENABLE_CUDA=OFF -DSELFATTN_BUILD_BENCH=OFF -DSELFATTN_BUILD_DEMO=OFF -DSELFATTN_BUILD_PYTHON=OFF \
   > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 
 results=()

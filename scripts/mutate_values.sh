@@ -18,7 +18,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
-test_programs=(tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_score_paths)
+# The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_score_paths tests/paths/test_score_mods tests/paths/test_kv_cache tests/paths/test_backward_naive tests/paths/test_backward_fused}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -26,76 +27,102 @@ mutant() {
   names+=("$1") files+=("$2") counts+=("$3") froms+=("$4") tos+=("$5") whys+=("$6")
 }
 
-# Fused tensor-core kernel (f16/bf16).
-mutant tc_lse_ln2_fifth_digit kernels/forward/flash_fwd.cuh 1 \
-  '* 0.69314718055994531f : -INFINITY;' '* 0.6931f : -INFINITY;' \
-  'LSE converted with ln 2 = 0.6931 (7e-5 relative)'
-mutant tc_rescale_skipped_near_1 kernels/forward/flash_fwd.cuh 1 \
-  'if (rescale != 1.0f) {' 'if (rescale < 0.999f) {' \
+# The online softmax and epilogue both fused forward kernels share (mma.sync and Hopper).
+mutant fused_rescale_skipped_near_1 kernels/forward/flash_fwd_softmax.cuh 1 \
+  'if (rescale == 1.0f) return;' 'if (rescale > 0.999f) return;' \
   'O not rescaled when the running max grows by under 0.1%'
-mutant tc_mask_one_key_late kernels/forward/flash_fwd.cuh 1 \
-  's = needs_mask && key >= visible[mt][half] ?' 's = needs_mask && key > visible[mt][half] ?' \
+mutant fused_mask_one_key_late kernels/forward/flash_fwd_softmax.cuh 1 \
+  'if (needs_mask && (key < seen.begin || key >= seen.end)) {' \
+  'if (needs_mask && (key < seen.begin || key > seen.end)) {' \
   'masked tiles let each row see one key too many'
-mutant tc_scale_twice_in_tile_1 kernels/forward/flash_fwd.cuh 1 \
-  ': s * p.scale_log2;' ': s * p.scale_log2 * (tile == 1 ? p.scale_log2 : 1.0f);' \
-  'the scale applied twice in the second key tile'
+mutant fused_scale_in_keys_64_to_127 kernels/forward/flash_fwd_softmax.cuh 1 \
+  's *= p.scale_log2;' 's *= key0 / 64 == 1 ? p.scale_log2 * 1.0001f : p.scale_log2;' \
+  'scores of keys 64-127 scaled 1e-4 too much'
+mutant fused_sink_dropped kernels/forward/flash_fwd_softmax.cuh 1 \
+  'softmax_row_end</*Log2=*/true>(state.max, sum, head_sink(p.mods, head));' \
+  'softmax_row_end</*Log2=*/true>(state.max, sum, -INFINITY);' \
+  'the sink left out of the row'"'"'s softmax'
 mutant tc_block_rows_clamp kernels/forward/flash_fwd.cuh 1 \
   '? seq.q_len - block_row0 : Traits::kBlockRows;' '? seq.q_len - block_row0 - 1 : Traits::kBlockRows;' \
   'the last partial query block loses its last row (clamp off by one)'
-mutant tc_unmasked_keys_off_by_one kernels/forward/flash_fwd.cuh 1 \
-  'const int unmasked_keys = visible_keys(block_row0,' 'const int unmasked_keys = visible_keys(block_row0 + 1,' \
+mutant fused_unmasked_keys_off_by_one kernels/forward/flash_fwd_sequence.cuh 1 \
+  'keys.unmasked = {last.begin, first.end};' 'keys.unmasked = {last.begin, first.end + 1};' \
   'a tile the first row sees only in part taken as unmasked'
 
+# Where every softmax ends (score_mods.cuh): the LSE, the sink, the score limit.
+mutant lse_ln2_fifth_digit kernels/common/score_mods.cuh 1 \
+  'constexpr float kLn2 = 0.69314718055994531f;' 'constexpr float kLn2 = 0.6931f;' \
+  'the exp2-domain LSE converted with ln 2 = 0.6931 (7e-5 relative)'
+mutant sink_term_fourth_digit kernels/common/score_mods.cuh 1 \
+  'sum * keys_share + expf(sink - shift);' 'sum * keys_share + 1.0001f * expf(sink - shift);' \
+  'the sink'"'"'s term 1e-4 too large'
+mutant score_limit_too_low kernels/common/score_mods.cuh 1 \
+  'if (s <= -kScoreLimit) return -INFINITY;' 'if (s < -3.4e38f) return -INFINITY;' \
+  'scores in (-FLT_MAX, -1e38] kept (they overflow in the exp2 domain)'
+
 # Fused SIMT kernel (fp32, odd head dims, unaligned rows).
-mutant simt_lse_ln2_fifth_digit kernels/forward/flash_fwd_simt.cuh 1 \
-  '* 0.69314718055994531f : -INFINITY;' '* 0.69315f : -INFINITY;' \
-  'LSE converted with ln 2 = 0.69315 (4e-6 relative)'
 mutant simt_rescale_skipped_near_1 kernels/forward/flash_fwd_simt.cuh 1 \
   'for (int c = 0; c < C; ++c) acc[r][c] *= rescale;' \
   'for (int c = 0; c < C; ++c) acc[r][c] *= rescale < 0.999f ? rescale : 1.0f;' \
   'O not rescaled when the running max grows by under 0.1%'
 mutant simt_mask_one_key_late kernels/forward/flash_fwd_simt.cuh 1 \
-  'key0 + lane < visible[r] ?' 'key0 + lane <= visible[r] ?' \
+  'if (key < seen.begin || key >= seen.end) {' 'if (key < seen.begin || key > seen.end) {' \
   'each row sees one key too many'
 mutant simt_scale_fifth_digit kernels/forward/flash_fwd_simt.cuh 1 \
-  'score[r] * p.scale_log2 :' 'score[r] * p.scale_log2 * 1.00001f :' \
+  's = score[r] * p.scale_log2;' 's = score[r] * p.scale_log2 * 1.00001f;' \
   'scores scaled 1e-5 too much'
 
 # Softmax rows (naive and cublas paths).
-mutant softmax_inverse_fifth_digit kernels/unfused/softmax_rows.cuh 2 \
-  'visible > 0 ? 1.0f / row_sum : 0.0f;' 'visible > 0 ? 1.00001f / row_sum : 0.0f;' \
-  'P normalised by 1.00001 / sum'
-mutant softmax_lse_fifth_digit kernels/unfused/softmax_rows.cuh 1 \
-  'row_max + logf(row_sum)' 'row_max + logf(row_sum * 1.00001f)' \
-  'LSE off by 1e-5'
+mutant softmax_inverse_fifth_digit kernels/unfused/softmax_rows.cuh 1 \
+  'out[key] = from_float<P>(x[c] * end.inverse);' 'out[key] = from_float<P>(x[c] * end.inverse * 1.00001f);' \
+  'short rows (cached): P 1e-5 too large'
 mutant softmax_mask_one_key_early kernels/unfused/softmax_rows.cuh 1 \
-  'x[c] = key < visible ? s[key] * p.scale : -INFINITY;' 'x[c] = key + 1 < visible ? s[key] * p.scale : -INFINITY;' \
+  'x[c] = key >= seen.begin && key < seen.end ? score(s[key], key) : -INFINITY;' \
+  'x[c] = key >= seen.begin && key + 1 < seen.end ? score(s[key], key) : -INFINITY;' \
   'short rows (cached) drop their last visible key'
 mutant softmax_streaming_rescale_skipped kernels/unfused/softmax_rows.cuh 1 \
-  'thread_sum = thread_sum * exp_below(thread_max, new_max) + expf(x - new_max);' \
-  'thread_sum = (new_max - thread_max < 0.001f ? thread_sum : thread_sum * exp_below(thread_max, new_max)) + expf(x - new_max);' \
+  'thread_sum = thread_sum * exp_below(thread_max, new_max) + exp_below(x, new_max);' \
+  'thread_sum = (new_max - thread_max < 0.001f ? thread_sum : thread_sum * exp_below(thread_max, new_max)) + exp_below(x, new_max);' \
   'long rows: a thread'"'"'s sum not rescaled when its max grows by under 0.001'
+mutant softmax_sink_dropped kernels/unfused/softmax_rows.cuh 2 \
+  'softmax_row_end</*Log2=*/false>(row_max, row_sum, mods.sink);' \
+  'softmax_row_end</*Log2=*/false>(row_max, row_sum, -INFINITY);' \
+  'the sink left out of the row'"'"'s softmax'
 
 # Tiled Q K^T and P V (naive path).
 mutant qk_skips_tile_with_one_key kernels/unfused/qk_tiled.cuh 2 \
-  'if (key0 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;' \
-  'if (key0 + 1 >= tile_visible_keys(p, at.batch, row0, Tile::kTileM)) return;' \
+  'if (key0 >= seen.end || key0 + Tile::kTileN <= seen.begin) return;' \
+  'if (key0 + 1 >= seen.end || key0 + Tile::kTileN <= seen.begin) return;' \
   'a key tile whose only visible key is its first is skipped (scores left stale)'
 mutant pv_key_end_clamp kernels/unfused/pv_tiled.cuh 2 \
-  'const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM);' \
-  'const int key_end = tile_visible_keys(p, at.batch, row0, Tile::kTileM) - 1;' \
+  'const int key_end = seen.end;' 'const int key_end = seen.end - 1;' \
   'P V stops one key short for every row tile'
 mutant tile_last_row_clamp kernels/common/attention_heads.cuh 1 \
   '(row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;' \
   '(row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 2;' \
   'a row tile'"'"'s keys taken from its second-to-last row (clamp off by one)'
-mutant pv_simt_out_fifth_digit kernels/unfused/pv_tiled.cuh 1 \
-  'out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[i][j]);' \
-  'out[int64_t(row) * p.out_stride_seq + col] = from_float<T>(acc[i][j] * 1.00001f);' \
-  'SIMT P V output 1e-5 too large'
+mutant pv_out_fifth_digit kernels/unfused/pv_tiled.cuh 1 \
+  'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[tile][i]);' \
+  'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[tile][i] * 1.00001f);' \
+  'P V output 1e-5 too large'
 mutant mma_stage_drops_last_column kernels/common/mma_tile.cuh 1 \
   '(row < count && col < c_end)' '(row < count && col + 1 < c_end)' \
   'tensor-core tiles zero the last column of each operand'
+
+# KV-cache decode: the sink once per row, in the one-split epilogue or in the combine.
+mutant decode_combine_sink_dropped kernels/decode/decode_combine.cuh 1 \
+  'const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;' 'const float sink = -INFINITY;' \
+  'the combine of several splits leaves the sink out'
+mutant decode_one_split_sink_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
+  'const float sink = p.num_splits == 1 ? head_sink(p.mods, head) : -INFINITY;' \
+  'const float sink = -INFINITY;' \
+  'the tensor-core decode kernel with one split leaves the sink out'
+
+# Backward: the sinks' gradient.
+mutant sink_gradient_fourth_digit kernels/backward/sink_gradient.cuh 1 \
+  'sum += expf(sink - p.lse[first + i]) * p.d[first + i];' \
+  'sum += expf(sink - p.lse[first + i]) * p.d[first + i] * 1.0001f;' \
+  'dsinks 1e-4 too large'
 
 if [[ ${1:-} == --list ]]; then
   for i in "${!names[@]}"; do printf '%-36s %-28s %s\n' "${names[$i]}" "${files[$i]}" "${whys[$i]}"; done
@@ -174,7 +201,7 @@ done
 
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSELFATTN_ENABLE_CUDA=OFF \
-  -DSELFATTN_BUILD_BENCH=OFF -DSELFATTN_BUILD_DEMO=OFF >"$build/mutant_configure.log" 2>&1 ||
+  -DSELFATTN_BUILD_BENCH=OFF -DSELFATTN_BUILD_DEMO=OFF -DSELFATTN_BUILD_PYTHON=OFF >"$build/mutant_configure.log" 2>&1 ||
   { cat "$build/mutant_configure.log"; exit 1; }
 echo "baseline: building and running the unmutated tests..." >&2
 build_tests || { cat "$build/mutant_build.log"; exit 1; }

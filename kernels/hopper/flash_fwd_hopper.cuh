@@ -20,7 +20,9 @@
 //     softmax of tile j runs while P(j-1) V(j-1) is still in the tensor cores. O is rescaled by
 //     tile j's factor only after that product is done (wgmma owns O while it is in flight). Each
 //     wait is followed by wgmma_fence_operands on what it retired, so the compiler neither reads
-//     S or O early nor reuses P's registers while wgmma reads them.
+//     S or O early nor reuses P's registers while wgmma reads them. No ordinary instruction may
+//     write a register of a wgmma in flight, or ptxas serializes every wgmma of the kernel (its
+//     info C7513; ctest flash_fwd_hopper_*.wgmma_pipelined guards it).
 //   - between the two consumer warpgroups, the issue of each batch of GEMMs takes turns (two
 //     mbarriers, turn[0] and turn[1], ping-pong), so one warpgroup's softmax overlaps the other's
 //     GEMMs instead of both competing for the tensor cores at once. mbarriers rather than named
@@ -63,8 +65,8 @@ struct FlashFwdHopperTraits {
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
   static constexpr int kColumnBlocks = HeadDim / 64;        // TMA boxes per tile
-  static constexpr int kProducerRegisters = 40;             // one thread issues copies; a warp zeroes a tile (24 spills)
-  static constexpr int kConsumerRegisters = 232;            // 40 * 128 + 232 * 256 <= 64K registers
+  static constexpr int kProducerRegisters = 32;             // one thread issues copies; a warp zeroes a tile (24 spills)
+  static constexpr int kConsumerRegisters = 240;            // 32 * 128 + 240 * 256 = 64K registers, all of them
   static constexpr uint32_t kQBytes = uint32_t(kBlockRows) * HeadDim * 2;
   static constexpr uint32_t kKVTileBytes = uint32_t(BlockKeys) * HeadDim * 2;
   // Every tile starts on 1024 bytes, the 128-byte swizzle's period (its sizes are multiples of it).
@@ -290,20 +292,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
     mbarrier_arrive(&k_empty[tile % S]);
     float rescale[2];
     softmax(tile, rescale);
-    // P(tile) is packed now, into registers of its own, so S's fp32 registers are free while
-    // P(previous) V(previous) finishes (d128: spill-free at 232 registers only this way).
-    uint32_t p_next[BN / 16][4];
-    hopper_pack_probabilities<T, BN>(p_next, score);
     wgmma_wait<0>();  // O and p_frag are the registers' own again
     wgmma_fence_operands(acc);
     wgmma_fence_operands(p_frag);
     mbarrier_arrive(&v_empty[previous % S]);
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half) flash_rescale_row<D / 8>(acc + 2 * half, rescale[half]);
-    SELFATTN_FLASH_UNROLL
-    for (int kk = 0; kk < BN / 16; ++kk)
-      SELFATTN_FLASH_UNROLL
-      for (int i = 0; i < 4; ++i) p_frag[kk][i] = p_next[kk][i];
+    // P(tile) is packed only now, straight into p_frag. Packing it earlier, into registers of its
+    // own while P(previous) V(previous) still ran, and copying it over here saved registers, but
+    // ptxas then gave the packed P the registers of the P V in flight and serialized every wgmma
+    // of the kernel (warning C7513, each wgmma waiting for the one before): the pipelining gone.
+    hopper_pack_probabilities<T, BN>(p_frag, score);
   }
   if (key_tiles > 0) {
     // The last tile's P V.

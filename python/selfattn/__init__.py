@@ -18,8 +18,8 @@ Gradients: :func:`attention_backward` (and :func:`attention_varlen_backward` for
 sequences) computes dq, dk, dv from the forward's out and lse (any arrays). On torch tensors
 :func:`attention`, :func:`attention_varlen` and :func:`self_attention` are differentiable, with
 every mask and score modifier (``loss.backward()`` reaches the library's backward through the
-custom ops' autograd formulas, see _torch.py); calls that would leave a tensor that requires grad
-without its gradient raise NotAvailable instead.
+custom ops' autograd formulas, see _torch.py), attention sinks included; calls that would leave a
+tensor that requires grad without its gradient raise NotAvailable instead.
 
 Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cache the caller owns
 (contiguous or paged), :func:`merge_states` combines partial results (see _kv_cache.py).
@@ -30,8 +30,8 @@ import sys as _sys
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad,
-                     _window_sides, default_context)
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
+                     _torch_requiring_grad, _window_sides, default_context)
 from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
@@ -74,7 +74,8 @@ def paths(backend: str = "sim") -> list:
 def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Optional[float] = None,
               path: str = "auto", key_lengths: Any = None, return_lse: bool = False, out: Any = None,
               layout: str = "bhsd", window: Optional[tuple] = None, softcap: Optional[float] = None,
-              alibi_slopes: Any = None, bias: Any = None, context: Optional[Context] = None) -> Any:
+              alibi_slopes: Any = None, bias: Any = None, sinks: Any = None,
+              context: Optional[Context] = None) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
     Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
@@ -84,8 +85,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
       head h reads kv head h // (heads // kv_heads))
     - returns out: [batch, heads, seq_q, head_dim], q's dtype (float32, float16 or bfloat16), and
       with ``return_lse=True`` also lse: float32 [batch, heads, seq_q], the natural log of each
-      row's sum of exp(scale * q.k) (after the modifiers below) over the keys it sees (-inf for a
-      row that sees none).
+      row's sum of exp(scale * q.k) (after the modifiers below) over the keys it sees, and the
+      sink's exp(sinks[h]) with sinks (-inf for a row that sees no key, sinks[h] with a sink).
 
     causal: None; "top_left" (query i sees keys j <= i); "bottom_right" (query i sees keys
     j <= i + len_k - seq_q, the last query sees every key). len_k is the batch's key length.
@@ -111,32 +112,38 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     - bias: [batch or 1, heads or 1, seq_q, seq_k], float32 or q's dtype, added to s; -inf masks a
       key (a row whose every key is masked gives 0 and lse -inf). Always in that [batch, heads,
       q, k] order, whatever `layout` is; an extent of 1 or a stride of 0 broadcasts.
+    - sinks: float32 [heads] (host arrays: any sequence of numbers is converted), attention sinks
+      (gpt-oss): one logit per query head that joins every row's softmax as one more key whose
+      value is 0, taken as it is (not scaled or modified): out_i = sum_j e^(s_ij) v_j /
+      (e^(sinks[h]) + sum_j e^(s_ij)), so a row's weights sum to less than 1. A row that sees no
+      key gives 0 and lse sinks[h]; -inf is a head without a sink. Their gradient:
+      attention_backward(..., return_dsinks=True).
 
     With torch tensors that need gradients (``loss.backward()``), call it without out= and context=
-    (out= and context= record no autograd graph and are refused then); alibi_slopes and bias get no
-    gradient and must not require one.
+    (out= and context= record no autograd graph and are refused then); sinks train with q, k and
+    v, alibi_slopes and bias get no gradient and must not require one.
     """
     _check_keywords(causal, layout, path)
-    op = _torch_op("attention", (q, k, v, alibi_slopes, bias), out, context)
+    op = _torch_op("attention", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
         result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
-                         _float_or_none("softcap", softcap), slopes, bias)
+                         _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
+                         _float32_or_none("sinks", sinks, q))
         return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
-                      softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
+                      softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
 
 
 def _torch_op(function, inputs, out, context):
     """The custom op of `function` ("attention" or "attention_varlen"; see _torch.py) that a call
     on torch tensors goes through, or None for a call that runs the library directly: one on other
     arrays, or with out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes,
-    bias. A direct call records no autograd graph, so there torch inputs that require grad are
+    bias, sinks. A direct call records no autograd graph, so there torch inputs that require grad are
     refused rather than left without a gradient; alibi_slopes and bias get none through the op
-    either."""
-    named = dict(zip(("q", "k", "v", "alibi_slopes", "bias"), inputs))
+    either (sinks do)."""
+    named = dict(zip(("q", "k", "v", "alibi_slopes", "bias", "sinks"), inputs))
     if not all(_arrays.is_torch(named[name]) for name in ("q", "k", "v")):
         return None
     wanting = _torch_requiring_grad(named)
@@ -162,11 +169,13 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
                        scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None,
                        layout: str = "bhsd", deterministic: bool = False, grad_dtype: Optional[str] = None,
                        window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
-                       bias: Any = None, dlse: Any = None, context: Optional[Context] = None) -> tuple:
-    """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout.
+                       bias: Any = None, sinks: Any = None, dlse: Any = None, return_dsinks: bool = False,
+                       context: Optional[Context] = None) -> tuple:
+    """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout, or
+    (dq, dk, dv, dsinks) with ``return_dsinks=True``.
 
     - q, k, v, and the keyword arguments causal, scale, path, key_lengths, layout, window,
-      softcap, alibi_slopes and bias: exactly as the forward call took them (no gradient is
+      softcap, alibi_slopes, bias and sinks: exactly as the forward call took them (no gradient is
       computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [batch, heads, seq_q] log-sum-exp
       (``attention(..., return_lse=True)``)
@@ -175,6 +184,9 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
     - deterministic: bitwise-identical gradients run to run on every path (the fused path then
       computes dq in a second kernel instead of with atomics; see selfattn/backward.h)
+    - return_dsinks: also return dsinks, float32 [heads], the gradient of the loss with respect to
+      sinks (needs sinks): -sum over the head's rows i of exp(sinks[h] - lse_i) (D_i - dlse_i),
+      D_i = sum(dout_i * out_i)
 
     Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
     """
@@ -182,13 +194,14 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 4, grad_dtype, context)
     q = arrays["q"]
     as_bhsd = _arrays.layout_view(layout)
+    dsinks = _dsinks_output(arrays, as_bhsd(q).shape[1], sinks, return_dsinks)
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
     _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale), path,
-                                 lengths, *mods, bool(deterministic), arrays["dlse"], arrays.bf16_as_uint16)
-    return tuple(grads)
+                                 lengths, *mods, bool(deterministic), arrays["dlse"], dsinks, arrays.bf16_as_uint16)
+    return (*grads, dsinks) if return_dsinks else tuple(grads)
 
 
 def _backward_arrays(q, k, v, out, dout, lse, dlse, ndim, grad_dtype, context):
@@ -206,6 +219,19 @@ def _backward_arrays(q, k, v, out, dout, lse, dlse, ndim, grad_dtype, context):
     return arrays, ctx, grads
 
 
+def _dsinks_output(arrays, heads, sinks, return_dsinks):
+    """A backward call's dsinks: None, or with return_dsinks a float32 [heads] array like q's, added
+    to arrays as an output (return_dsinks without sinks is refused: no sink to differentiate)."""
+    if not return_dsinks:
+        return None
+    if sinks is None:
+        raise InvalidArgument("return_dsinks=True expected sinks (the forward's sink logits, whose gradient dsinks "
+                              "is), got sinks=None")
+    dsinks = _arrays.empty_like(arrays["q"], (heads,), "float32")
+    arrays.add_output("dsinks", dsinks)
+    return dsinks
+
+
 def _qkv_out(q, k, v, out, ndim, context):
     """The checked arrays, the context they run on, and out (allocated like q when not given)."""
     arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=ndim)
@@ -217,7 +243,7 @@ def _qkv_out(q, k, v, out, ndim, context):
 
 
 def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context, window=None,
-               softcap=None, alibi_slopes=None, bias=None):
+               softcap=None, alibi_slopes=None, bias=None, sinks=None):
     """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 4, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -225,7 +251,7 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
     _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
                         arrays.bf16_as_uint16)
@@ -237,7 +263,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      causal: Optional[str] = None, scale: Optional[float] = None, path: str = "auto",
                      return_lse: bool = False, out: Any = None, window: Optional[tuple] = None,
                      softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                     context: Optional[Context] = None) -> Any:
+                     sinks: Any = None, context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -253,25 +279,26 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     causal mask, the window and the scale apply within each sequence, rows and keys counted from
     the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
-    from 0. On torch tensors it is differentiable as attention() is.
+    from 0. sinks: float32 [heads], as for attention() (the rows of a sequence without keys give 0
+    and lse sinks[h]). On torch tensors it is differentiable as attention() is, sinks included.
     """
     _check_keywords(causal, "bhsd", path)
-    op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias), out, context)
+    op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
         result, lse = op(q, k, v, cu_q, cu_k, _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
                          _float_or_none("scale", scale), path, *_window_sides(window),
-                         _float_or_none("softcap", softcap), slopes, bias)
+                         _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
+                         _float32_or_none("sinks", sinks, q))
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
-                             softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, context=context)
+                             softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,
-                      return_lse, out, window, softcap, alibi_slopes, bias, context):
+                      return_lse, out, window, softcap, alibi_slopes, bias, sinks, context):
     """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -279,7 +306,7 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
     lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
 
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(_packed(a)) for a in (q, k, v, arrays["out"])]
     _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, _max_seqlen(max_seqlen_q, cu_q),
                                _max_seqlen(max_seqlen_k, cu_k), causal, _float_or_none("scale", scale), path, lse,
@@ -298,33 +325,37 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
                               scale: Optional[float] = None, path: str = "auto", deterministic: bool = False,
                               grad_dtype: Optional[str] = None, window: Optional[tuple] = None,
                               softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                              dlse: Any = None, context: Optional[Context] = None) -> tuple:
-    """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout.
+                              sinks: Any = None, dlse: Any = None, return_dsinks: bool = False,
+                              context: Optional[Context] = None) -> tuple:
+    """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout,
+    or (dq, dk, dv, dsinks) with ``return_dsinks=True``.
 
     - q, k, v, cu_seqlens_q, cu_seqlens_k and the keyword arguments max_seqlen_q, max_seqlen_k,
-      causal, scale, path, window, softcap, alibi_slopes and bias: exactly as the forward call took
-      them (packed [total, heads, head_dim]; no gradient is computed for bias or alibi_slopes)
+      causal, scale, path, window, softcap, alibi_slopes, bias and sinks: exactly as the forward call
+      took them (packed [total, heads, head_dim]; no gradient is computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [heads, total_q] log-sum-exp
       (``attention_varlen(..., return_lse=True)``)
     - dout: d(loss)/d(out), shaped and typed like out; dlse: d(loss)/d(lse), as for attention_backward
     - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
-    - deterministic: as for :func:`attention_backward`
+    - deterministic, return_dsinks: as for :func:`attention_backward` (dsinks sums the rows of every
+      sequence; rows outside them count for nothing)
 
     Rows that see no key get dq = 0; keys no row sees, and rows outside every sequence, get 0.
     """
     _check_keywords(causal, "bhsd", path)
     arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 3, grad_dtype, context)
     q = arrays["q"]
+    dsinks = _dsinks_output(arrays, q.shape[1], sinks, return_dsinks)
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(_packed(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(_packed(arrays[name])) for name in ("dq", "dk", "dv")]
     _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k,
                                         _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
                                         _float_or_none("scale", scale), path, *mods,
-                                        bool(deterministic), arrays["dlse"], arrays.bf16_as_uint16)
-    return tuple(grads)
+                                        bool(deterministic), arrays["dlse"], dsinks, arrays.bf16_as_uint16)
+    return (*grads, dsinks) if return_dsinks else tuple(grads)
 
 
 def _packed(a):
@@ -335,7 +366,7 @@ def _packed(a):
 def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = None, causal: Optional[str] = None,
                    scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None, out: Any = None,
                    window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
-                   bias: Any = None, context: Optional[Context] = None) -> Any:
+                   bias: Any = None, sinks: Any = None, context: Optional[Context] = None) -> Any:
     """Self-attention from token embeddings: ``Q = x wq``, ``K = x wk``, ``V = x wv``, split into
     heads, attention per head, then optionally the output projection ``wo``.
 
@@ -346,17 +377,19 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     - returns out: [batch, heads, seq, head_dim] without wo; [batch, seq, d_out] with wo.
 
     The projections accumulate in float32 into the context's workspace. causal, scale, path,
-    key_lengths, window, softcap, alibi_slopes, bias and context mean what they mean for
-    attention() (alibi_slopes [heads] or [batch, heads]; bias [batch or 1, heads or 1, seq, seq]).
+    key_lengths, window, softcap, alibi_slopes, bias, sinks and context mean what they mean for
+    attention() (alibi_slopes [heads] or [batch, heads]; bias [batch or 1, heads or 1, seq, seq];
+    sinks [heads]).
 
-    Torch tensors that require grad (x or a weight) are projected with torch's matmul instead, in
-    their dtype, and attended through attention()'s custom op, so loss.backward() reaches them all;
-    that needs out= and context= left unset.
+    Torch tensors that require grad (x, a weight or sinks) are projected with torch's matmul
+    instead, in their dtype, and attended through attention()'s custom op, so loss.backward()
+    reaches them all; that needs out= and context= left unset.
     """
     _check_keywords(causal, "bhsd", path)
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise InvalidArgument(f"heads expected an int, got {heads!r}")
-    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo, alibi_slopes=alibi_slopes, bias=bias))
+    wanting = _torch_requiring_grad(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo, alibi_slopes=alibi_slopes, bias=bias,
+                                         sinks=sinks))
     if wanting:
         for name in ("alibi_slopes", "bias"):
             if name in wanting:
@@ -367,7 +400,7 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
                                f"autograd graph; call it without them, or detach the inputs")
         return _self_attention_with_autograd(x, wq, wk, wv, heads, wo, causal=causal, scale=scale, path=path,
                                              key_lengths=key_lengths, window=window, softcap=softcap,
-                                             alibi_slopes=alibi_slopes, bias=bias)
+                                             alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
     arrays = _arrays.Arguments(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo), ndim=None)
     x, wq = arrays["x"], arrays["wq"]
     for name, ndim in (("x", 3), ("wq", 2), ("wk", 2), ("wv", 2), ("wo", 2)):
@@ -384,7 +417,7 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     arrays.expect_ndim("out", 3 if wo is not None else 4)
     out_view = arrays["out"][:, None] if wo is not None else arrays["out"]  # [batch, 1, seq, d_out] with wo
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=x) if key_lengths is not None else None
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, like="x")
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="x")
     wo_view = arrays.dl(arrays["wo"]) if wo is not None else None
     _selfattn.self_attention(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]),
                              arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,

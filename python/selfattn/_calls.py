@@ -53,16 +53,23 @@ def _torch_requiring_grad(named):
     return [name for name, a in named.items() if isinstance(a, torch.Tensor) and a.requires_grad]
 
 
-def _score_mods(arrays, window, softcap, alibi_slopes, bias, like="q"):
+def _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="q"):
     """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
-    bias. bias joins `arrays` (the framework, device and bfloat16 handling of the data); alibi_slopes
-    is converted to float32 where arrays[like] lives; the library checks the values (window sides
-    >= -1, softcap > 0, bias dtype and shape)."""
+    bias, sinks. bias joins `arrays` (the framework, device and bfloat16 handling of the data);
+    alibi_slopes and sinks are converted to float32 where arrays[like] lives (sinks join `arrays`
+    then, detached: their gradient, if any, comes from the backward's dsinks); the library checks
+    the values (window sides >= -1, softcap > 0, bias dtype and shape), the binding the shapes of
+    alibi_slopes and sinks."""
     arrays.add_input("bias", bias, 4)
-    slopes = None
-    if alibi_slopes is not None:
-        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=arrays[like])
-    return (*_window_sides(window), _float_or_none("softcap", softcap), slopes, arrays.dl(arrays["bias"]))
+    arrays.add_input("sinks", _float32_or_none("sinks", sinks, arrays[like]), 1)
+    return (*_window_sides(window), _float_or_none("softcap", softcap),
+            _float32_or_none("alibi_slopes", alibi_slopes, arrays[like]), arrays.dl(arrays["bias"]), arrays["sinks"])
+
+
+def _float32_or_none(name, values, like):
+    """values (None, a float32 array, or any sequence of numbers: alibi_slopes, sinks) as float32
+    where `like` lives, as _arrays.float32_array converts them."""
+    return None if values is None else _arrays.float32_array(name, values, like=like)
 
 
 def _window_sides(window):

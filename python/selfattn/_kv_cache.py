@@ -26,8 +26,8 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float_or_none, _score_mods, _torch_requiring_grad,
-                     _window_sides)
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
+                     _torch_requiring_grad, _window_sides)
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
 
@@ -91,7 +91,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                             out: Any = None, rotary_cos: Any = None, rotary_sin: Any = None,
                             rotary_interleaved: bool = False, num_splits: int = 0, window: Optional[tuple] = None,
                             softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                            validate_metadata: bool = False, context: Optional[Context] = None) -> Any:
+                            sinks: Any = None, validate_metadata: bool = False,
+                            context: Optional[Context] = None) -> Any:
     """Attention of the new query rows of each sequence to its cached tokens (append them first).
 
     - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
@@ -103,37 +104,37 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       it is)
     - num_splits: the fused path's split of each sequence's keys over blocks (flash-decoding),
       0..4096; 0 lets the library choose
-    - window, softcap, alibi_slopes: as for attention(), row i placed at lengths[b] - seq_q + i;
+    - window, softcap, alibi_slopes, sinks: as for attention(), row i placed at lengths[b] - seq_q + i;
       bias: [batch or 1, heads or 1, seq_q, capacity], keys indexed by cache position
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
-      (-inf for a row without keys; a sequence of length 0 gives rows of 0).
+      (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
-                      bias=bias, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     _check_num_splits(num_splits)
     op = None
     if out is None and (bias is None or _arrays.is_torch(bias)):
         op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context)
     if op is not None:
         cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-        slopes = _arrays.float32_array("alibi_slopes", alibi_slopes, like=q) if alibi_slopes is not None else None
         result, lse = op(q, k_cache, v_cache, *_cache_metadata(lengths, block_table, q), layout, causal,
                          _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
-                         *_window_sides(window), _float_or_none("softcap", softcap), slopes, bias,
+                         *_window_sides(window), _float_or_none("softcap", softcap),
+                         _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q),
                          bool(validate_metadata))
         return (result, lse) if return_lse else result
     return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                     causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
                                     rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                     rotary_interleaved=rotary_interleaved, num_splits=num_splits, window=window,
-                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                     validate_metadata=validate_metadata, context=context)
 
 
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
-                             alibi_slopes, bias, validate_metadata, context):
+                             alibi_slopes, bias, sinks, validate_metadata, context):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
@@ -144,7 +145,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     metadata = _cache_metadata(lengths, block_table, q)
     cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                       arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                                       arrays.dl(as_bhsd(arrays["out"])), causal, _float_or_none("scale", scale), path,

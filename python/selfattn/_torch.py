@@ -8,11 +8,12 @@ torch.autograd.Function) saves the inputs, out and lse and runs the library's ba
 second custom op (``selfattn::attention_backward``, ``selfattn::attention_varlen_backward``, also
 with fake implementations). The masks and score modifiers are the ops' arguments, so the gradients
 see them. out and lse are both differentiable (the library's backward takes dlse, the gradient of
-lse, through BackwardOptions::dlse); none flows to alibi_slopes or bias (the public functions
-refuse those when they require grad).
+lse, through BackwardOptions::dlse). sinks train: when they require grad, the backward op returns
+their gradient too (BackwardOptions::dsinks, return_dsinks=True). None flows to alibi_slopes or bias
+(the public functions refuse those when they require grad).
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
-alibi_slopes, bias."""
+alibi_slopes, bias, sinks."""
 from typing import Optional, Tuple
 
 _ops = None
@@ -45,39 +46,53 @@ def _register():
     @torch.library.custom_op("selfattn::attention", mutates_args=())
     def attention(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str], scale: Optional[float], path: str,
                   key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
-                  softcap: Optional[float], alibi_slopes: Optional[Tensor],
-                  bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                  softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                  sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         from . import _attention
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
-                          softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
+                          softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
 
     @attention.register_fake
     def _(q, k, v, causal, scale, path, key_lengths, layout, window_left, window_right, softcap, alibi_slopes,
-          bias):
+          bias, sinks):
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+
+    # The backward ops return (dq, dk, dv, dsinks): dsinks float32 [heads] with return_dsinks (their
+    # last argument, after sinks), else an empty [0] (an op's outputs are tensors, never None).
+    def without_dsinks(q):
+        return q.new_empty((0,), dtype=torch.float32)
+
+    def with_dsinks(grads, return_dsinks, q):
+        return tuple(grads) if return_dsinks else (*grads, without_dsinks(q))
+
+    def fake_gradients(q, k, v, sinks, return_dsinks):
+        wanted = return_dsinks and sinks is not None  # without sinks the real op raises InvalidArgument
+        dsinks = sinks.new_empty(sinks.shape, dtype=torch.float32) if wanted else without_dsinks(q)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
     @torch.library.custom_op("selfattn::attention_backward", mutates_args=())
     def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                            dlse: Optional[Tensor], causal: Optional[str], scale: Optional[float], path: str,
                            key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
-                           softcap: Optional[float], alibi_slopes: Optional[Tensor],
-                           bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                           softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                           sinks: Optional[Tensor], return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from . import attention_backward as library_backward
-        return library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
-                                key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
-                                softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
-                                dlse=None if dlse is None else dlse.contiguous())
+        grads = library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
+                                 key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
+                                 softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                 dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
+        return with_dsinks(grads, return_dsinks, q)
 
     @attention_backward.register_fake
     def _(q, k, v, out, dout, lse, *options):
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+        return fake_gradients(q, k, v, *options[-2:])
 
     # Both ops save the same: q, k, v, out, lse, and the other inputs as options for the backward.
-    # The tensors among the options (key_lengths, cu_seqlens, alibi_slopes, bias; they take no
-    # gradient) are saved too, so changing one in place before backward() raises as torch does.
+    # The tensors among the options (key_lengths, cu_seqlens, alibi_slopes, bias, sinks) are saved
+    # too, so changing one in place before backward() raises as torch does.
     def setup_context(ctx, inputs, output):
         q, k, v, *options = inputs
         out, lse = output
@@ -86,18 +101,23 @@ def _register():
         ctx.options, ctx.tensor_options = options, tensor_options
         ctx.set_materialize_grads(False)
 
+    # Gradients for q, k, v and each option: None but for sinks, the last option of both ops, which
+    # takes the library's dsinks when it requires grad.
     def gradients_through(backward_op):
         def gradients(ctx, dout, dlse):
-            no_gradients = (None,) * len(ctx.options)
+            option_gradients = [None] * len(ctx.options)
             if dout is None and dlse is None:
-                return (None, None, None) + no_gradients
+                return (None, None, None, *option_gradients)
             q, k, v, out, lse, *saved_options = ctx.saved_tensors
             if dout is None:  # a loss of lse alone
                 dout = torch.zeros_like(out)
             options = list(ctx.options)
             for i, saved in zip(ctx.tensor_options, saved_options):
                 options[i] = saved
-            return backward_op(q, k, v, out, dout, lse, dlse, *options) + no_gradients
+            return_dsinks = ctx.needs_input_grad[-1]
+            dq, dk, dv, dsinks = backward_op(q, k, v, out, dout, lse, dlse, *options, return_dsinks)
+            option_gradients[-1] = dsinks if return_dsinks else None
+            return (dq, dk, dv, *option_gradients)
         return gradients
 
     attention.register_autograd(gradients_through(attention_backward), setup_context=setup_context)
@@ -108,12 +128,13 @@ def _register():
     def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
                          path: str, window_left: int, window_right: int, softcap: Optional[float],
-                         alibi_slopes: Optional[Tensor], bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                         alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                         sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         from . import _attention_varlen
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
-                                 alibi_slopes=alibi_slopes, bias=bias, context=None)
+                                 alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=None)
 
     @attention_varlen.register_fake
     def _(q, k, v, *options):
@@ -124,18 +145,20 @@ def _register():
                                   dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                                   max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str],
                                   scale: Optional[float], path: str, window_left: int, window_right: int,
-                                  softcap: Optional[float], alibi_slopes: Optional[Tensor],
-                                  bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                                  softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                                  sinks: Optional[Tensor],
+                                  return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from . import attention_varlen_backward as library_varlen_backward
-        return library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
-                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-                                       scale=scale, path=path, window=(window_left, window_right), softcap=softcap,
-                                       alibi_slopes=alibi_slopes, bias=bias,
-                                       dlse=None if dlse is None else dlse.contiguous())
+        grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
+                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                                        scale=scale, path=path, window=(window_left, window_right), softcap=softcap,
+                                        alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                        dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
+        return with_dsinks(grads, return_dsinks, q)
 
     @attention_varlen_backward.register_fake
     def _(q, k, v, out, dout, lse, *options):
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+        return fake_gradients(q, k, v, *options[-2:])
 
     attention_varlen.register_autograd(gradients_through(attention_varlen_backward), setup_context=setup_context)
 
@@ -160,7 +183,7 @@ def _register():
                                 scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
                                 rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
                                 window_left: int, window_right: int, softcap: Optional[float],
-                                alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                                alibi_slopes: Optional[Tensor], bias: Optional[Tensor], sinks: Optional[Tensor],
                                 validate_metadata: bool) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _attention_with_kv_cache
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
@@ -168,8 +191,8 @@ def _register():
                                         rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                         rotary_interleaved=rotary_interleaved, num_splits=num_splits,
                                         window=(window_left, window_right), softcap=softcap,
-                                        alibi_slopes=alibi_slopes, bias=bias, validate_metadata=validate_metadata,
-                                        context=None)
+                                        alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                        validate_metadata=validate_metadata, context=None)
 
     @attention_with_kv_cache.register_fake
     def _(q, k_cache, v_cache, lengths, block_table, layout, *options):

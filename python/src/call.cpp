@@ -263,7 +263,7 @@ CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray&
 }
 
 ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
-                     int64_t batch, int64_t heads, bool bf16_as_uint16) {
+                     const std::optional<InArray>& sinks, int64_t batch, int64_t heads, bool bf16_as_uint16) {
   const Arg* alibi = alibi_slopes ? &call.add(Arg("alibi_slopes", *alibi_slopes, false, Holds::vector)) : nullptr;
   if (alibi) {
     expect_contiguous_float32(*alibi, alibi_slopes->dtype());
@@ -275,7 +275,9 @@ ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, con
     }
   }
   const Arg* abias = bias ? &call.add(Arg("bias", *bias, false, data_kind(bf16_as_uint16))) : nullptr;
-  return {alibi, abias};
+  const Arg* asinks = sinks ? &call.add(Arg("sinks", *sinks, false, Holds::vector)) : nullptr;
+  if (asinks) expect_lse(*asinks, sinks->dtype(), {heads}, "heads");
+  return {alibi, abias, asinks};
 }
 
 void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
@@ -284,6 +286,22 @@ void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
     options.alibi_slopes_count = element_count(*mods.alibi_slopes);
   }
   if (mods.bias) options.bias = tensor_view(*mods.bias);
+  if (mods.sinks) options.sinks = static_cast<const float*>(mods.sinks->data);
+}
+
+BackwardExtras add_backward_extras(Call& call, const std::optional<InArray>& dlse,
+                                   const std::optional<OutArray>& dsinks, const std::vector<int64_t>& lse_shape,
+                                   int64_t heads) {
+  const Arg* adlse = dlse ? &call.add(Arg("dlse", *dlse, false, Holds::vector)) : nullptr;
+  if (adlse) expect_lse(*adlse, dlse->dtype(), lse_shape, "lse's");
+  const Arg* adsinks = dsinks ? &call.add(Arg("dsinks", *dsinks, true, Holds::vector)) : nullptr;
+  if (adsinks) expect_lse(*adsinks, dsinks->dtype(), {heads}, "heads");
+  return {adlse, adsinks};
+}
+
+void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExtras& extras) {
+  backward.dlse = extras.dlse ? static_cast<const float*>(extras.dlse->data) : nullptr;
+  backward.dsinks = extras.dsinks ? static_cast<float*>(extras.dsinks->data) : nullptr;
 }
 
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,

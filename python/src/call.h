@@ -3,7 +3,7 @@
 // library's views and options made from them. Beyond mapping DLPack dtypes and dimensions, every
 // check of shapes, dtypes, strides and overlaps is the library's own; this layer adds only what the
 // library cannot see from a pointer (the length of key_lengths, cu_seqlens and lse, the shape of
-// alibi_slopes) and where each array lives.
+// alibi_slopes, sinks and dsinks) and where each array lives.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -174,8 +174,9 @@ void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt);
 
 int64_t element_count(const Arg& a);  // the product of the shape
 
-// An LSE array (lse, lse_a, ...) as the library reads or writes it: fp32, contiguous, of `shape`
-// (`dims` names its axes for the message: "batch, heads, seq_q").
+// An LSE array (lse, lse_a, ...), or another fp32 array read from a bare pointer (dlse, sinks,
+// dsinks), as the library reads or writes it: fp32, contiguous, of `shape` (`dims` names its axes
+// for the message: "batch, heads, seq_q").
 void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, const std::vector<int64_t>& shape, const char* dims);
 
 // The scalar options; the library checks their values (window sides >= -1, softcap finite > 0).
@@ -221,17 +222,30 @@ struct CuSeqlens {
 CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray& cu_seqlens_k);
 
 // The arrays of the score modifiers, each optional: ALiBi slopes (fp32 [heads] or [batch, heads],
-// read from a bare pointer, so their shape is checked here) and the bias (a 4-D view in q's
-// dtype or fp32; the library checks its dtype, shape and strides).
+// read from a bare pointer, so their shape is checked here), the bias (a 4-D view in q's dtype or
+// fp32; the library checks its dtype, shape and strides) and the attention sinks (fp32 [heads]
+// contiguous, from a bare pointer too).
 struct ModArgs {
   const Arg* alibi_slopes;
   const Arg* bias;
+  const Arg* sinks;
 };
 ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
-                     int64_t batch, int64_t heads, bool bf16_as_uint16);
+                     const std::optional<InArray>& sinks, int64_t batch, int64_t heads, bool bf16_as_uint16);
 
 // After staging (the data pointers are the device's from here on, valid until run_call returns).
 void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods);
+
+// A backward call's optional arrays beyond add_backward_args': dlse (fp32, lse's shape `lse_shape`)
+// read, and dsinks (fp32 [heads], the sinks' gradient) written.
+struct BackwardExtras {
+  const Arg *dlse, *dsinks;
+};
+BackwardExtras add_backward_extras(Call& call, const std::optional<InArray>& dlse,
+                                   const std::optional<OutArray>& dsinks, const std::vector<int64_t>& lse_shape,
+                                   int64_t heads);
+// After staging.
+void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExtras& extras);
 
 // A KV cache's arrays (selfattn/kv_cache.h): k and v (the cache, or the page pool, as 4-D views;
 // added by the caller, written or not), lengths (int32 [batch]) and, for a paged pool,

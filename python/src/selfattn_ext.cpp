@@ -30,14 +30,16 @@ using namespace selfattn_python;
 void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
-               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool bf16_as_uint16) {
+               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
+               bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
   run_call(context, call, [&] {
@@ -52,7 +54,7 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                       std::optional<float> scale, std::string path, std::optional<OutArray> lse, int window_left,
                       int window_right, std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                      std::optional<InArray> bias, bool bf16_as_uint16) {
+                      std::optional<InArray> bias, std::optional<InArray> sinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
@@ -60,7 +62,7 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
@@ -75,8 +77,9 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
                         OutArray dq, OutArray dk, OutArray dv, std::optional<std::string> causal,
                         std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                         int window_left, int window_right, std::optional<float> softcap,
-                        std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool deterministic,
-                        std::optional<InArray> dlse, bool bf16_as_uint16) {
+                        std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                        std::optional<InArray> sinks, bool deterministic, std::optional<InArray> dlse,
+                        std::optional<OutArray> dsinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -85,12 +88,13 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
-  expect_lse(a.lse, lse.dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
-  const Arg* adlse = dlse ? &call.add(Arg("dlse", *dlse, false, Holds::vector)) : nullptr;
-  if (adlse) expect_lse(*adlse, dlse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "lse's");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  const std::vector<int64_t> lse_shape = {q_shape.batch(), q_shape.heads(), q_shape.seq()};
+  expect_lse(a.lse, lse.dtype(), lse_shape, "batch, heads, seq_q");
+  const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
-    backward.dlse = adlse ? static_cast<const float*>(adlse->data) : nullptr;
+    set_backward_options(backward, extras);
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     set_mod_options(options, mods);
     selfattn::attention_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
@@ -107,8 +111,9 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
                                std::optional<std::string> causal, std::optional<float> scale, std::string path,
                                int window_left, int window_right, std::optional<float> softcap,
-                               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, bool deterministic,
-                               std::optional<InArray> dlse, bool bf16_as_uint16) {
+                               std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                               std::optional<InArray> sinks, bool deterministic, std::optional<InArray> dlse,
+                               std::optional<OutArray> dsinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -116,12 +121,12 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   const BackwardArgs a = add_backward_args(call, q, k, v, out, dout, lse, dq, dk, dv, bf16_as_uint16);
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
   const selfattn::TensorView q_shape = tensor_view(a.q);
-  expect_lse(a.lse, lse.dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
-  const Arg* adlse = dlse ? &call.add(Arg("dlse", *dlse, false, Holds::vector)) : nullptr;
-  if (adlse) expect_lse(*adlse, dlse->dtype(), {q_shape.heads(), q_shape.seq()}, "lse's");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, cu.batch, q_shape.heads(), bf16_as_uint16);
+  const std::vector<int64_t> lse_shape = {q_shape.heads(), q_shape.seq()};
+  expect_lse(a.lse, lse.dtype(), lse_shape, "heads, total_q");
+  const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
-    backward.dlse = adlse ? static_cast<const float*>(adlse->data) : nullptr;
+    set_backward_options(backward, extras);
     set_mod_options(options, mods);
     selfattn::attention_varlen_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
                                         tensor_view(a.out), tensor_view(a.dout),
@@ -136,7 +141,7 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
                     std::optional<float> softcap, std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                    bool bf16_as_uint16) {
+                    std::optional<InArray> sinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
@@ -148,7 +153,7 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
   const Arg* awo = wo ? &call.add(Arg("wo", *wo, false, data)) : nullptr;
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax).batch(), "batch");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, tensor_view(ax).batch(), heads, bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, tensor_view(ax).batch(), heads, bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     set_mod_options(options, mods);
@@ -189,7 +194,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin,
                              bool rotary_interleaved, int num_splits, int window_left, int window_right,
                              std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                             std::optional<InArray> bias, bool validate_metadata, bool bf16_as_uint16) {
+                             std::optional<InArray> bias, std::optional<InArray> sinks, bool validate_metadata,
+                             bool bf16_as_uint16) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
   selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
@@ -202,7 +208,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(aq);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(parsed, mods);
     selfattn::KvAttentionOptions options;
@@ -219,6 +226,7 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
     options.alibi_slopes = parsed.alibi_slopes;
     options.alibi_slopes_count = parsed.alibi_slopes_count;
     options.bias = parsed.bias;
+    options.sinks = parsed.sinks;
     selfattn::attention_with_kv_cache(call.ctx(), tensor_view(aq), kv_cache(cache), tensor_view(aout), options);
   });
 }
@@ -319,33 +327,36 @@ NB_MODULE(_selfattn, m) {
   m.def("attention", &attention, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
         nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("bf16_as_uint16"),
         "Low level: q, k, v, out as [batch, heads, seq, head_dim] views. Use selfattn.attention().");
   m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
         nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("bf16_as_uint16"),
         "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("deterministic"),
+        nb::arg("dlse").none(), nb::arg("dsinks").none(), nb::arg("bf16_as_uint16"),
         "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
   m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
-        nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("sinks").none(), nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dsinks").none(),
+        nb::arg("bf16_as_uint16"),
         "Low level: q, out, dout, dq as [1, heads, total_q, head_dim] views. Use "
         "selfattn.attention_varlen_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
         nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),
         nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
-        nb::arg("bf16_as_uint16"), "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
+        nb::arg("sinks").none(), nb::arg("bf16_as_uint16"),
+        "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
   m.def("append_kv", &append_kv, nb::arg("context"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("lengths"),
         nb::arg("block_table").none(), nb::arg("k_new"), nb::arg("v_new"), nb::arg("rotary_cos").none(),
         nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"), nb::arg("updated_lengths").none(),
@@ -356,7 +367,7 @@ NB_MODULE(_selfattn, m) {
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("lse").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
         nb::arg("num_splits"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("validate_metadata"),
+        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("validate_metadata"),
         nb::arg("bf16_as_uint16"),
         "Low level: q, out and the cache as [batch or pages, heads, seq, head_dim] views. Use "
         "selfattn.attention_with_kv_cache().");

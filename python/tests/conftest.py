@@ -53,14 +53,20 @@ def visible_range(row, seq_q, len_k, causal, window=None):
 
 class Mods:
     """The masks and score modifiers of one call (the keyword arguments of selfattn.attention), as
-    float64 per (batch, head, row): which keys a row sees and their modified scores."""
+    float64 per (batch, head, row): which keys a row sees, their modified scores, and the head's
+    sink logit."""
 
-    def __init__(self, shape, causal=None, window=None, softcap=None, alibi_slopes=None, bias=None):
+    def __init__(self, shape, causal=None, window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None):
         self.batch, self.heads, self.seq_q, self.seq_k = shape
         self.causal, self.window, self.softcap = causal, window, softcap
         self.slopes = None if alibi_slopes is None else \
             np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (self.batch, self.heads))
         self.bias = None if bias is None else np.broadcast_to(np.asarray(bias, dtype=np.float64), shape)
+        self.sinks = None if sinks is None else np.broadcast_to(np.asarray(sinks, dtype=np.float64), (self.heads,))
+
+    def sink(self, h):
+        """Head h's sink logit, -inf without one."""
+        return -np.inf if self.sinks is None else float(self.sinks[h])
 
     def scores(self, raw_scores, b, h, i, len_k):
         """(keys, s, ds/draw) for row i: the visible keys (a range), their scores after softcap,
@@ -79,9 +85,21 @@ class Mods:
         return keys, s, factor
 
 
+def softmax_with_sink(s, sink):
+    """A row's softmax over its scores s with the sink's logit (-inf: none) joining the sum as one
+    more key: (p over s, lse), or None for a row with neither a finite score nor a sink."""
+    m = max(np.max(s, initial=-np.inf), sink)
+    if m == -np.inf:
+        return None
+    e = np.exp(s - m)
+    total = e.sum() + math.exp(sink - m)
+    return e / total, m + math.log(total)
+
+
 def reference(q, k, v, causal=None, scale=None, key_lengths=None, **mods):
     """float64 attention of BHSD arrays: (out [b, h, sq, d], lse [b, h, sq]). mods: window, softcap,
-    alibi_slopes, bias as selfattn.attention takes them (bias [b|1, h|1, sq, sk])."""
+    alibi_slopes, bias, sinks as selfattn.attention takes them (bias [b|1, h|1, sq, sk], sinks [h]:
+    a key of value 0 in every row's softmax; a row without keys gives 0 and lse the sink)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     batch, heads, seq_q, dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
@@ -95,46 +113,51 @@ def reference(q, k, v, causal=None, scale=None, key_lengths=None, **mods):
             kh = h // (heads // kv_heads)
             for i in range(seq_q):
                 keys, s, _ = rule.scores(lambda j: scale * (k[b, kh, j] @ q[b, h, i]), b, h, i, len_k)
-                if not np.any(np.isfinite(s)):
-                    continue  # no key, or the bias masks every one
-                m = s.max()
-                p = np.exp(s - m)
-                out[b, h, i] = (p @ v[b, kh, keys]) / p.sum()
-                lse[b, h, i] = m + math.log(p.sum())
+                row = softmax_with_sink(s, rule.sink(h))
+                if row is None:
+                    continue  # no key (or the bias masks every one) and no sink
+                p, lse[b, h, i] = row
+                out[b, h, i] = p @ v[b, kh, keys]
     return out, lse
 
 
-def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None, **mods):
-    """float64 (dq, dk, dv) of BHSD arrays for the upstream gradient dout (mods as reference())."""
+def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None, dlse=None, **mods):
+    """float64 (dq, dk, dv) of BHSD arrays for the upstream gradients dout and dlse (lse's, None: 0),
+    mods as reference(); with sinks also dsinks [h], the gradient of each head's sink logit:
+    -sum over its rows of p_sink (D_i - dlse_i), D_i = dout_i . out_i."""
     q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
     batch, heads, seq_q, dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     rule = Mods((batch, heads, seq_q, seq_k), causal, **mods)
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dlse = np.zeros((batch, heads, seq_q)) if dlse is None else np.asarray(dlse, dtype=np.float64)
+    dq, dk, dv, dsinks = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), np.zeros(heads)
     for b in range(batch):
         len_k = seq_k if key_lengths is None else min(max(int(key_lengths[b]), 0), seq_k)
         for h in range(heads):
             kh = h // (heads // kv_heads)
             for i in range(seq_q):
                 keys, s, factor = rule.scores(lambda j: scale * (k[b, kh, j] @ q[b, h, i]), b, h, i, len_k)
-                if not np.any(np.isfinite(s)):
+                row = softmax_with_sink(s, rule.sink(h))
+                if row is None:
                     continue
-                p = np.exp(s - s.max())
-                p /= p.sum()
+                p, lse = row
                 dp = v[b, kh, keys] @ dout[b, h, i]
-                ds = p * (dp - p @ dp) * factor  # through softcap; ALiBi and bias add constants
+                d = p @ dp  # D_i = dout_i . out_i
+                dsinks[h] -= math.exp(rule.sink(h) - lse) * (d - dlse[b, h, i])
+                ds = p * (dp - d + dlse[b, h, i]) * factor  # through softcap; ALiBi and bias add constants
                 dq[b, h, i] = scale * ds @ k[b, kh, keys]
                 dk[b, kh, keys] += scale * np.outer(ds, q[b, h, i])
                 dv[b, kh, keys] += np.outer(p, dout[b, h, i])
-    return dq, dk, dv
+    return (dq, dk, dv) if rule.sinks is None else (dq, dk, dv, dsinks)
 
 
 def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2, dim=16, causal=None, path="auto",
                 grad_dtype=None, spare_rows=0, **mods):
     """attention_varlen_backward on packed sequences (spare_rows rows after the last sequence, in q
     and k alike), each sequence's gradients against the float64 backward of it alone; rows outside
-    every sequence must come back 0. Returns (dq, dk, dv)."""
+    every sequence must come back 0. With sinks, dsinks (return_dsinks=True) against the sum of the
+    sequences' own. Returns (dq, dk, dv), and dsinks with sinks."""
     cu_q, cu_k = np.cumsum([0] + lengths_q), np.cumsum([0] + lengths_k)
     total_q, total_k = cu_q[-1] + spare_rows, cu_k[-1] + spare_rows
     q = random(rng, (total_q, heads, dim), dtype)
@@ -142,8 +165,10 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
     v = random(rng, (total_k, kv_heads, dim), dtype)
     dout = random(rng, (total_q, heads, dim), dtype)
     out, lse = selfattn.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True, **mods)
-    dq, dk, dv = selfattn.attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, causal=causal, path=path,
-                                                    grad_dtype=grad_dtype, **mods)
+    with_sinks = "sinks" in mods
+    grads = selfattn.attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, causal=causal, path=path,
+                                               grad_dtype=grad_dtype, return_dsinks=with_sinks, **mods)
+    dq, dk, dv = grads[:3]
     for got, like in zip((dq, dk, dv), (q, k, v)):
         assert got.shape == like.shape
         assert got.dtype == (np.float32 if grad_dtype == "float32" else like.dtype)
@@ -152,6 +177,7 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
     def bhsd(a):
         return a.transpose(1, 0, 2)[None]
 
+    want_dsinks = np.zeros(heads)
     for b in range(len(lengths_q)):
         rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         per_sequence = {name: (value[b] if name == "alibi_slopes" and value.ndim == 2 else value)
@@ -162,7 +188,33 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
                                   **per_sequence)
         for got, expected in zip((dq[rows], dk[keys], dv[keys]), want):
             assert relative_error(bhsd(got), expected, per_row=False) <= 2 * TOLERANCE[dtype], b
-    return dq, dk, dv
+        want_dsinks += want[3] if with_sinks else 0
+    if with_sinks:
+        assert grads[3].shape == (heads,) and grads[3].dtype == np.float32
+        assert relative_error(grads[3], want_dsinks, per_row=False) <= 2 * TOLERANCE[dtype]
+    return grads
+
+
+def slopes(rng, *shape):
+    # ALiBi slopes of the usual size (2^-1 .. 2^-8 for 8 heads), float32 as the library takes them.
+    return rng.uniform(2 ** -8, 0.5, shape).astype(np.float32)
+
+
+def bias_with_holes(rng, shape, dtype="float32", masked=0.2):
+    """A random bias in which about `masked` of the entries are -inf (keys masked out)."""
+    bias = rng.standard_normal(shape)
+    bias[rng.random(shape) < masked] = -np.inf
+    return bias.astype(numpy_dtype(dtype))
+
+
+def check(out, lse, want, want_lse, dtype):
+    """out against the reference's by relative_error, the LSE to 1e-5, and -inf exactly where the
+    reference's is (a row that sees no key and has no sink), with out 0 there."""
+    assert relative_error(out, want) <= TOLERANCE[dtype]
+    seen = np.isfinite(want_lse)
+    assert np.array_equal(np.isfinite(lse), seen), "LSE is -inf exactly where a row sees no key"
+    assert np.all(lse[~seen] == -np.inf) and np.all(np.asarray(out, dtype=np.float64)[~seen] == 0)
+    np.testing.assert_allclose(lse[seen], want_lse[seen], rtol=1e-5, atol=1e-5)
 
 
 def check_central_differences(loss, inputs, grads, h=1e-2):

@@ -1,12 +1,12 @@
 """selfattn.append_kv, attention_with_kv_cache, merge_states and cu_seqlens_from_lengths on the sim:
 the cache's contents after appending (written slots exactly, every other element untouched), and
 attention against the float64 reference over each sequence's valid tokens, contiguous and paged,
-with rotary embedding and the score modifiers."""
+with rotary embedding, the score modifiers and attention sinks."""
 import numpy as np
 import pytest
 
 import selfattn
-from conftest import TOLERANCE, poisoned, random, reference, relative_error
+from conftest import TOLERANCE, check, poisoned, random, reference, relative_error
 
 
 def paths():
@@ -165,6 +165,38 @@ def test_modifiers_and_splits(rng, causal):
                                                         num_splits=splits, return_lse=True, **mods)
             assert relative_error(out, want) <= TOLERANCE["float32"], (path, splits)
             np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sinks_and_splits(rng, paged, dtype):
+    # Sinks (head 1 without one) in the decode's softmax on every path, however the fused path splits
+    # the keys (the combine of several splits takes each sink once); sequence 0 is empty, so its rows
+    # are their sinks alone: out exactly 0 and lse exactly the sink. head_dim 64: the decode kernel's
+    # tensor-core variant for bfloat16.
+    batch, heads, kv_heads, capacity, dim, seq_q = 3, 4, 2, 70, 64, 2
+    lengths = np.array([0, 9, 70], np.int32)
+    if paged:
+        cache = PagedCache(rng, batch, kv_heads, capacity, dim, 16, dtype, "bhsd")
+        k_cache, v_cache, table = cache.k, cache.v, cache.table
+        contiguous = cache.gather(k_cache), cache.gather(v_cache)
+    else:
+        k_cache, v_cache = (random(rng, (batch, kv_heads, capacity, dim), dtype) for _ in range(2))
+        table, contiguous = None, (k_cache, v_cache)
+    q = random(rng, (batch, heads, seq_q, dim), dtype)
+    sinks = rng.uniform(-1.0, 3.0, heads).astype(np.float32)
+    sinks[1] = -np.inf
+    want, want_lse = reference(q, *contiguous, "bottom_right", key_lengths=lengths, sinks=sinks)
+    for path in paths():
+        for splits in (0, 1, 3, 64):
+            out = poisoned(q.shape, dtype)
+            _, lse = selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=table, path=path,
+                                                      num_splits=splits, out=out, return_lse=True, sinks=sinks)
+            check(out, lse, want, want_lse, dtype)
+            assert np.all(np.asarray(out[0], np.float64) == 0), (path, splits)
+            assert np.array_equal(lse[0], np.broadcast_to(sinks[:, None], (heads, seq_q))), (path, splits)
+    with pytest.raises(selfattn.InvalidArgument, match=r"sinks expected shape \[4\] \(heads\), got \[2\]"):
+        selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=table, sinks=sinks[:2])
 
 
 def test_merge_states_gives_attention_over_the_union(rng):

@@ -5,28 +5,8 @@ import numpy as np
 import pytest
 
 import selfattn
-from conftest import (TOLERANCE, check_central_differences, check_varlen_backward, numpy_dtype, poisoned, random,
-                      reference, reference_backward, relative_error)
-
-
-def slopes(rng, *shape):
-    # ALiBi slopes of the usual size (2^-1 .. 2^-8 for 8 heads), float32 as the library takes them.
-    return rng.uniform(2 ** -8, 0.5, shape).astype(np.float32)
-
-
-def bias_with_holes(rng, shape, dtype="float32", masked=0.2):
-    """A random bias in which about `masked` of the entries are -inf (keys masked out)."""
-    bias = rng.standard_normal(shape)
-    bias[rng.random(shape) < masked] = -np.inf
-    return bias.astype(numpy_dtype(dtype))
-
-
-def check(out, lse, want, want_lse, dtype):
-    assert relative_error(out, want) <= TOLERANCE[dtype]
-    seen = np.isfinite(want_lse)
-    assert np.array_equal(np.isfinite(lse), seen), "LSE is -inf exactly where a row sees no key"
-    assert np.all(lse[~seen] == -np.inf) and np.all(np.asarray(out, dtype=np.float64)[~seen] == 0)
-    np.testing.assert_allclose(lse[seen], want_lse[seen], rtol=1e-5, atol=1e-5)
+from conftest import (TOLERANCE, bias_with_holes, check, check_central_differences, check_varlen_backward, poisoned,
+                      random, reference, reference_backward, relative_error, slopes)
 
 
 def run_case(rng, dtype="float32", batch=1, heads=2, kv_heads=None, seq_q=7, seq_k=None, dim=16, causal=None,

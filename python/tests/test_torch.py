@@ -1,8 +1,9 @@
 """PyTorch integration on CPU tensors (they run on the sim through DLPack): the torch.library custom
 op, its fake implementation under FakeTensorMode, torch.compile, and autograd through the library's
-backward, with every mask and score modifier, for attention and attention_varlen; the refusal of
-inputs that require grad where no gradient would reach them. Skipped without PyTorch
-(scripts/setup-deps installs it where it can)."""
+backward, with every mask and score modifier, for attention and attention_varlen; attention sinks,
+which train (their gradient is the library's dsinks); the refusal of inputs that require grad where
+no gradient would reach them. Skipped without PyTorch (scripts/setup-deps installs it where it
+can)."""
 import numpy as np
 import pytest
 
@@ -52,7 +53,8 @@ def test_fake_implementation_gives_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 5, 4, 8)
         k = v = torch.empty(2, 6, 2, 8)
-        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd", -1, -1, None, None, None)
+        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd", -1, -1, None, None, None,
+                                                None)
         assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
@@ -191,7 +193,7 @@ def test_fake_implementation_of_varlen_and_compile():
         q, k = torch.empty(9, 4, 8), torch.empty(11, 2, 8)
         cu = torch.empty(3, dtype=torch.int32)
         out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", -1, -1, None, None,
-                                                        None)
+                                                        None, None)
         assert out.shape == q.shape and lse.shape == (4, 9) and lse.dtype == torch.float32
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(6, 2, 8, generator=g) for _ in range(3))
@@ -219,6 +221,8 @@ def test_calls_without_a_gradient_refuse_inputs_that_require_one():
         selfattn.attention(wants, k, v, alibi_slopes=torch.ones(2, requires_grad=True))
     with pytest.raises(selfattn.NotAvailable, match="bias requires grad"):
         selfattn.attention(q, k, v, bias=torch.zeros(1, 1, 3, 3, requires_grad=True))
+    with pytest.raises(selfattn.NotAvailable, match="sinks requires grad, but out= and context= record no autograd"):
+        selfattn.attention(q, k, v, out=torch.empty_like(q), sinks=torch.zeros(2, requires_grad=True))
     x, w = torch.randn(1, 3, 4), torch.randn(4, 4, requires_grad=True)
     with pytest.raises(selfattn.NotAvailable, match="self_attention: wk requires grad, but out= and context="):
         selfattn.self_attention(x, w.detach(), w, w.detach(), 2, out=torch.empty(1, 2, 3, 2))
@@ -276,35 +280,46 @@ def test_a_decode_step_compiles_whole():
         cu = torch.empty(3, dtype=torch.int32)
         out, lse = torch.ops.selfattn.attention_with_kv_cache(fake_q, pool, pool, cu, None, "bhsd", "bottom_right",
                                                               None, "auto", None, None, False, 0, -1, -1, None, None,
-                                                              None, False)
+                                                              None, None, False)
         assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)
 
 
 def test_fake_implementations_match_the_real_ones():
     # torch.library.opcheck compares each op's fake with its real implementation (shapes, dtypes
-    # and strides: both give contiguous outputs, also for transposed inputs) and checks the schema.
+    # and strides: both give contiguous outputs, also for transposed inputs) and checks the schema;
+    # with and without sinks, and the backward ops with and without dsinks.
     if not hasattr(torch.library, "opcheck"):
         pytest.skip("this PyTorch has no torch.library.opcheck")
     g = torch.Generator().manual_seed(15)
     q, k, v = (torch.randn(1, 5, 2, 8, generator=g).transpose(1, 2) for _ in range(3))  # bhsd views of bshd
     bias = torch.randn(1, 2, 5, 5, generator=g)
+    sinks = torch.tensor([0.5, -float("inf")])
     utils = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.selfattn.attention.default,
-                          (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias),
-                          test_utils=utils)
-    out, lse = selfattn.attention(q, k, v, return_lse=True)
-    torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
-                          (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto", None,
-                           "bhsd", -1, -1, None, None, None), test_utils=utils)
+    for with_sinks in (None, sinks):
+        torch.library.opcheck(torch.ops.selfattn.attention.default,
+                              (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias, with_sinks),
+                              test_utils=utils)
+    out, lse = selfattn.attention(q, k, v, return_lse=True, sinks=sinks)
+    for with_sinks, return_dsinks in ((None, False), (sinks, False), (sinks, True)):
+        torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
+                              (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto",
+                               None, "bhsd", -1, -1, None, None, None, with_sinks, return_dsinks), test_utils=utils)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
-    torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
-                          (*packed, cu, cu, 3, 3, None, None, "auto", -1, -1, None, None, None), test_utils=utils)
+    for with_sinks in (None, sinks):
+        torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
+                              (*packed, cu, cu, 3, 3, None, None, "auto", -1, -1, None, None, None, with_sinks),
+                              test_utils=utils)
+    out, lse = selfattn.attention_varlen(*packed, cu, cu, return_lse=True, sinks=sinks)
+    torch.library.opcheck(torch.ops.selfattn.attention_varlen_backward.default,
+                          (*packed, out, torch.randn_like(out), lse, None, cu, cu, 3, 3, "top_left", None, "auto",
+                           -1, -1, None, None, None, sinks, True), test_utils=utils)
     cache = torch.randn(1, 2, 6, 8, generator=g)
-    torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
-                          (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None, "bhsd",
-                           "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None, None, False),
-                          test_utils=utils)
+    for with_sinks in (None, sinks):
+        torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
+                              (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None, "bhsd",
+                               "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None, None, with_sinks,
+                               False), test_utils=utils)
 
 
 def test_options_changed_in_place_before_backward_raise():
@@ -397,3 +412,130 @@ def test_empty_torch_arrays_run():
     assert selfattn.self_attention(x, w, w, w.clone(), 4).shape == (2, 4, 0, 8)
     with pytest.raises(selfattn.InvalidArgument, match="wq expected x's dtype and device"):
         selfattn.self_attention(torch.randn(1, 2, 8, requires_grad=True), w.half(), w, w, 4)
+
+
+def test_sinks_train():
+    # sinks that require grad get the library's dsinks through the op's autograd formula: equal to
+    # attention_backward(return_dsinks=True) on the same values (q, k, v's gradients too), close to
+    # the float64 reference, for a loss of out and lse; GQA, head 1 without a sink, and rows that
+    # see no key (batch 1's first two: their lse is the sink, so dL/dsink takes their dlse).
+    g = torch.Generator().manual_seed(19)
+    q = torch.randn(2, 4, 6, 8, generator=g).requires_grad_()
+    k, v = (torch.randn(2, 2, 9, 8, generator=g).requires_grad_() for _ in range(2))
+    sinks = torch.tensor([0.5, -float("inf"), 1.5, 2.0], requires_grad=True)
+    options = dict(causal="bottom_right", key_lengths=torch.tensor([9, 4], dtype=torch.int32))
+    out, lse = selfattn.attention(q, k, v, sinks=sinks, return_lse=True, **options)
+    dout, weights = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    finite = torch.isfinite(lse.detach())
+    dlse = torch.where(finite, weights, 0.0)
+    ((out * dout).sum() + (lse.masked_fill(~finite, 0) * weights).sum()).backward()
+    detached = [t.detach() for t in (q, k, v)]
+    library = selfattn.attention_backward(*detached, out.detach(), dout, lse.detach(), dlse=dlse,
+                                          sinks=sinks.detach(), return_dsinks=True, **options)
+    for tensor, same in zip((q, k, v, sinks), library):
+        assert torch.equal(tensor.grad, same)
+    assert sinks.grad[1] == 0
+    want = reference_backward(*(t.numpy() for t in detached), dout.numpy(), dlse=dlse.numpy(),
+                              sinks=sinks.detach().numpy(), causal="bottom_right", key_lengths=[9, 4])
+    for tensor, expected in zip((q, k, v, sinks), want):
+        assert relative_error(tensor.grad.numpy(), expected, per_row=False) <= 2 * TOLERANCE["float32"]
+    small = [t.detach()[:1, :, :3, :4].contiguous().requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, s: selfattn.attention(a, b, c, path="naive", causal="top_left", sinks=s, return_lse=True),
+        (*small, torch.tensor([0.3, -1.0, 0.8, 2.0], requires_grad=True)), eps=1e-2, atol=2e-3, rtol=2e-3)
+
+
+def test_sinks_train_through_varlen():
+    # Packed sequences of 3 and 5 rows, the first without keys (its rows are their sinks alone):
+    # dsinks against the sum of each sequence's float64 reference, q, k, v's gradients against
+    # each sequence's own; torch.autograd.gradcheck on the naive path, sinks included.
+    g = torch.Generator().manual_seed(20)
+    q = torch.randn(8, 2, 8, generator=g).requires_grad_()
+    k, v = (torch.randn(5, 2, 8, generator=g).requires_grad_() for _ in range(2))
+    sinks = torch.tensor([1.0, 0.25], requires_grad=True)
+    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 0, 5], dtype=torch.int32)
+    out = selfattn.attention_varlen(q, k, v, cu_q, cu_k, causal="bottom_right", softcap=4.0, sinks=sinks)
+    dout = torch.randn(out.shape, generator=g)
+    (out * dout).sum().backward()
+    assert torch.all(out[:3] == 0)
+
+    def bhsd(t):
+        return t.detach().numpy().transpose(1, 0, 2)[None]
+
+    want_dsinks = np.zeros(2)
+    for rows, keys in ((slice(0, 3), slice(0, 0)), (slice(3, 8), slice(0, 5))):
+        want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), "bottom_right",
+                                  softcap=4.0, sinks=sinks.detach().numpy())
+        for got, expected in zip((q.grad[rows], k.grad[keys], v.grad[keys]), want):
+            assert relative_error(bhsd(got), expected, per_row=False) <= 2 * TOLERANCE["float32"]
+        want_dsinks += want[3]
+    assert relative_error(sinks.grad.numpy(), want_dsinks, per_row=False) <= 2 * TOLERANCE["float32"]
+    small = [t.detach()[:5, :, :4].contiguous().requires_grad_() for t in (q, k, v)]
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, s: selfattn.attention_varlen(a, b, c, cu, cu, causal="top_left", path="naive", sinks=s),
+        (*small, sinks.detach().clone().requires_grad_()), eps=1e-2, atol=2e-3, rtol=2e-3)
+
+
+def test_sinks_compile_and_train_as_eager():
+    # fullgraph under AOTAutograd (attention and attention_varlen): the sinks' gradients compiled
+    # equal eager's, as q's do.
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g).requires_grad_() for _ in range(3))
+    sinks = torch.tensor([0.5, 1.5], requires_grad=True)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+
+    def f(q, k, v, sinks):
+        out, lse = selfattn.attention(q, k, v, causal="top_left", sinks=sinks, return_lse=True)
+        packed = selfattn.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu,
+                                           max_seqlen_q=3, max_seqlen_k=3, sinks=sinks * 2)
+        return out.sum() + lse.sum() + (packed * packed).sum()
+
+    gradients = []
+    for run in (torch.compile(f, backend="aot_eager", fullgraph=True), f):
+        run(q, k, v, sinks).backward()
+        gradients.append([t.grad.clone() for t in (q, k, v, sinks)])
+        for t in (q, k, v, sinks):
+            t.grad = None
+    for compiled, eager in zip(*gradients):
+        assert torch.allclose(compiled, eager, rtol=1e-6, atol=1e-6)
+    assert torch.all(gradients[1][3] != 0)
+
+
+def test_kv_cache_passes_sinks_and_refuses_their_gradient():
+    # The decode op takes sinks (eager and compiled alike, against the reference), but has no
+    # backward: sinks that require grad are refused.
+    g = torch.Generator().manual_seed(22)
+    k_cache, v_cache = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(2))
+    q = torch.randn(2, 4, 1, 8, generator=g)
+    lengths, sinks = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0.5, -float("inf"), 1.0, 2.0])
+
+    def step(q, sinks):
+        return selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, sinks=sinks, return_lse=True)
+
+    out, lse = step(q, sinks)
+    want, want_lse = reference(q.numpy(), k_cache.numpy(), v_cache.numpy(), "bottom_right", key_lengths=lengths.numpy(),
+                               sinks=sinks.numpy())
+    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"] and torch.all(out[0] == 0)
+    assert torch.equal(lse[0], sinks[:, None])
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)(q, sinks)
+    assert torch.equal(compiled[0], out) and torch.equal(compiled[1], lse)
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: sinks requires grad"):
+        step(q, sinks.clone().requires_grad_())
+
+
+def test_self_attention_trains_sinks():
+    # Sinks alone requiring grad take self_attention's torch path: their gradient is the one
+    # attention() gives on the same projections, bitwise.
+    g = torch.Generator().manual_seed(23)
+    batch, seq, d_model, heads, dim = 2, 5, 8, 2, 4
+    x = torch.randn(batch, seq, d_model, generator=g)
+    wq, wk, wv = (torch.randn(d_model, heads * dim, generator=g) for _ in range(3))
+    sinks, twin = (torch.tensor([0.5, 1.0], requires_grad=True) for _ in range(2))
+    upstream = torch.randn(batch, heads, seq, dim, generator=g)
+    (selfattn.self_attention(x, wq, wk, wv, heads, causal="top_left", sinks=sinks) * upstream).sum().backward()
+    q, k, v = ((x @ w).view(batch, seq, heads, dim) for w in (wq, wk, wv))
+    out = selfattn.attention(q, k, v, layout="bshd", causal="top_left", sinks=twin)
+    (out.transpose(1, 2) * upstream).sum().backward()
+    assert sinks.grad is not None and torch.equal(sinks.grad, twin.grad)

@@ -71,8 +71,9 @@ def test_self_attention(rng, with_wo):
 
 @pytest.mark.parametrize("with_wo", [False, True])
 def test_self_attention_with_every_modifier(rng, with_wo):
-    # Key lengths, a window aligned at the last key, softcap, per-batch ALiBi and a bias that masks
-    # key 3 of one head entirely: the attention step applies them as attention() does.
+    # Key lengths, a window aligned at the last key, softcap, per-batch ALiBi, a bias that masks
+    # key 3 of one head entirely and sinks (head 1 without one): the attention step applies them as
+    # attention() does.
     batch, seq, d_model, heads, kv_heads, dim = 2, 7, 16, 4, 2, 8
     x = random(rng, (batch, seq, d_model), "float32")
     wq, wk, wv = (random(rng, (d_model, h * dim), "float32") / 4.0 for h in (heads, kv_heads, kv_heads))
@@ -80,13 +81,16 @@ def test_self_attention_with_every_modifier(rng, with_wo):
     bias = random(rng, (batch, heads, seq, seq), "float32")
     bias[1, 2, :, 3] = -np.inf
     options = dict(key_lengths=[5, 7], window=(2, 1), softcap=3.0,
-                   alibi_slopes=rng.uniform(0.1, 0.5, (batch, heads)).astype(np.float32), bias=bias)
+                   alibi_slopes=rng.uniform(0.1, 0.5, (batch, heads)).astype(np.float32), bias=bias,
+                   sinks=[0.5, -np.inf, 2.0, 1.0])
     out = selfattn.self_attention(x, wq, wk, wv, heads, wo=wo, causal="bottom_right", **options)
     assert relative_error(out, projections_reference(x, wq, wk, wv, heads, wo, "bottom_right", **options)) <= 1e-4
     with pytest.raises(selfattn.InvalidArgument, match="alibi_slopes expected shape"):
         selfattn.self_attention(x, wq, wk, wv, heads, alibi_slopes=np.ones(kv_heads, np.float32))
     with pytest.raises(selfattn.InvalidArgument, match="bias"):
         selfattn.self_attention(x, wq, wk, wv, heads, bias=bias[:, :, :, :4])
+    with pytest.raises(selfattn.InvalidArgument, match=r"sinks expected shape \[4\] \(heads\)"):
+        selfattn.self_attention(x, wq, wk, wv, heads, sinks=np.zeros(kv_heads, np.float32))
 
 
 def test_self_attention_bad_heads(rng):

@@ -56,7 +56,8 @@ struct BackwardOptions {
 // Zero sizes: no query rows gives dK = dV = 0; no keys gives dQ = 0; nothing runs a path.
 // Workspace (ContextOptions::workspace_limit), in bytes, one reservation; each part but the last
 // rounded up to 256:
-//   every path:   D, 4 per query row (batch * heads * seq_q; varlen heads * total_q)
+//   every path:   D, 4 per query row (batch * heads * seq_q; varlen heads * total_q); also a call
+//                 without keys that asks for dsinks (D is all its work)
 //   fused:        dQ accumulator, 4 * head_dim per query row, unless backward.deterministic
 //   naive/cublas: dK and dV accumulators, 2 * 4 * head_dim per key row (batch * kv_heads * seq_k),
 //                 then the score rows of a chunk of query rows: 2 * 4 * round_up(seq_k, 4) per row

@@ -36,6 +36,17 @@ ScoreModsCase window(int left, int right) {
   return m;
 }
 
+// Window (30, 10), softcap, [batch, heads] ALiBi and a full bias with -inf rows and columns.
+ScoreModsCase every_modifier() {
+  ScoreModsCase all = window(30, 10);
+  all.softcap = 4.0f;
+  all.alibi = AlibiSlopes::batch_heads;
+  all.bias = BiasLayout::full;
+  all.masked_row_period = 11;
+  all.masked_key_period = 9;
+  return all;
+}
+
 AttentionCase with(AttentionCase c, const ScoreModsCase& mods) {
   c.mods = mods;
   return c;
@@ -295,12 +306,7 @@ TEST_P(ScoreMods, BackwardNeverReadsKeysOutsideTheWindow) {
 // + GQA + key lengths, and the same through attention_varlen.
 TEST_P(ScoreMods, Combined) {
   Context ctx;
-  ScoreModsCase all = window(30, 10);
-  all.softcap = 4.0f;
-  all.alibi = AlibiSlopes::batch_heads;
-  all.bias = BiasLayout::full;
-  all.masked_row_period = 11;
-  all.masked_key_period = 9;
+  const ScoreModsCase all = every_modifier();
   ScoreModsCase all_heads = all;
   all_heads.alibi = AlibiSlopes::heads;
   all_heads.bias = BiasLayout::heads;
@@ -368,12 +374,7 @@ TEST_P(ScoreMods, Sinks) {
 // Sinks beside every other modifier.
 TEST_P(ScoreMods, SinksWithEverything) {
   Context ctx;
-  ScoreModsCase all = window(30, 10);
-  all.softcap = 4.0f;
-  all.alibi = AlibiSlopes::batch_heads;
-  all.bias = BiasLayout::full;
-  all.masked_row_period = 11;
-  all.masked_key_period = 9;
+  ScoreModsCase all = every_modifier();
   all.sinks = true;
   testing::expect_all_pass(ctx, {
       with(make(DType::f32, 2, 3, 1, 113, 203, 7, bottom_right, {203, 150}), all),

@@ -1,6 +1,7 @@
 // Uses the installed selfattn: one small attention call, the same attention through a KV cache
-// (kv_cache.h) and its backward (backward.h), on the context's backend, each checked against the CPU
-// reference, and a context pinned to the mma.sync fused kernel. Exits 0 only when all match.
+// (kv_cache.h) and its backward (backward.h), all with attention sinks, on the context's backend,
+// each checked against the CPU reference, and a context pinned to the mma.sync fused kernel. Exits 0
+// only when all match.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,8 +27,12 @@ int main() {
     auto view = [&](selfattn::DeviceBuffer<float>& b) {
       return selfattn::TensorView::bhsd(b.data(), selfattn::DType::f32, 1, heads, seq, dim);
     };
+    const std::vector<float> sink_logits{0.75f, -0.5f};  // one per head
+    selfattn::DeviceBuffer<float> sinks(ctx, heads);
+    sinks.copy_from_host(sink_logits);
     selfattn::AttentionOptions options;
     options.causal = selfattn::Causal::top_left;
+    options.sinks = sinks.data();
     selfattn::DeviceBuffer<float> lse(ctx, size_t(heads) * seq);
     options.lse = lse.data();
     selfattn::attention(ctx, view(qd), view(kd), view(vd), view(out), options);
@@ -38,6 +43,7 @@ int main() {
     problem.seq_q = problem.seq_k = seq;
     problem.head_dim = dim;
     problem.causal = selfattn::Causal::top_left;
+    problem.sinks.assign(sink_logits.begin(), sink_logits.end());
     // The reference sees the inputs as the device does: rounded to float.
     auto as_device_sees = [&](const std::vector<double>& d) {
       const std::vector<float> f = to_float(d);
@@ -56,13 +62,15 @@ int main() {
     auto relative_error = [&](selfattn::DeviceBuffer<float>& result) { return relative_error_to(result, ref.out); };
 
     // The backward of the first call for dout = v's values: dq, dk, dv against the reference's.
-    selfattn::DeviceBuffer<float> dq(ctx, q.size()), dk(ctx, k.size()), dv(ctx, v.size());
+    selfattn::DeviceBuffer<float> dq(ctx, q.size()), dk(ctx, k.size()), dv(ctx, v.size()), dsinks(ctx, heads);
+    selfattn::BackwardOptions backward;
+    backward.dsinks = dsinks.data();
     selfattn::attention_backward(ctx, view(qd), view(kd), view(vd), view(out), view(vd), lse.data(), view(dq), view(dk),
-                                 view(dv), options);
+                                 view(dv), options, backward);
     const auto grads = selfattn::reference::attention_backward(problem, as_device_sees(q), as_device_sees(k),
                                                                as_device_sees(v), as_device_sees(v));
     const double backward_relative = std::max({relative_error_to(dq, grads.dq), relative_error_to(dk, grads.dk),
-                                               relative_error_to(dv, grads.dv)});
+                                               relative_error_to(dv, grads.dv), relative_error_to(dsinks, grads.dsinks)});
 
     // The same keys as a contiguous cache holding all seq tokens: with seq_q == length the cache's
     // bottom-right mask is the top-left one above.
@@ -70,8 +78,10 @@ int main() {
     selfattn::DeviceBuffer<int32_t> lengths(ctx, 1);
     lengths.copy_from_host(length);
     selfattn::DeviceBuffer<float> cached_out(ctx, q.size());
+    selfattn::KvAttentionOptions cached_options;
+    cached_options.sinks = sinks.data();
     selfattn::attention_with_kv_cache(ctx, view(qd), selfattn::KvCache::contiguous(view(kd), view(vd), lengths.data()),
-                                      view(cached_out));
+                                      view(cached_out), cached_options);
 
     // A context pinned to the mma.sync fused kernel says so (the option and its query are public).
     selfattn::ContextOptions pinned_options;

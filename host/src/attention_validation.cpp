@@ -246,8 +246,8 @@ void check_view(const char* function, const char* name, const TensorView& view) 
   }
   for (int i = 0; i < 4; ++i) {
     if (view.shape[i] < 0) fail(function, dim(name, i) + " expected >= 0, got " + std::to_string(view.shape[i]));
-    if (view.shape[i] > INT_MAX) {
-      fail(function, dim(name, i) + " expected <= " + std::to_string(INT_MAX) + ", got " + std::to_string(view.shape[i]));
+    if (view.shape[i] > kMaxExtent) {
+      fail(function, dim(name, i) + " expected <= " + std::to_string(kMaxExtent) + ", got " + std::to_string(view.shape[i]));
     }
     if (view.strides[i] < 0) {
       fail(function, std::string(name) + ".strides[" + std::to_string(i) + "] (" + kDimNames[i] +

@@ -1,6 +1,7 @@
 #pragma once
 // Argument checking for attention(), attention_varlen() and self_attention(): every rule in one
 // place, each failure an InvalidArgument naming the argument, what was expected and what was given.
+#include <cstdint>
 #include <string>
 
 #include "paths.h"
@@ -25,8 +26,13 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
                       int64_t seq_q, int64_t seq_k, const TensorView& q, const TensorView& out, int64_t lse_rows,
                       bool check_out_overlap, AttentionCall& call, const char* seq_k_name = "seq_k");
 
-// Checks one view on its own: sizes >= 0 and within int, strides >= 0, head_dim stride 1, data
-// non-null and aligned to its element size when it has elements, a known dtype.
+// The largest size of any dimension (sequence lengths above all; a KV cache's capacity too), 2^31 -
+// 2^16: the kernels' int loops that step over a dimension by up to a block of threads (1024) or
+// round it up to a tile (256) then stay below INT_MAX instead of wrapping.
+constexpr int64_t kMaxExtent = (int64_t(1) << 31) - (int64_t(1) << 16);
+
+// Checks one view on its own: sizes >= 0 and at most kMaxExtent, strides >= 0, head_dim stride 1,
+// data non-null and aligned to its element size when it has elements, a known dtype.
 void check_view(const char* function, const char* name, const TensorView& view);
 
 // For a view the call writes (after check_view and the shape checks): no two of its elements at the

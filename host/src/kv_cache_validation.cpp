@@ -74,8 +74,8 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
     shape.max_pages_per_seq = 1;
   }
   const int64_t capacity = int64_t(shape.page_size) * shape.max_pages_per_seq;
-  if (capacity > INT_MAX) {
-    fail(function, "cache capacity (page_size * max_pages_per_seq) expected <= " + str(INT_MAX) + ", got " + str(capacity));
+  if (capacity > kMaxExtent) {
+    fail(function, "cache capacity (page_size * max_pages_per_seq) expected <= " + str(kMaxExtent) + ", got " + str(capacity));
   }
   shape.capacity = int(capacity);
   if (shape.batch > 0 && cache.lengths == nullptr) fail(function, "cache.lengths expected non-null, got null");
@@ -133,8 +133,8 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   for (int i = 0; i < 4; ++i) {
     expect_equal(function, "v_new.shape[" + str(i) + "]", k_new.shape[i], "k_new.shape[" + str(i) + "]", v_new.shape[i]);
   }
-  if (int64_t(shape.capacity) + k_new.seq() > INT_MAX) {
-    fail(function, "capacity + k_new.shape[2] (seq_new) expected <= " + str(INT_MAX) + ", got " +
+  if (int64_t(shape.capacity) + k_new.seq() > kMaxExtent) {
+    fail(function, "capacity + k_new.shape[2] (seq_new) expected <= " + str(kMaxExtent) + ", got " +
                        str(int64_t(shape.capacity) + k_new.seq()));
   }
   check_rotary(function, "options.rotary", options.rotary, shape.head_dim);

@@ -128,6 +128,17 @@ TEST(AttentionArguments, BatchTimesHeadsFitsInt32) {
   EXPECT_REJECTED(c, "q.shape[0] * q.shape[1] (batch * heads) expected <= 2147483647, got 2400000000");
 }
 
+// Every dimension stops at 2^31 - 2^16, so that the kernels' int loops over keys (stepping by a
+// block of threads, rounding up to a tile) cannot wrap. Stride-0 key views make such a length cheap.
+TEST(AttentionArguments, DimensionsStayBelowTheLoopLimit) {
+  Call c;
+  for (TensorView* view : {&c.k, &c.v}) {
+    view->shape[2] = 2147418113;
+    view->strides[2] = 0;
+  }
+  EXPECT_REJECTED(c, "k.shape[2] (seq) expected <= 2147418112, got 2147418113");
+}
+
 TEST(AttentionArguments, SinksMisuse) {
   { Call c; c.options.sinks = c.out_mem.data() + 2; EXPECT_REJECTED(c, "options.sinks expected not to overlap out"); }
   {

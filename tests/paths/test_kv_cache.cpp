@@ -568,6 +568,9 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
          c.q.strides[2] = 0;
          c.attend.lse = nullptr;
        }},
+      // A capacity past 2^31 - 2^16 (16-row pages): the decode kernels' key loops would wrap.
+      {"cache capacity (page_size * max_pages_per_seq) expected <= 2147418112, got 2147483648",
+       [](Call& c) { c.cache.max_pages_per_seq = 1 << 27; }},
       // Pointers off their element size (they fault on the GPU) and an out whose rows share addresses.
       {"q.data expected alignment to its element size 2", [](Call& c) { c.q.data = static_cast<char*>(c.q.data) + 1; }},
       {"cache.lengths expected 4-byte alignment", [](Call& c) { c.cache.lengths = misaligned(c.cache.lengths); }},

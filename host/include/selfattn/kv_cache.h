@@ -51,7 +51,8 @@ struct KvCache {
   const int32_t* lengths = nullptr;      // device [batch]: valid tokens per sequence
 
   bool paged() const { return block_table != nullptr; }
-  // Tokens one sequence can hold: k.seq() (contiguous) or max_pages_per_seq * page_size (paged).
+  // Tokens one sequence can hold: k.seq() (contiguous) or max_pages_per_seq * page_size (paged); at
+  // most 2^31 - 2^16, as every dimension (attention.h).
   int64_t capacity() const { return paged() ? int64_t(max_pages_per_seq) * k.seq() : k.seq(); }
 
   static KvCache contiguous(const TensorView& k, const TensorView& v, const int32_t* lengths) {

@@ -77,8 +77,9 @@ bool run_without_keys(ContextState& state, const AttentionCall& call) {
 void run_attention(ContextState& state, const AttentionCall& call, Path requested, const char* function) {
   if (run_without_keys(state, call)) return;
   const detail::PlannedAttention planned = detail::plan_attention(state, call, requested, function);
-  void* scores = state.workspace.reserve(planned.scores.workspace_bytes, std::string(function) + ": scores S/P");
-  detail::run_planned(state, planned, scores);
+  const char* use = planned.path == Path::fused ? ": the fused path's ordered cu_seqlens" : ": scores S/P";
+  void* workspace = state.workspace.reserve(planned.workspace_bytes(), std::string(function) + use);
+  detail::run_planned(state, planned, workspace);
 }
 
 }  // namespace
@@ -192,11 +193,11 @@ PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Pa
   return planned;
 }
 
-void run_planned(ContextState& ctx, const PlannedAttention& planned, void* scores_workspace) {
+void run_planned(ContextState& ctx, const PlannedAttention& planned, void* workspace) {
   switch (planned.path) {
-    case Path::naive: return run_naive(ctx, planned.scores, scores_workspace);
-    case Path::cublas: return run_cublas(ctx, planned.scores, scores_workspace);
-    case Path::fused: return run_fused(ctx, planned.call);
+    case Path::naive: return run_naive(ctx, planned.scores, workspace);
+    case Path::cublas: return run_cublas(ctx, planned.scores, workspace);
+    case Path::fused: return run_fused(ctx, planned.call, workspace);
     case Path::automatic: break;
   }
 }

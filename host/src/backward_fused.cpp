@@ -118,16 +118,20 @@ const char* fused_backward_unsupported(const ContextState& ctx, const BackwardCa
 }
 
 void plan_fused_backward(ContextState&, PlannedBackward& planned, const char*) {
+  BackwardWorkspace& workspace = planned.workspace;
+  workspace.offsets_offset = workspace.bytes;
+  workspace.bytes += fused_workspace_bytes(planned.call.forward);
   // The dQ accumulator (backward.h): head_dim floats per query row, in the LSE's row layout.
   if (planned.call.deterministic) return;
-  BackwardWorkspace& workspace = planned.workspace;
   workspace.dq_accum_offset = workspace.bytes;
   workspace.bytes += round_up_256(size_t(backward_query_rows(planned.call)) * planned.call.forward.head_dim *
                                   sizeof(float));
 }
 
 void run_fused_backward(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
-  const BackwardCall& call = planned.call;
+  BackwardCall call = planned.call;
+  call.forward = with_ordered_offsets(ctx, call.forward,
+                                      static_cast<unsigned char*>(workspace) + planned.workspace.offsets_offset);
   const AttentionCall& f = call.forward;
   const Kernels kernels = kernels_for(ctx, f);
   const kernels::FlashBwdParams params = make_params(call, planned.workspace, workspace);

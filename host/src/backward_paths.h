@@ -30,6 +30,7 @@ struct BackwardCall {
 struct BackwardWorkspace {
   size_t d_offset = 0;          // fp32 D per query row, in the LSE's layout
   size_t dq_accum_offset = 0;   // fused, non-deterministic: fp32 dQ [rows of lse][head_dim]
+  size_t offsets_offset = 0;    // fused, varlen: the ordered cu_seqlens (fused_workspace_bytes, paths.h)
   size_t dkv_accum_offset = 0;  // naive/cublas: fp32 dK then dV, [batch, kv_heads, seq_k, head_dim]
   size_t scores_offset = 0;     // naive/cublas: the chunk's score rows
   size_t bytes = 0;
@@ -61,8 +62,6 @@ void run_cublas_backward(ContextState& ctx, const PlannedBackward& planned, void
 void run_fused_backward(ContextState& ctx, const PlannedBackward& planned, void* workspace);
 
 // ---- shared by the paths (backward_common.cpp) ----
-
-inline size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Query rows of the LSE/D layout: batch * heads * seq_q, or heads * total_q for varlen.
 int64_t backward_query_rows(const BackwardCall& call);

@@ -348,7 +348,7 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
   };
   detail::PlannedAttention planned = plan_at(workspace);
   auto* sized = static_cast<unsigned char*>(
-      state.workspace.reserve(reserved + planned.scores.workspace_bytes, std::string(kFunction) + ": gathered K/V and scores"));
+      state.workspace.reserve(reserved + planned.workspace_bytes(), std::string(kFunction) + ": gathered K/V and scores"));
   if (sized != workspace) planned = plan_at(workspace = sized);
 
   if (options.rotary) rotate_query(state, q, rotated_q_at(workspace), cache.lengths, *options.rotary);

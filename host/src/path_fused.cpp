@@ -222,8 +222,44 @@ const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call
   return nullptr;
 }
 
-void run_fused(ContextState& ctx, const AttentionCall& call) {
-  if (const char* reason = fused_unsupported(ctx, call)) throw NotAvailable(std::string("path fused: ") + reason);
+size_t fused_workspace_bytes(const AttentionCall& call) {
+  return call.varlen() ? 2 * round_up_256(size_t(call.batch + 1) * sizeof(int32_t)) : 0;
+}
+
+AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace) {
+  if (!call.varlen()) return call;
+  kernels::KernelRef kernel;
+  if (ctx.device->backend() == Backend::sim) {
+    kernel = kernels::sim_target::running_max_offsets_kernel_ref();
+  } else {
+#if SELFATTN_HAVE_CUDA
+    kernel = kernels::cuda_target::running_max_offsets_kernel_ref();
+#endif
+  }
+  if (!kernel) throw NotAvailable("path fused: this build has no running_max_offsets kernel for the backend");
+  auto* ordered_q = static_cast<int32_t*>(workspace);
+  auto* ordered_k = reinterpret_cast<int32_t*>(static_cast<unsigned char*>(workspace) + fused_workspace_bytes(call) / 2);
+  kernels::RunningMaxOffsetsParams params{};
+  params.in[0] = call.cu_seqlens_q;
+  params.in[1] = call.cu_seqlens_k;
+  params.out[0] = ordered_q;
+  params.out[1] = ordered_k;
+  params.count = call.batch + 1;
+  constexpr int kThreads = 256;  // batch + 1 <= 65536 entries (fused_unsupported): at most 256 per thread
+  kernels::LaunchShape shape;
+  shape.grid = dim3(2);
+  shape.block = dim3(kThreads);
+  shape.dynamic_smem_bytes = kThreads * sizeof(int32_t);
+  ctx.device->launch(kernel, shape, &params);
+  AttentionCall ordered = call;
+  ordered.cu_seqlens_q = ordered_q;
+  ordered.cu_seqlens_k = ordered_k;
+  return ordered;
+}
+
+void run_fused(ContextState& ctx, const AttentionCall& given, void* workspace) {
+  if (const char* reason = fused_unsupported(ctx, given)) throw NotAvailable(std::string("path fused: ") + reason);
+  const AttentionCall call = with_ordered_offsets(ctx, given, workspace);
   if (const HopperInstanceFn hopper = hopper_instance(ctx, call)) {
     if (run_hopper(ctx, call, hopper)) return;
   }

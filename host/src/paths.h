@@ -74,12 +74,26 @@ struct ScorePlan {
 
 // ---- planning and running (attention.cpp) ----
 
+inline size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The fused kernels read a varlen call's cu_seqlens on the device, where the host never checks them.
+// Made non-decreasing first (a running maximum, one small kernel per call), they can be wrong but
+// never make two sequences share a row, so no two blocks write the same output. path_fused.cpp:
+//   fused_workspace_bytes: the workspace that takes (the q and the k offsets; 0 unless varlen);
+//   with_ordered_offsets:  launches it into `workspace` and returns the call reading those offsets
+//                          (the call itself unless varlen). The forward and the fused backward use both.
+size_t fused_workspace_bytes(const AttentionCall& call);
+AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace);
+
 // A validated call ready to run: every check that can throw (path support, the cu_seqlens of a
 // varlen call, the workspace limit) has passed, so running it can only fail in the backend.
 struct PlannedAttention {
   AttentionCall call;
   Path path = Path::naive;
   ScorePlan scores;  // naive and cublas; empty for fused
+  // The workspace the run takes: the scores' (naive, cublas), or the fused path's ordered
+  // cu_seqlens (varlen; fused_workspace_bytes).
+  size_t workspace_bytes() const { return path == Path::fused ? fused_workspace_bytes(call) : scores.workspace_bytes; }
 };
 
 // Plans a call with at least one query row and one key. `function` names the entry point in
@@ -87,8 +101,8 @@ struct PlannedAttention {
 // front of them (self_attention()'s projections).
 PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Path requested, const char* function,
                                 size_t reserved_before = 0);
-// Runs a plan with planned.scores.workspace_bytes bytes of workspace at `scores_workspace`.
-void run_planned(ContextState& ctx, const PlannedAttention& planned, void* scores_workspace);
+// Runs a plan with planned.workspace_bytes() bytes of workspace at `workspace`.
+void run_planned(ContextState& ctx, const PlannedAttention& planned, void* workspace);
 
 // The path a call runs: `requested` when unsupported(requested) is null, else NotAvailable with its
 // reason; for automatic the first of fused, then cublas (cuda) or naive (sim), then the other, that
@@ -100,10 +114,11 @@ Path choose_path(Backend backend, Path requested, const char* function, const st
 // Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
 void zero_fill(Device& device, const TensorView& view);
 
-// Each runs a plan of a call its *_unsupported accepted.
+// Each runs a plan of a call its *_unsupported accepted; run_fused takes fused_workspace_bytes(call)
+// bytes of workspace at `workspace` (null when that is 0).
 void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
-void run_fused(ContextState& ctx, const AttentionCall& call);
+void run_fused(ContextState& ctx, const AttentionCall& call, void* workspace);
 // Whether the fused forward may run the Hopper kernel on this context at all (path_fused.cpp):
 // the context allows it, the device has compute capability 9.0, the build has the kernels.
 bool hopper_kernels_usable(const ContextState& ctx);

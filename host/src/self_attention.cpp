@@ -173,7 +173,7 @@ void self_attention(Context& ctx, const TensorView& x, const MatrixView& wq, con
   void* base = state.workspace.reserve(projection_bytes, std::string(kFunction) + ": Q, K, V" +
                                                              (wo ? " and the attention output" : ""));
   detail::PlannedAttention planned = plan_at(base);
-  void* sized = state.workspace.reserve(projection_bytes + planned.scores.workspace_bytes,
+  void* sized = state.workspace.reserve(projection_bytes + planned.workspace_bytes(),
                                         std::string(kFunction) + ": projections and scores");
   if (sized != base) planned = plan_at(base = sized);
 

@@ -42,6 +42,14 @@ struct FlashFwdParams {
   ScoreMods mods;         // sliding window, softcap, ALiBi, bias (score_mods.cuh)
 };
 
+// running_max_offsets.cuh: out[a][i] = max(in[a][0..i]) for a varlen call's q (a = 0) and k (a = 1)
+// cu_seqlens, count = batch + 1 entries each; the fused kernels then read `out` as their cu_seqlens.
+struct RunningMaxOffsetsParams {
+  const int32_t* in[2];
+  int32_t* out[2];
+  int count;
+};
+
 // What the host needs to launch one instance: the kernel and the shape it was compiled for.
 struct FlashFwdInstance {
   KernelRef kernel;

@@ -246,6 +246,8 @@ Trial varlen_trial(Context& ctx, const VarlenSpec& s, std::mt19937& rng) {
   const int total_q = cu_q.back(), total_k = cu_k.back();
   const int max_q = *std::max_element(s.seq_q.begin(), s.seq_q.end());
   const int max_k = *std::max_element(s.seq_k.begin(), s.seq_k.end());
+  // The fused path keeps the running maximum of both offsets arrays, each rounded up to 256.
+  if (s.path == Path::fused) t.need = t.whole = 2 * round_up(4 * size_t(batch + 1), 256);
   if (max_k == 0) t.need = t.whole = 0;  // no keys at all: no path runs
 
   const int d = s.head_dim;

@@ -1,9 +1,12 @@
 // Wrong cu_seqlens on the fused path: entries past total_q/total_k or negative must be clamped to
 // the views (device metadata the host does not read), never followed out of q, k, v, out or lse.
 // Before the clamp in flash_fwd_sequence.cuh, these calls faulted on the sim; each must also give
-// exactly what the valid offsets it clamps to give.
+// exactly what the valid offsets it clamps to give. Offsets out of order are first made
+// non-decreasing (running_max_offsets.cuh): before that, two sequences could share rows, and the
+// sim reported two blocks writing the same output (forward and backward).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -60,6 +63,154 @@ TEST(FusedVarlenMetadata, CuSeqlensOutsideTheViewsAreClamped) {
       EXPECT_TRUE(out == want_out) << to_string(dtype) << " case " << i << ": out differs from the clamped offsets' call";
       const bool same_lse = std::memcmp(lse.data(), want_lse.data(), lse.size() * sizeof(float)) == 0;  // NaN poison too
       EXPECT_TRUE(same_lse) << to_string(dtype) << " case " << i << ": lse differs from the clamped offsets' call";
+    }
+  }
+}
+
+// Out-of-order offsets beside the running maximum they are read as: the same bits, forward and
+// backward. Each case has sequences that would otherwise overlap (query rows, key rows, or both).
+struct OrderCase {
+  std::vector<int32_t> q, k, ordered_q, ordered_k;
+};
+const std::vector<OrderCase>& out_of_order_cases() {
+  static const std::vector<OrderCase> cases = {
+      {{0, 6, 2, 9}, {0, 15, 5, 20}, {0, 6, 6, 9}, {0, 15, 15, 20}},  // both overlap: sequence 1 empty
+      {{0, 3, 6, 9}, {0, 15, 5, 20}, {0, 3, 6, 9}, {0, 15, 15, 20}},  // keys only: sequence 1 has no key
+      {{5, 2, 7, 9}, {0, 4, 12, 20}, {5, 5, 7, 9}, {0, 4, 12, 20}},   // rows 0-4 owned by nobody
+      {{0, 9, 0, 9}, {0, 20, 0, 20}, {0, 9, 9, 9}, {0, 20, 20, 20}},  // the whole view twice
+  };
+  return cases;
+}
+
+constexpr int kSequences = 3, kHeads = 2, kTotalQ = 9, kTotalK = 20, kHeadDim = 64;
+
+struct Offsets {
+  DeviceBuffer<int32_t> q, k;
+  Offsets(Context& ctx, const std::vector<int32_t>& q_host, const std::vector<int32_t>& k_host)
+      : q(ctx, q_host.size(), "cu_seqlens_q"), k(ctx, k_host.size(), "cu_seqlens_k") {
+    q.copy_from_host(q_host);
+    k.copy_from_host(k_host);
+  }
+};
+
+// out and lse of one forward call on the fused path, both poisoned first.
+std::pair<std::vector<unsigned char>, std::vector<float>> run_forward(Context& ctx, const Tensor& q, const Tensor& k,
+                                                                      const Tensor& v,
+                                                                      const std::vector<int32_t>& offsets_q,
+                                                                      const std::vector<int32_t>& offsets_k) {
+  const DType dtype = q.dtype;
+  const int heads = int(q.view.heads()), total_q = int(q.view.seq()), total_k = int(k.view.seq());
+  Offsets offsets(ctx, offsets_q, offsets_k);
+  DeviceBuffer<unsigned char> out = poisoned(ctx, dtype, size_t(heads) * total_q * kHeadDim);
+  DeviceBuffer<float> lse(ctx, size_t(heads) * total_q, "lse");
+  lse.fill_bytes(0xFF);
+  AttentionOptions options;
+  options.path = Path::fused;
+  options.causal = Causal::bottom_right;
+  options.lse = lse.data();
+  attention_varlen(ctx, q.view, k.view, v.view, TensorView::bhsd(out.data(), dtype, 1, heads, total_q, kHeadDim),
+                   offsets.q.data(), offsets.k.data(), int(offsets_q.size()) - 1, total_q, total_k, options);
+  ctx.synchronize();
+  return {out.to_host(), lse.to_host()};
+}
+
+::testing::AssertionResult same_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const OrderCase& c) {
+  const auto [out, lse] = run_forward(ctx, q, k, v, c.q, c.k);
+  const auto [want_out, want_lse] = run_forward(ctx, q, k, v, c.ordered_q, c.ordered_k);
+  if (out != want_out) return ::testing::AssertionFailure() << "out differs from the ordered offsets' call";
+  if (std::memcmp(lse.data(), want_lse.data(), lse.size() * sizeof(float)) != 0)  // NaN poison too
+    return ::testing::AssertionFailure() << "lse differs from the ordered offsets' call";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(FusedVarlenMetadata, OffsetsOutOfOrderAreReadAsTheirRunningMaximum) {
+  Context ctx;
+  std::mt19937_64 rng = rng_for("FusedVarlenMetadata.OutOfOrder");
+  for (DType dtype : {DType::bf16, DType::f32}) {  // the tensor-core kernel and the SIMT one
+    Tensor q = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
+    Tensor k = random_tensor(ctx, dtype, 1, 1, kTotalK, kHeadDim, rng);
+    Tensor v = random_tensor(ctx, dtype, 1, 1, kTotalK, kHeadDim, rng);
+    for (size_t i = 0; i < out_of_order_cases().size(); ++i) {
+      EXPECT_TRUE(same_forward(ctx, q, k, v, out_of_order_cases()[i])) << to_string(dtype) << " case " << i;
+    }
+  }
+}
+
+// Enough sequences that each thread of the ordering kernel owns several entries and the maximum
+// has to cross many threads: offsets rising by 0 or 1, a drop of 30 every 97 sequences, and one
+// early spike whose maximum every entry for hundreds of sequences must see (until the offsets
+// rise past it, those sequences are empty).
+TEST(FusedVarlenMetadata, ManySequencesOutOfOrder) {
+  Context ctx;
+  std::mt19937_64 rng = rng_for("FusedVarlenMetadata.ManySequences");
+  constexpr int kMany = 700, kTotal = 330, kSpikeAt = 20, kSpike = 260;
+  Tensor q = random_tensor(ctx, DType::bf16, 1, 1, kTotal, kHeadDim, rng);
+  Tensor k = random_tensor(ctx, DType::bf16, 1, 1, kTotal, kHeadDim, rng);
+  Tensor v = random_tensor(ctx, DType::bf16, 1, 1, kTotal, kHeadDim, rng);
+  std::uniform_int_distribution<int> die(0, 3);
+  const auto random_offsets = [&] {
+    std::vector<int32_t> offsets{0};
+    for (int i = 0; i < kMany; ++i) offsets.push_back(offsets.back() + (i % 97 == 50 ? -30 : die(rng) > 0 ? 1 : 0));
+    offsets[kSpikeAt] = kSpike;
+    return offsets;
+  };
+  OrderCase c;
+  c.q = random_offsets();
+  c.k = random_offsets();
+  for (const auto& [given, ordered] : {std::pair{&c.q, &c.ordered_q}, std::pair{&c.k, &c.ordered_k}}) {
+    *ordered = *given;
+    for (size_t i = 1; i < ordered->size(); ++i) (*ordered)[i] = std::max((*ordered)[i], (*ordered)[i - 1]);
+  }
+  ASSERT_NE(c.q, c.ordered_q);  // the case is out of order at all
+  EXPECT_TRUE(same_forward(ctx, q, k, v, c));
+}
+
+TEST(FusedVarlenMetadata, BackwardReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
+  Context ctx;
+  std::mt19937_64 rng = rng_for("FusedVarlenMetadata.BackwardOutOfOrder");
+  const DType dtype = DType::bf16;
+  Tensor q = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
+  Tensor k = random_tensor(ctx, dtype, 1, 1, kTotalK, kHeadDim, rng);
+  Tensor v = random_tensor(ctx, dtype, 1, 1, kTotalK, kHeadDim, rng);
+  Tensor out = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
+  Tensor dout = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
+  // Any finite LSE: the check is that both offsets give the same gradients, not what they are.
+  DeviceBuffer<float> lse(ctx, kHeads * kTotalQ, "lse");
+  lse.copy_from_host(std::vector<float>(kHeads * kTotalQ, 2.0f));
+  for (bool deterministic : {true, false}) {
+    const auto run = [&](const std::vector<int32_t>& offsets_q, const std::vector<int32_t>& offsets_k) {
+      Offsets offsets(ctx, offsets_q, offsets_k);
+      std::vector<DeviceBuffer<unsigned char>> grads;
+      grads.push_back(poisoned(ctx, dtype, kHeads * kTotalQ * kHeadDim));
+      grads.push_back(poisoned(ctx, dtype, kTotalK * kHeadDim));
+      grads.push_back(poisoned(ctx, dtype, kTotalK * kHeadDim));
+      AttentionOptions options;
+      options.path = Path::fused;
+      options.causal = Causal::top_left;
+      BackwardOptions backward;
+      backward.deterministic = deterministic;
+      attention_varlen_backward(ctx, q.view, k.view, v.view, out.view, dout.view, lse.data(),
+                                TensorView::bhsd(grads[0].data(), dtype, 1, kHeads, kTotalQ, kHeadDim),
+                                TensorView::bhsd(grads[1].data(), dtype, 1, 1, kTotalK, kHeadDim),
+                                TensorView::bhsd(grads[2].data(), dtype, 1, 1, kTotalK, kHeadDim), offsets.q.data(),
+                                offsets.k.data(), kSequences, kTotalQ, kTotalK, options, backward);
+      ctx.synchronize();
+      std::vector<std::vector<unsigned char>> host;
+      for (const auto& g : grads) host.push_back(g.to_host());
+      return host;
+    };
+    for (size_t i = 0; i < out_of_order_cases().size(); ++i) {
+      const OrderCase& c = out_of_order_cases()[i];
+      const auto got = run(c.q, c.k);
+      const auto want = run(c.ordered_q, c.ordered_k);
+      // With every sequence's rows its own, even dQ's fp32 atomics add the same terms in the same
+      // order per element (one key tile block per sequence and kv head): the bits agree in both modes.
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int g = 0; g < 3; ++g) {
+        EXPECT_TRUE(got[g] == want[g]) << names[g] << (deterministic ? " (deterministic)" : "") << " case " << i
+                                       << ": differs from the ordered offsets' call";
+      }
     }
   }
 }

@@ -72,7 +72,8 @@ struct AttentionOptions {
 // function called, or BackendError naming the failed CUDA/cuBLAS/sim call. Every check that can
 // throw runs before anything is written: on the first three, out and lse are untouched (a
 // BackendError from a failed kernel or GEMM may come after part of out was written).
-// Sizes: none may be negative. No query rows (batch, heads or seq_q of 0) writes nothing; no keys
+// Sizes: none may be negative or above 2^31 - 2^16 (the kernels' int loops over keys must not wrap).
+// No query rows (batch, heads or seq_q of 0) writes nothing; no keys
 // (seq_k == 0) writes rows of 0 and LSE -inf without running a path. head_dim must be >= 1 when
 // there are query rows. Data pointers may be null only for views with no elements.
 // options.path: automatic tries fused, then cublas (cuda) or naive (sim), then the other; an
@@ -90,9 +91,11 @@ void attention(Context& ctx, const TensorView& q, const TensorView& k, const Ten
 // The naive and cublas paths read cu_seqlens back to the host (synchronizing the stream) and check
 // every sequence, and its workspace need, before the first one runs. Rows of out and lse that no
 // sequence owns (from cu_seqlens_q[batch] on) are not written. The fused path reads cu_seqlens on
-// the device only and clamps each entry into the views: wrong offsets give wrong rows, never an
-// access outside q, k, v, out or lse; offsets out of order make sequences overlap, and two blocks
-// then write the same rows (the sim reports that write conflict as a BackendError).
+// the device only (no synchronisation; graph-safe): it takes their running maximum (one small
+// kernel; 2 x 256-byte-rounded (batch + 1) int32 of workspace) and clamps each entry into the
+// views, so wrong offsets give wrong rows but never an access outside q, k, v, out or lse, and
+// offsets out of order give empty sequences, never two sequences sharing a row. Rows of out and
+// lse no sequence then owns are not written.
 void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});

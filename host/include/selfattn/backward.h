@@ -58,7 +58,9 @@ struct BackwardOptions {
 // rounded up to 256:
 //   every path:   D, 4 per query row (batch * heads * seq_q; varlen heads * total_q); also a call
 //                 without keys that asks for dsinks (D is all its work)
-//   fused:        dQ accumulator, 4 * head_dim per query row, unless backward.deterministic
+//   fused:        varlen: the running maximum of cu_seqlens_q and of cu_seqlens_k, 4 * (batch + 1)
+//                 each (see attention_varlen); then the dQ accumulator, 4 * head_dim per query row,
+//                 unless backward.deterministic
 //   naive/cublas: dK and dV accumulators, 2 * 4 * head_dim per key row (batch * kv_heads * seq_k),
 //                 then the score rows of a chunk of query rows: 2 * 4 * round_up(seq_k, 4) per row
 //                 (S/P and dP/dS in fp32), on cublas for f16/bf16 plus 2 * 2 * round_up(seq_k, 8)
@@ -70,7 +72,8 @@ void attention_backward(Context& ctx, const TensorView& q, const TensorView& k, 
 
 // The backward of attention_varlen(): views packed as there ([1, heads, total_q, head_dim] for q,
 // out, dout, dq; [1, kv_heads, total_k, head_dim] for k, v, dk, dv), lse [heads, total_q]. Rows of
-// dq outside every sequence and key rows of dk/dv outside every sequence are written as 0.
+// dq outside every sequence and key rows of dk/dv outside every sequence are written as 0. The
+// fused path reads cu_seqlens as attention_varlen's does (on the device, their running maximum).
 void attention_varlen_backward(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& dout, const float* lse, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv, const int32_t* cu_seqlens_q,

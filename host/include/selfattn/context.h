@@ -25,7 +25,9 @@ struct ContextOptions {
   //     rows, each row max(16, 4 * round_up(seq_k, 4)) (fp32 S, P written over it), on the cublas
   //     path for f16/bf16 plus 2 * round_up(seq_k, 8) (P in that dtype). seq_k is the call's; for
   //     attention_varlen each sequence's own key count (read from cu_seqlens_k). The chunk is the
-  //     whole problem when it fits, else as many rows as fit. The fused path counts nothing.
+  //     whole problem when it fits, else as many rows as fit. The fused path counts nothing for
+  //     attention(); for attention_varlen() 2 * round_up(4 * (batch + 1), 256) (the running
+  //     maximum of cu_seqlens_q and of cu_seqlens_k: attention.h).
   //   self_attention(): Q, K, V and, with wo, the attention output, each round_up(bytes, 256),
   //     plus the attention step's scores as above in what remains.
   //   attention_with_kv_cache(), append_kv(), cu_seqlens_from_lengths(): what kv_cache.h says at each.

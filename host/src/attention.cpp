@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "../../kernels/registry.h"
 #include "attention_validation.h"
+#include "backend_kernels.h"
 #include "paths.h"
 #include "score_chunks.h"
 #include "selfattn/attention.h"
@@ -54,14 +54,7 @@ bool run_without_keys(ContextState& state, const AttentionCall& call) {
   const int64_t rows_per_head = call.varlen() ? call.q.seq() : call.seq_q;
   const int64_t lse_rows = call.varlen() ? int64_t(call.heads) * rows_per_head : int64_t(call.batch) * call.heads * rows_per_head;
   if (call.lse == nullptr || lse_rows == 0) return true;
-  kernels::KernelRef kernel;
-  if (state.device->backend() == Backend::sim) {
-    kernel = kernels::sim_target::lse_without_keys_kernel_ref();
-  } else {
-#if SELFATTN_HAVE_CUDA
-    kernel = kernels::cuda_target::lse_without_keys_kernel_ref();
-#endif
-  }
+  const kernels::KernelRef kernel = SELFATTN_KERNEL_FOR(state.device->backend(), lse_without_keys_kernel_ref());
   if (!kernel) throw NotAvailable("attention: no lse_without_keys kernel for this backend");
   const kernels::LseWithoutKeysParams params{call.lse, call.sinks, lse_rows, rows_per_head, call.heads};
   constexpr int kThreads = 256;

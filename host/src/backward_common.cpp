@@ -2,40 +2,13 @@
 // the store of an fp32 gradient accumulator into the caller's view.
 #include <algorithm>
 
-#include "../../kernels/registry.h"
+#include "backend_kernels.h"
 #include "backward_paths.h"
 #include "kernel_args.h"
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
 namespace {
-
-kernels::BackwardKernel dot_kernel(Backend backend, kernels::Element element) {
-  if (backend == Backend::sim) return kernels::sim_target::backward_dot_instance(element);
-#if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::backward_dot_instance(element);
-#else
-  return {};
-#endif
-}
-
-kernels::BackwardKernel sink_kernel(Backend backend) {
-  if (backend == Backend::sim) return kernels::sim_target::sink_gradient_instance();
-#if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::sink_gradient_instance();
-#else
-  return {};
-#endif
-}
-
-kernels::BackwardKernel store_kernel(Backend backend, kernels::Element element) {
-  if (backend == Backend::sim) return kernels::sim_target::store_gradient_instance(element);
-#if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::store_gradient_instance(element);
-#else
-  return {};
-#endif
-}
 
 // Blocks for `work` items of `per_block` each, capped: the kernels loop over the rest.
 unsigned blocks_for(int64_t work, int64_t per_block, int64_t max_blocks) {
@@ -52,7 +25,7 @@ int64_t backward_query_rows(const BackwardCall& call) {
 
 void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d) {
   const AttentionCall& f = call.forward;
-  const kernels::BackwardKernel kernel = dot_kernel(ctx.device->backend(), element_of(f.dtype));
+  const kernels::BackwardKernel kernel = SELFATTN_KERNEL_FOR(ctx.device->backend(), backward_dot_instance(element_of(f.dtype)));
   if (!kernel.kernel) throw NotAvailable("attention_backward: no backward_dot kernel for this backend");
   kernels::BackwardDotParams p{};
   p.out = f.out.data;
@@ -80,7 +53,7 @@ void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d) 
 
 void launch_sink_gradient(ContextState& ctx, const BackwardCall& call, const float* d) {
   const AttentionCall& f = call.forward;
-  const kernels::BackwardKernel kernel = sink_kernel(ctx.device->backend());
+  const kernels::BackwardKernel kernel = SELFATTN_KERNEL_FOR(ctx.device->backend(), sink_gradient_instance());
   if (!kernel.kernel) throw NotAvailable("attention_backward: no sink_gradient kernel for this backend");
   kernels::SinkGradientParams p{};
   p.lse = call.lse;
@@ -101,7 +74,8 @@ void launch_sink_gradient(ContextState& ctx, const BackwardCall& call, const flo
 }
 
 void launch_store_gradient(ContextState& ctx, const float* accumulator, const TensorView& view, float multiplier) {
-  const kernels::BackwardKernel kernel = store_kernel(ctx.device->backend(), element_of(view.dtype));
+  const kernels::BackwardKernel kernel =
+      SELFATTN_KERNEL_FOR(ctx.device->backend(), store_gradient_instance(element_of(view.dtype)));
   if (!kernel.kernel) throw NotAvailable("attention_backward: no store_gradient kernel for this backend");
   kernels::StoreGradientParams p{};
   p.accumulator = accumulator;

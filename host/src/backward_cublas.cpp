@@ -33,7 +33,7 @@
 #include <cstdint>
 
 #include "../../kernels/backward/naive_backward_params.h"
-#include "../../kernels/registry.h"
+#include "backend_kernels.h"
 #include "backward_paths.h"
 #include "backward_score_paths.h"
 #include "kernel_args.h"
@@ -58,12 +58,7 @@ ScoreLayout cublas_backward_layout(const AttentionCall& padded) {
 }
 
 kernels::BackwardKernel scores_kernel(Backend backend, kernels::Element p_elem) {
-  if (backend == Backend::sim) return kernels::sim_target::backward_scores_instance(p_elem);
-#if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::backward_scores_instance(p_elem);
-#else
-  return {};
-#endif
+  return SELFATTN_KERNEL_FOR(backend, backward_scores_instance(p_elem));
 }
 
 // Element offsets of one (batch, head) pair's first row in each operand (acc: the kv pair's

@@ -13,10 +13,10 @@
 #include <string>
 
 #include "attention_validation.h"
+#include "backend_kernels.h"
 #include "kernel_args.h"
-#include "paths.h"
-#include "kernels/registry.h"
 #include "kv_cache_validation.h"
+#include "paths.h"
 #include "selfattn/attention.h"
 #include "selfattn/error.h"
 #include "selfattn/kv_cache.h"
@@ -30,22 +30,14 @@ using detail::ContextState;
 using kernels::DecodeKernel;
 using kernels::Element;
 
-// The instance of one decode kernel family for the context's backend.
-DecodeKernel decode_kernel(const ContextState& ctx, DecodeKernel (*sim)(Element), DecodeKernel (*cuda)(Element),
-                           DType dtype) {
-  const DecodeKernel kernel = ctx.device->backend() == Backend::sim ? sim(detail::element_of(dtype))
-                              : cuda != nullptr                     ? cuda(detail::element_of(dtype))
-                                                                    : DecodeKernel{};
+// A decode kernel the backend has, or NotAvailable.
+DecodeKernel available(DecodeKernel kernel) {
   if (!kernel.kernel) throw NotAvailable("KV cache: this build has no decode kernels for the backend");
   return kernel;
 }
-
-#if SELFATTN_HAVE_CUDA
-#define SELFATTN_DECODE_KERNEL(ctx, family, dtype) \
-  decode_kernel(ctx, &kernels::sim_target::family, &kernels::cuda_target::family, dtype)
-#else
-#define SELFATTN_DECODE_KERNEL(ctx, family, dtype) decode_kernel(ctx, &kernels::sim_target::family, nullptr, dtype)
-#endif
+// One decode family's instance (registry.inc: FAMILY(Element)) for the context's backend.
+#define SELFATTN_DECODE_KERNEL(state, family, dtype) \
+  available(SELFATTN_KERNEL_FOR((state).device->backend(), family(detail::element_of(dtype))))
 
 kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
   kernels::KvPagesView view{};
@@ -121,13 +113,7 @@ bool rows_on_16_bytes(const TensorView& view) {
 }
 
 DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
-  if (state.device->backend() == Backend::sim)
-    return kernels::sim_target::decode_split_kv_instance(detail::element_of(dtype), head_dim);
-#if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::decode_split_kv_instance(detail::element_of(dtype), head_dim);
-#else
-  return DecodeKernel{};
-#endif
+  return SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_instance(detail::element_of(dtype), head_dim));
 }
 
 // The split-KV kernel for this call: the tensor-core one where it has an instance (f16/bf16, head
@@ -135,14 +121,8 @@ DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_di
 DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
                                  int head_dim) {
   if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {
-    DecodeKernel mma{};
-    if (state.device->backend() == Backend::sim) {
-      mma = kernels::sim_target::decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim);
-    } else {
-#if SELFATTN_HAVE_CUDA
-      mma = kernels::cuda_target::decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim);
-#endif
-    }
+    const DecodeKernel mma =
+        SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim));
     if (mma.kernel) return mma;
   }
   return split_kv_kernel(state, q.dtype, head_dim);

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "backend_kernels.h"
 #include "kernel_args.h"
-#include "kernels/registry.h"
 #include "paths.h"
 #include "selfattn/error.h"
 
@@ -158,12 +158,7 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
     if (entry.cuda != nullptr) return entry.cuda();
     return FlashFwdInstance{};
   }
-  if (sim) return kernels::sim_target::flash_fwd_simt_instance(element_of(call.dtype), call.head_dim);
-#if SELFATTN_HAVE_CUDA
-  return kernels::cuda_target::flash_fwd_simt_instance(element_of(call.dtype), call.head_dim);
-#else
-  return FlashFwdInstance{};
-#endif
+  return SELFATTN_KERNEL_FOR(ctx.device->backend(), flash_fwd_simt_instance(element_of(call.dtype), call.head_dim));
 }
 
 }  // namespace
@@ -228,14 +223,7 @@ size_t fused_workspace_bytes(const AttentionCall& call) {
 
 AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace) {
   if (!call.varlen()) return call;
-  kernels::KernelRef kernel;
-  if (ctx.device->backend() == Backend::sim) {
-    kernel = kernels::sim_target::running_max_offsets_kernel_ref();
-  } else {
-#if SELFATTN_HAVE_CUDA
-    kernel = kernels::cuda_target::running_max_offsets_kernel_ref();
-#endif
-  }
+  const kernels::KernelRef kernel = SELFATTN_KERNEL_FOR(ctx.device->backend(), running_max_offsets_kernel_ref());
   if (!kernel) throw NotAvailable("path fused: this build has no running_max_offsets kernel for the backend");
   auto* ordered_q = static_cast<int32_t*>(workspace);
   auto* ordered_k = reinterpret_cast<int32_t*>(static_cast<unsigned char*>(workspace) + fused_workspace_bytes(call) / 2);

@@ -6,7 +6,7 @@
 // Variable-length batches run sequence by sequence (the plan's padded calls, score_chunks.h).
 #include <string>
 
-#include "../../kernels/registry.h"
+#include "backend_kernels.h"
 #include "paths.h"
 #include "score_chunks.h"
 #include "selfattn/error.h"
@@ -19,13 +19,8 @@ struct NaiveKernels {
 };
 
 NaiveKernels lookup(Backend backend, kernels::Element elem, int head_dim) {
-  if (backend == Backend::sim)
-    return {kernels::sim_target::qk_tiled_instance(elem, head_dim), kernels::sim_target::pv_tiled_instance(elem, head_dim)};
-#if SELFATTN_HAVE_CUDA
-  return {kernels::cuda_target::qk_tiled_instance(elem, head_dim), kernels::cuda_target::pv_tiled_instance(elem, head_dim)};
-#else
-  return {};
-#endif
+  return {SELFATTN_KERNEL_FOR(backend, qk_tiled_instance(elem, head_dim)),
+          SELFATTN_KERNEL_FOR(backend, pv_tiled_instance(elem, head_dim))};
 }
 
 unsigned tiles(int count, int tile) { return unsigned((count + tile - 1) / tile); }

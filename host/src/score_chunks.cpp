@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_kernels.h"
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
@@ -110,14 +111,7 @@ void gemm_over_visible_keys(ContextState& ctx, const GemmBatch& g, const Attenti
   const int64_t elements = int64_t(g.m) * g.n * g.batch_count;
   if (call.key_lengths == nullptr || elements == 0) return;
   if (g.beta != 0.0f) throw BackendError("gemm_over_visible_keys: needs beta == 0");
-  kernels::KernelRef repair;
-  if (ctx.device->backend() == Backend::sim) {
-    repair = kernels::sim_target::gemm_key_repair_kernel_ref();
-  } else {
-#if SELFATTN_HAVE_CUDA
-    repair = kernels::cuda_target::gemm_key_repair_kernel_ref();
-#endif
-  }
+  const kernels::KernelRef repair = SELFATTN_KERNEL_FOR(ctx.device->backend(), gemm_key_repair_kernel_ref());
   if (!repair) throw NotAvailable("attention: no gemm_key_repair kernel for this backend");
   const kernels::GemmKeyRepairParams params{g.a, g.b, g.c, element_of(g.a_type), element_of(g.c_type), g.trans_a,
                                             g.trans_b, g.m, g.n, g.k, g.batch_count, g.lda, g.ldb, g.ldc,
@@ -189,14 +183,7 @@ void for_each_chunk(const ChunkedCall& chunked, const std::function<void(const C
 void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& chunk, const float* s,
                     int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale,
                     int64_t lse_pair_stride) {
-  kernels::SoftmaxKernel softmax;
-  if (ctx.device->backend() == Backend::sim) {
-    softmax = kernels::sim_target::softmax_rows_instance(p_elem, call.seq_k);
-  } else {
-#if SELFATTN_HAVE_CUDA
-    softmax = kernels::cuda_target::softmax_rows_instance(p_elem, call.seq_k);
-#endif
-  }
+  const kernels::SoftmaxKernel softmax = SELFATTN_KERNEL_FOR(ctx.device->backend(), softmax_rows_instance(p_elem, call.seq_k));
   if (!softmax.kernel) throw NotAvailable("attention: no softmax_rows kernel for this backend");
 
   kernels::SoftmaxParams params{};

@@ -353,6 +353,20 @@ TEST(BackwardZeroSizes, SinksGradientWithoutQueriesOrKeys) {
   }
 }
 
+// Without heads, sinks and dsinks are both empty arrays: a null sinks beside a non-null dsinks (as
+// an empty PyTorch tensor may give) is accepted, and dsinks has nothing to receive.
+TEST(BackwardZeroSizes, NoHeadsTakeDsinksBesideNullSinks) {
+  BackwardCallFixture c;
+  for (TensorView* view : {&c.q, &c.out, &c.dout, &c.dq}) view->shape[1] = 0;
+  DeviceBuffer<float> dsinks(c.ctx, 1);
+  dsinks.fill_bytes(kGradientFill);
+  c.backward.dsinks = dsinks.data();
+  c.run();
+  EXPECT_TRUE(all_zero(c.dk_mem));
+  EXPECT_TRUE(all_zero(c.dv_mem));
+  EXPECT_TRUE(all_bytes(dsinks, kGradientFill));
+}
+
 // A zero-size call still validates first: a bad argument beside the zero size is rejected and
 // nothing is zero-filled.
 TEST(BackwardZeroSizes, StillValidated) {

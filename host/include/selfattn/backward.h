@@ -33,7 +33,8 @@ struct BackwardOptions {
   // The gradient of the forward's sinks (AttentionOptions::sinks): device fp32 [heads], written
   // (not accumulated) with dL/d sink[h] = -sum over the head's rows of P_i,sink (D_i - dlse_i),
   // P_i,sink = exp(sink[h] - lse_i), summed in a fixed order (deterministic). Null: not computed
-  // (sinks held fixed); must be null without options.sinks. A head whose sink is -inf gets 0, and
+  // (sinks held fixed); must be null without options.sinks when there are heads (with none, both
+  // arrays are empty and either pointer may be null). A head whose sink is -inf gets 0, and
   // so does every head of a call without query rows. Must not overlap anything read or written.
   // Costs one pass over the LSE and D (2 x 4 bytes per query row) after D is computed.
   float* dsinks = nullptr;

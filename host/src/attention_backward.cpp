@@ -82,7 +82,12 @@ void run_backward(ContextState& state, const BackwardCall& call, Path requested,
   // Every check has passed: from here on the call writes.
   if (call.forward.varlen()) zero_gradients(state, call);  // rows outside every sequence stay 0
   unsigned char* base = static_cast<unsigned char*>(workspace);
-  run_row_terms(state, call, reinterpret_cast<float*>(base + planned.workspace.d_offset));
+  // The fused path reads a varlen call's cu_seqlens as their running maximum (paths.h); the sinks'
+  // gradient, which ends at cu_seqlens_q[batch], reads them so too.
+  if (planned.path == Path::fused) {
+    planned.call.forward = with_ordered_offsets(state, call.forward, base + planned.workspace.offsets_offset);
+  }
+  run_row_terms(state, planned.call, reinterpret_cast<float*>(base + planned.workspace.d_offset));
   switch (planned.path) {
     case Path::naive: return run_naive_backward(state, planned, workspace);
     case Path::cublas: return run_cublas_backward(state, planned, workspace);

@@ -129,9 +129,7 @@ void plan_fused_backward(ContextState&, PlannedBackward& planned, const char*) {
 }
 
 void run_fused_backward(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
-  BackwardCall call = planned.call;
-  call.forward = with_ordered_offsets(ctx, call.forward,
-                                      static_cast<unsigned char*>(workspace) + planned.workspace.offsets_offset);
+  const BackwardCall& call = planned.call;  // varlen: cu_seqlens already ordered (attention_backward.cpp)
   const AttentionCall& f = call.forward;
   const Kernels kernels = kernels_for(ctx, f);
   const kernels::FlashBwdParams params = make_params(call, planned.workspace, workspace);

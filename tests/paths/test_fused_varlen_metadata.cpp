@@ -78,6 +78,7 @@ const std::vector<OrderCase>& out_of_order_cases() {
       {{0, 3, 6, 9}, {0, 15, 5, 20}, {0, 3, 6, 9}, {0, 15, 15, 20}},  // keys only: sequence 1 has no key
       {{5, 2, 7, 9}, {0, 4, 12, 20}, {5, 5, 7, 9}, {0, 4, 12, 20}},   // rows 0-4 owned by nobody
       {{0, 9, 0, 9}, {0, 20, 0, 20}, {0, 9, 9, 9}, {0, 20, 20, 20}},  // the whole view twice
+      {{0, 7, 3, 5}, {0, 8, 14, 20}, {0, 7, 7, 7}, {0, 8, 14, 20}},   // the last entry below an earlier one
   };
   return cases;
 }
@@ -178,6 +179,9 @@ TEST(FusedVarlenMetadata, BackwardReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
   // Any finite LSE: the check is that both offsets give the same gradients, not what they are.
   DeviceBuffer<float> lse(ctx, kHeads * kTotalQ, "lse");
   lse.copy_from_host(std::vector<float>(kHeads * kTotalQ, 2.0f));
+  // Sinks: their gradient sums the rows up to cu_seqlens_q[batch], which must be read ordered too.
+  DeviceBuffer<float> sinks(ctx, kHeads, "sinks");
+  sinks.copy_from_host(std::vector<float>{0.5f, -1.0f});
   for (bool deterministic : {true, false}) {
     const auto run = [&](const std::vector<int32_t>& offsets_q, const std::vector<int32_t>& offsets_k) {
       Offsets offsets(ctx, offsets_q, offsets_k);
@@ -185,11 +189,14 @@ TEST(FusedVarlenMetadata, BackwardReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
       grads.push_back(poisoned(ctx, dtype, kHeads * kTotalQ * kHeadDim));
       grads.push_back(poisoned(ctx, dtype, kTotalK * kHeadDim));
       grads.push_back(poisoned(ctx, dtype, kTotalK * kHeadDim));
+      grads.push_back(poisoned(ctx, DType::f32, kHeads));
       AttentionOptions options;
       options.path = Path::fused;
       options.causal = Causal::top_left;
+      options.sinks = sinks.data();
       BackwardOptions backward;
       backward.deterministic = deterministic;
+      backward.dsinks = reinterpret_cast<float*>(grads[3].data());
       attention_varlen_backward(ctx, q.view, k.view, v.view, out.view, dout.view, lse.data(),
                                 TensorView::bhsd(grads[0].data(), dtype, 1, kHeads, kTotalQ, kHeadDim),
                                 TensorView::bhsd(grads[1].data(), dtype, 1, 1, kTotalK, kHeadDim),
@@ -206,8 +213,8 @@ TEST(FusedVarlenMetadata, BackwardReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
       const auto want = run(c.ordered_q, c.ordered_k);
       // With every sequence's rows its own, even dQ's fp32 atomics add the same terms in the same
       // order per element (one key tile block per sequence and kv head): the bits agree in both modes.
-      const char* names[] = {"dq", "dk", "dv"};
-      for (int g = 0; g < 3; ++g) {
+      const char* names[] = {"dq", "dk", "dv", "dsinks"};
+      for (int g = 0; g < 4; ++g) {
         EXPECT_TRUE(got[g] == want[g]) << names[g] << (deterministic ? " (deterministic)" : "") << " case " << i
                                        << ": differs from the ordered offsets' call";
       }

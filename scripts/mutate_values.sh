@@ -19,7 +19,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_score_paths tests/paths/test_score_mods tests/paths/test_kv_cache tests/paths/test_backward_naive tests/paths/test_backward_fused}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_fused_varlen_metadata tests/paths/test_score_paths tests/paths/test_score_mods tests/paths/test_kv_cache tests/paths/test_backward_naive tests/paths/test_backward_fused}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -48,6 +48,14 @@ mutant tc_block_rows_clamp kernels/forward/flash_fwd.cuh 1 \
 mutant fused_unmasked_keys_off_by_one kernels/forward/flash_fwd_sequence.cuh 1 \
   'keys.unmasked = {last.begin, first.end};' 'keys.unmasked = {last.begin, first.end + 1};' \
   'a tile the first row sees only in part taken as unmasked'
+
+# A varlen call's cu_seqlens as the fused kernels read them: their running maximum.
+mutant offsets_scan_stops_halfway kernels/forward/running_max_offsets.cuh 1 \
+  'for (int offset = 1; offset < threads; offset *= 2) {' 'for (int offset = 1; offset < threads / 2; offset *= 2) {' \
+  'the maximum of the runs more than half a block back is lost'
+mutant offsets_run_without_prefix kernels/forward/running_max_offsets.cuh 1 \
+  'int32_t running = t > 0 ? maxima[t - 1] : INT_MIN;' 'int32_t running = INT_MIN;' \
+  'each thread'"'"'s run ordered alone, without the runs before it'
 
 # Where every softmax ends (score_mods.cuh): the LSE, the sink, the score limit.
 mutant lse_ln2_fifth_digit kernels/common/score_mods.cuh 1 \

@@ -109,10 +109,15 @@ mutant tile_last_row_clamp kernels/common/attention_heads.cuh 1 \
   '(row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 1;' \
   '(row0 + tile_rows < p.rows ? row0 + tile_rows : p.rows) - 2;' \
   'a row tile'"'"'s keys taken from its second-to-last row (clamp off by one)'
-mutant pv_out_fifth_digit kernels/unfused/pv_tiled.cuh 1 \
+mutant pv_simt_out_fifth_digit kernels/unfused/pv_tiled.cuh 1 \
+  'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[i][j]);' \
+  'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[i][j] * 1.00001f);' \
+  'SIMT P V (fp32 and odd head dims) output 1e-5 too large'
+# The tensor-core P V writes f16/bf16, whose rounding (2^-11, 2^-8) hides 1e-5: 1e-3 is two f16 ulps.
+mutant pv_mma_out_third_digit kernels/unfused/pv_tiled.cuh 1 \
   'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[tile][i]);' \
-  'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[tile][i] * 1.00001f);' \
-  'P V output 1e-5 too large'
+  'out[int64_t(row) * p.out_stride_seq + col] = from_float<Out>(acc[tile][i] * 1.001f);' \
+  'tensor-core P V (f16/bf16) output 1e-3 too large'
 mutant mma_stage_drops_last_column kernels/common/mma_tile.cuh 1 \
   '(row < count && col < c_end)' '(row < count && col + 1 < c_end)' \
   'tensor-core tiles zero the last column of each operand'

@@ -1,9 +1,11 @@
 // The fused path on variable-length batches (attention_varlen: packed sequences, cu_seqlens, zero-
-// length sequences; each sequence judged against the reference on its own by the shared harness)
-// and its determinism (bitwise-equal results under different sim schedules).
+// length sequences; each sequence judged against the reference on its own by the shared harness),
+// its determinism (bitwise-equal results under different sim schedules), and graph capture of the
+// varlen forward and backward once the workspace is warm.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -11,6 +13,7 @@
 
 #include "attention_harness.h"
 #include "selfattn/selfattn.h"
+#include "sim_capture_scope.h"
 
 namespace selfattn {
 namespace {
@@ -78,6 +81,63 @@ TEST(FusedDeterminism, BitwiseEqualUnderDifferentSchedules) {
     ASSERT_EQ(first.size(), second.size());
     EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size()), 0) << to_string(dtype);
   }
+}
+
+// The fused varlen forward and backward read cu_seqlens on the device only: once the context's
+// workspace holds their running maximum (and the backward's D), both run inside a SimCaptureScope
+// (what a CUDA graph capture cannot contain - host reads of device data, allocations,
+// synchronisation - refused) and give the bytes they gave outside it. A cold context has to grow its
+// workspace first, which the scope refuses.
+TEST(FusedVarlen, RunsInAGraphCaptureOnceTheWorkspaceIsWarm) {
+  const DType dtype = DType::bf16;
+  const int heads = 2, total_q = 12, total_k = 20, d = 64;
+  const std::vector<int32_t> offsets_q{0, 5, 5, 12}, offsets_k{0, 9, 20, 20};
+  // Forward then backward on `ctx`, inside the scope or not; every output poisoned first. Returns
+  // the bytes of out, dq, dk and dv.
+  BackwardOptions deterministic;  // dQ without atomics: the two runs' bytes compare exactly
+  deterministic.deterministic = true;
+  const auto step = [&](Context& ctx, bool captured) {
+    std::mt19937_64 rng(77);
+    auto operand = [&](int rows) { return testing::random_device_values(ctx, dtype, size_t(rows) * d, rng, "operand"); };
+    DeviceBuffer<unsigned char> q = operand(heads * total_q), k = operand(total_k), v = operand(total_k);
+    DeviceBuffer<unsigned char> dout = operand(heads * total_q);
+    DeviceBuffer<int32_t> cu_q(ctx, 4, "cu_seqlens_q"), cu_k(ctx, 4, "cu_seqlens_k");
+    cu_q.copy_from_host(offsets_q);
+    cu_k.copy_from_host(offsets_k);
+    DeviceBuffer<unsigned char> out(ctx, size_t(heads) * total_q * d * 2, "out"), dq(ctx, out.size(), "dq");
+    DeviceBuffer<unsigned char> dk(ctx, size_t(total_k) * d * 2, "dk"), dv(ctx, dk.size(), "dv");
+    DeviceBuffer<float> lse(ctx, size_t(heads) * total_q, "lse");
+    for (DeviceBuffer<unsigned char>* b : {&out, &dq, &dk, &dv}) b->fill_bytes(0xff);
+    lse.fill_bytes(0xff);
+    const auto rows = [&](DeviceBuffer<unsigned char>& b, int h, int n) { return TensorView::bhsd(b.data(), dtype, 1, h, n, d); };
+    {
+      std::optional<detail::SimCaptureScope> capture;
+      if (captured) capture.emplace();
+      AttentionOptions options;
+      options.path = Path::fused;
+      options.causal = Causal::bottom_right;
+      options.lse = lse.data();
+      attention_varlen(ctx, rows(q, heads, total_q), rows(k, 1, total_k), rows(v, 1, total_k), rows(out, heads, total_q),
+                       cu_q.data(), cu_k.data(), 3, 7, 11, options);
+      options.lse = nullptr;
+      attention_varlen_backward(ctx, rows(q, heads, total_q), rows(k, 1, total_k), rows(v, 1, total_k),
+                                rows(out, heads, total_q), rows(dout, heads, total_q), lse.data(),
+                                rows(dq, heads, total_q), rows(dk, 1, total_k), rows(dv, 1, total_k), cu_q.data(),
+                                cu_k.data(), 3, 7, 11, options, deterministic);
+    }
+    ctx.synchronize();
+    std::vector<unsigned char> bytes;
+    for (DeviceBuffer<unsigned char>* b : {&out, &dq, &dk, &dv}) {
+      const std::vector<unsigned char> host = b->to_host();
+      bytes.insert(bytes.end(), host.begin(), host.end());
+    }
+    return bytes;
+  };
+  Context cold;
+  EXPECT_THROW((void)step(cold, /*captured=*/true), BackendError);
+  Context ctx;
+  const std::vector<unsigned char> outside = step(ctx, /*captured=*/false);
+  EXPECT_EQ(step(ctx, /*captured=*/true), outside);
 }
 
 }  // namespace

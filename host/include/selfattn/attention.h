@@ -91,11 +91,11 @@ void attention(Context& ctx, const TensorView& q, const TensorView& k, const Ten
 // The naive and cublas paths read cu_seqlens back to the host (synchronizing the stream) and check
 // every sequence, and its workspace need, before the first one runs. Rows of out and lse that no
 // sequence owns (from cu_seqlens_q[batch] on) are not written. The fused path reads cu_seqlens on
-// the device only (no synchronisation; graph-safe): it takes their running maximum (one small
-// kernel; 2 x 256-byte-rounded (batch + 1) int32 of workspace) and clamps each entry into the
-// views, so wrong offsets give wrong rows but never an access outside q, k, v, out or lse, and
-// offsets out of order give empty sequences, never two sequences sharing a row. Rows of out and
-// lse no sequence then owns are not written.
+// the device only (no synchronisation; graph-safe once the workspace is warm): it takes their
+// running maximum (one small kernel; 2 x 256-byte-rounded (batch + 1) int32 of workspace) and
+// clamps each entry into the views, so wrong offsets give wrong rows but never an access outside
+// q, k, v, out or lse, and offsets out of order give empty sequences, never two sequences sharing a
+// row. Rows of out and lse no sequence then owns are not written.
 void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});

@@ -22,9 +22,17 @@ namespace {
 // Whether the access recorded as `earlier` is ordered before an access by `now` (not in flight;
 // both of the running block).
 inline bool ordered(const BlockState& b, Stamp earlier, Stamp now) {
-  if (epoch_of(earlier) < epoch_of(now)) return true;  // a __syncthreads lies between them
   const unsigned e = thread_of(earlier), n = thread_of(now);
-  if (e == n) return true;  // program order (a TMA agent is never the accessing thread)
+  if (e >= b.threads.size()) {
+    // A landed TMA write (its barrier's agent): ordered only through a phase it counted, acquired by
+    // this thread or by one a __syncthreads since put before it (on_barrier joins the agents'
+    // entries). A __syncthreads alone is no such promise: nothing may have waited for the write.
+    if (!b.vector_clocks) return false;  // never: agents come with the vector clocks
+    const VectorClock& vc = b.clocks[n];
+    return e < vc.size() && clock_of(earlier) <= vc[e];
+  }
+  if (epoch_of(earlier) < epoch_of(now)) return true;  // a __syncthreads lies between them
+  if (e == n) return true;  // program order
   if (__builtin_expect(b.vector_clocks, 0)) {
     const VectorClock& vc = b.clocks[n];
     return e < vc.size() && clock_of(earlier) <= vc[e];
@@ -302,6 +310,23 @@ void begin_block(BlockState& b, const LaunchState& launch, uint3 index, dim3 blo
 void on_barrier(BlockState& b) {
   ++b.epoch;
   if (b.vector_clocks) {
+    // What any thread acquired from a TMA agent (a landed write's phase) before the barrier, every
+    // thread knows after it: the agents' entries (ids past the threads) are joined over the block.
+    const size_t threads = b.threads.size();
+    size_t ids = threads;
+    for (size_t t = 0; t < threads; ++t) ids = std::max(ids, b.clocks[t].size());
+    if (ids > threads) {
+      VectorClock agents(ids, 0);
+      for (size_t t = 0; t < threads; ++t) {
+        const VectorClock& vc = b.clocks[t];
+        for (size_t k = threads; k < vc.size(); ++k) agents[k] = std::max(agents[k], vc[k]);
+      }
+      for (size_t t = 0; t < threads; ++t) {
+        VectorClock& vc = b.clocks[t];
+        vc.resize(ids, 0);
+        for (size_t k = threads; k < ids; ++k) vc[k] = std::max(vc[k], agents[k]);
+      }
+    }
     // The clocks go on (never back: mbarrier phases hold clock values from before the barrier).
     for (size_t t = 0; t < b.threads.size(); ++t) {
       b.threads[t]->stamp = make_stamp(b.epoch, unsigned(t), b.clocks[t][t]);

@@ -211,6 +211,54 @@ TEST(SimMbarrier, ReadingTmaBytesWithoutWaitingIsAHazard) {
   EXPECT_CONTAINS(e, "still in flight");
 }
 
+// ---- a TMA write landed with no thread acquiring its phase ------------------------------------------
+
+// Thread 64 waits on `second` in round 1, before its one arrival. Thread 0 issues TMA write A on
+// `first`, whose phase nobody waits for, and in round 3 arrives on `second` with TMA write B. Then
+// every thread is blocked (64 parked on `second`, the rest at the __syncthreads), so the sim lands
+// both writes; B completes `second`'s phase, which 64 acquires. After the __syncthreads thread 32
+// reads a float of B (ordered: 64 acquired it before the barrier) or of A (ordered by nothing: on
+// a GPU the barrier does not wait for A, which may not have landed).
+template <bool ReadsA>
+__global__ void read_after_a_stall_landed(const Params p) {
+  uint64_t* first = barrier_at(0);
+  uint64_t* second = barrier_at(8);
+  float* a = reinterpret_cast<float*>(smem() + 128);
+  float* b = reinterpret_cast<float*>(smem() + 256);
+  const unsigned t = threadIdx.x;
+  if (t == 0) {
+    sim::mbarrier_init(first, 1);
+    sim::mbarrier_init(second, 1);
+  }
+  __syncthreads();
+  if (t == 64) sim::mbarrier_wait_parity(second, 0);
+  if (t == 0) {
+    sim::mbarrier_arrive_expect_tx(first, 64);
+    issue_tma(first, a, p.src, 64);
+    __syncwarp(1u);
+    __syncwarp(1u);
+    sim::mbarrier_arrive_expect_tx(second, 64);
+    issue_tma(second, b, p.src + 16, 64);
+  }
+  __syncthreads();
+  if (t == 32) p.out[0] = ReadsA ? a[1] : b[1];
+}
+
+TEST(SimMbarrier, ABarrierDoesNotOrderATmaWriteNobodyWaitedFor) {
+  SKIP_UNLESS_RACECHECKED();
+  const std::vector<float> src = iota_floats(32);
+  std::vector<float> out(1, -1.0f);
+  const Params params{src.data(), out.data()};
+  EXPECT_EQ(error_of([&] { launch<Params, read_after_a_stall_landed<false>>("acquired", dim3(1), dim3(96), params, 512); }),
+            "");
+  EXPECT_EQ(out[0], 17.5f);
+  const std::string e =
+      error_of([&] { launch<Params, read_after_a_stall_landed<true>>("not_acquired", dim3(1), dim3(96), params, 512); });
+  EXPECT_CONTAINS(e, "shared-memory hazard (read after write) in kernel 'not_acquired', block (0,0,0), at shared byte "
+                     "offset 132: read by thread (32,0,0)");
+  EXPECT_CONTAINS(e, "is unordered with the earlier TMA write (landed, counted by the mbarrier at shared offset 0)");
+}
+
 // ---- the async proxy: fence.proxy.async, wgmma reads in flight -------------------------------------------
 
 enum class Fence { none, after_write, before_write, after_write_but_no_wait };

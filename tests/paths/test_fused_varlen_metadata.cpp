@@ -167,58 +167,109 @@ TEST(FusedVarlenMetadata, ManySequencesOutOfOrder) {
   EXPECT_TRUE(same_forward(ctx, q, k, v, c));
 }
 
+// The backward's inputs over packed views of `heads` query heads (one kv head): random q, k, v,
+// out and dout, a constant LSE (the checks compare two calls, not values) and two sinks.
+struct BackwardInputs {
+  Tensor q, k, v, out, dout;
+  DeviceBuffer<float> lse, sinks;
+  BackwardInputs(Context& ctx, std::mt19937_64& rng, int total_q, int total_k)
+      : q(random_tensor(ctx, DType::bf16, 1, kHeads, total_q, kHeadDim, rng)),
+        k(random_tensor(ctx, DType::bf16, 1, 1, total_k, kHeadDim, rng)),
+        v(random_tensor(ctx, DType::bf16, 1, 1, total_k, kHeadDim, rng)),
+        out(random_tensor(ctx, DType::bf16, 1, kHeads, total_q, kHeadDim, rng)),
+        dout(random_tensor(ctx, DType::bf16, 1, kHeads, total_q, kHeadDim, rng)),
+        lse(ctx, size_t(kHeads) * total_q, "lse"),
+        sinks(ctx, kHeads, "sinks") {
+    lse.copy_from_host(std::vector<float>(size_t(kHeads) * total_q, 2.0f));
+    sinks.copy_from_host(std::vector<float>{0.5f, -1.0f});  // dsinks ends at cu_seqlens_q[batch]
+  }
+};
+
+// dq, dk, dv and dsinks of one fused varlen backward, each poisoned first.
+std::vector<std::vector<unsigned char>> run_backward(Context& ctx, const BackwardInputs& in,
+                                                     const std::vector<int32_t>& offsets_q,
+                                                     const std::vector<int32_t>& offsets_k, bool deterministic) {
+  const DType dtype = DType::bf16;
+  const int total_q = int(in.q.view.seq()), total_k = int(in.k.view.seq());
+  Offsets offsets(ctx, offsets_q, offsets_k);
+  std::vector<DeviceBuffer<unsigned char>> grads;
+  grads.push_back(poisoned(ctx, dtype, size_t(kHeads) * total_q * kHeadDim));
+  grads.push_back(poisoned(ctx, dtype, size_t(total_k) * kHeadDim));
+  grads.push_back(poisoned(ctx, dtype, size_t(total_k) * kHeadDim));
+  grads.push_back(poisoned(ctx, DType::f32, kHeads));
+  AttentionOptions options;
+  options.path = Path::fused;
+  options.causal = Causal::top_left;
+  options.sinks = in.sinks.data();
+  BackwardOptions backward;
+  backward.deterministic = deterministic;
+  backward.dsinks = reinterpret_cast<float*>(grads[3].data());
+  attention_varlen_backward(ctx, in.q.view, in.k.view, in.v.view, in.out.view, in.dout.view, in.lse.data(),
+                            TensorView::bhsd(grads[0].data(), dtype, 1, kHeads, total_q, kHeadDim),
+                            TensorView::bhsd(grads[1].data(), dtype, 1, 1, total_k, kHeadDim),
+                            TensorView::bhsd(grads[2].data(), dtype, 1, 1, total_k, kHeadDim), offsets.q.data(),
+                            offsets.k.data(), int(offsets_q.size()) - 1, total_q, total_k, options, backward);
+  ctx.synchronize();
+  std::vector<std::vector<unsigned char>> host;
+  for (const auto& g : grads) host.push_back(g.to_host());
+  return host;
+}
+
+// With every sequence's rows its own, even dQ's fp32 atomics add the same terms in the same order
+// per element (one key-tile block per sequence and kv head here): the bits agree in both modes.
+::testing::AssertionResult same_backward(Context& ctx, const BackwardInputs& in, const OrderCase& c,
+                                         bool deterministic) {
+  const auto got = run_backward(ctx, in, c.q, c.k, deterministic);
+  const auto want = run_backward(ctx, in, c.ordered_q, c.ordered_k, deterministic);
+  const char* names[] = {"dq", "dk", "dv", "dsinks"};
+  for (int g = 0; g < 4; ++g) {
+    if (got[g] != want[g]) {
+      return ::testing::AssertionFailure() << names[g] << (deterministic ? " (deterministic)" : "")
+                                           << " differs from the ordered offsets' call";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(FusedVarlenMetadata, BackwardReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
   Context ctx;
   std::mt19937_64 rng = rng_for("FusedVarlenMetadata.BackwardOutOfOrder");
-  const DType dtype = DType::bf16;
-  Tensor q = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
-  Tensor k = random_tensor(ctx, dtype, 1, 1, kTotalK, kHeadDim, rng);
-  Tensor v = random_tensor(ctx, dtype, 1, 1, kTotalK, kHeadDim, rng);
-  Tensor out = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
-  Tensor dout = random_tensor(ctx, dtype, 1, kHeads, kTotalQ, kHeadDim, rng);
-  // Any finite LSE: the check is that both offsets give the same gradients, not what they are.
-  DeviceBuffer<float> lse(ctx, kHeads * kTotalQ, "lse");
-  lse.copy_from_host(std::vector<float>(kHeads * kTotalQ, 2.0f));
-  // Sinks: their gradient sums the rows up to cu_seqlens_q[batch], which must be read ordered too.
-  DeviceBuffer<float> sinks(ctx, kHeads, "sinks");
-  sinks.copy_from_host(std::vector<float>{0.5f, -1.0f});
+  const BackwardInputs in(ctx, rng, kTotalQ, kTotalK);
   for (bool deterministic : {true, false}) {
-    const auto run = [&](const std::vector<int32_t>& offsets_q, const std::vector<int32_t>& offsets_k) {
-      Offsets offsets(ctx, offsets_q, offsets_k);
-      std::vector<DeviceBuffer<unsigned char>> grads;
-      grads.push_back(poisoned(ctx, dtype, kHeads * kTotalQ * kHeadDim));
-      grads.push_back(poisoned(ctx, dtype, kTotalK * kHeadDim));
-      grads.push_back(poisoned(ctx, dtype, kTotalK * kHeadDim));
-      grads.push_back(poisoned(ctx, DType::f32, kHeads));
-      AttentionOptions options;
-      options.path = Path::fused;
-      options.causal = Causal::top_left;
-      options.sinks = sinks.data();
-      BackwardOptions backward;
-      backward.deterministic = deterministic;
-      backward.dsinks = reinterpret_cast<float*>(grads[3].data());
-      attention_varlen_backward(ctx, q.view, k.view, v.view, out.view, dout.view, lse.data(),
-                                TensorView::bhsd(grads[0].data(), dtype, 1, kHeads, kTotalQ, kHeadDim),
-                                TensorView::bhsd(grads[1].data(), dtype, 1, 1, kTotalK, kHeadDim),
-                                TensorView::bhsd(grads[2].data(), dtype, 1, 1, kTotalK, kHeadDim), offsets.q.data(),
-                                offsets.k.data(), kSequences, kTotalQ, kTotalK, options, backward);
-      ctx.synchronize();
-      std::vector<std::vector<unsigned char>> host;
-      for (const auto& g : grads) host.push_back(g.to_host());
-      return host;
-    };
     for (size_t i = 0; i < out_of_order_cases().size(); ++i) {
-      const OrderCase& c = out_of_order_cases()[i];
-      const auto got = run(c.q, c.k);
-      const auto want = run(c.ordered_q, c.ordered_k);
-      // With every sequence's rows its own, even dQ's fp32 atomics add the same terms in the same
-      // order per element (one key tile block per sequence and kv head): the bits agree in both modes.
-      const char* names[] = {"dq", "dk", "dv", "dsinks"};
-      for (int g = 0; g < 4; ++g) {
-        EXPECT_TRUE(got[g] == want[g]) << names[g] << (deterministic ? " (deterministic)" : "") << " case " << i
-                                       << ": differs from the ordered offsets' call";
-      }
+      EXPECT_TRUE(same_backward(ctx, in, out_of_order_cases()[i], deterministic)) << "case " << i;
     }
+  }
+}
+
+// Offsets that are garbage throughout: random entries across the views and far outside them,
+// INT_MIN and INT_MAX among them. Each call must stay inside its views (the sim's guard zones and
+// write-conflict check would fail it) and equal the call with the running maximum.
+TEST(FusedVarlenMetadata, GarbageOffsetsStayInsideTheViews) {
+  Context ctx;
+  std::mt19937_64 rng = rng_for("FusedVarlenMetadata.Garbage");
+  constexpr int kBatch = 60, kTotal = 90;
+  const BackwardInputs in(ctx, rng, kTotal, kTotal);
+  std::uniform_int_distribution<int32_t> near(-20, kTotal + 20), anywhere(INT_MIN, INT_MAX);
+  std::uniform_int_distribution<int> kind(0, 29);  // rare extremes: a huge entry empties every later sequence
+  const auto garbage = [&] {
+    std::vector<int32_t> offsets(kBatch + 1);
+    for (int32_t& o : offsets) {
+      const int roll = kind(rng);
+      o = roll == 0 ? INT_MIN : roll == 1 ? INT_MAX : roll == 2 ? anywhere(rng) : near(rng);
+    }
+    return offsets;
+  };
+  for (int trial = 0; trial < 3; ++trial) {
+    OrderCase c;
+    c.q = garbage();
+    c.k = garbage();
+    for (const auto& [given, ordered] : {std::pair{&c.q, &c.ordered_q}, std::pair{&c.k, &c.ordered_k}}) {
+      *ordered = *given;
+      for (size_t i = 1; i < ordered->size(); ++i) (*ordered)[i] = std::max((*ordered)[i], (*ordered)[i - 1]);
+    }
+    EXPECT_TRUE(same_forward(ctx, in.q, in.k, in.v, c)) << "trial " << trial;
+    EXPECT_TRUE(same_backward(ctx, in, c, /*deterministic=*/true)) << "trial " << trial;
   }
 }
 

@@ -183,8 +183,8 @@ void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, con
 // Device-side prefix sum for engines that keep per-sequence lengths and need varlen offsets:
 // cu_seqlens (device int32 [batch + 1]) = 0, l0, l0 + l1, ... from lengths (device int32 [batch]),
 // computed on the device (CUB's DeviceScan on cuda) without a host read. Lengths are summed as
-// given (negative ones are the caller's bug; attention_varlen's fused kernel clamps whatever
-// comes out). Graph-safe once the context's workspace holds the scan's scratch (run once first).
+// given (negative ones are the caller's bug; attention_varlen's fused path orders and clamps
+// whatever comes out). Graph-safe once the context's workspace holds the scan's scratch (run once first).
 // lengths and cu_seqlens must not overlap. Workspace: the scan's scratch (cuda: what CUB's
 // DeviceScan asks for `batch` items; sim: none), reserved before cu_seqlens is written.
 void cu_seqlens_from_lengths(Context& ctx, const int32_t* lengths, int batch, int32_t* cu_seqlens);

@@ -482,12 +482,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 
 #if SELFATTN_SIM
 namespace sim_hopper {
-inline void setmaxnreg_check(int count) {
+inline void setmaxnreg_check(int count, bool increase) {
   int out = 0;
   sim::warpgroup_collective(count, out, [](const int* const* ins, int* const*) SELFATTN_SIM_UNCHECKED {
     for (int t = 1; t < 128; ++t)
       if (*ins[t] != *ins[0]) sim_warp::fail("setmaxnreg", "all 128 threads of the warpgroup must ask for the same count");
   });
+  // Once per warpgroup, against the block's register pool (sim.h).
+  if (sim::current_thread().linear_tid % 128 == 0) sim::setmaxnreg(unsigned(count), increase);
 }
 }  // namespace sim_hopper
 #endif
@@ -498,7 +500,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #if !SELFATTN_SIM
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Count));
 #else
-  sim_hopper::setmaxnreg_check(Count);
+  sim_hopper::setmaxnreg_check(Count, /*increase=*/true);
 #endif
 }
 
@@ -508,7 +510,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #if !SELFATTN_SIM
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Count));
 #else
-  sim_hopper::setmaxnreg_check(Count);
+  sim_hopper::setmaxnreg_check(Count, /*increase=*/false);
 #endif
 }
 

@@ -65,8 +65,14 @@ struct FlashFwdHopperTraits {
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
   static constexpr int kColumnBlocks = HeadDim / 64;        // TMA boxes per tile
-  static constexpr int kProducerRegisters = 32;             // one thread issues copies; a warp zeroes a tile (24 spills)
-  static constexpr int kConsumerRegisters = 240;            // 32 * 128 + 240 * 256 = 64K registers, all of them
+  // setmaxnreg moves registers within the block's pool, which is what the launch gave it: ptxas
+  // allocates kLaunchRegisters per thread under __launch_bounds__(kThreads, 1). An inc that the
+  // pool cannot meet waits forever (PTX ISA, setmaxnreg), so the counts must fit it exactly or less.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;  // 168 for 384 threads
+  static constexpr int kProducerRegisters = 24;   // one thread issues copies (a few bytes of spill there)
+  static constexpr int kConsumerRegisters = 240;  // the rest: 24 * 128 + 240 * 256 = 168 * 384
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= kLaunchRegisters * kThreads,
+                "setmaxnreg asks for more registers than the launch gives the block: the consumers' inc would hang");
   static constexpr uint32_t kQBytes = uint32_t(kBlockRows) * HeadDim * 2;
   static constexpr uint32_t kKVTileBytes = uint32_t(BlockKeys) * HeadDim * 2;
   // Every tile starts on 1024 bytes, the 128-byte swizzle's period (its sizes are multiples of it).

@@ -91,6 +91,7 @@ struct TmaInFlight {
 struct HopperState {
   std::vector<Mbarrier> barriers;  // in order of first init (few per kernel: a linear search)
   std::vector<TmaInFlight> tma;    // in issue order
+  std::vector<unsigned> registers;  // per warpgroup: its setmaxnreg count so far (0: it has not asked)
 };
 
 struct Block {
@@ -110,7 +111,7 @@ struct Block {
   std::exception_ptr error;
   detail::FiberContext scheduler;
   detail::race::BlockState* race = nullptr;  // the racecheck's state, when it is on
-  std::unique_ptr<HopperState> hopper;       // created by the block's first mbarrier_init
+  std::unique_ptr<HopperState> hopper;       // created by the block's first mbarrier_init or setmaxnreg
 };
 
 // The fiber running on this OS thread, if any. Read by every threadIdx / blockIdx, hence the

@@ -213,6 +213,36 @@ std::string detail::engine::mbarrier_wait_description(const Block& b, const Fibe
 
 // ---- what kernel code calls ---------------------------------------------------------------------------
 
+void setmaxnreg(unsigned count, bool increase) {
+  Fiber& f = running_fiber("setmaxnreg");
+  Block& b = *f.block;
+  const char* op = increase ? "setmaxnreg.inc" : "setmaxnreg.dec";
+  if (!b.hopper) b.hopper = std::make_unique<HopperState>();
+  const unsigned groups = b.thread_count / 128;
+  const unsigned launch = std::min(65536u / b.thread_count / 8 * 8, 256u);  // registers per thread
+  std::vector<unsigned>& counts = b.hopper->registers;
+  if (counts.size() < groups) counts.resize(groups, 0);
+  const unsigned group = f.thread.linear_tid / 128;
+  const unsigned current = counts[group] != 0 ? counts[group] : launch;
+  if (increase ? count < current : count > current) {
+    fail(f, std::string(op) + " " + std::to_string(count) + " from the warpgroup's current " + std::to_string(current) +
+                " registers per thread (an inc must not lower the count, a dec must not raise it)");
+  }
+  counts[group] = count;
+  uint64_t demand = 0;
+  for (unsigned g = 0; g < groups; ++g) demand += uint64_t(counts[g] != 0 ? counts[g] : 24) * 128;
+  const uint64_t pool = uint64_t(launch) * b.thread_count;
+  if (demand > pool) {
+    std::string asked;
+    for (unsigned g = 0; g < groups; ++g)
+      asked += (g ? ", " : "") + (counts[g] != 0 ? std::to_string(counts[g]) : std::string("not yet (24 at least)"));
+    fail(f, std::string(op) + " " + std::to_string(count) + ": the warpgroups ask for " + std::to_string(demand) +
+                " registers (per thread: " + asked + "), but the block's pool holds " + std::to_string(pool) + " (" +
+                std::to_string(launch) + " x " + std::to_string(b.thread_count) +
+                " threads at launch): on a GPU the consumers' setmaxnreg.inc would wait forever");
+  }
+}
+
 void mbarrier_init(void* bar, unsigned arrival_count) {
   Fiber& f = running_fiber("mbarrier.init");
   Block& b = *f.block;

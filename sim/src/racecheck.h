@@ -11,7 +11,7 @@
 //
 // The happens-before model (what orders two accesses by different threads of one block):
 //   - a __syncthreads between them: each access carries the block's barrier epoch, and the earlier
-//     one's epoch is smaller;
+//     one's epoch is smaller (not for a landed TMA write: see the Hopper rule below);
 //   - for lanes of one warp, a __syncwarp that both took part in, directly or through other lanes:
 //     per-warp vector clocks, joined at each __syncwarp over its mask. Other warp collectives
 //     (shuffles, votes, mma, ldmatrix) exchange registers, not memory: they order nothing here.
@@ -22,7 +22,9 @@
 //     clocks instead of the per-warp ones: an mbarrier arrive releases the arriving thread's clock
 //     into the barrier's phase, a wait that sees the phase complete acquires it; a landed TMA write
 //     is a write by its barrier's "TMA agent" (a thread id past the block's threads), ordered
-//     before exactly the threads that acquired a phase that counted it. Activated by the block's
+//     before the threads that acquired a phase that counted it and, through their later
+//     synchronisation (a __syncthreads joins the agents' entries over the block), others; never by
+//     a __syncthreads alone. Activated by the block's
 //     first Hopper call, so other kernels keep the per-warp clocks and their cost.
 //   - wgmma's shared-memory reads are in flight from the issue to the wgmma.wait_group that
 //     performs them (a write to the bytes meanwhile is a hazard), and need the generic-proxy

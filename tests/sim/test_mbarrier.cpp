@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/compat.h"
@@ -257,6 +258,36 @@ TEST(SimMbarrier, ABarrierDoesNotOrderATmaWriteNobodyWaitedFor) {
   EXPECT_CONTAINS(e, "shared-memory hazard (read after write) in kernel 'not_acquired', block (0,0,0), at shared byte "
                      "offset 132: read by thread (32,0,0)");
   EXPECT_CONTAINS(e, "is unordered with the earlier TMA write (landed, counted by the mbarrier at shared offset 0)");
+}
+
+// ---- setmaxnreg against the block's register pool ---------------------------------------------------
+
+// A producer warpgroup gives registers up, two consumer warpgroups take 240 each, as
+// flash_fwd_hopper.cuh does, in a block of 384 threads (168 registers each at launch: 64512).
+template <unsigned Producer, unsigned Consumer>
+__global__ void move_registers(const Params) {
+  const unsigned t = threadIdx.x;
+  if (t % 128 != 0) return;
+  if (t == 0) {
+    sim::setmaxnreg(Producer, /*increase=*/false);
+  } else {
+    sim::setmaxnreg(Consumer, /*increase=*/true);
+  }
+}
+
+TEST(SimMbarrier, SetmaxnregAsksNoMoreThanTheLaunchGaveTheBlock) {
+  const auto run = [](auto kernel, const char* name) {
+    return error_of([&] { launch<Params, decltype(kernel)::value>(name, dim3(1), dim3(384), {}, 0); });
+  };
+  using Fits = std::integral_constant<void (*)(Params), move_registers<24, 240>>;
+  using Overflows = std::integral_constant<void (*)(Params), move_registers<32, 240>>;
+  using Lowers = std::integral_constant<void (*)(Params), move_registers<24, 160>>;
+  EXPECT_EQ(run(Fits{}, "fits"), "");  // 24 x 128 + 240 x 256 = 168 x 384
+  const std::string e = run(Overflows{}, "overflows");
+  EXPECT_CONTAINS(e, "the warpgroups ask for 65536 registers");
+  EXPECT_CONTAINS(e, "but the block's pool holds 64512 (168 x 384 threads at launch)");
+  EXPECT_CONTAINS(e, "would wait forever");
+  EXPECT_CONTAINS(run(Lowers{}, "lowers"), "setmaxnreg.inc 160 from the warpgroup's current 168 registers per thread");
 }
 
 // ---- the async proxy: fence.proxy.async, wgmma reads in flight -------------------------------------------

@@ -176,6 +176,15 @@ void fence_proxy_async();
 void racecheck_async_read_begin(unsigned thread, const void* address, size_t bytes, const void* site);
 void racecheck_async_read_end(unsigned thread, const void* address, size_t bytes);
 
+// setmaxnreg.{inc,dec} by the calling thread's warpgroup (one call per warpgroup, after the twin has
+// checked that its 128 threads agree), against the block's register pool: what the launch gave it,
+// taken as the most a block of its size can get (65536 / threads per thread, a multiple of 8, at most
+// 256: what ptxas allocates under __launch_bounds__(threads, 1)). Reported: an inc below or a dec
+// above the warpgroup's current count, and warpgroups asking for more than the pool holds (each at
+// its latest count, one that has not asked yet at the least it could release to, 24): on a GPU the
+// last inc would wait forever (PTX ISA: setmaxnreg.inc blocks until the pool has enough).
+void setmaxnreg(unsigned count, bool increase);
+
 // Warpgroup collective: the 128 threads 128g .. 128g + 127 of the block (g = the caller's
 // linear_tid / 128; the block must have whole warpgroups) all call it; the last to arrive runs
 // combine(ins, outs) with ins[i] / outs[i] the pointers of thread 128g + i; then all continue.

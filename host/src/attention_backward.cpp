@@ -56,10 +56,15 @@ bool run_without_work(ContextState& state, const BackwardCall& call, const char*
     if (call.dsinks != nullptr && f.heads > 0) state.device->fill(call.dsinks, 0, size_t(f.heads) * sizeof(float));
     return true;
   }
-  void* d = state.workspace.reserve(round_up_256(size_t(backward_query_rows(call)) * sizeof(float)),
-                                    std::string(function) + ": backward workspace");
+  // D, then (varlen) the running maximum of cu_seqlens, which the sinks' gradient ends at, read as
+  // the fused path reads it.
+  const size_t d_bytes = round_up_256(size_t(backward_query_rows(call)) * sizeof(float));
+  auto* base = static_cast<unsigned char*>(
+      state.workspace.reserve(d_bytes + fused_workspace_bytes(f), std::string(function) + ": backward workspace"));
+  BackwardCall ordered = call;
+  ordered.forward = with_ordered_offsets(state, f, base + d_bytes);
   zero_gradients(state, call);
-  run_row_terms(state, call, static_cast<float*>(d));
+  run_row_terms(state, ordered, reinterpret_cast<float*>(base));
   return true;
 }
 

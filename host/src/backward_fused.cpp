@@ -114,6 +114,7 @@ const char* fused_backward_unsupported(const ContextState& ctx, const BackwardCa
       return "the fused backward copies and stores 16-byte chunks of rows: every row of q, k, v, dout, dq, dk and "
              "dv must start on 16 bytes";
   if (!kernels_for(ctx, f).dkdv.kernel) return "this build has no fused backward kernel for the backend";
+  if (f.varlen() && !ordered_offsets_available(ctx)) return "this build has no running_max_offsets kernel";
   return nullptr;
 }
 

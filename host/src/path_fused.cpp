@@ -214,7 +214,12 @@ const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call
   if (call.head_dim > kMaxHeadDim) return "head_dim above 256 needs the naive or cublas path";
   if (call.heads > kMaxGridYZ || call.batch > kMaxGridYZ) return "more than 65535 heads or sequences per call";
   if (!choose_instance(ctx, call).kernel) return "this build has no fused kernel for the backend";
+  if (call.varlen() && !ordered_offsets_available(ctx)) return "this build has no running_max_offsets kernel";
   return nullptr;
+}
+
+bool ordered_offsets_available(const ContextState& ctx) {
+  return bool(SELFATTN_KERNEL_FOR(ctx.device->backend(), running_max_offsets_kernel_ref()));
 }
 
 size_t fused_workspace_bytes(const AttentionCall& call) {

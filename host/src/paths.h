@@ -82,8 +82,10 @@ inline size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 //   fused_workspace_bytes: the workspace that takes (the q and the k offsets; 0 unless varlen);
 //   with_ordered_offsets:  launches it into `workspace` and returns the call reading those offsets
 //                          (the call itself unless varlen). The forward and the fused backward use both.
+//   ordered_offsets_available: whether the backend has that kernel (the paths' support checks ask).
 size_t fused_workspace_bytes(const AttentionCall& call);
 AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace);
+bool ordered_offsets_available(const ContextState& ctx);
 
 // A validated call ready to run: every check that can throw (path support, the cu_seqlens of a
 // varlen call, the workspace limit) has passed, so running it can only fail in the backend.

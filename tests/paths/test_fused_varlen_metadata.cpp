@@ -242,6 +242,16 @@ TEST(FusedVarlenMetadata, BackwardReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
   }
 }
 
+// Without keys no path runs, but dsinks still sums each head's rows up to cu_seqlens_q[batch]: read
+// as their running maximum there too.
+TEST(FusedVarlenMetadata, BackwardWithoutKeysReadsOffsetsOutOfOrderAsTheirRunningMaximum) {
+  Context ctx;
+  std::mt19937_64 rng = rng_for("FusedVarlenMetadata.BackwardWithoutKeys");
+  const BackwardInputs in(ctx, rng, kTotalQ, 0);
+  const OrderCase c{{0, 7, 3, 5}, {0, 0, 0, 0}, {0, 7, 7, 7}, {0, 0, 0, 0}};
+  EXPECT_TRUE(same_backward(ctx, in, c, /*deterministic=*/true));
+}
+
 // Offsets that are garbage throughout: random entries across the views and far outside them,
 // INT_MIN and INT_MAX among them. Each call must stay inside its views (the sim's guard zones and
 // write-conflict check would fail it) and equal the call with the running maximum.

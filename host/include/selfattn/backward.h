@@ -55,10 +55,11 @@ struct BackwardOptions {
 // WorkspaceTooSmall, BackendError), and every check runs before anything is written: on the first
 // three, dq, dk and dv are untouched.
 // Zero sizes: no query rows gives dK = dV = 0; no keys gives dQ = 0; nothing runs a path.
-// Workspace (ContextOptions::workspace_limit), in bytes, one reservation; each part but the last
-// rounded up to 256:
+// Workspace (ContextOptions::workspace_limit), in bytes, one reservation; each part rounded up to
+// 256 (the last may be counted unrounded):
 //   every path:   D, 4 per query row (batch * heads * seq_q; varlen heads * total_q); also a call
-//                 without keys that asks for dsinks (D is all its work)
+//                 without keys that asks for dsinks (D, and for varlen the offsets below, are all
+//                 its work)
 //   fused:        varlen: the running maximum of cu_seqlens_q and of cu_seqlens_k, 4 * (batch + 1)
 //                 each (see attention_varlen); then the dQ accumulator, 4 * head_dim per query row,
 //                 unless backward.deterministic

@@ -140,5 +140,6 @@ for d, threads, producer, consumer in hopper_registers:
     print(f"flash_fwd_hopper_kernel hd{d}: ptxas's {reg} registers are the launch-time allocation "
           f"(__launch_bounds__({threads}, 1)); setmaxnreg then moves registers at run time: producer warpgroup "
           f"{producer}, consumer warpgroups {consumer} ({128 * producer} + {(threads - 128) * consumer} = "
-          f"{128 * producer + (threads - 128) * consumer} of 65536 per block)")
+          f"{128 * producer + (threads - 128) * consumer} of the block's pool, {reg} x {threads} = "
+          f"{reg * threads if reg else '?'}; more and the consumers' setmaxnreg.inc waits forever)")
 PY

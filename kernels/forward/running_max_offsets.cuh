@@ -22,8 +22,10 @@ __device__ __forceinline__ int32_t max_int32(int32_t a, int32_t b) { return a > 
 // memory), and the thread rewrites its run starting from the maximum of the runs before it.
 __global__ void running_max_offsets_kernel(const RunningMaxOffsetsParams p) {
   const int threads = int(blockDim.x);
-  const int32_t* in = p.in[blockIdx.x];
-  int32_t* out = p.out[blockIdx.x];
+  // Selected, not indexed by blockIdx.x: a run-time index into the parameter arrays would copy them
+  // to the stack.
+  const int32_t* in = blockIdx.x == 0 ? p.in[0] : p.in[1];
+  int32_t* out = blockIdx.x == 0 ? p.out[0] : p.out[1];
   const int t = int(threadIdx.x);
   const int per_thread = (p.count + threads - 1) / threads;
   const int begin = min(t * per_thread, p.count);

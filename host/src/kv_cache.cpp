@@ -28,14 +28,13 @@ namespace {
 using detail::CacheShape;
 using detail::ContextState;
 using kernels::DecodeKernel;
-using kernels::Element;
 
 // A decode kernel the backend has, or NotAvailable.
 DecodeKernel available(DecodeKernel kernel) {
   if (!kernel.kernel) throw NotAvailable("KV cache: this build has no decode kernels for the backend");
   return kernel;
 }
-// One decode family's instance (registry.inc: FAMILY(Element)) for the context's backend.
+// One decode family's instance (registry.inc: FAMILY(kernels::Element)) for the context's backend.
 #define SELFATTN_DECODE_KERNEL(state, family, dtype) \
   available(SELFATTN_KERNEL_FOR((state).device->backend(), family(detail::element_of(dtype))))
 

@@ -1,159 +1,339 @@
 #!/usr/bin/env bash
-# The whole GPU check of selfattn in one script, for a lent H200 (CUDA toolkit, CMake, ninja, Python
-# with PyTorch; no Debian -dev packages, no network). Everything lands in OUTDIR; a short summary
-# is printed last. Budget: under 8 minutes.
+# The whole GPU check of selfattn in one script, for a lent H200. The device image has the CUDA
+# toolkit, CMake, ninja and a python3 with PyTorch, nanobind, scikit-build-core, NumPy, ml_dtypes and
+# pytest; it has no Debian -dev packages, no .venv and no network. Everything the build needs beyond
+# that travels in .deps, which --prepare makes here.
 #
-#   bench/device-check.sh --prepare        here: copy CLI11, nlohmann/json and GoogleTest's sources into
-#                                          .deps/ (gitignored) and stamp the commit; carry .deps to the device
-#   bench/device-check.sh OUTDIR           on the device: Release build for sm_90a, the Hopper primitives
-#                                          test first (before any other GPU test or timing), the gpu tests,
-#                                          compute-sanitizer memcheck + racecheck on small cases of each path,
-#                                          the default sweep with --check, compare_torch.py, the plot
-#   bench/device-check.sh --dry-run OUTDIR here: the same build and the sim parts (no GPU)
+#   bench/device-check.sh --prepare             here: .deps/ gets CLI11, nlohmann/json, GoogleTest's
+#                                               sources, the CUTLASS/CuTe headers (a tarball, from the
+#                                               .venv's nvidia-cutlass) and the commit; carry .deps
+#   bench/device-check.sh OUTDIR                on the device, in this order: configure and build
+#                                               (sm_90a) from .deps alone; the Hopper primitives test;
+#                                               one small forward per path against the reference;
+#                                               the gpu tests; the default sweep --check; the Python
+#                                               package (pip, against the built library) and its
+#                                               CUDA tests; compare_torch.py (SDPA and the library's
+#                                               torch op); compute-sanitizer memcheck + racecheck and
+#                                               ncu counters where the runtime allows them; the plot
+#   bench/device-check.sh --dry-run OUTDIR      here, under the device's conditions: a copy of what the
+#                                               device tool sends (tracked and untracked files) plus
+#                                               .deps, no .venv on PATH, /usr's packages ignored by
+#                                               CMake; the same steps, on the sim where they need a GPU
+#   bench/device-check.sh --configure-only DIR  here: --prepare into a copy of the tree in DIR and the
+#                                               device's configure of it under those conditions
+#                                               (ctest bench.device_kit_configure, label device-kit)
 #
-# On the device tool:  run(command="bench/device-check.sh $OUT", carry=[".deps"], timeout_s=540)
-# (the script budgets itself 450 s, BUDGET_S to change; a fresh machine adds its start-up before that)
-# OUTDIR then holds at most 7 files (the tool brings back 8): summary.txt, hopper_primitives.log (the
-# Hopper primitives test's whole output, kept outside the tarball so it survives a run cut short),
-# bench.json, torch.json, throughput.png, sim.json (dry run) and logs.tar.gz (every step's log).
-# Environment knobs: BUILD_DIR (default build-device; dry run build-bench), JOBS, BUDGET_S, CUDA_ARCH
-# (default 90a), BUILD_ALL=0 (build only the bench: no gpu tests besides the Hopper primitives),
-# HOPPER_PRIMS=0 (skip the Hopper primitives test).
+# On the device tool:  run(command="bench/device-check.sh $OUT", carry=[".deps"], timeout_s=560)
+# The script budgets itself 480 s (BUDGET_S); a step that would start with under 15 s left is
+# skipped and says so, and each step's verdict is in summary.txt as soon as it ends. OUTDIR then
+# holds at most 8 files (what the tool brings back): summary.txt, hopper_primitives.log, bench.json,
+# torch.json, throughput.png, ncu.csv, sim.json (dry run) and logs.tar.gz (every step's log, re-made
+# after each step, so a run cut short still brings back what ran).
+# Knobs: BUILD_DIR (default build-device), JOBS, BUDGET_S, CUDA_ARCH (default 90a), DEVICE_PYTHON
+# (default python3; the dry run: the .venv's, standing in for the device image's), KEEP_BUILD=1 (dry
+# run: keep the copy's build folder between runs instead of starting clean).
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEPS=$ROOT/.deps
 JOBS=${JOBS:-$(nproc)}
+CUDA_ARCH=${CUDA_ARCH:-90a}
 
-prepare() {
-  rm -rf "$DEPS"
-  mkdir -p "$DEPS/include"
-  cp -r /usr/include/CLI "$DEPS/include/" || { echo "CLI11 headers missing: apt-get install libcli11-dev"; exit 1; }
-  cp -r /usr/include/nlohmann "$DEPS/include/" || { echo "nlohmann/json missing: apt-get install nlohmann-json3-dev"; exit 1; }
-  cp -r /usr/src/googletest "$DEPS/googletest" || { echo "GoogleTest sources missing: apt-get install googletest"; exit 1; }
-  (git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown) > "$DEPS/git-commit"
-  if ! git -C "$ROOT" diff-index --quiet HEAD -- 2>/dev/null; then sed -i 's/$/-dirty/' "$DEPS/git-commit"; fi
-  echo "prepared $DEPS ($(du -sh "$DEPS" | cut -f1)), commit $(cat "$DEPS/git-commit"); carry .deps to the device"
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+
+# The CUTLASS include folder (cute/, cutlass/) of the nvidia-cutlass wheel, as cmake/SelfattnCutlass.cmake finds it.
+cutlass_include() {
+  if [ -n "${SELFATTN_CUTLASS_INCLUDE:-}" ]; then echo "$SELFATTN_CUTLASS_INCLUDE"; return 0; fi
+  local py dir
+  for py in "$ROOT/.venv/bin/python3" python3; do
+    dir=$("$py" -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null) &&
+      [ -f "$dir/cute/arch/mma_sm90_desc.hpp" ] && { echo "$dir"; return 0; }
+  done
+  return 1
 }
 
-DRY_RUN=0
+# prepare DEST: everything the device build needs and the device image lacks.
+prepare() {
+  local dest=$1 cutlass
+  rm -rf "$dest"
+  mkdir -p "$dest/include"
+  cp -r /usr/include/CLI "$dest/include/" || { echo "CLI11 headers missing: apt-get install libcli11-dev"; return 1; }
+  cp -r /usr/include/nlohmann "$dest/include/" || { echo "nlohmann/json missing: apt-get install nlohmann-json3-dev"; return 1; }
+  cp -r /usr/src/googletest "$dest/googletest" || { echo "GoogleTest sources missing: apt-get install googletest"; return 1; }
+  cutlass=$(cutlass_include) || {
+    echo "CUTLASS/CuTe headers not found: run scripts/setup-deps (nvidia-cutlass into .venv) or set SELFATTN_CUTLASS_INCLUDE"
+    return 1; }
+  # 27 MB of headers travel as a 2.4 MB tarball; the device unpacks it into its build folder.
+  tar -czf "$dest/cutlass-include.tar.gz" -C "$cutlass" cute cutlass || return 1
+  (git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown) > "$dest/git-commit"
+  if ! git -C "$ROOT" diff-index --quiet HEAD -- 2>/dev/null; then sed -i 's/$/-dirty/' "$dest/git-commit"; fi
+  echo "prepared $dest ($(du -sh "$dest" | cut -f1)), commit $(cat "$dest/git-commit"), CUTLASS from $cutlass"
+}
+
+# copy_tree DEST: the files the device tool sends (tracked and untracked-but-not-ignored), nothing else.
+copy_tree() {
+  local dest=$1
+  rm -rf "$dest" && mkdir -p "$dest" || return 1
+  if ! git -C "$ROOT" rev-parse --git-dir > /dev/null 2>&1; then  # a tree without git: all but what .gitignore names
+    tar -C "$ROOT" --exclude='./build*' --exclude=./.venv --exclude=./.deps --exclude=__pycache__ -cf - . |
+      tar -C "$dest" -xpf -
+    return
+  fi
+  git -C "$ROOT" ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [ -f "$ROOT/$f" ] && printf '%s\0' "$f"; done |
+    tar -C "$ROOT" --null -T - -cf - | tar -C "$dest" -xpf -
+}
+
+# as_device MODE ARG: re-runs this script's copy in $TREE under the device's conditions: a fresh
+# environment, PATH without the .venv (so no python with its packages), SELFATTN_DEVICE_CONDITIONS=1
+# (the configure then ignores the /usr prefix, where this machine's -dev packages live).
+as_device() {
+  local mode=$1 arg=$2 path_clean
+  path_clean=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -e '/\.venv' -e "^$ROOT" | paste -sd: -)
+  exec env -i HOME="$HOME" PATH="$path_clean" LANG=C.UTF-8 TMPDIR="${TMPDIR:-/tmp}" \
+    SELFATTN_DEVICE_CONDITIONS=1 JOBS="$JOBS" CUDA_ARCH="$CUDA_ARCH" ${BUDGET_S:+BUDGET_S=$BUDGET_S} \
+    ${BUILD_DIR:+BUILD_DIR=$BUILD_DIR} DEVICE_PYTHON="${DEVICE_PYTHON:-$ROOT/.venv/bin/python3}" \
+    bash "$TREE/bench/device-check.sh" "$mode" "$arg"
+}
+
+# The device's configure: every dependency named explicitly from .deps. Under the device's
+# conditions here, CMake also ignores /usr, so a dependency .deps lacks fails here as it would there.
+configure() {
+  local build=$1
+  mkdir -p "$build/_deps/cutlass"
+  [ -f "$build/_deps/cutlass/cute/arch/mma_sm90_desc.hpp" ] ||
+    tar -xzf "$DEPS/cutlass-include.tar.gz" -C "$build/_deps/cutlass" || return 1
+  local extra=()
+  [ "${SELFATTN_DEVICE_CONDITIONS:-0}" = 1 ] && extra+=(-DCMAKE_IGNORE_PREFIX_PATH=/usr)
+  cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
+    -DSELFATTN_CLI11_INCLUDE_DIR="$DEPS/include" -DSELFATTN_JSON_INCLUDE_DIR="$DEPS/include" \
+    -DSELFATTN_GTEST_SOURCE_DIR="$DEPS/googletest" -DSELFATTN_CUTLASS_INCLUDE="$build/_deps/cutlass" \
+    -DSELFATTN_BUILD_TESTS=ON -DSELFATTN_BUILD_PYTHON=OFF "${extra[@]}" || return 1
+  check_dependencies "$build"
+}
+
+# The configured build takes its dependencies from .deps (or what was unpacked from it) and nothing
+# from a .venv: what would be missing on the device is missing here.
+check_dependencies() {
+  local cache=$1/CMakeCache.txt bad=0 name value
+  for name in SELFATTN_CLI11_INCLUDE_DIR SELFATTN_JSON_INCLUDE_DIR SELFATTN_GTEST_SOURCE_DIR SELFATTN_CUTLASS_INCLUDE; do
+    value=$(sed -n "s/^$name:[A-Z]*=//p" "$cache")
+    case "$value" in
+      "$DEPS"/*|"$1"/_deps/*) echo "dependency $name = $value" ;;
+      *) echo "dependency $name = '$value' is not from .deps"; bad=1 ;;
+    esac
+  done
+  if grep -n '/\.venv/' "$cache"; then echo "the configure found the lines above in a .venv, which the device has not"; bad=1; fi
+  return $bad
+}
+
+MODE=device
 case "${1:-}" in
-  --prepare) prepare; exit 0 ;;
-  --dry-run) DRY_RUN=1; shift ;;
-  -h|--help|"") awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+  --prepare) prepare "$DEPS"; exit ;;
+  --dry-run) MODE=dry; shift ;;
+  --configure-only) MODE=configure; shift ;;
+  -h|--help|"") usage; exit 0 ;;
+  -*) echo "unknown option $1"; usage; exit 2 ;;
 esac
+[ $# -eq 1 ] || { usage; exit 2; }
+
+if [ "$MODE" = configure ]; then
+  WORK=$(mkdir -p "$1" && cd "$1" && pwd)
+  if [ "${SELFATTN_DEVICE_CONDITIONS:-0}" != 1 ]; then
+    TREE=$WORK/src
+    copy_tree "$TREE" && prepare "$TREE/.deps" || exit 1
+    as_device --configure-only "$WORK"
+  fi
+  rm -rf "$WORK/build"
+  configure "$WORK/build"
+  exit
+fi
+
+if [ "$MODE" = dry ] && [ "${SELFATTN_DEVICE_CONDITIONS:-0}" != 1 ]; then
+  OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd)
+  [ -f "$DEPS/cutlass-include.tar.gz" ] || prepare "$DEPS" || exit 1
+  TREE=$ROOT/build-device-dry/tree
+  BUILD_DIR=${BUILD_DIR:-$ROOT/build-device-dry/build}
+  [ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$BUILD_DIR"
+  copy_tree "$TREE" && cp -r "$DEPS" "$TREE/.deps" || exit 1
+  echo "dry run: the tree as the device tool sends it, in $TREE; build in $BUILD_DIR"
+  as_device --dry-run "$OUTDIR"
+fi
+
 OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd)
 LOGS=$OUTDIR/logs
 mkdir -p "$LOGS"
-if [ "$DRY_RUN" = 1 ]; then
-  BUILD=${BUILD_DIR:-$ROOT/build-bench}
-  JOBS=${JOBS_DRY:-2}
-else
-  BUILD=${BUILD_DIR:-$ROOT/build-device}
-fi
+BUILD=${BUILD_DIR:-$ROOT/build-device}
+PY=${DEVICE_PYTHON:-python3}
 SUMMARY=$OUTDIR/summary.txt
 : > "$SUMMARY"
 START=$(date +%s)
-# Every step's limit is cut to what is left of the budget, so the whole check ends in time even
-# when a step hangs; a step with under 15 s left is skipped and says so.
-BUDGET_S=${BUDGET_S:-450}
-[ "$DRY_RUN" = 1 ] && BUDGET_S=${BUDGET_S_DRY:-3000}
+BUDGET_S=${BUDGET_S:-480}
+[ "$MODE" = dry ] && BUDGET_S=${BUDGET_S_DRY:-3000}
 DEADLINE=$(( START + BUDGET_S ))
+ON_GPU=1
+[ "$MODE" = dry ] && ON_GPU=0
+# compute-sanitizer and ncu need a runtime that lets them reach the GPU: Firecracker does, gVisor
+# (kernel 4.4.0 in uname) does not ("Device not supported", "LibraryNotLoaded").
+RUNTIME=$(uname -r)
+case "$RUNTIME" in 4.4.0) RUNTIME="gVisor ($RUNTIME)" ;; *fc*) RUNTIME="Firecracker ($RUNTIME)" ;; esac
+NO_TOOLS=""
+case "$RUNTIME" in gVisor*) NO_TOOLS="not available on this runtime ($RUNTIME)" ;; esac
+UNAVAILABLE_PATTERN='Device not supported|LibraryNotLoaded|ERR_NVGPUCTRPERM|not supported on this (device|platform)'
 
-# step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in logs/NAME.log, records the outcome.
+note() { printf '%-22s %s\n' "$1" "$2" | tee -a "$SUMMARY"; }
+
+# step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in logs/NAME.log and records the
+# verdict and time in summary.txt at once. A profiler or sanitizer that cannot reach the GPU on
+# this runtime is "not available on this runtime", not FAILED.
 step() {
   local name=$1 limit=$2; shift 2
-  local t0=$(date +%s) rc
-  local left=$(( DEADLINE - t0 ))
+  local t0 left rc verdict
+  t0=$(date +%s)
+  left=$(( DEADLINE - t0 ))
   if [ $left -lt 15 ]; then
-    printf '%-22s %-24s\n' "$name" "SKIPPED (time budget)" | tee -a "$SUMMARY"
+    note "$name" "SKIPPED (time budget)"
     return 125
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name: $*" | tee -a "$LOGS/$name.log"
-  timeout --kill-after=10 "$limit" "$@" >> "$LOGS/$name.log" 2>&1
+  # Through bash, so that a step may be one of this script's functions (exported below).
+  timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >> "$LOGS/$name.log" 2>&1
   rc=$?
-  local verdict=ok
-  [ $rc -ne 0 ] && verdict="FAILED (exit $rc)"
-  [ $rc -eq 124 ] && verdict="TIMED OUT after ${limit}s"
-  printf '%-22s %-24s %4ss\n' "$name" "$verdict" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY"
+  verdict=ok
+  if [ $rc -eq 124 ]; then verdict="TIMED OUT after ${limit}s"
+  elif [ $rc -ne 0 ] && grep -qE "$UNAVAILABLE_PATTERN" "$LOGS/$name.log"; then
+    verdict="not available on this runtime"
+  elif [ $rc -ne 0 ]; then verdict="FAILED (exit $rc)"
+  fi
+  printf '%-22s %-30s %4ss\n' "$name" "$verdict" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY"
+  tar -czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs 2>/dev/null
   return $rc
 }
 
-[ -d "$DEPS/include/CLI" ] && [ -d "$DEPS/googletest" ] || {
+[ -d "$DEPS/include/CLI" ] && [ -d "$DEPS/googletest" ] && [ -f "$DEPS/cutlass-include.tar.gz" ] || {
   echo "$DEPS is incomplete: run bench/device-check.sh --prepare here first, and carry .deps"; exit 1; }
-echo "selfattn device check: commit $(cat "$DEPS/git-commit" 2>/dev/null), build $BUILD, $JOBS jobs, dry run $DRY_RUN" | tee -a "$SUMMARY"
-[ "$DRY_RUN" = 0 ] && { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"; }
+echo "selfattn device check: commit $(cat "$DEPS/git-commit" 2>/dev/null), build $BUILD, $JOBS jobs," \
+     "$([ $ON_GPU = 1 ] && echo "on the GPU" || echo "dry run (device conditions, sim)"), runtime $RUNTIME" | tee -a "$SUMMARY"
+[ $ON_GPU = 1 ] && { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"; }
+echo "python: $PY ($("$PY" -c 'import sys, importlib.util as u; print(sys.version.split()[0], *[m for m in ("torch", "nanobind", "scikit_build_core", "numpy", "ml_dtypes", "pytest") if u.find_spec(m)])' 2>&1))" |
+  tee -a "$SUMMARY"
 
-# GoogleTest from the carried sources (the device has no libgtest-dev), installed beside the build.
-GTEST_PREFIX=$BUILD/_gtest/install
-if [ ! -f "$GTEST_PREFIX/lib/cmake/GTest/GTestConfig.cmake" ]; then
-  step gtest 180 bash -c "cmake -S '$DEPS/googletest' -B '$BUILD/_gtest/build' -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_GMOCK=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$GTEST_PREFIX' \
-      -DCMAKE_INSTALL_LIBDIR=lib && cmake --build '$BUILD/_gtest/build' -j $JOBS && cmake --install '$BUILD/_gtest/build'"
-fi
+export ROOT DEPS BUILD CUDA_ARCH
+export -f configure check_dependencies
+step configure 120 configure "$BUILD" || { tail -30 "$LOGS/configure.log"; }
+BENCH=$BUILD/bench/selfattn-bench
+BACKEND=cuda
+[ $ON_GPU = 1 ] || BACKEND=sim
 
-# Release, sm_90a only (wgmma / TMA need the 'a' target; nothing else is built). The dry run keeps its
-# build folder's architectures (changing them would rebuild every CUDA kernel here for nothing).
-# -U: find CLI11 and nlohmann/json afresh, so .deps/include (searched first) is what the build uses.
-ARCH=(-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a})
-[ "$DRY_RUN" = 1 ] && ARCH=()
-# The Python package needs nanobind, which the device machine lacks (and cannot download): off here,
-# so compare_torch.py runs PyTorch's SDPA alone there.
-step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${ARCH[@]}" \
-  -USELFATTN_CLI11_INCLUDE_DIR -USELFATTN_JSON_INCLUDE_DIR -DGTest_DIR="$GTEST_PREFIX/lib/cmake/GTest" \
-  -DSELFATTN_BUILD_TESTS=ON -DSELFATTN_BUILD_PYTHON=OFF || tail -30 "$LOGS/configure.log"
-# The Hopper primitives (tests/primitives/test_hopper_primitives_gpu: TMA, wgmma SS/RS and the mbarrier
-# ring, each against mma.sync on the same data) before anything else runs on the GPU: every later
-# result is read knowing whether they hold on this chip. Building it builds the library, which the
-# bench needs anyway (build-bench then only adds the bench).
+# First what decides whether the rest is worth running: the Hopper primitives (TMA, wgmma SS/RS,
+# the mbarrier ring, each against mma.sync on the same data), then one small forward per path
+# against the double reference. Building both targets builds the library.
+step build-first 300 cmake --build "$BUILD" -j "$JOBS" --target test_hopper_primitives_gpu selfattn-bench
 HOPPER_TEST=$BUILD/tests/primitives/test_hopper_primitives_gpu
-if [ "$DRY_RUN" = 0 ] && [ "${HOPPER_PRIMS:-1}" != 0 ]; then
-  step build-hopper-prims 300 cmake --build "$BUILD" -j "$JOBS" --target test_hopper_primitives_gpu
+if [ $ON_GPU = 1 ]; then
   if [ -x "$HOPPER_TEST" ]; then
     step hopper-prims 60 "$HOPPER_TEST" --gtest_color=no
   else
-    echo "hopper-prims: no $HOPPER_TEST (SELFATTN_HAVE_HOPPER_KERNELS off, or see build-hopper-prims.log)" |
-      tee -a "$SUMMARY"
+    note hopper-prims "no $HOPPER_TEST (see build-first.log)"
   fi
   cp "$LOGS/hopper-prims.log" "$OUTDIR/hopper_primitives.log" 2>/dev/null ||
-    cp "$LOGS/build-hopper-prims.log" "$OUTDIR/hopper_primitives.log" 2>/dev/null
-fi
-# The bench next, so the sweep runs even if building every test takes too long.
-step build-bench 1500 cmake --build "$BUILD" -j "$JOBS" --target selfattn-bench
-[ "$DRY_RUN" = 0 ] && [ "${BUILD_ALL:-1}" != 0 ] && step build-all 200 cmake --build "$BUILD" -j "$JOBS"
-BENCH=$BUILD/bench/selfattn-bench
-[ -x "$BENCH" ] || { echo "no $BENCH: see build-bench.log"; tail -40 "$LOGS/build-bench.log"; }
-
-if [ "$DRY_RUN" = 1 ]; then
-  # The sim parts: the bench's own ctests, the sim default sweep with --check, compare_torch's
-  # graceful failure without torch, and the plot of the sim JSON.
-  step bench-ctests 600 ctest --test-dir "$BUILD" -R '^bench\.' --output-on-failure
-  step sim-sweep 300 "$BENCH" --backend sim --check --json "$OUTDIR/sim.json" --csv "$LOGS/sim.csv"
-  python3 "$ROOT/bench/compare_torch.py" --json "$OUTDIR/torch.json" > "$LOGS/compare_torch.log" 2>&1
-  echo "compare_torch (exit $?, 2 = no torch/GPU): $(tail -1 "$LOGS/compare_torch.log")" | tee -a "$SUMMARY"
-  step plot 60 python3 "$ROOT/bench/plot" "$OUTDIR/sim.json" -o "$OUTDIR/throughput.png"
-  TABLE_FROM=$LOGS/sim-sweep.log
+    cp "$LOGS/build-first.log" "$OUTDIR/hopper_primitives.log" 2>/dev/null
 else
-  export SELFATTN_BACKEND=cuda
-  step gpu-tests 90 ctest --test-dir "$BUILD" -L gpu --no-tests=error --output-on-failure --timeout 120
-  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  if [ -n "$SANITIZER" ]; then
-    # Small cases of each path: odd lengths, both head dims of the fused kernels, a causal mask.
-    SMALL=(--backend cuda --path naive,cublas,fused --batch 1 --heads 2 --kv-heads 1 --seq-q 7,65 --seq-k 70
-           --head-dim 64,128 --dtype bf16 --causal none,bottom_right --warmup 0 --iters 1 --no-ceilings --check)
-    step memcheck 60 "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$BENCH" "${SMALL[@]}"
-    step racecheck 75 "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 99 --print-limit 20 \
-      "$BENCH" "${SMALL[@]}"
-  else
-    echo "compute-sanitizer: not found, memcheck/racecheck skipped" | tee -a "$SUMMARY"
-  fi
+  note hopper-prims "GPU only (built: $([ -x "$HOPPER_TEST" ] && echo yes || echo NO))"
+fi
+# Odd lengths, both head dims of the fused kernels (the Hopper kernel for bf16 d64/d128 on 9.0), a causal mask.
+SMALL=(--backend "$BACKEND" --path naive,cublas,fused --batch 1 --heads 2 --kv-heads 1 --seq-q 7,65 --seq-k 70
+       --head-dim 64,128 --dtype bf16 --causal none,bottom_right --warmup 0 --iters 1 --no-ceilings --check)
+step smoke 60 "$BENCH" "${SMALL[@]}"
+
+# The gpu-labelled test programs (test_*_gpu); on the sim each skips with its reason.
+NINJA=$(sed -n 's/^CMAKE_MAKE_PROGRAM:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+GPU_TARGETS=$("${NINJA:-ninja}" -C "$BUILD" -t targets all 2>/dev/null | sed -n 's/^\(test_[a-z0-9_]*_gpu\): phony$/\1/p' | sort -u | tr '\n' ' ')
+# shellcheck disable=SC2086
+step build-gpu-tests 240 cmake --build "$BUILD" -j "$JOBS" --target $GPU_TARGETS
+step gpu-tests 120 ctest --test-dir "$BUILD" -L gpu --no-tests=error --output-on-failure --timeout 120
+
+if [ $ON_GPU = 1 ]; then
   step sweep 150 "$BENCH" --backend cuda --check --json "$OUTDIR/bench.json" --csv "$LOGS/bench.csv"
-  step compare-torch 90 python3 "$ROOT/bench/compare_torch.py" --from "$OUTDIR/bench.json" --json "$OUTDIR/torch.json"
+  TABLE_FROM=$LOGS/sweep.log
+else
+  step sim-sweep 300 "$BENCH" --backend sim --check --json "$OUTDIR/sim.json" --csv "$LOGS/sim.csv"
+  TABLE_FROM=$LOGS/sim-sweep.log
+fi
+
+# The Python package as a user on the device would install it: pip, no build isolation (the image
+# has scikit-build-core and nanobind), the module built against the library built above.
+python_package() {
+  local prefix=$BUILD/_install site=$BUILD/_python_site config
+  # nanobind compiles against Python.h: a python without its headers cannot build the module.
+  "$PY" -c "import os, sys, sysconfig; d = sysconfig.get_paths()['include']; os.path.exists(os.path.join(d, 'Python.h')) or sys.exit(f'{sys.executable} has no Python.h in {d}: the package cannot be built with it')" ||
+    return 1
+  cmake --install "$BUILD" --component library --prefix "$prefix" || return 1
+  config=$(find "$prefix" -name selfattnConfig.cmake | head -1)
+  rm -rf "$site"
+  "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --disable-pip-version-check \
+    --target "$site" --config-settings=cmake.source-dir=python \
+    --config-settings=cmake.define.selfattn_DIR="$(dirname "$config")" \
+    --config-settings=build-dir="$BUILD/_python_build" "$ROOT"
+}
+# The tests marked device_check (tests/README.md): the torch ops forward and backward, the KV cache,
+# DLPack zero-copy, torch.compile; on CUDA tensors on the GPU, on CPU tensors (the sim) in a dry run.
+python_tests() {
+  local marks="device_check and gpu"
+  [ $ON_GPU = 1 ] || marks="device_check and not gpu"
+  cd "$ROOT/python/tests" &&
+    PYTHONPATH=$BUILD/_python_site PYTHONDONTWRITEBYTECODE=1 "$PY" -m pytest -q -p no:cacheprovider -m "$marks" -rs .
+}
+export PY ON_GPU
+export -f python_package python_tests
+PYTHON_OK=0
+step python-package 180 python_package && PYTHON_OK=1
+[ $PYTHON_OK = 1 ] && step python-tests 120 python_tests
+
+if [ $ON_GPU = 1 ]; then
+  # SDPA's backends beside the library through its torch op (selfattn.attention on torch tensors).
+  COMPARE_PATHS=()
+  [ $PYTHON_OK = 1 ] && COMPARE_PATHS=(--paths auto,fused)
+  export PYTHONPATH=$BUILD/_python_site
+  step compare-torch 90 "$PY" "$ROOT/bench/compare_torch.py" --from "$OUTDIR/bench.json" \
+    --json "$OUTDIR/torch.json" "${COMPARE_PATHS[@]}"
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -n "$NO_TOOLS" ]; then
+    note "memcheck, racecheck" "$NO_TOOLS"
+    note ncu "$NO_TOOLS"
+  else
+    if [ -n "$SANITIZER" ]; then
+      step memcheck 60 "$SANITIZER" --tool memcheck --error-exitcode 99 --print-limit 20 "$BENCH" "${SMALL[@]}"
+      step racecheck 75 "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 99 --print-limit 20 \
+        "$BENCH" "${SMALL[@]}"
+    else
+      note "memcheck, racecheck" "compute-sanitizer not found"
+    fi
+    if [ -n "$NCU" ]; then
+      # The counters the sim's profiler predicts (issue 35), one small case per kernel family, clocks left alone.
+      NCU_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__inst_executed_pipe_tensor.sum
+      step ncu 60 bash -c '"$0" --clock-control none --csv --page raw --metrics "$1" --launch-count 40 "$2" \
+          --backend cuda --path naive,fused --batch 1 --heads 8 --kv-heads 2 --seq-q 1024 --seq-k 1024 --head-dim 128 \
+          --dtype bf16 --causal none --warmup 0 --iters 1 --no-ceilings > "$3"' "$NCU" "$NCU_METRICS" "$BENCH" "$OUTDIR/ncu.csv"
+    else
+      note ncu "ncu not found"
+    fi
+  fi
   PLOT_INPUTS=("$OUTDIR/bench.json")
   [ -f "$OUTDIR/torch.json" ] && PLOT_INPUTS+=("$OUTDIR/torch.json")
-  step plot 60 python3 "$ROOT/bench/plot" "${PLOT_INPUTS[@]}" -o "$OUTDIR/throughput.png"
-  TABLE_FROM=$LOGS/sweep.log
+else
+  # Without a GPU compare_torch.py says so and exits 2; what matters here is that it starts.
+  export PYTHONPATH=$BUILD/_python_site
+  "$PY" "$ROOT/bench/compare_torch.py" --json "$OUTDIR/torch.json" > "$LOGS/compare_torch.log" 2>&1
+  note compare-torch "exit $? (2 = no GPU): $(tail -1 "$LOGS/compare_torch.log")"
+  PLOT_INPUTS=("$OUTDIR/sim.json")
+fi
+if "$PY" -c "import matplotlib" 2>/dev/null; then
+  step plot 60 "$PY" "$ROOT/bench/plot" "${PLOT_INPUTS[@]}" -o "$OUTDIR/throughput.png"
+else
+  note plot "matplotlib is not in $PY (the device image has it)"
 fi
 
 echo "total $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
@@ -161,10 +341,14 @@ echo "total $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
   # The verdict lines of the test and sanitizer logs.
   [ -f "$LOGS/hopper-prims.log" ] && grep -h -E "^\[  (PASSED|FAILED|SKIPPED) \]|test suites? ran" "$LOGS/hopper-prims.log" |
     sed "s/^/hopper-prims: /" | head -20
-  for log in bench-ctests gpu-tests; do
+  for log in smoke; do
+    [ -f "$LOGS/$log.log" ] && grep -h -E "cases ran|FAILED|error" "$LOGS/$log.log" | sed "s/^/$log: /" | head -10
+  done
+  for log in gpu-tests; do
     [ -f "$LOGS/$log.log" ] && grep -h -E "tests passed|tests failed|No tests were found|\*\*\*Failed|\(Failed\)" \
       "$LOGS/$log.log" | sed "s/^/$log: /" | head -20
   done
+  [ -f "$LOGS/python-tests.log" ] && grep -h -E "passed|failed|error" "$LOGS/python-tests.log" | tail -5 | sed "s/^/python-tests: /"
   for log in memcheck racecheck; do
     [ -f "$LOGS/$log.log" ] && grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|Device not supported|cases ran" "$LOGS/$log.log" \
       | sed "s/^/$log: /" | head -5

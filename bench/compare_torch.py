@@ -3,7 +3,8 @@
 (flash, cuDNN, memory-efficient), and this library through its Python package (`import selfattn`)
 in the same process on the same tensors, and write selfattn-bench's JSON schema (bench/README.md)
 so bench/plot draws them together. Paths are named torch-flash, torch-cudnn, torch-efficient, and
-selfattn's own (auto, naive, cublas, fused; --paths).
+selfattn-op-<path> for the library called on the same torch tensors through its torch op
+(--paths auto,naive,cublas,fused), named apart from selfattn-bench's own rows of that path.
 
   compare_torch.py --from bench.json --json torch.json     # the shapes a bench run measured
   compare_torch.py --json torch.json                       # the bench's default cuda sweep
@@ -221,7 +222,8 @@ def main():
 
     # What runs each case: PyTorch's SDPA once per backend, then selfattn once per path.
     runners = [("torch-" + b, lambda b=b: sdpa_kernel([sdpa_backend[b]]), call) for b in args.backends]
-    runners += [(p, contextlib.nullcontext, lambda c, q, k, v, p=p: call_selfattn(c, p, q, k, v)) for p in args.paths]
+    runners += [("selfattn-op-" + p, contextlib.nullcontext, lambda c, q, k, v, p=p: call_selfattn(c, p, q, k, v))
+                for p in args.paths]
 
     results = []
     total = len(shapes) * len(runners)
@@ -232,11 +234,11 @@ def main():
             c["head_dim"] * inputs[0][0].element_size()
         for j, (name, scope, run) in enumerate(runners):
             print(f"[{i * len(runners) + j + 1}/{total}] {name} {c}", file=sys.stderr, flush=True)
-            r = dict(backend="cuda", gpu=gpu, path=name, resolved_path=None if name == "auto" else name, **c,
+            r = dict(backend="cuda", gpu=gpu, path=name, resolved_path=None, **c,
                      status="skipped", note="", ms_median=None, ms_min=None, ms_max=None, tflops=None, gbps=None,
                      pct_of_ceiling=None, vs_cublas=None, max_abs_err=None, rel_err=None, check="skipped",
                      check_sampled=None, flops=flops, bytes=nbytes, input_copies=len(inputs))
-            if name in PATHS and selfattn is None:
+            if name.startswith("selfattn-op-") and selfattn is None:
                 r["note"] = selfattn_missing
                 results.append(r)
                 continue

@@ -276,3 +276,28 @@ def poisoned(shape, dtype):
 def _sim_only():
     # NumPy arrays always run on the sim; make sure nothing here needed a GPU.
     assert "sim" in selfattn.backends()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device_check: run by bench/device-check.sh, on CUDA tensors on a lent GPU and "
+                                       "on CPU tensors (the sim) in its dry run")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device and a build with the cuda backend (skips without)")
+
+
+def cuda_unusable():
+    """Why CUDA tensors cannot run here, or '' when they can."""
+    if "cuda" not in selfattn.backends():
+        return "no usable GPU (or this build has no cuda backend)"
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    return "" if torch.cuda.is_available() else "PyTorch sees no CUDA device"
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def torch_device(request):
+    """The device of a test's torch tensors: the CPU (the sim) everywhere, CUDA where there is a GPU."""
+    if request.param == "cuda" and cuda_unusable():
+        pytest.skip(cuda_unusable())
+    return request.param

@@ -6,6 +6,8 @@ import pytest
 import selfattn
 from conftest import TOLERANCE, reference, reference_backward, relative_error
 
+# All of it runs in bench/device-check.sh on a lent GPU (conftest.py's markers).
+pytestmark = [pytest.mark.device_check, pytest.mark.gpu]
 if "cuda" not in selfattn.backends():
     pytest.skip("no usable GPU (or this build has no cuda backend)", allow_module_level=True)
 torch = pytest.importorskip("torch")

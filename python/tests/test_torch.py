@@ -3,7 +3,8 @@ op, its fake implementation under FakeTensorMode, torch.compile, and autograd th
 backward, with every mask and score modifier, for attention and attention_varlen; attention sinks,
 which train (their gradient is the library's dsinks); the refusal of inputs that require grad where
 no gradient would reach them. Skipped without PyTorch (scripts/setup-deps installs it where it
-can)."""
+can). The tests marked device_check take a `torch_device` (conftest.py) and run on CUDA tensors
+too where there is a GPU: bench/device-check.sh runs those on a lent one."""
 import numpy as np
 import pytest
 
@@ -15,18 +16,49 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore:Input #.*double precision:UserWarning")
 
 
-def tensors(shape, dtype=torch.float32, seed=0):
+def tensors(shape, dtype=torch.float32, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=g).to(dtype) for _ in range(3)]
+    return [torch.randn(shape, generator=g).to(dtype).to(device) for _ in range(3)]
 
 
-def test_cpu_tensors_run_on_the_sim():
-    q, k, v = tensors((2, 3, 9, 16))
+def host(t):
+    """A tensor's values as a NumPy array, from any device."""
+    return t.detach().cpu().numpy()
+
+
+def same_values(got, want):
+    """Two runs of the library on the same values: bit for bit on the sim; on a GPU the backward adds
+    dQ's partial sums with atomics in an order that varies from run to run, so to rounding there."""
+    if got.device.type == "cpu":
+        return torch.equal(got, want)
+    return relative_error(host(got), host(want), per_row=False) <= 1e-6
+
+
+@pytest.mark.device_check
+def test_torch_tensors_run_where_they_live(torch_device):
+    # CPU tensors on the sim, CUDA tensors on the GPU; out and lse on the inputs' device.
+    q, k, v = tensors((2, 3, 9, 16), device=torch_device)
     out, lse = selfattn.attention(q, k, v, causal="bottom_right", return_lse=True)
     assert isinstance(out, torch.Tensor) and out.dtype == q.dtype and lse.dtype == torch.float32
-    want, want_lse = reference(q.numpy(), k.numpy(), v.numpy(), "bottom_right")
-    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
-    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+    assert out.device == q.device and lse.device == q.device
+    want, want_lse = reference(host(q), host(k), host(v), "bottom_right")
+    assert relative_error(host(out), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(host(lse), want_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.device_check
+def test_views_in_and_out_without_copies(torch_device):
+    # DLPack zero-copy both ways: q, k, v are strided views of one packed qkv tensor, and out= is a
+    # view into a larger buffer that the call writes in place (the rest of the buffer untouched).
+    packed = torch.randn(2, 11, 3, 4, 16, generator=torch.Generator().manual_seed(24)).to(torch_device)
+    q, k, v = packed.unbind(2)  # [batch, seq, heads, dim] views, row stride 3 * 4 * 16
+    buffer = torch.full((2, 11, 6, 16), float("nan"), device=torch_device)
+    out = buffer[:, :, 1:5]  # bshd view: heads 1..4 of 6
+    result = selfattn.attention(q, k, v, layout="bshd", out=out)
+    assert result is out and result.data_ptr() == buffer[:, :, 1].data_ptr()
+    assert torch.isnan(buffer[:, :, 0]).all() and torch.isnan(buffer[:, :, 5]).all()
+    want, _ = reference(*(host(a.transpose(1, 2)) for a in (q, k, v)))
+    assert relative_error(host(out.transpose(1, 2)), want) <= TOLERANCE["float32"]
 
 
 def test_bf16_and_bshd():
@@ -58,31 +90,33 @@ def test_fake_implementation_gives_shapes():
         assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
-def test_torch_compile():
+@pytest.mark.device_check
+def test_torch_compile(torch_device):
     if not hasattr(torch, "compile"):
         pytest.skip("this PyTorch has no torch.compile")
-    q, k, v = tensors((1, 2, 5, 8), seed=2)
+    q, k, v = tensors((1, 2, 5, 8), seed=2, device=torch_device)
 
     def f(q, k, v):
         return selfattn.attention(q, k, v, causal="top_left") * 2
 
     compiled = torch.compile(f, backend="eager", fullgraph=True)
-    assert relative_error(compiled(q, k, v).numpy() / 2, reference(q.numpy(), k.numpy(), v.numpy(), "top_left")[0]) \
+    assert relative_error(host(compiled(q, k, v)) / 2, reference(host(q), host(k), host(v), "top_left")[0]) \
         <= TOLERANCE["float32"]
 
 
-def test_autograd_reaches_the_library_backward():
+@pytest.mark.device_check
+def test_autograd_reaches_the_library_backward(torch_device):
     # loss.backward() through the custom op: the gradients equal selfattn.attention_backward's on the
-    # same values, and torch.autograd.gradcheck (float32 on the sim, loose tolerances) agrees with
-    # central differences.
-    q, k, v = (t.requires_grad_() for t in tensors((1, 2, 5, 8), seed=3))
+    # same values, and torch.autograd.gradcheck (float32, loose tolerances) agrees with central
+    # differences.
+    q, k, v = (t.requires_grad_() for t in tensors((1, 2, 5, 8), seed=3, device=torch_device))
     out = selfattn.attention(q, k, v, causal="top_left")
     dout = torch.randn_like(out)
     (out * dout).sum().backward()
     out2, lse = selfattn.attention(q.detach(), k.detach(), v.detach(), causal="top_left", return_lse=True)
     want = selfattn.attention_backward(q.detach(), k.detach(), v.detach(), out2, dout, lse, causal="top_left")
     for tensor, expected in zip((q, k, v), want):
-        assert torch.equal(tensor.grad, expected)
+        assert tensor.grad.device == q.device and same_values(tensor.grad, expected)
     small = [t.detach()[:, :, :3, :4].contiguous().requires_grad_() for t in (q, k, v)]
     assert torch.autograd.gradcheck(lambda a, b, c: selfattn.attention(a, b, c, path="naive"), small, eps=1e-2,
                                     atol=2e-3, rtol=2e-3)
@@ -127,49 +161,55 @@ def modifiers(heads, seq_q, seq_k, seed):
 
 
 def numpy_mods(mods):
-    return {name: (value.numpy() if isinstance(value, torch.Tensor) else value) for name, value in mods.items()}
+    return {name: (host(value) if isinstance(value, torch.Tensor) else value) for name, value in mods.items()}
 
 
-def test_autograd_with_every_modifier_and_key_lengths():
+@pytest.mark.device_check
+def test_autograd_with_every_modifier_and_key_lengths(torch_device):
     # Through the op, the modifiers reach the forward and the backward: out against the float64
     # reference, the gradients against float64 central differences of that reference's loss... and
-    # against selfattn.attention_backward on the same values, bitwise.
-    q, k, v = (t.requires_grad_() for t in tensors((2, 2, 7, 8), seed=7))
-    mods, lengths = modifiers(2, 7, 7, seed=8), torch.tensor([5, 7], dtype=torch.int32)
+    # against selfattn.attention_backward on the same values (bitwise on the sim).
+    q, k, v = (t.requires_grad_() for t in tensors((2, 2, 7, 8), seed=7, device=torch_device))
+    mods = {name: (value.to(torch_device) if isinstance(value, torch.Tensor) else value)
+            for name, value in modifiers(2, 7, 7, seed=8).items()}
+    lengths = torch.tensor([5, 7], dtype=torch.int32, device=torch_device)
     out = selfattn.attention(q, k, v, causal="bottom_right", key_lengths=lengths, **mods)
     dout = torch.randn_like(out)
     (out * dout).sum().backward()
     detached = [t.detach() for t in (q, k, v)]
-    want, _ = reference(*(t.numpy() for t in detached), "bottom_right", key_lengths=lengths.numpy(), **numpy_mods(mods))
-    assert relative_error(out.detach().numpy(), want) <= TOLERANCE["float32"]
-    want_grads = reference_backward(*(t.numpy() for t in detached), dout.numpy(), "bottom_right",
-                                    key_lengths=lengths.numpy(), **numpy_mods(mods))
+    want, _ = reference(*(host(t) for t in detached), "bottom_right", key_lengths=host(lengths), **numpy_mods(mods))
+    assert relative_error(host(out), want) <= TOLERANCE["float32"]
+    want_grads = reference_backward(*(host(t) for t in detached), host(dout), "bottom_right",
+                                    key_lengths=host(lengths), **numpy_mods(mods))
     out2, lse = selfattn.attention(*detached, causal="bottom_right", key_lengths=lengths, return_lse=True, **mods)
     library = selfattn.attention_backward(*detached, out2, dout, lse, causal="bottom_right", key_lengths=lengths,
                                           **mods)
     for tensor, expected, same in zip((q, k, v), want_grads, library):
-        assert relative_error(tensor.grad.numpy(), expected, per_row=False) <= 2 * TOLERANCE["float32"]
-        assert torch.equal(tensor.grad, same)
+        assert relative_error(host(tensor.grad), expected, per_row=False) <= 2 * TOLERANCE["float32"]
+        assert same_values(tensor.grad, same)
 
 
-def test_autograd_of_varlen_with_modifiers():
+@pytest.mark.device_check
+def test_autograd_of_varlen_with_modifiers(torch_device):
     # Packed sequences of 3 and 5 rows (keys 4 and 5): each sequence's gradients against the
     # float64 backward of it alone, and torch.autograd.gradcheck on the naive path.
     g = torch.Generator().manual_seed(9)
-    q, k, v = (torch.randn(shape, generator=g).requires_grad_() for shape in ((8, 2, 8), (9, 2, 8), (9, 2, 8)))
-    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
-    mods = modifiers(2, 5, 5, seed=10)
+    q, k, v = (torch.randn(shape, generator=g).to(torch_device).requires_grad_()
+               for shape in ((8, 2, 8), (9, 2, 8), (9, 2, 8)))
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=torch_device) for cu in ([0, 3, 8], [0, 4, 9]))
+    mods = {name: (value.to(torch_device) if isinstance(value, torch.Tensor) else value)
+            for name, value in modifiers(2, 5, 5, seed=10).items()}
     mods["bias"] = mods["bias"].expand(2, 2, 5, 5)
     out = selfattn.attention_varlen(q, k, v, cu_q, cu_k, causal="top_left", **mods)
-    dout = torch.randn(out.shape, generator=g)
+    dout = torch.randn(out.shape, generator=g).to(torch_device)
     (out * dout).sum().backward()
 
     def bhsd(t):
-        return t.detach().numpy().transpose(1, 0, 2)[None]
+        return host(t).transpose(1, 0, 2)[None]
 
     for b, (rows, keys) in enumerate(((slice(0, 3), slice(0, 4)), (slice(3, 8), slice(4, 9)))):
-        one = dict(window=mods["window"], softcap=mods["softcap"], alibi_slopes=mods["alibi_slopes"].numpy(),
-                   bias=mods["bias"][b:b + 1, :, :rows.stop - rows.start, :keys.stop - keys.start].numpy())
+        one = dict(window=mods["window"], softcap=mods["softcap"], alibi_slopes=host(mods["alibi_slopes"]),
+                   bias=host(mods["bias"][b:b + 1, :, :rows.stop - rows.start, :keys.stop - keys.start]))
         want_out, _ = reference(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), "top_left", **one)
         assert relative_error(bhsd(out[rows]), want_out) <= TOLERANCE["float32"], b
         want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), "top_left", **one)
@@ -231,32 +271,34 @@ def test_calls_without_a_gradient_refuse_inputs_that_require_one():
         assert selfattn.self_attention(x, w, w, w, 2).shape == (1, 2, 3, 2)
 
 
-def test_kv_cache_on_torch_tensors():
+@pytest.mark.device_check
+def test_kv_cache_on_torch_tensors(torch_device):
     # The decode calls on torch tensors (lists for lengths converted), with no autograd graph.
     g = torch.Generator().manual_seed(13)
-    k_cache, v_cache = (torch.randn(2, 6, 1, 8, generator=g) for _ in range(2))  # bshd
-    k_new, v_new, q = (torch.randn(2, 1, 1, 8, generator=g) for _ in range(3))
+    k_cache, v_cache = (torch.randn(2, 6, 1, 8, generator=g).to(torch_device) for _ in range(2))  # bshd
+    k_new, v_new, q = (torch.randn(2, 1, 1, 8, generator=g).to(torch_device) for _ in range(3))
     lengths = selfattn.append_kv(k_cache, v_cache, [2, 5], k_new, v_new, layout="bshd", return_lengths=True)
-    assert lengths.dtype == torch.int32 and lengths.tolist() == [3, 6]
+    assert lengths.dtype == torch.int32 and lengths.device == k_cache.device and lengths.tolist() == [3, 6]
     assert torch.equal(k_cache[0, 2], k_new[0, 0]) and torch.equal(k_cache[1, 5], k_new[1, 0])
     out, lse = selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, layout="bshd", return_lse=True)
-    want, want_lse = reference(*(a.transpose(1, 2).numpy() for a in (q, k_cache, v_cache)), "bottom_right",
-                               key_lengths=lengths.numpy())
-    assert relative_error(out.transpose(1, 2).numpy(), want) <= TOLERANCE["float32"]
-    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+    want, want_lse = reference(*(host(a.transpose(1, 2)) for a in (q, k_cache, v_cache)), "bottom_right",
+                               key_lengths=host(lengths))
+    assert relative_error(host(out.transpose(1, 2)), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(host(lse), want_lse, rtol=1e-5, atol=1e-5)
     with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: q requires grad"):
         selfattn.attention_with_kv_cache(q.requires_grad_(), k_cache, v_cache, lengths, layout="bshd")
 
 
-def test_a_decode_step_compiles_whole():
+@pytest.mark.device_check
+def test_a_decode_step_compiles_whole(torch_device):
     # append_kv (which writes the cache in place) and attention_with_kv_cache are custom ops, so a
     # decode step traces with fullgraph=True; compiled and eager agree, caches included.
     g = torch.Generator().manual_seed(14)
-    pool_k, pool_v = (torch.randn(5, 4, 2, 8, generator=g) for _ in range(2))  # bshd pages of 4 tokens
-    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32)
-    lengths = torch.tensor([2, 6], dtype=torch.int32)
-    k_new, v_new = (torch.randn(2, 1, 2, 8, generator=g) for _ in range(2))
-    q = torch.randn(2, 1, 4, 8, generator=g)
+    pool_k, pool_v = (torch.randn(5, 4, 2, 8, generator=g).to(torch_device) for _ in range(2))  # bshd pages of 4
+    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=torch_device)
+    lengths = torch.tensor([2, 6], dtype=torch.int32, device=torch_device)
+    k_new, v_new = (torch.randn(2, 1, 2, 8, generator=g).to(torch_device) for _ in range(2))
+    q = torch.randn(2, 1, 4, 8, generator=g).to(torch_device)
 
     def step(q, k_new, v_new, pool_k, pool_v, lengths):
         updated = selfattn.append_kv(pool_k, pool_v, lengths, k_new, v_new, block_table=table, layout="bshd",
@@ -284,16 +326,17 @@ def test_a_decode_step_compiles_whole():
         assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)
 
 
-def test_fake_implementations_match_the_real_ones():
-    # torch.library.opcheck compares each op's fake with its real implementation (shapes, dtypes
-    # and strides: both give contiguous outputs, also for transposed inputs) and checks the schema;
-    # with and without sinks, and the backward ops with and without dsinks.
+@pytest.mark.device_check
+def test_fake_implementations_match_the_real_ones(torch_device):
+    # torch.library.opcheck compares each op's fake with its real implementation (shapes, dtypes,
+    # devices and strides: both give contiguous outputs, also for transposed inputs) and checks the
+    # schema; with and without sinks, and the backward ops with and without dsinks.
     if not hasattr(torch.library, "opcheck"):
         pytest.skip("this PyTorch has no torch.library.opcheck")
     g = torch.Generator().manual_seed(15)
-    q, k, v = (torch.randn(1, 5, 2, 8, generator=g).transpose(1, 2) for _ in range(3))  # bhsd views of bshd
-    bias = torch.randn(1, 2, 5, 5, generator=g)
-    sinks = torch.tensor([0.5, -float("inf")])
+    q, k, v = (torch.randn(1, 5, 2, 8, generator=g).to(torch_device).transpose(1, 2) for _ in range(3))  # bhsd of bshd
+    bias = torch.randn(1, 2, 5, 5, generator=g).to(torch_device)
+    sinks = torch.tensor([0.5, -float("inf")], device=torch_device)
     utils = ("test_schema", "test_faketensor")
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention.default,
@@ -304,7 +347,7 @@ def test_fake_implementations_match_the_real_ones():
         torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
                               (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto",
                                None, "bhsd", -1, -1, None, None, None, with_sinks, return_dsinks), test_utils=utils)
-    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=torch_device)
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
@@ -314,12 +357,12 @@ def test_fake_implementations_match_the_real_ones():
     torch.library.opcheck(torch.ops.selfattn.attention_varlen_backward.default,
                           (*packed, out, torch.randn_like(out), lse, None, cu, cu, 3, 3, "top_left", None, "auto",
                            -1, -1, None, None, None, sinks, True), test_utils=utils)
-    cache = torch.randn(1, 2, 6, 8, generator=g)
+    cache = torch.randn(1, 2, 6, 8, generator=g).to(torch_device)
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
-                              (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None, "bhsd",
-                               "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None, None, with_sinks,
-                               False), test_utils=utils)
+                              (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32, device=torch_device),
+                               None, "bhsd", "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None,
+                               None, with_sinks, False), test_utils=utils)
 
 
 def test_options_changed_in_place_before_backward_raise():
@@ -355,11 +398,12 @@ def test_compile_as_the_first_call_in_a_fresh_process():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_merge_states_is_an_op():
+@pytest.mark.device_check
+def test_merge_states_is_an_op(torch_device):
     # A decode step that merges a shared prefix's result with each sequence's own compiles whole.
     g = torch.Generator().manual_seed(17)
-    q, k, v = (torch.randn(1, 2, 3, 8, generator=g) for _ in range(3))
-    k2, v2 = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(2))
+    q, k, v = (torch.randn(1, 2, 3, 8, generator=g).to(torch_device) for _ in range(3))
+    k2, v2 = (torch.randn(1, 2, 5, 8, generator=g).to(torch_device) for _ in range(2))
 
     def step(q):
         out_a, lse_a = selfattn.attention(q, k, v, return_lse=True)
@@ -367,9 +411,9 @@ def test_merge_states_is_an_op():
         return selfattn.merge_states(out_a, lse_a, out_b, lse_b)
 
     out, lse = torch.compile(step, backend="eager", fullgraph=True)(q)
-    want, want_lse = reference(q.numpy(), torch.cat((k, k2), 2).numpy(), torch.cat((v, v2), 2).numpy())
-    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
-    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+    want, want_lse = reference(host(q), host(torch.cat((k, k2), 2)), host(torch.cat((v, v2), 2)))
+    assert relative_error(host(out), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(host(lse), want_lse, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("with_wo", [False, True])
@@ -414,18 +458,19 @@ def test_empty_torch_arrays_run():
         selfattn.self_attention(torch.randn(1, 2, 8, requires_grad=True), w.half(), w, w, 4)
 
 
-def test_sinks_train():
+@pytest.mark.device_check
+def test_sinks_train(torch_device):
     # sinks that require grad get the library's dsinks through the op's autograd formula: equal to
     # attention_backward(return_dsinks=True) on the same values (q, k, v's gradients too), close to
     # the float64 reference, for a loss of out and lse; GQA, head 1 without a sink, and rows that
     # see no key (batch 1's first two: their lse is the sink, so dL/dsink takes their dlse).
     g = torch.Generator().manual_seed(19)
-    q = torch.randn(2, 4, 6, 8, generator=g).requires_grad_()
-    k, v = (torch.randn(2, 2, 9, 8, generator=g).requires_grad_() for _ in range(2))
-    sinks = torch.tensor([0.5, -float("inf"), 1.5, 2.0], requires_grad=True)
-    options = dict(causal="bottom_right", key_lengths=torch.tensor([9, 4], dtype=torch.int32))
+    q = torch.randn(2, 4, 6, 8, generator=g).to(torch_device).requires_grad_()
+    k, v = (torch.randn(2, 2, 9, 8, generator=g).to(torch_device).requires_grad_() for _ in range(2))
+    sinks = torch.tensor([0.5, -float("inf"), 1.5, 2.0], device=torch_device, requires_grad=True)
+    options = dict(causal="bottom_right", key_lengths=torch.tensor([9, 4], dtype=torch.int32, device=torch_device))
     out, lse = selfattn.attention(q, k, v, sinks=sinks, return_lse=True, **options)
-    dout, weights = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    dout, weights = (torch.randn(shape, generator=g).to(torch_device) for shape in (out.shape, lse.shape))
     finite = torch.isfinite(lse.detach())
     dlse = torch.where(finite, weights, 0.0)
     ((out * dout).sum() + (lse.masked_fill(~finite, 0) * weights).sum()).backward()
@@ -433,16 +478,17 @@ def test_sinks_train():
     library = selfattn.attention_backward(*detached, out.detach(), dout, lse.detach(), dlse=dlse,
                                           sinks=sinks.detach(), return_dsinks=True, **options)
     for tensor, same in zip((q, k, v, sinks), library):
-        assert torch.equal(tensor.grad, same)
+        assert same_values(tensor.grad, same)
     assert sinks.grad[1] == 0
-    want = reference_backward(*(t.numpy() for t in detached), dout.numpy(), dlse=dlse.numpy(),
-                              sinks=sinks.detach().numpy(), causal="bottom_right", key_lengths=[9, 4])
+    want = reference_backward(*(host(t) for t in detached), host(dout), dlse=host(dlse),
+                              sinks=host(sinks), causal="bottom_right", key_lengths=[9, 4])
     for tensor, expected in zip((q, k, v, sinks), want):
-        assert relative_error(tensor.grad.numpy(), expected, per_row=False) <= 2 * TOLERANCE["float32"]
+        assert relative_error(host(tensor.grad), expected, per_row=False) <= 2 * TOLERANCE["float32"]
     small = [t.detach()[:1, :, :3, :4].contiguous().requires_grad_() for t in (q, k, v)]
     assert torch.autograd.gradcheck(
         lambda a, b, c, s: selfattn.attention(a, b, c, path="naive", causal="top_left", sinks=s, return_lse=True),
-        (*small, torch.tensor([0.3, -1.0, 0.8, 2.0], requires_grad=True)), eps=1e-2, atol=2e-3, rtol=2e-3)
+        (*small, torch.tensor([0.3, -1.0, 0.8, 2.0], device=torch_device, requires_grad=True)), eps=1e-2, atol=2e-3,
+        rtol=2e-3)
 
 
 def test_sinks_train_through_varlen():

@@ -12,7 +12,9 @@ Strides are taken from the arrays, so BSHD views (for example the q, k and v sli
 QKV tensor) are used as they are. Errors are raised as :class:`InvalidArgument` (a ``ValueError``),
 :class:`NotAvailable` (a ``NotImplementedError``), :class:`WorkspaceTooSmall` (a ``MemoryError``)
 and :class:`BackendError` (a ``RuntimeError``), all subclasses of :class:`selfattn.Error`, with the
-library's message. PyTorch is optional and imported only when a torch tensor is passed.
+library's message in the caller's terms: the axis numbers of the arrays as they were passed (their
+layout and rank) and the Python argument names (_messages.py). PyTorch is optional and imported
+only when a torch tensor is passed.
 
 Gradients: :func:`attention_backward` (and :func:`attention_varlen_backward` for packed
 sequences) computes dq, dk, dv from the forward's out and lse (any arrays). On torch tensors
@@ -30,6 +32,7 @@ import sys as _sys
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
+from ._messages import BHSD, PACKED, ROWS, in_caller_terms, layout_axes
 from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
                      _torch_requiring_grad, _window_sides, default_context)
 from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states
@@ -199,9 +202,15 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
-    _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale), path,
-                                 lengths, *mods, bool(deterministic), arrays["dlse"], dsinks, arrays.bf16_as_uint16)
+    with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, layout_axes(layout))):
+        _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale),
+                                     path, lengths, *mods, bool(deterministic), arrays["dlse"], dsinks,
+                                     arrays.bf16_as_uint16)
     return (*grads, dsinks) if return_dsinks else tuple(grads)
+
+
+# The 4-D arrays of a backward call, which the library sees in its own axis order.
+_BACKWARD_ARRAYS = ("q", "k", "v", "out", "dout", "dq", "dk", "dv")
 
 
 def _backward_arrays(q, k, v, out, dout, lse, dlse, ndim, grad_dtype, context):
@@ -253,8 +262,9 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
-    _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
-                        arrays.bf16_as_uint16)
+    with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), layout_axes(layout))):
+        _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
+                            arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
@@ -287,7 +297,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     if op is not None:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-        result, lse = op(q, k, v, cu_q, cu_k, _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
+        result, lse = op(q, k, v, cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
+                         _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
                          _float_or_none("scale", scale), path, *_window_sides(window),
                          _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
                          _float32_or_none("sinks", sinks, q))
@@ -308,15 +319,32 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
 
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(_packed(a)) for a in (q, k, v, arrays["out"])]
-    _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, _max_seqlen(max_seqlen_q, cu_q),
-                               _max_seqlen(max_seqlen_k, cu_k), causal, _float_or_none("scale", scale), path, lse,
-                               *mods, arrays.bf16_as_uint16)
+    max_q = _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q)
+    max_k = _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k)
+    with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), PACKED)):
+        _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, max_q, max_k, causal, _float_or_none("scale", scale),
+                                   path, lse, *mods, arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
-def _max_seqlen(given, cu_seqlens):
-    """max_seqlen_q or max_seqlen_k: as given, or computed from cu_seqlens."""
-    return int(given) if given is not None else _arrays.max_difference(cu_seqlens)
+def _max_seqlen(function, given, cu_seqlens, rows, packed):
+    """max_seqlen_q or max_seqlen_k (rows: "q" or "k", packed: that array): as given, or the largest
+    step of cu_seqlens. A derived value that the packed array cannot hold is refused here, naming
+    the entry of cu_seqlens at fault: the library would name max_seqlen, which the caller never
+    passed (and the fused path does not read cu_seqlens back to find the entry itself)."""
+    if given is not None:
+        return int(given)
+    longest = _arrays.max_difference(cu_seqlens)
+    total = packed.shape[0] if len(getattr(packed, "shape", ())) == 3 else None
+    if total is None or 0 <= longest <= total:
+        return longest
+    entries = [int(e) for e in cu_seqlens.tolist()]
+    for i, entry in enumerate(entries):
+        if not 0 <= entry <= total or (i > 0 and entry < entries[i - 1]):
+            raise InvalidArgument(f"{function}: cu_seqlens_{rows} expected non-decreasing entries in [0, "
+                                  f"{rows}.shape[0] (total_{rows}) = {total}], got cu_seqlens_{rows}[{i}] = {entry} "
+                                  f"(max_seqlen_{rows}, not given, would be its largest step, {longest})")
+    return longest  # not reached: entries in order and in range have steps in [0, total]
 
 
 def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, cu_seqlens_q: Any,
@@ -351,10 +379,12 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
     views = [arrays.dl(_packed(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(_packed(arrays[name])) for name in ("dq", "dk", "dv")]
-    _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k,
-                                        _max_seqlen(max_seqlen_q, cu_q), _max_seqlen(max_seqlen_k, cu_k), causal,
-                                        _float_or_none("scale", scale), path, *mods,
-                                        bool(deterministic), arrays["dlse"], dsinks, arrays.bf16_as_uint16)
+    max_q = _max_seqlen("attention_varlen_backward", max_seqlen_q, cu_q, "q", q)
+    max_k = _max_seqlen("attention_varlen_backward", max_seqlen_k, cu_k, "k", arrays["k"])
+    with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, PACKED)):
+        _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k, max_q, max_k, causal,
+                                            _float_or_none("scale", scale), path, *mods, bool(deterministic),
+                                            arrays["dlse"], dsinks, arrays.bf16_as_uint16)
     return (*grads, dsinks) if return_dsinks else tuple(grads)
 
 
@@ -419,9 +449,11 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=x) if key_lengths is not None else None
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="x")
     wo_view = arrays.dl(arrays["wo"]) if wo is not None else None
-    _selfattn.self_attention(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]),
-                             arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,
-                             _float_or_none("scale", scale), path, lengths, *mods, arrays.bf16_as_uint16)
+    # q, k and v in the library's messages are the call's own projections, already in its order.
+    with in_caller_terms({"x": ROWS, "out": ROWS if wo is not None else BHSD}):
+        _selfattn.self_attention(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]),
+                                 arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,
+                                 _float_or_none("scale", scale), path, lengths, *mods, arrays.bf16_as_uint16)
     return out
 
 
@@ -439,18 +471,20 @@ def _self_attention_with_autograd(x, wq, wk, wv, heads, wo, **options):
                                   f"got {a.dtype} on {a.device}")
     batch, seq, d_model = x.shape
     if heads < 1 or wq.shape[1] % heads != 0 or wq.shape[1] == 0:
-        raise InvalidArgument(f"self_attention: wq.cols expected a positive multiple of heads ({heads}), got "
+        raise InvalidArgument(f"self_attention: wq.shape[1] expected a positive multiple of heads ({heads}), got "
                               f"{wq.shape[1]}")
     dim = wq.shape[1] // heads
     for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
         if w.shape[0] != d_model:
-            raise InvalidArgument(f"self_attention: {name}.rows expected x's d_model ({d_model}), got {w.shape[0]}")
+            raise InvalidArgument(f"self_attention: {name}.shape[0] expected x's d_model ({d_model}), got "
+                                  f"{w.shape[0]}")
     if wk.shape[1] % dim != 0 or wv.shape != wk.shape or heads % (wk.shape[1] // dim or 1) != 0 or wk.shape[1] == 0:
         raise InvalidArgument(f"self_attention: wk and wv expected [d_model, kv_heads * {dim}] with kv_heads dividing "
                               f"heads ({heads}), got {tuple(wk.shape)} and {tuple(wv.shape)}")
     kv_heads = wk.shape[1] // dim
     if wo is not None and wo.shape[0] != heads * dim:
-        raise InvalidArgument(f"self_attention: wo.rows expected heads * head_dim ({heads * dim}), got {wo.shape[0]}")
+        raise InvalidArgument(f"self_attention: wo.shape[0] expected heads * head_dim ({heads * dim}), got "
+                              f"{wo.shape[0]}")
     q = (x @ wq).view(batch, seq, heads, dim)
     k = (x @ wk).view(batch, seq, kv_heads, dim)
     v = (x @ wv).view(batch, seq, kv_heads, dim)

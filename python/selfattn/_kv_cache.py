@@ -28,6 +28,7 @@ import numpy as np
 from . import _arrays, _selfattn
 from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
                      _torch_requiring_grad, _window_sides)
+from ._messages import in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
 
@@ -79,9 +80,10 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     if return_lengths:
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
     as_bhsd = _arrays.layout_view(layout)
-    _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
-                        arrays.dl(as_bhsd(arrays["k_new"])), arrays.dl(as_bhsd(arrays["v_new"])), cos, sin,
-                        bool(rotary_interleaved), updated, bool(validate_metadata), arrays.bf16_as_uint16)
+    with _cache_terms(("k_new", "v_new"), layout, block_table):
+        _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
+                            *metadata, arrays.dl(as_bhsd(arrays["k_new"])), arrays.dl(as_bhsd(arrays["v_new"])), cos,
+                            sin, bool(rotary_interleaved), updated, bool(validate_metadata), arrays.bf16_as_uint16)
     return updated
 
 
@@ -146,11 +148,12 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     metadata = _cache_metadata(lengths, block_table, q)
     cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
-    _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
-                                      arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
-                                      arrays.dl(as_bhsd(arrays["out"])), causal, _float_or_none("scale", scale), path,
-                                      lse, cos, sin, bool(rotary_interleaved), num_splits, *mods,
-                                      bool(validate_metadata), arrays.bf16_as_uint16)
+    with _cache_terms(("q", "out"), layout, block_table):
+        _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
+                                          arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
+                                          arrays.dl(as_bhsd(arrays["out"])), causal, _float_or_none("scale", scale),
+                                          path, lse, cos, sin, bool(rotary_interleaved), num_splits, *mods,
+                                          bool(validate_metadata), arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
@@ -182,8 +185,9 @@ def _merge_states(out_a, lse_a, out_b, lse_b, *, out, layout, context):
     ctx, out = _context_and_out(arrays, "out_a", out, context)
     as_bhsd = _arrays.layout_view(layout)
     lse = _arrays.empty_like(first, tuple(as_bhsd(first).shape[:3]), "float32")
-    _selfattn.merge_states(ctx, arrays.dl(as_bhsd(first)), arrays["lse_a"], arrays.dl(as_bhsd(arrays["out_b"])),
-                           arrays["lse_b"], arrays.dl(as_bhsd(arrays["out"])), lse, arrays.bf16_as_uint16)
+    with in_caller_terms(dict.fromkeys(("out_a", "out_b", "out"), layout_axes(layout)), {"lse_out": "lse"}):
+        _selfattn.merge_states(ctx, arrays.dl(as_bhsd(first)), arrays["lse_a"], arrays.dl(as_bhsd(arrays["out_b"])),
+                               arrays["lse_b"], arrays.dl(as_bhsd(arrays["out"])), lse, arrays.bf16_as_uint16)
     return out, lse
 
 
@@ -197,7 +201,8 @@ def cu_seqlens_from_lengths(lengths: Any, *, context: Optional[Context] = None) 
     lengths = arrays["lengths"]
     ctx = _context_for(lengths, context)
     cu = _arrays.empty_like(lengths, (lengths.shape[0] + 1,), "int32")
-    _selfattn.cu_seqlens_from_lengths(ctx, lengths, cu)
+    with in_caller_terms():
+        _selfattn.cu_seqlens_from_lengths(ctx, lengths, cu)
     return cu
 
 
@@ -210,6 +215,14 @@ def _context_and_out(arrays, like, out, context):
     arrays.add_output("out", out)
     arrays.expect_ndim("out", 4)
     return ctx, out
+
+
+def _cache_terms(arrays, layout, block_table):
+    """The library's messages about a KV-cache call in the caller's terms (see _messages.py): the
+    cache's views and `arrays` in the caller's layout, and the cache's batch under the name of
+    what it was taken from (block_table's rows for a paged pool, k_cache's first axis otherwise)."""
+    batch = "block_table.shape[0]" if block_table is not None else "k_cache.shape[0]"
+    return in_caller_terms(dict.fromkeys(("cache.k", "cache.v", *arrays), layout_axes(layout)), {"cache.batch": batch})
 
 
 def _check_num_splits(num_splits):

@@ -240,7 +240,7 @@ def test_sinks_checked(rng):
     with pytest.raises(selfattn.InvalidArgument, match="sinks expected real numbers"):
         selfattn.attention(q, k, v, sinks=["a", "b", "c"])
     out = np.zeros_like(q)
-    with pytest.raises(selfattn.InvalidArgument, match="options.sinks expected not to overlap out"):
+    with pytest.raises(selfattn.InvalidArgument, match="attention: sinks expected not to overlap out"):
         selfattn.attention(q, k, v, out=out, sinks=out.reshape(-1)[:3])  # a float32 view: used as it is
     out, lse = selfattn.attention(q, k, v, return_lse=True, sinks=np.zeros(3))  # float64 is converted
     with pytest.raises(selfattn.InvalidArgument, match=r"return_dsinks=True expected sinks"):

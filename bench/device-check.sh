@@ -108,7 +108,13 @@ configure() {
   cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
     -DSELFATTN_CLI11_INCLUDE_DIR="$DEPS/include" -DSELFATTN_JSON_INCLUDE_DIR="$DEPS/include" \
     -DSELFATTN_GTEST_SOURCE_DIR="$DEPS/googletest" -DSELFATTN_CUTLASS_INCLUDE="$build/_deps/cutlass" \
-    -DSELFATTN_BUILD_TESTS=ON -DSELFATTN_BUILD_PYTHON=OFF "${extra[@]}" || return 1
+    -DSELFATTN_BUILD_TESTS=ON -DSELFATTN_BUILD_PYTHON=OFF "${extra[@]}" 2>&1 | tee "$build/configure.out"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  # The device is a Hopper GPU: a configure that leaves the wgmma kernels out checks the wrong kernel.
+  case "$CUDA_ARCH" in *90a*)
+    grep -q "Hopper (sm_90a) kernels ON" "$build/configure.out" || {
+      echo "CUDA_ARCH=$CUDA_ARCH, but the configure left the Hopper (sm_90a) kernels out"; return 1; } ;;
+  esac
   check_dependencies "$build"
 }
 

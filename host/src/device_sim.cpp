@@ -91,7 +91,7 @@ class SimDevice final : public Device {
                          "' has no sim build (a cuda_target KernelRef given to the sim backend?)");
     }
     const sim::LaunchConfig config{kernel.name ? kernel.name : "kernel", shape.grid, shape.block,
-                                   shape.dynamic_smem_bytes};
+                                   shape.dynamic_smem_bytes, kernel.compiled_key};
     std::vector<std::string>& log = sim_launch_log();
     if (log.size() >= 256) log.erase(log.begin(), log.begin() + 128);  // bounded: tests look at the last few
     log.push_back(config.kernel_name);

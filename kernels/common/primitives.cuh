@@ -45,6 +45,25 @@ __device__ __forceinline__ T* dynamic_smem() {
 #endif
 }
 
+// One load or store of a vector type (uint4, float4, uint2, float2): a single 8- or 16-byte
+// instruction on the GPU, which faults unless the address is a multiple of its size. The host
+// compiler splits such a struct copy into 4-byte pieces, so the sim's access checks would see
+// only those: the twin checks the whole vector's alignment and bounds first.
+template <class V>
+__device__ __forceinline__ V load_vector(const V* address) {
+#if SELFATTN_SIM
+  sim_warp::check_vector_access(address, sizeof(V), false);
+#endif
+  return *address;
+}
+template <class V>
+__device__ __forceinline__ void store_vector(V* address, const V& value) {
+#if SELFATTN_SIM
+  sim_warp::check_vector_access(address, sizeof(V), true);
+#endif
+  *address = value;
+}
+
 // =================================== 16-bit packing ==========================================
 // A b32 register holding two 16-bit values: `lo` in bits 0-15 (the lower-indexed element of a
 // fragment), `hi` in bits 16-31. Conversions round to nearest-even.
@@ -250,6 +269,8 @@ __attribute__((noinline)) inline void cp_async_issue(const char* what, void* dst
   sim::ThreadContext& t = sim::current_thread();
   const std::string problem = cp_async_problem(dst, src, cp_size, src_size, t.dynamic_smem, t.dynamic_smem_bytes);
   if (!problem.empty()) fail(what, problem);
+  // The source bytes it reads (none for src_size 0): the copy itself is made later, unseen.
+  sim::check_access(src, src_size, false, false, __builtin_return_address(0));
   sim::racecheck_shared(dst, cp_size, sim::SharedAccess::cp_async_issue, __builtin_return_address(0));
   t.async_open.push_back(sim::AsyncCopy{dst, src, src_size, cp_size - src_size});
 }

@@ -64,6 +64,8 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrival_co
 __device__ __forceinline__ void fence_barrier_init() {
 #if !SELFATTN_SIM
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  sim::fence_mbarrier_init();
 #endif
 }
 
@@ -124,7 +126,7 @@ __attribute__((noinline)) inline void tma_issue(void* dst, const TmaDescriptor* 
   SimTmaMap m;
   std::memcpy(&m, map->bytes, sizeof m);
   std::vector<unsigned char> image;
-  const std::string problem = tma_box_image(m, coords, smem_address(dst), image);
+  const std::string problem = tma_box_image(m, coords, smem_address(dst), image, __builtin_return_address(0));
   if (!problem.empty()) sim_warp::fail("cp.async.bulk.tensor", problem);
   sim::tma_write(bar, dst, std::move(image), __builtin_return_address(0));
 }

@@ -143,10 +143,11 @@ inline uint32_t tma_swizzle_offset(uint32_t smem_offset, int swizzle_bytes) {
 // first; any may be negative or past the tensor) writes starting at `dst_smem_offset`: the box's
 // elements in row-major order, dimension 0 innermost, packed, each 16-byte chunk then moved by the
 // swizzle of its absolute shared-memory offset. Elements outside the tensor are zeros and are never
-// read from global memory. `image` gets exactly the box's bytes. Returns "" or why the copy is
+// read from global memory; each element read is checked against its device buffer (sim::check_access,
+// `site` the kernel's issue). `image` gets exactly the box's bytes. Returns "" or why the copy is
 // invalid (then `image` is untouched).
 inline std::string tma_box_image(const SimTmaMap& map, const int32_t* coords, uint32_t dst_smem_offset,
-                                 std::vector<unsigned char>& image) {
+                                 std::vector<unsigned char>& image, const void* site = nullptr) {
   if (map.magic != SimTmaMap::kMagic) return "the tensor map was not made by sim_encode_tma_tiled (bad magic)";
   if (map.rank < 1 || map.rank > 5) return "the tensor map's rank is not 1..5";
   const int eb = map.element_bytes;
@@ -180,6 +181,7 @@ inline std::string tma_box_image(const SimTmaMap& map, const int32_t* coords, ui
     if (inside) {
       const uint32_t packed = uint32_t(e * uint64_t(eb));
       const uint32_t placed = tma_swizzle_offset(dst_smem_offset + packed, sw) - dst_smem_offset;
+      sim::check_access(base + global, size_t(eb), false, false, site);  // a map larger than its buffer
       std::memcpy(out.data() + placed, base + global, size_t(eb));
     }
     for (int i = 0; i < map.rank; ++i) {

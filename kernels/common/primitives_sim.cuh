@@ -144,6 +144,13 @@ SELFATTN_SIM_UNCHECKED void butterfly_reduce(const float* const* lanes, float* c
 inline float max_op(float a, float b) { return std::fmax(a, b); }  // fmaxf: a NaN loses to a number
 inline float sum_op(float a, float b) { return a + b; }
 
+// ---- vector loads and stores ----------------------------------------------------------------------
+// noinline: its return address is the kernel's load or store, which a report names.
+__attribute__((noinline)) inline void check_vector_access(const void* address, size_t bytes, bool write) {
+  static_assert(sizeof(uint4) == 16, "vector types as CUDA has them");
+  sim::check_access(address, bytes, write, /*natural=*/true, __builtin_return_address(0));
+}
+
 // ---- cp.async ---------------------------------------------------------------------------------
 // Why a copy may not be issued, or "" when it may. `smem`/`smem_bytes` is the block's dynamic
 // shared memory, the only shared memory the library's kernels use.

@@ -56,8 +56,8 @@ __device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, con
       const int n = i / chunks, e0 = (i % chunks) * V;
       T k_values[V], v_values[V];
       if (k_rows[n] >= 0) {
-        const uint4 k_raw = *reinterpret_cast<const uint4*>(k_cache + k_rows[n] + e0);
-        const uint4 v_raw = *reinterpret_cast<const uint4*>(v_cache + v_rows[n] + e0);
+        const uint4 k_raw = load_vector(reinterpret_cast<const uint4*>(k_cache + k_rows[n] + e0));
+        const uint4 v_raw = load_vector(reinterpret_cast<const uint4*>(v_cache + v_rows[n] + e0));
         memcpy(static_cast<void*>(k_values), &k_raw, 16);
         memcpy(static_cast<void*>(v_values), &v_raw, 16);
       }

@@ -76,10 +76,11 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
     uint4 chunk = make_uint4(0, 0, 0, 0);
     if (row < group_rows) {
       const int head = kv_head * p.heads_per_kv + row / p.seq_q;
-      chunk = *reinterpret_cast<const uint4*>(q + int64_t(b) * p.q_stride_batch + int64_t(head) * p.q_stride_head +
-                                              int64_t(row % p.seq_q) * p.q_stride_row + c);
+      chunk = load_vector(reinterpret_cast<const uint4*>(q + int64_t(b) * p.q_stride_batch +
+                                                         int64_t(head) * p.q_stride_head +
+                                                         int64_t(row % p.seq_q) * p.q_stride_row + c));
     }
-    *reinterpret_cast<uint4*>(q_s + r * LD + c) = chunk;
+    store_vector(reinterpret_cast<uint4*>(q_s + r * LD + c), chunk);
   }
   __syncthreads();
   uint32_t q_frag[D / 16][4];
@@ -121,11 +122,11 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
       const int n = i / kChunks, c = (i % kChunks) * 8;
       uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);
       if (k_rows[n] >= 0) {
-        k_chunk = *reinterpret_cast<const uint4*>(k_cache + k_rows[n] + c);
-        v_chunk = *reinterpret_cast<const uint4*>(v_cache + v_rows[n] + c);
+        k_chunk = load_vector(reinterpret_cast<const uint4*>(k_cache + k_rows[n] + c));
+        v_chunk = load_vector(reinterpret_cast<const uint4*>(v_cache + v_rows[n] + c));
       }
-      *reinterpret_cast<uint4*>(k_s + n * LD + c) = k_chunk;
-      *reinterpret_cast<uint4*>(v_s + n * LD + c) = v_chunk;
+      store_vector(reinterpret_cast<uint4*>(k_s + n * LD + c), k_chunk);
+      store_vector(reinterpret_cast<uint4*>(v_s + n * LD + c), v_chunk);
     }
     __syncthreads();
     const int kb = warp * 16;  // this warp's keys of the tile

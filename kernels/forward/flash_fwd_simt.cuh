@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
       const float k0 = k_row[0], k1 = k_row[1], k2 = k_row[2], k3 = k_row[3];
       SELFATTN_FLASH_UNROLL
       for (int r = 0; r < R; ++r) {
-        const float4 qc = *reinterpret_cast<const float4*>(q_tile + (warp_row0 + r) * q_cols + c);
+        const float4 qc = load_vector(reinterpret_cast<const float4*>(q_tile + (warp_row0 + r) * q_cols + c));
         score[r] = fmaf(qc.w, k3, fmaf(qc.z, k2, fmaf(qc.y, k1, fmaf(qc.x, k0, score[r]))));
       }
     }

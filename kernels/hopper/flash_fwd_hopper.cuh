@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
         const int rows = BN - zero_from;
         for (int i = lane; i < Traits::kColumnBlocks * rows * 8; i += 32) {
           const int c = i / (rows * 8), row = zero_from + i / 8 % rows, chunk = i % 8;
-          *reinterpret_cast<uint4*>(v_stage + c * BN * 128 + row * 128 + chunk * 16) = uint4{0, 0, 0, 0};
+          store_vector(reinterpret_cast<uint4*>(v_stage + c * BN * 128 + row * 128 + chunk * 16), uint4{0, 0, 0, 0});
         }
         fence_proxy_async();  // the zeros are read by wgmma (the async proxy)
         mbarrier_arrive(v_ready);

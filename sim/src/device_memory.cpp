@@ -113,7 +113,10 @@ void race::device_ranges(std::vector<race::DeviceRange>& out) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   for (const auto& [data, a] : registry()) {  // the map is ordered by address
     const auto begin = reinterpret_cast<uintptr_t>(data);
-    out.push_back(race::DeviceRange{begin, begin + a.bytes, a.shadow.get(), a.label.c_str()});
+    const auto front_guard = reinterpret_cast<uintptr_t>(a.front_guard());
+    out.push_back(race::DeviceRange{begin, begin + a.bytes, front_guard,
+                                    reinterpret_cast<uintptr_t>(a.back_guard()) + a.back_guard_bytes(), a.shadow.get(),
+                                    a.label.c_str()});
   }
 }
 

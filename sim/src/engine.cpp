@@ -43,7 +43,8 @@ std::string detail::engine::thread_name(const ThreadContext& t) {
 
 namespace {
 
-constexpr size_t kSmemGuardBytes = 1024;        // checked after each block: catches overruns
+// Checked after each block: catches overruns the access checks did not see (they were off).
+constexpr size_t kSmemGuardBytes = detail::race::kSharedGuardBytes;
 constexpr unsigned char kSmemGuardByte = 0xA5;
 
 // What each worker OS thread keeps between blocks: fibers with their stacks, shared memory.
@@ -109,6 +110,7 @@ std::string wait_description(const Block& b, const Fiber& f) {
              std::to_string(b.warpgroups[g].arrived) + " of 128 threads arrived)";
     }
     case FiberState::at_mbarrier: return mbarrier_wait_description(b, f);
+    case FiberState::at_setmaxnreg: return register_wait_description(b, f);
     case FiberState::ready: return "ready";
   }
   return "?";
@@ -118,7 +120,9 @@ std::string wait_description(const Block& b, const Fiber& f) {
   std::string message = "sim: divergent barrier in " + block_name(b) +
                         ": no thread can proceed (a thread exited or waits at a different barrier "
                         "or warp collective than the others" +
-                        std::string(b.hopper ? ", or waits on an mbarrier phase that can no longer complete" : "") +
+                        std::string(b.hopper ? ", or waits on an mbarrier phase that can no longer complete, "
+                                               "or for registers no warpgroup gives back"
+                                             : "") +
                         "):";
   unsigned groups = 0;
   for (unsigned t = 0; t < b.thread_count;) {
@@ -236,8 +240,6 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     w.race.threads.resize(threads);
     for (unsigned t = 0; t < threads; ++t) {
       Fiber& f = *w.fibers[t];
-      f.race.stack_begin = reinterpret_cast<uintptr_t>(f.stack->base());
-      f.race.stack_bytes = f.stack->size();
       w.race.threads[t] = &f.race;
     }
     race::begin_block(w.race, *race, b.index, bd, linear, w.smem, config.dynamic_smem_bytes);

@@ -18,7 +18,9 @@ namespace selfattn::sim::detail::engine {
 constexpr unsigned kWarpSize = 32;
 constexpr unsigned kWarpgroupSize = 128;
 
-enum class FiberState : uint8_t { ready, at_barrier, at_collective, at_group_collective, at_mbarrier, exited };
+enum class FiberState : uint8_t {
+  ready, at_barrier, at_collective, at_group_collective, at_mbarrier, at_setmaxnreg, exited
+};
 
 struct Block;
 
@@ -30,6 +32,7 @@ struct Fiber {
   unsigned collective_mask = 0;  // the mask it waits with, while at_collective
   uint32_t mbarrier_offset = 0;  // the barrier and parity it waits for, while at_mbarrier
   unsigned mbarrier_parity = 0;
+  unsigned setmaxnreg_count = 0;  // the registers per thread its setmaxnreg.inc asks for, while at_setmaxnreg
   Block* block = nullptr;
   detail::FaultInfo fault;
   detail::race::ThreadState race;
@@ -72,6 +75,8 @@ struct Mbarrier {
   uint32_t phase = 0;           // phases completed since init (the current phase's number)
   unsigned tma_in_flight = 0;   // TMA writes issued to it, not landed
   unsigned agent = 0;           // the racecheck's thread id for the TMA writes it counts
+  unsigned initialised_by = 0;  // the thread whose mbarrier.init made it
+  bool init_fenced = false;     // that thread's fence.mbarrier_init came after the init: the TMA unit sees it
   std::vector<uint32_t> observed;  // per thread: phases completed as of its last arrive / passed wait
   std::vector<unsigned> waiters;   // threads blocked in mbarrier_wait_parity on the current phase
   race::VectorClock releases;   // racecheck: what the current phase's arrivals (and TMA writes) release
@@ -91,7 +96,10 @@ struct TmaInFlight {
 struct HopperState {
   std::vector<Mbarrier> barriers;  // in order of first init (few per kernel: a linear search)
   std::vector<TmaInFlight> tma;    // in issue order
-  std::vector<unsigned> registers;  // per warpgroup: its setmaxnreg count so far (0: it has not asked)
+  // The register pool (setmaxnreg): per warpgroup, the registers per thread it holds (what the launch
+  // gave it until its first setmaxnreg), and the warpgroups' threads whose inc waits for room.
+  std::vector<unsigned> registers;
+  std::vector<Fiber*> register_waiters;
 };
 
 struct Block {
@@ -140,5 +148,7 @@ bool land_when_stalled(Block& b);
 void check_block_end(const Block& b);
 // What a fiber at_mbarrier waits for, for the divergence report.
 std::string mbarrier_wait_description(const Block& b, const Fiber& f);
+// What a thread whose setmaxnreg.inc waits for registers waits for (mbarrier.cpp).
+std::string register_wait_description(const Block& b, const Fiber& f);
 
 }  // namespace selfattn::sim::detail::engine

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "compiled_kernels.h"
 #include "engine_block.h"
 
 namespace selfattn::sim {
@@ -182,6 +183,35 @@ void expect_tx(Block& b, Mbarrier& m, unsigned tx_bytes) {
   complete_if_done(b, m);  // bytes that landed early (negative tx-count) may now balance
 }
 
+// ---- the register pool (setmaxnreg) ----
+// What the launch gave each thread: what ptxas gave the kernel where its report is recorded
+// (compiled_kernels.cpp), else what it allocates under __launch_bounds__(threads, 1), the most a
+// block of this size can get (65536 per SM, in multiples of 8 per thread, at most 256).
+unsigned launch_registers(const Block& b) {
+  const unsigned compiled = detail::compiled_registers(b.config->kernel_key);
+  return compiled != 0 ? (compiled + 7) / 8 * 8 : std::min(65536u / b.thread_count / 8 * 8, 256u);
+}
+// setmaxnreg moves registers within what the launch gave the block, never beyond.
+uint64_t register_pool(const Block& b) { return uint64_t(launch_registers(b)) * b.thread_count; }
+uint64_t registers_in_use(const Block& b) {
+  uint64_t used = 0;
+  for (unsigned count : b.hopper->registers) used += uint64_t(count) * kWarpgroupSize;
+  return used;
+}
+
+// Lets waiting setmaxnreg.inc requests through, oldest first, while the pool has room for them.
+void grant_waiting_increases(Block& b) {
+  std::vector<Fiber*>& waiters = b.hopper->register_waiters;
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    Fiber& w = **it;
+    unsigned& held = b.hopper->registers[w.thread.linear_tid / kWarpgroupSize];
+    if (registers_in_use(b) + uint64_t(w.setmaxnreg_count - held) * kWarpgroupSize > register_pool(b)) break;
+    held = w.setmaxnreg_count;
+    release(b, w);
+    it = waiters.erase(it);
+  }
+}
+
 }  // namespace
 
 // ---- the scheduler's side ---------------------------------------------------------------------------
@@ -218,29 +248,43 @@ void setmaxnreg(unsigned count, bool increase) {
   Block& b = *f.block;
   const char* op = increase ? "setmaxnreg.inc" : "setmaxnreg.dec";
   if (!b.hopper) b.hopper = std::make_unique<HopperState>();
-  const unsigned groups = b.thread_count / 128;
-  const unsigned launch = std::min(65536u / b.thread_count / 8 * 8, 256u);  // registers per thread
   std::vector<unsigned>& counts = b.hopper->registers;
-  if (counts.size() < groups) counts.resize(groups, 0);
-  const unsigned group = f.thread.linear_tid / 128;
-  const unsigned current = counts[group] != 0 ? counts[group] : launch;
+  if (counts.empty()) counts.assign(b.thread_count / kWarpgroupSize, launch_registers(b));
+  const unsigned group = f.thread.linear_tid / kWarpgroupSize;
+  const unsigned current = counts[group];
   if (increase ? count < current : count > current) {
     fail(f, std::string(op) + " " + std::to_string(count) + " from the warpgroup's current " + std::to_string(current) +
                 " registers per thread (an inc must not lower the count, a dec must not raise it)");
   }
-  counts[group] = count;
-  uint64_t demand = 0;
-  for (unsigned g = 0; g < groups; ++g) demand += uint64_t(counts[g] != 0 ? counts[g] : 24) * 128;
-  const uint64_t pool = uint64_t(launch) * b.thread_count;
-  if (demand > pool) {
-    std::string asked;
-    for (unsigned g = 0; g < groups; ++g)
-      asked += (g ? ", " : "") + (counts[g] != 0 ? std::to_string(counts[g]) : std::string("not yet (24 at least)"));
-    fail(f, std::string(op) + " " + std::to_string(count) + ": the warpgroups ask for " + std::to_string(demand) +
-                " registers (per thread: " + asked + "), but the block's pool holds " + std::to_string(pool) + " (" +
-                std::to_string(launch) + " x " + std::to_string(b.thread_count) +
-                " threads at launch): on a GPU the consumers' setmaxnreg.inc would wait forever");
+  if (!increase) {
+    counts[group] = count;
+    grant_waiting_increases(b);  // what the dec gave back may be what an inc waits for
+    return;
   }
+  if (registers_in_use(b) + uint64_t(count - current) * kWarpgroupSize <= register_pool(b)) {
+    counts[group] = count;
+    return;
+  }
+  // setmaxnreg.inc blocks until the pool has room (PTX ISA): until other warpgroups' dec give
+  // registers back. If none ever does, no thread can run and the block's report names this wait.
+  f.state = FiberState::at_setmaxnreg;
+  f.setmaxnreg_count = count;
+  b.hopper->register_waiters.push_back(&f);
+  yield_to_scheduler(f);
+}
+
+std::string detail::engine::register_wait_description(const Block& b, const Fiber& f) {
+  const unsigned group = f.thread.linear_tid / kWarpgroupSize;
+  const std::vector<unsigned>& counts = b.hopper->registers;
+  std::string held;
+  for (size_t g = 0; g < counts.size(); ++g) held += (g ? ", " : "") + std::to_string(counts[g]);
+  const uint64_t free = register_pool(b) - registers_in_use(b);
+  return "wait at setmaxnreg.inc " + std::to_string(f.setmaxnreg_count) + " (warpgroup " + std::to_string(group) +
+         " holds " + std::to_string(counts[group]) + " registers per thread and needs " +
+         std::to_string(uint64_t(f.setmaxnreg_count - counts[group]) * kWarpgroupSize) + " more; the block's pool of " +
+         std::to_string(register_pool(b)) + " (" + std::to_string(launch_registers(b)) + " x " +
+         std::to_string(b.thread_count) + " threads at launch) has " + std::to_string(free) +
+         " free, the warpgroups holding " + held + " per thread: no setmaxnreg.dec will give it more)";
 }
 
 void mbarrier_init(void* bar, unsigned arrival_count) {
@@ -270,9 +314,19 @@ void mbarrier_init(void* bar, unsigned arrival_count) {
   m->arrival_count = m->pending = arrival_count;
   m->tx = 0;
   m->phase = 0;
+  m->initialised_by = f.thread.linear_tid;
+  m->init_fenced = false;
   m->observed.assign(b.thread_count, 0);
   m->releases.clear();
   m->completed.clear();
+}
+
+void fence_mbarrier_init() {
+  Fiber& f = running_fiber("fence.mbarrier_init");
+  if (!f.block->hopper) return;
+  for (Mbarrier& m : f.block->hopper->barriers) {
+    if (m.initialised_by == f.thread.linear_tid) m.init_fenced = true;
+  }
 }
 
 void mbarrier_arrive(void* bar, unsigned count) {
@@ -333,6 +387,14 @@ void tma_write(void* bar, void* dst, std::vector<unsigned char> image, const voi
       fail(f, std::string(op) + ": destination [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
                   ") overlaps the mbarrier at shared offset " + std::to_string(other.offset));
     }
+  }
+  if (!m.init_fenced) {
+    // The TMA unit completes its bytes on the barrier through the async proxy, which sees the
+    // generic proxy's mbarrier.init only after the initialising thread's fence.mbarrier_init.
+    fail(f, std::string(op) + ": its mbarrier at shared offset " + std::to_string(m.offset) + " was initialised by " +
+                thread_name(b.fibers[m.initialised_by]->thread) +
+                " with no fence.mbarrier_init (fence_barrier_init) after the init: the TMA unit (the async proxy) "
+                "may not see the initialised barrier");
   }
   TmaInFlight w;
   w.barrier = m.offset;

@@ -268,9 +268,9 @@ void begin_launch(LaunchState& launch, const LaunchConfig& config, uint64_t bloc
   launch.first_serial = next_serial;
   next_serial += uint32_t(blocks);
   device_ranges(launch.ranges);
-  launch.lowest = launch.ranges.empty() ? 0 : launch.ranges.front().begin;
+  launch.lowest = launch.ranges.empty() ? 0 : launch.ranges.front().mapped_begin;
   launch.highest = 0;
-  for (const DeviceRange& r : launch.ranges) launch.highest = std::max(launch.highest, r.end);
+  for (const DeviceRange& r : launch.ranges) launch.highest = std::max(launch.highest, r.mapped_end);
 }
 
 void begin_block(BlockState& b, const LaunchState& launch, uint3 index, dim3 block_dim, uint64_t linear,
@@ -300,6 +300,8 @@ void begin_block(BlockState& b, const LaunchState& launch, uint3 index, dim3 blo
     ThreadState& s = *b.threads[t];
     s.smem_begin = reinterpret_cast<uintptr_t>(smem);
     s.smem_bytes = smem_bytes;
+    s.device_lowest = launch.lowest;
+    s.device_span = launch.check_global ? launch.highest - launch.lowest : 0;
     s.stamp = make_stamp(b.epoch, unsigned(t), 1);
     s.last_fence = 0;
     s.block = &b;
@@ -373,6 +375,8 @@ std::string describe(const BlockState& b) {
     case Hazard::Space::none: return "";
     case Hazard::Space::shared: return shared_report(b);
     case Hazard::Space::global: return global_report(b);
+    case Hazard::Space::out_of_bounds:
+    case Hazard::Space::misaligned: return access_report(b);
   }
   return "";
 }
@@ -561,24 +565,13 @@ void async_read_end(BlockState& b, unsigned thread, size_t offset, size_t bytes)
   }
 }
 
-void global_write(ThreadState& t, uintptr_t address, size_t bytes, uintptr_t pc) {
+void global_write(ThreadState& t, const DeviceRange& range, uintptr_t address, size_t bytes, uintptr_t pc) {
   BlockState& b = *t.block;
   const LaunchState& launch = *b.launch;
-  if (!launch.check_global || address < launch.lowest || address >= launch.highest) return;
-  const DeviceRange* range = t.last_range;
-  if (range == nullptr || address < range->begin || address >= range->end) {
-    auto it = std::upper_bound(launch.ranges.begin(), launch.ranges.end(), address,
-                               [](uintptr_t a, const DeviceRange& r) { return a < r.begin; });
-    if (it == launch.ranges.begin()) return;
-    --it;
-    if (address >= it->end) return;  // between buffers (host memory, a guard zone)
-    range = &*it;
-    t.last_range = range;
-  }
-  GlobalCell* cells = range->shadow->cells();
+  GlobalCell* cells = range.shadow->cells();
   if (cells == nullptr) return;
-  const size_t offset = address - range->begin;
-  const size_t end = std::min(offset + bytes, size_t(range->end - range->begin));
+  const size_t offset = address - range.begin;
+  const size_t end = std::min(offset + bytes, size_t(range.end - range.begin));
   const uint64_t now = global_stamp(b, t);
   const uint64_t where = site(pc, Kind::write);
   for (size_t i = offset; i < end; ++i) {
@@ -592,7 +585,7 @@ void global_write(ThreadState& t, uintptr_t address, size_t bytes, uintptr_t pc)
     if (global_conflict(b, earlier, now) && b.hazard.space == Hazard::Space::none) {
       b.hazard.space = Hazard::Space::global;
       b.hazard.offset = i;
-      b.hazard.buffer = range->label;
+      b.hazard.buffer = range.label;
       b.hazard.earlier = earlier;
       b.hazard.earlier_site = earlier_site;
       b.hazard.earlier_block = uint32_t(earlier >> 32) - launch.first_serial;

@@ -114,10 +114,15 @@ class GlobalShadow {
 };
 
 struct DeviceRange {
-  uintptr_t begin = 0, end = 0;
+  uintptr_t begin = 0, end = 0;              // the buffer's bytes
+  uintptr_t mapped_begin = 0, mapped_end = 0;  // with its guard zones (accessible, but out of bounds)
   GlobalShadow* shadow = nullptr;
   const char* label = "";
 };
+
+// Bytes after a block's dynamic shared memory that the engine fills with a guard pattern: an access
+// there is out of bounds (the GPU faults past the block's allocation).
+constexpr size_t kSharedGuardBytes = 1024;
 
 // ---- one launch ---------------------------------------------------------------------------------
 struct LaunchState {
@@ -126,7 +131,7 @@ struct LaunchState {
   uint64_t blocks = 0;
   bool check_global = false;   // off for grids of 2^31 blocks or more (serials would alias)
   std::vector<DeviceRange> ranges;  // sorted by begin; fixed for the launch
-  uintptr_t lowest = 0, highest = 0;
+  uintptr_t lowest = 0, highest = 0;  // the mapped extent of all of them (guard zones included)
 };
 // Takes the launch's block serials and a snapshot of the device allocations. Called with the launch
 // mutex held.
@@ -141,8 +146,8 @@ struct BlockState;
 struct ThreadState {
   uintptr_t smem_begin = 0;
   size_t smem_bytes = 0;
-  uintptr_t stack_begin = 0;
-  size_t stack_bytes = 0;
+  uintptr_t device_lowest = 0;  // the launch's device allocations, guard zones included: accesses
+  size_t device_span = 0;       // in [lowest, lowest + span) are checked (0: none, a huge grid)
   Stamp stamp = 0;  // epoch, thread, clock of the thread's next access
   Stamp last_fence = 0;  // the stamp of its last fence.proxy.async in this block (0: none)
   BlockState* block = nullptr;
@@ -151,13 +156,19 @@ struct ThreadState {
 
 // The first hazard a block ran into, as plain data; turned into text after the fiber yields.
 struct Hazard {
-  enum class Space : uint8_t { none, shared, global } space = Space::none;
+  // shared, global: a race (two accesses); out_of_bounds, misaligned: one access the GPU would
+  // fault on (access_checks.cpp), in shared memory when `buffer` is null.
+  enum class Space : uint8_t { none, shared, global, out_of_bounds, misaligned } space = Space::none;
   bool missing_proxy_fence = false;  // shared: an async-proxy read of a generic write not fenced
   Stamp earlier = 0, later = 0;
   uint64_t earlier_site = 0, later_site = 0;
   uint64_t offset = 0;            // in shared memory, or in the buffer
   uint32_t earlier_block = 0;     // global: the earlier writer's block (linear index)
-  const char* buffer = nullptr;   // global: the buffer's label
+  const char* buffer = nullptr;   // global, out_of_bounds, misaligned: the buffer's label
+  // out_of_bounds, misaligned: the access (by `later` at `later_site`), and the buffer's size;
+  // offset is then signed as an int64 (negative: before the buffer's start).
+  uint64_t bytes = 0, buffer_bytes = 0;
+  bool write = false;
 };
 
 // Per worker OS thread, reused from block to block (the shadow keeps its size).
@@ -223,19 +234,41 @@ std::string describe(const BlockState& block);
 extern thread_local ThreadState* t_thread __attribute__((tls_model("initial-exec")));
 
 void shared_access(ThreadState& t, size_t offset, size_t bytes, Kind kind, uintptr_t pc);
-void global_write(ThreadState& t, uintptr_t address, size_t bytes, uintptr_t pc);
+// A write inside `range`'s buffer: the device-memory write conflict check.
+void global_write(ThreadState& t, const DeviceRange& range, uintptr_t address, size_t bytes, uintptr_t pc);
 void async_landed(ThreadState& t, size_t offset, size_t bytes);
 
+// ---- single accesses: what a GPU faults on and x86 lets pass (access_checks.cpp) ----------------
+// An access of device memory (an address in [device_lowest, + device_span)): out of bounds when it
+// leaves its buffer for a guard zone; misaligned when `natural` (the compiler's access of an
+// N-byte type, which a GPU makes with one N-byte instruction) and the address is not a multiple of
+// N; a write then goes on to the write conflict check.
+void device_access(ThreadState& t, uintptr_t address, size_t bytes, bool write, uintptr_t pc, bool natural);
+// An access at `offset` from the block's dynamic shared memory that is out of bounds (offset past
+// its size, into the guard) or, when natural, misaligned.
+void shared_fault(ThreadState& t, size_t offset, size_t bytes, bool write, uintptr_t pc);
+// The sim::Error text of an out_of_bounds or misaligned hazard.
+std::string access_report(const BlockState& block);
+
 // The filter every instrumented access goes through; inline so the hooks stay a few instructions
-// for the stack and host-memory accesses that are most of what kernels do.
-inline void on_access(const void* address, size_t bytes, bool write, uintptr_t pc) {
+// for the stack and host-memory accesses that are most of what kernels do. `natural`: one of the
+// aligned hooks (__tsan_readN / writeN, N = bytes), whose address a GPU requires N-aligned; the
+// unaligned hooks and ranges (aggregate copies, which a GPU splits as their alignment allows) are
+// not checked for it.
+inline void on_access(const void* address, size_t bytes, bool write, uintptr_t pc, bool natural = false) {
   ThreadState* t = t_thread;
   if (__builtin_expect(t == nullptr, 1)) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(address);
-  if (p - t->smem_begin < t->smem_bytes) {
-    shared_access(*t, p - t->smem_begin, bytes, write ? Kind::write : Kind::read, pc);
-  } else if (write && p - t->stack_begin >= t->stack_bytes) {
-    global_write(*t, p, bytes, pc);
+  const uintptr_t offset = p - t->smem_begin;
+  if (offset < t->smem_bytes) {
+    if (__builtin_expect(natural && (p & (bytes - 1)) != 0, 0) || offset + bytes > t->smem_bytes) {
+      shared_fault(*t, offset, bytes, write, pc);
+    }
+    shared_access(*t, offset, bytes, write ? Kind::write : Kind::read, pc);
+  } else if (p - t->device_lowest < t->device_span) {
+    device_access(*t, p, bytes, write, pc, natural);
+  } else if (__builtin_expect(offset - t->smem_bytes < kSharedGuardBytes, 0)) {
+    shared_fault(*t, offset, bytes, write, pc);
   }
 }
 

@@ -28,14 +28,16 @@ void __tsan_func_exit() {}
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}
 
-// Plain, unaligned and volatile accesses of 1..16 bytes, and ranges (aggregate copies).
+// Plain, unaligned and volatile accesses of 1..16 bytes, and ranges (aggregate copies). The plain
+// and volatile ones are of an N-byte type the compiler takes as N-aligned (natural: a GPU faults
+// when it is not); the unaligned ones, it knows may not be.
 #define SELFATTN_TSAN_ACCESS(N)                                                                   \
-  void __tsan_read##N(void* p) { on_access(p, N, false, SELFATTN_PC); }                          \
-  void __tsan_write##N(void* p) { on_access(p, N, true, SELFATTN_PC); }                          \
+  void __tsan_read##N(void* p) { on_access(p, N, false, SELFATTN_PC, true); }                    \
+  void __tsan_write##N(void* p) { on_access(p, N, true, SELFATTN_PC, true); }                    \
   void __tsan_unaligned_read##N(void* p) { on_access(p, N, false, SELFATTN_PC); }                \
   void __tsan_unaligned_write##N(void* p) { on_access(p, N, true, SELFATTN_PC); }                \
-  void __tsan_volatile_read##N(void* p) { on_access(p, N, false, SELFATTN_PC); }                 \
-  void __tsan_volatile_write##N(void* p) { on_access(p, N, true, SELFATTN_PC); }                 \
+  void __tsan_volatile_read##N(void* p) { on_access(p, N, false, SELFATTN_PC, true); }           \
+  void __tsan_volatile_write##N(void* p) { on_access(p, N, true, SELFATTN_PC, true); }           \
   void __tsan_unaligned_volatile_read##N(void* p) { on_access(p, N, false, SELFATTN_PC); }       \
   void __tsan_unaligned_volatile_write##N(void* p) { on_access(p, N, true, SELFATTN_PC); }
 SELFATTN_TSAN_ACCESS(1)

@@ -1,6 +1,8 @@
 // The runtime on the sim: the fill kernel launched through Device::launch end to end
 // (registry -> KernelRef -> sim::launch), and launch errors reported as the library's errors.
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 #include "context_state.h"
 #include "registry.h"
 #include "selfattn/selfattn.h"
+#include "selfattn_sim/sim.h"
 
 namespace selfattn {
 namespace {
@@ -27,6 +30,47 @@ TEST(SimRuntime, FillKernelWritesEveryElement) {
       ctx.synchronize();
       const std::vector<float> host = buffer.to_host();
       for (int64_t i = 0; i < count; ++i) ASSERT_EQ(host[size_t(i)], 0.5f + float(i)) << count << " " << grid << " " << i;
+    }
+  }
+}
+
+// The sim checks each launch against what ptxas gave the kernel (sim/README.md, "Launch resources"):
+// that holds only if the sim build of every shipped kernel finds the record of its cuda build. One
+// kernel of each family and kind of instance (templated on element, on traits, on a head dim).
+TEST(SimRuntime, ShippedKernelsFindWhatPtxasGaveTheirCudaBuild) {
+  namespace k = kernels::sim_target;
+  using kernels::Element;
+  std::vector<std::pair<const char*, kernels::KernelRef>> refs = {
+      {"fill", k::fill_kernel_ref()},
+      {"lse_without_keys", k::lse_without_keys_kernel_ref()},
+      {"gemm_key_repair", k::gemm_key_repair_kernel_ref()},
+      {"running_max_offsets", k::running_max_offsets_kernel_ref()},
+      {"qk_tiled bf16 64", k::qk_tiled_instance(Element::bf16, 64).kernel},
+      {"pv_tiled f32 7", k::pv_tiled_instance(Element::f32, 7).kernel},
+      {"softmax_rows f32", k::softmax_rows_instance(Element::f32, 1000).kernel},
+      {"flash_fwd bf16 128", k::flash_fwd_instance<Element::bf16, 128>().kernel},
+      {"flash_fwd f16 32", k::flash_fwd_instance<Element::f16, 32>().kernel},
+      {"flash_fwd_simt f32 113", k::flash_fwd_simt_instance(Element::f32, 113).kernel},
+      {"kv_append bf16", k::kv_append_instance(Element::bf16).kernel},
+      {"decode_split_kv f16 128", k::decode_split_kv_instance(Element::f16, 128).kernel},
+      {"decode_split_kv_mma bf16 64", k::decode_split_kv_mma_instance(Element::bf16, 64).kernel},
+      {"decode_combine f32", k::decode_combine_instance(Element::f32).kernel},
+      {"merge_states bf16", k::merge_states_instance(Element::bf16).kernel},
+      {"backward_dot f16", k::backward_dot_instance(Element::f16).kernel},
+      {"sink_gradient", k::sink_gradient_instance().kernel},
+  };
+  if (SELFATTN_TEST_HOPPER_KERNELS) {
+    refs.push_back({"flash_fwd_hopper bf16 128", k::flash_fwd_hopper_instance<Element::bf16, 128>().kernel});
+  }
+  for (const auto& [what, ref] : refs) {
+    ASSERT_TRUE(ref) << what;
+    ASSERT_NE(ref.compiled_key, nullptr) << what;
+    const std::string archs = sim::compiled_kernel_architectures(ref.compiled_key);
+    if (SELFATTN_TEST_CUDA_KERNELS) {
+      EXPECT_FALSE(archs.empty()) << what << " (" << sim::compiled_kernel_name(ref.compiled_key)
+                                  << ") has no ptxas record: its launches are not checked";
+    } else {
+      EXPECT_EQ(archs, "") << what << ": a build without nvcc records nothing";
     }
   }
 }

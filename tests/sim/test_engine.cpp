@@ -380,7 +380,11 @@ __global__ void write_past_shared_memory(const OverrunParams p) {
   if (threadIdx.x == 0) sim::current_thread().dynamic_smem[p.bytes + 3] = 1;
 }
 
+// The guard after shared memory catches what the access checks do not see (racecheck off, or code
+// without the instrumentation); with them on, the write is reported at the access
+// (test_access_checks.cpp). This test is about the guard: the racecheck is off for it.
 TEST(SimEngine, SharedMemoryOverrunIsReported) {
+  ScopedOptions unchecked(sim::testing::without_racecheck());
   const std::string message = launch_error([] {
     launch<OverrunParams, write_past_shared_memory>("write_past_shared_memory", dim3(2), dim3(32), {1000}, 1000);
   });

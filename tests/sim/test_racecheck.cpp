@@ -48,6 +48,9 @@ struct Params {
   float* out;  // host memory: a sink for values read, never checked
 };
 
+// The frame a report gives below the kernel's line: the test launcher's call of the kernel.
+const std::string kLaunchFrame = " in sim_test_launch.h:" + std::to_string(sim::testing::kLaunchLine);
+
 // ---- read after write, write after read, write after write across warps --------------------------
 
 enum class Access { read, write };
@@ -86,9 +89,9 @@ void expect_two_warp_hazard(const std::string& hazard_class) {
   EXPECT_CONTAINS(e, "shared-memory hazard (" + hazard_class + ") in kernel 'racy', block (0,0,0), at shared byte "
                      "offset 4: ");
   EXPECT_CONTAINS(e, std::string(access_name(Second)) + " by thread (32,0,0) at test_racecheck.cpp:" +
-                         std::to_string(kSecondAccessLine) + " in sim_test_launch.h:18 (epoch 0) is unordered");
+                         std::to_string(kSecondAccessLine) + kLaunchFrame + " (epoch 0) is unordered");
   EXPECT_CONTAINS(e, std::string("earlier ") + access_name(First) + " by thread (0,0,0) at test_racecheck.cpp:" +
-                         std::to_string(kFirstAccessLine) + " in sim_test_launch.h:18 (epoch 0)");
+                         std::to_string(kFirstAccessLine) + kLaunchFrame + " (epoch 0)");
   EXPECT_EQ((run_two_warps<First, Second, true>("fixed")), "");
 }
 
@@ -134,9 +137,9 @@ TEST(SimRacecheck, ReportNamesBothAccessesAndTheirEpochs) {
   });
   EXPECT_CONTAINS(e, "hazard (write after read) in kernel 'epochs', block (0,0,0), at shared byte offset 0");
   EXPECT_CONTAINS(e, "write by thread (33,0,0) at test_racecheck.cpp:" + std::to_string(kThread0WriteLine + 5) +
-                         " in sim_test_launch.h:18 (epoch 2)");
+                         kLaunchFrame + " (epoch 2)");
   EXPECT_CONTAINS(e, "read by thread (1,0,0) at test_racecheck.cpp:" + std::to_string(kThread0WriteLine + 3) +
-                         " in sim_test_launch.h:18 (epoch 2)");
+                         kLaunchFrame + " (epoch 2)");
   EXPECT_EQ(e.find("thread (0,0,0)"), std::string::npos) << "thread 0's write is ordered before both: " << e;
 }
 

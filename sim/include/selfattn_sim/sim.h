@@ -29,7 +29,35 @@ struct LaunchConfig {
   dim3 grid;
   dim3 block;
   size_t dynamic_smem_bytes = 0;  // up to 227 KB (H200's opt-in limit)
+  // Which compiled kernel this is, for the launch checks against what ptxas gave it (below): a
+  // mangled type name whose demangling holds the kernel's name (kernels/launch.h makes it), or null.
+  const char* kernel_key = nullptr;
 };
+
+// What ptxas gave a kernel for one architecture (its -Xptxas -v report, recorded at build time).
+// With these registered, every launch of that kernel is checked as a GPU of each recorded
+// architecture checks it, and refused as "too many resources requested for launch": registers per
+// thread (allocated per warp in units of 256) times the block's warps within the SM's 65536;
+// static plus dynamic shared memory within the architecture's per-block limit. The register pool
+// setmaxnreg moves within is then this count times the block's threads.
+struct CompiledKernel {
+  const char* mangled_name;   // as ptxas names the entry function (the cuda_target build's)
+  const char* arch;           // "sm_90a", "sm_80", ...
+  unsigned registers = 0;     // per thread
+  unsigned static_smem = 0;   // bytes
+  unsigned stack_frame = 0;   // bytes per thread (local memory)
+};
+// Adds kernels to the table (a later entry for the same kernel and architecture replaces it).
+void register_compiled_kernels(const CompiledKernel* kernels, size_t count);
+// The architectures recorded for the kernel of a LaunchConfig::kernel_key ("sm_80 sm_90", "" when none).
+std::string compiled_kernel_architectures(const char* kernel_key);
+// Why a GPU of `kernel.arch` refuses to launch `kernel` with `block` and this much dynamic shared
+// memory ("too many resources requested for launch"), or "" when it launches: the rule each launch
+// is checked with (a GPU test holds it against the hardware's own verdict).
+std::string launch_refusal(const CompiledKernel& kernel, dim3 block, size_t dynamic_smem_bytes);
+// The kernel's name as both builds agree on it, from a mangled function name or a LaunchConfig's
+// kernel_key: demangled, the target namespace (sim_target, cuda_target) left out. "" if unknown.
+std::string compiled_kernel_name(const char* mangled);
 
 // Runs `body(params)` once per CUDA thread of every block of the grid; returns when all are done.
 // Blocks may run on several worker OS threads. Checks every device allocation's guard zones after
@@ -124,6 +152,14 @@ enum class SharedAccess { ldmatrix_row, cp_async_issue };
 void racecheck_shared(const void* address, size_t bytes, SharedAccess what, const void* site);
 void racecheck_async_landed(const void* address, size_t bytes);
 
+// The checks of single accesses (sim/README.md: out of bounds, misaligned) for an access the
+// compiler's instrumentation does not see as the GPU makes it: a twin's own read of device memory
+// (a cp.async source, a TMA box's elements), or a vector load or store, which the host compiler
+// splits into 4-byte pieces. By the calling thread, from kernel code address `site`; `natural`:
+// the address must be a multiple of `bytes`. Reported like a hazard (the launch fails with the
+// kernel, block, thread and site). No-op outside a launch or with the racecheck off.
+void check_access(const void* address, size_t bytes, bool write, bool natural, const void* site);
+
 // ---- Hopper (sm_90a): mbarriers, the asynchronous proxy, warpgroups --------------------------
 // Contract for kernels/common/primitives_hopper.cuh's sim twins (sim/README.md, "Hopper").
 //
@@ -143,6 +179,10 @@ void racecheck_async_landed(const void* address, size_t bytes);
 // wait that sees the phase complete acquires it (every access before any arrival of that phase,
 // and every TMA write the phase counted, happens before what the waiter does next).
 void mbarrier_init(void* bar, unsigned arrival_count);
+// fence.mbarrier_init by the calling thread: the barriers it initialised so far become visible to
+// the async proxy. A TMA write (tma_write) counted by a barrier whose initialising thread has not
+// fenced since the init is reported: the PTX ISA asks for the fence before the TMA unit uses it.
+void fence_mbarrier_init();
 void mbarrier_arrive(void* bar, unsigned count = 1);
 void mbarrier_expect_tx(void* bar, unsigned tx_bytes);
 void mbarrier_arrive_expect_tx(void* bar, unsigned tx_bytes);  // expect-tx, then one arrival
@@ -179,10 +219,12 @@ void racecheck_async_read_end(unsigned thread, const void* address, size_t bytes
 // setmaxnreg.{inc,dec} by the calling thread's warpgroup (one call per warpgroup, after the twin has
 // checked that its 128 threads agree), against the block's register pool: what the launch gave it,
 // taken as the most a block of its size can get (65536 / threads per thread, a multiple of 8, at most
-// 256: what ptxas allocates under __launch_bounds__(threads, 1)). Reported: an inc below or a dec
-// above the warpgroup's current count, and warpgroups asking for more than the pool holds (each at
-// its latest count, one that has not asked yet at the least it could release to, 24): on a GPU the
-// last inc would wait forever (PTX ISA: setmaxnreg.inc blocks until the pool has enough).
+// 256: what ptxas allocates under __launch_bounds__(threads, 1)). Each warpgroup holds what the
+// launch gave it until its first setmaxnreg. A dec gives registers back at once; an inc waits (the
+// calling thread blocks) until the pool has room for it, as on the GPU (PTX ISA: setmaxnreg.inc
+// blocks until the pool has enough), and a block in which it never will is reported as a deadlock
+// naming the wait. An inc below or a dec above the warpgroup's current count is reported at once.
+// Registers of warpgroups that exited are not given back (the PTX ISA does not promise it).
 void setmaxnreg(unsigned count, bool increase);
 
 // Warpgroup collective: the 128 threads 128g .. 128g + 127 of the block (g = the caller's

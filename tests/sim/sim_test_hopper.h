@@ -1,7 +1,7 @@
 #pragma once
 // What the sim tests of the Hopper primitives share (test_mbarrier.cpp, test_hopper_rules.cpp): the
-// error text of a launch, the block's dynamic shared memory, a TMA write issued from the kernel's
-// line, a barrier initialised the way kernels do it. Their kernels call the sim:: API directly, as
+// block's dynamic shared memory, a TMA write issued from the kernel's line, a barrier initialised
+// the way kernels do it. Their kernels call the sim:: API directly, as
 // primitives_hopper.cuh's twins do.
 #include <gtest/gtest.h>
 
@@ -10,22 +10,9 @@
 #include <vector>
 
 #include "common/compat.h"
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
+#include "sim_test_launch.h"
 
 namespace selfattn::sim::testing::hopper {
-
-// Runs the launch and returns the sim::Error's text, or "" when it did not throw.
-template <class Launch>
-std::string error_of(Launch&& run) {
-  try {
-    run();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 inline unsigned char* smem() { return current_thread().dynamic_smem; }
 inline uint64_t* barrier_at(size_t offset) { return reinterpret_cast<uint64_t*>(smem() + offset); }

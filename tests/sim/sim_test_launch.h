@@ -1,13 +1,37 @@
 #pragma once
 // Launching a kernel written in a test file straight on the sim engine, without the library.
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <typeinfo>
 #include <vector>
 
 #include "common/compat.h"
 
+// The racecheck, and the access checks that ride on it, need the test's kernels instrumented (CMake
+// SELFATTN_SIM_RACECHECK) and the switch on (SELFATTN_SIM_RACECHECK=0 turns them off: such tests skip).
+#if defined(__SANITIZE_THREAD__)
+#define SKIP_UNLESS_RACECHECKED() \
+  if (!::selfattn::sim::options().racecheck) GTEST_SKIP() << "racecheck off (SELFATTN_SIM_RACECHECK=0)"
+#else
+#define SKIP_UNLESS_RACECHECKED() GTEST_SKIP() << "built without the racecheck's instrumentation"
+#endif
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
+
 namespace selfattn::sim::testing {
+
+// Runs the launch and returns the sim::Error's text, or "" when it did not throw.
+template <class Launch>
+std::string error_of(Launch&& run) {
+  try {
+    run();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // The line of the sim::launch below: a racecheck report names it as the frame that calls the kernel.
 constexpr int kLaunchLine = __LINE__ + 12;

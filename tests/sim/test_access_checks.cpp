@@ -16,29 +16,10 @@
 #include "sim_test_launch.h"
 
 namespace sim = selfattn::sim;
+using sim::testing::error_of;
 using sim::testing::launch;
 
 namespace {
-
-#if defined(__SANITIZE_THREAD__)
-#define SKIP_UNLESS_INSTRUMENTED() \
-  if (!sim::options().racecheck) GTEST_SKIP() << "racecheck off (SELFATTN_SIM_RACECHECK=0): no access is seen"
-#else
-#define SKIP_UNLESS_INSTRUMENTED() GTEST_SKIP() << "built without the racecheck's instrumentation"
-#endif
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
-
-template <class Launch>
-std::string error_of(Launch&& run) {
-  try {
-    run();
-  } catch (const sim::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A device buffer of `count` floats, freed at scope end.
 struct DeviceFloats {
@@ -72,7 +53,7 @@ std::string run_index(const char* name, float* buffer, int64_t index) {
 }
 
 TEST(SimAccessChecks, ReadPastTheEndOfADeviceBuffer) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats keys(113, "keys");
   EXPECT_EQ(run_index<read_one>("read_one", keys.data, 112), "");  // the last element
   const std::string report = run_index<read_one>("read_one", keys.data, 113);
@@ -82,7 +63,7 @@ TEST(SimAccessChecks, ReadPastTheEndOfADeviceBuffer) {
 }
 
 TEST(SimAccessChecks, ReadBeforeTheStartOfADeviceBuffer) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats values(7, "values");
   const std::string report = run_index<read_one>("read_one", values.data, -3);
   EXPECT_CONTAINS(report, "out-of-bounds read");
@@ -90,7 +71,7 @@ TEST(SimAccessChecks, ReadBeforeTheStartOfADeviceBuffer) {
 }
 
 TEST(SimAccessChecks, WritePastTheEndIsReportedAtTheAccess) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats out(7, "out");
   EXPECT_EQ(run_index<write_one>("write_one", out.data, 6), "");
   const std::string report = run_index<write_one>("write_one", out.data, 7);
@@ -125,7 +106,7 @@ std::string run_copy(const float* src, int offset, unsigned src_bytes) {
 }
 
 TEST(SimAccessChecks, CpAsyncSourcePastTheEnd) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats v(10, "v");
   EXPECT_EQ(run_copy(v.data, 4, 16), "");  // floats 4..7
   EXPECT_EQ(run_copy(v.data, 8, 8), "");   // floats 8, 9 and 8 bytes of zeros: the tile edge done right
@@ -184,7 +165,7 @@ std::string run_vector(const char* name, float* buffer, int offset) {
 }
 
 TEST(SimAccessChecks, MisalignedVectorLoadOfDeviceMemory) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats q(64, "q");
   EXPECT_EQ(run_vector<load_float2>("load_float2", q.data, 2), "");
   const std::string report = run_vector<load_float2>("load_float2", q.data, 1);
@@ -193,7 +174,7 @@ TEST(SimAccessChecks, MisalignedVectorLoadOfDeviceMemory) {
 }
 
 TEST(SimAccessChecks, MisalignedScalarLoadOfDeviceMemory) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats k(64, "k");
   EXPECT_EQ(run_vector<load_word_at_byte>("load_word_at_byte", k.data, 8), "");
   const std::string report = run_vector<load_word_at_byte>("load_word_at_byte", k.data, 6);
@@ -203,7 +184,7 @@ TEST(SimAccessChecks, MisalignedScalarLoadOfDeviceMemory) {
 }
 
 TEST(SimAccessChecks, MisalignedVectorStoreOfDeviceMemory) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   DeviceFloats out(64, "out");
   EXPECT_EQ(run_vector<store_float4>("store_float4", out.data, 4), "");
   const std::string report = run_vector<store_float4>("store_float4", out.data, 2);
@@ -233,7 +214,7 @@ std::string run_shared(int byte_offset, size_t smem_bytes) {
 }
 
 TEST(SimAccessChecks, SharedMemoryVectorLoads) {
-  SKIP_UNLESS_INSTRUMENTED();
+  SKIP_UNLESS_RACECHECKED();
   EXPECT_EQ(run_shared(240, 256), "");  // the last 16 bytes
   std::string report = run_shared(36, 256);
   EXPECT_CONTAINS(report, "misaligned address in kernel 'load_shared_vector', block (0,0,0), thread (3,0,0)");

@@ -17,6 +17,7 @@
 
 namespace sim = selfattn::sim;
 using namespace sim::testing::hopper;
+using sim::testing::error_of;
 using sim::testing::launch;
 
 namespace {

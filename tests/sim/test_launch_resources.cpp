@@ -12,7 +12,7 @@
 #include "sim_test_launch.h"
 
 namespace sim = selfattn::sim;
-using sim::testing::hopper::error_of;
+using sim::testing::error_of;
 using sim::testing::launch;
 
 namespace {

@@ -19,17 +19,11 @@
 
 namespace sim = selfattn::sim;
 using namespace sim::testing::hopper;
+using sim::testing::error_of;
 using sim::testing::launch;
 using sim::testing::ScopedOptions;
 
 namespace {
-
-#if defined(__SANITIZE_THREAD__)
-#define SKIP_UNLESS_RACECHECKED() \
-  if (!sim::options().racecheck) GTEST_SKIP() << "racecheck off (SELFATTN_SIM_RACECHECK=0)"
-#else
-#define SKIP_UNLESS_RACECHECKED() GTEST_SKIP() << "built without the racecheck's instrumentation"
-#endif
 
 // issue_tma_at_caller (sim_test_hopper.h) from the kernel's line, never as a tail call: the empty asm
 // after it keeps a kernel that ends with it from jumping there (the return address would then be

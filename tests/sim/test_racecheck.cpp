@@ -16,33 +16,11 @@
 
 namespace sim = selfattn::sim;
 namespace kernels = selfattn::kernels;
+using sim::testing::error_of;
 using sim::testing::launch;
 using sim::testing::ScopedOptions;
 
 namespace {
-
-// The racecheck needs this file's kernels instrumented (CMake SELFATTN_SIM_RACECHECK) and the
-// switch on (SELFATTN_SIM_RACECHECK=0 turns it off for a faster run: these tests then skip).
-#if defined(__SANITIZE_THREAD__)
-#define SKIP_UNLESS_RACECHECKED() \
-  if (!sim::options().racecheck) GTEST_SKIP() << "racecheck off (SELFATTN_SIM_RACECHECK=0)"
-#else
-#define SKIP_UNLESS_RACECHECKED() GTEST_SKIP() << "built without the racecheck's instrumentation"
-#endif
-
-// Runs the launch and returns the sim::Error's text, or "" when it did not throw.
-template <class Launch>
-std::string error_of(Launch&& run) {
-  try {
-    run();
-  } catch (const sim::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << (text)
 
 struct Params {
   float* out;  // host memory: a sink for values read, never checked

@@ -263,36 +263,9 @@ inline float atomicExch(float* a, float v) {
 }
 
 // ---- math ------------------------------------------------------------------------------------
-// glibc declares __expf, __logf, __sinf... (its internal names) with C linkage but exports no such
-// symbols; CUDA's fast intrinsics of the same names are defined here over the accurate functions.
-extern "C" {
-inline float __expf(float x) noexcept { return expf(x); }
-inline float __exp10f(float x) noexcept { return exp10f(x); }
-inline float __logf(float x) noexcept { return logf(x); }
-inline float __log2f(float x) noexcept { return log2f(x); }
-inline float __log10f(float x) noexcept { return log10f(x); }
-inline float __powf(float x, float y) noexcept { return powf(x, y); }
-inline float __sinf(float x) noexcept { return sinf(x); }
-inline float __cosf(float x) noexcept { return cosf(x); }
-inline float __tanf(float x) noexcept { return tanf(x); }
-inline void __sincosf(float x, float* s, float* c) noexcept { sincosf(x, s, c); }
-}
+// CUDA's math functions and intrinsics with the error bounds CUDA documents: sim_math.h.
+#include "sim_math.h"
 
-// __fdividef: x / y, except that it returns 0 for 2^126 < |y| < 2^128 (and NaN for infinite x there).
-inline float __fdividef(float x, float y) {
-  const float ay = fabsf(y);
-  if (ay > 0x1p126f && ay < INFINITY) return isinf(x) ? NAN : 0.0f;
-  return x / y;
-}
-inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-inline double rsqrt(double x) { return 1.0 / sqrt(x); }
-inline float __frcp_rn(float x) { return 1.0f / x; }
-inline float __fsqrt_rn(float x) { return sqrtf(x); }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __saturatef(float x) { return isnan(x) ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
 inline int __float2int_rn(float x) { return int(nearbyintf(x)); }
 inline int __float2int_rz(float x) { return int(x); }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attention_harness.h"
+#include "common/sim_math.h"
 
 namespace selfattn::testing {
 
@@ -17,6 +18,12 @@ float pairwise_sum(const float* values, int n) {
   const int half = n / 2;
   return pairwise_sum(values, half) + pairwise_sum(values + half, n - half);
 }
+
+// exp and log as a GPU may compute them: within the error CUDA documents (expf 2 ulp, logf 1 ulp;
+// kernels/common/sim_math.h), where glibc's are within half an ulp. Every path is allowed that error
+// in its exponentials and logarithms, so the allowed computation makes it too.
+float documented_exp(float x) { return sim::math::expf(x); }
+float documented_log(float x) { return sim::math::logf(x); }
 
 }  // namespace
 
@@ -106,15 +113,15 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
           e.lse.floor[row] = u32 * (std::abs(exact.lse[row]) + 4);
           continue;
         }
-        for (int j = keys.begin; j < keys.end; ++j) probs[j] = std::exp(x[j] - max_score);
+        for (int j = keys.begin; j < keys.end; ++j) probs[j] = documented_exp(x[j] - max_score);
         float sum = pairwise_sum(probs.data() + keys.begin, keys.end - keys.begin);
         // A sink ends the row's softmax as softmax_row_end does: the keys' sum shifted to
         // max(max_score, sink), plus the sink's own term (kernels/common/score_mods.cuh).
         float inverse = 1.0f / sum, lse_shift = max_score;
         if (sink != -INFINITY) {
           lse_shift = std::max(max_score, sink);
-          const float keys_share = std::exp(max_score - lse_shift);
-          sum = sum * keys_share + std::exp(sink - lse_shift);
+          const float keys_share = documented_exp(max_score - lse_shift);
+          sum = sum * keys_share + documented_exp(sink - lse_shift);
           inverse = keys_share / sum;
         }
         double weighted_magnitude = 0;
@@ -125,7 +132,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         }
         const double fp32_steps = 4 + std::sqrt(double(n)) + 2 * max_magnitude;
 
-        const float lse = lse_shift + std::log(sum);
+        const float lse = lse_shift + documented_log(sum);
         e.lse.allowed[row] = lse;
         e.lse.scale[row] = std::abs(exact.lse[row]) + weighted_magnitude + 1;
         e.lse.floor[row] = u32 * (std::abs(exact.lse[row]) + fp32_steps);

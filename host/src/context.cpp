@@ -36,10 +36,13 @@ std::shared_ptr<detail::Device> make_device(const ContextOptions& options) {
   if (!wanted) wanted = backend_from_environment();
   if (wanted == Backend::sim) return detail::make_sim_device();
   if (wanted == Backend::cuda) return detail::make_cuda_device(options.device, options.stream);  // throws NotAvailable
-  // Nothing asked for: a usable GPU if there is one, else the simulator.
+  // Nothing asked for: a usable GPU if there is one, else the simulator. A GPU that works but that
+  // this build has no kernels for is a build made for other GPUs, not a machine without one: that
+  // refusal stands, instead of running every call on the CPU unasked.
   try {
     return detail::make_cuda_device(options.device, options.stream);
   } catch (const NotAvailable&) {
+    if (detail::cuda_device_lacks_kernel_image(options.device)) throw;
     return detail::make_sim_device();
   }
 }

@@ -75,5 +75,9 @@ std::vector<std::string>& sim_launch_log();
 void sim_gemm_strided_batched(const GemmBatch& gemm);
 // Throws NotAvailable with the reason (no CUDA in this build, no device, driver too old...).
 std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream);
+// Whether device `ordinal` is a working GPU that this build has no kernel image for (always false
+// in a build without nvcc). Context's automatic choice refuses such a GPU instead of passing it
+// over for the sim.
+bool cuda_device_lacks_kernel_image(int ordinal);
 
 }  // namespace selfattn::detail

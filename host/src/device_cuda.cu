@@ -12,8 +12,13 @@
 #include <map>
 #include <string>
 
+#include "../../kernels/registry.h"
 #include "device.h"
 #include "selfattn/error.h"
+
+#ifndef SELFATTN_CUDA_BUILT_FOR
+#error "host/CMakeLists.txt passes SELFATTN_CUDA_BUILT_FOR: the architectures the kernels were built for, in words"
+#endif
 
 namespace selfattn::detail {
 namespace {
@@ -260,7 +265,57 @@ class CudaDevice final : public Device {
   std::map<const void*, size_t> smem_opted_in_;  // kernel entry -> dynamic shared memory bytes allowed
 };
 
+// Why this build cannot run on device `ordinal`, or "" when it can. A GPU of a compute capability
+// the kernels were not built for (no sm_XY code it can run, no PTX it can compile) would fail every
+// launch; asking the runtime for the attributes of one of the library's own kernels finds that out
+// without launching anything. Every instance besides the Hopper ones (which the host picks only on
+// 9.0, and which exist whenever sm_90 code does) is built for the same architectures.
+std::string missing_kernel_image(int ordinal) {
+  const CurrentDevice current(ordinal);
+  cudaFuncAttributes attributes{};
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::cuda_target::fill_kernel_ref().device_entry);
+  if (status == cudaSuccess) return "";
+  cudaGetLastError();  // not sticky: clear it so a later cudaGetLastError() does not report it again
+  if (status != cudaErrorNoKernelImageForDevice && status != cudaErrorInvalidDeviceFunction &&
+      status != cudaErrorUnsupportedPtxVersion) {
+    check(status, "cudaFuncGetAttributes(fill_kernel)");  // another failure: BackendError, named
+  }
+  cudaDeviceProp properties{};
+  check(cudaGetDeviceProperties(&properties, ordinal), "cudaGetDeviceProperties");
+  const int gpu = properties.major * 10 + properties.minor;
+  std::string reason = "cuda backend: device " + std::to_string(ordinal) + " (" + properties.name +
+                       ") has compute capability " + std::to_string(properties.major) + "." +
+                       std::to_string(properties.minor) + ", and this build of selfattn has no kernel image it can run: "
+                       "its kernels were built for " SELFATTN_CUDA_BUILT_FOR " (cudaFuncGetAttributes(fill_kernel): " +
+                       cudaGetErrorName(status) + "). ";
+  if (gpu < 80) {
+    reason += "The kernels need compute capability 8.0 or newer (mma.sync on bf16); the sim backend runs anywhere";
+  } else if (status == cudaErrorUnsupportedPtxVersion) {
+    reason += "The driver is older than the toolkit that made the PTX: update the driver, or rebuild with "
+              "-DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(gpu);
+  } else {
+    reason += "Rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(gpu) +
+              " (or configure where this GPU is visible: the build is then made for it)";
+  }
+  return reason;
+}
+
 }  // namespace
+
+// For Context's automatic choice (context.cpp): such a GPU is refused rather than passed over for the sim.
+bool cuda_device_lacks_kernel_image(int ordinal) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (ordinal < 0 || ordinal >= count) return false;
+  try {
+    return !missing_kernel_image(ordinal).empty();
+  } catch (const BackendError&) {
+    return false;  // a device that cannot be asked is unusable for other reasons
+  }
+}
 
 std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream) {
   int count = 0;
@@ -276,6 +331,8 @@ std::shared_ptr<Device> make_cuda_device(int ordinal, void* stream) {
                        std::to_string(ordinal));
   }
   try {
+    const std::string missing = missing_kernel_image(ordinal);
+    if (!missing.empty()) throw NotAvailable(missing);
     return std::make_shared<CudaDevice>(ordinal, static_cast<cudaStream_t>(stream));
   } catch (const BackendError& e) {
     // A device that exists but cannot be set up (prohibited compute mode, out of memory...) is not usable.

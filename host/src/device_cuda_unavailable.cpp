@@ -10,5 +10,8 @@ std::shared_ptr<Device> make_cuda_device(int, void*) {
       "cuda backend: not in this build (configured without nvcc or with -DSELFATTN_ENABLE_CUDA=OFF); use the sim backend");
 }
 
+// No kernels for any GPU, and no GPU is looked at: the sim is the backend (context.cpp).
+bool cuda_device_lacks_kernel_image(int) { return false; }
+
 }  // namespace selfattn::detail
 #endif

@@ -52,6 +52,20 @@ TEST(CudaRuntime, ContextAndBuffers) {
 }
 
 #if SELFATTN_HAVE_CUDA
+// A Context refuses a GPU this build has no kernel image for (device_cuda.cu asks the runtime for
+// the fill kernel's attributes). One was made above, so the build has code this GPU runs: the
+// configure found it (the visible GPUs) or the architecture list covers it. The same query here, and
+// what it ran: SASS for this GPU's major version (binaryVersion), or PTX the driver compiled for it.
+TEST(CudaRuntime, TheBuildHasAKernelImageForThisGpu) {
+  REQUIRE_GPU(ctx);
+  cudaFuncAttributes attributes{};
+  ASSERT_EQ(cudaFuncGetAttributes(&attributes, kernels::cuda_target::fill_kernel_ref().device_entry), cudaSuccess);
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  EXPECT_EQ(attributes.binaryVersion / 10, major) << "binaryVersion " << attributes.binaryVersion;
+}
+
 TEST(CudaRuntime, FillKernelThroughTheRuntime) {
   REQUIRE_GPU(ctx);
   const kernels::KernelRef fill = kernels::cuda_target::fill_kernel_ref();

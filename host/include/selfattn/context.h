@@ -16,6 +16,10 @@ struct ContextState;
 struct ContextOptions {
   // Unset: the environment variable SELFATTN_BACKEND (cuda|sim) if set, else cuda when a usable
   // GPU is present, else sim. Asking for cuda without a usable GPU throws NotAvailable saying why.
+  // A GPU this build has no kernels for (built for other compute capabilities: see README.md on
+  // CMAKE_CUDA_ARCHITECTURES) is refused when the context is made, not at the first launch: the
+  // constructor throws NotAvailable naming the GPU's compute capability and the ones built, with
+  // the backend unset too (the sim runs only when asked for then).
   std::optional<Backend> backend;
   int device = 0;                  // CUDA device ordinal
   void* stream = nullptr;          // a cudaStream_t to run on (not owned); nullptr: the context makes its own

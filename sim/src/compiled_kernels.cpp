@@ -23,7 +23,7 @@ namespace {
 
 struct Record {
   std::string arch;
-  unsigned registers, static_smem, stack_frame;
+  unsigned registers, static_smem, stack_frame, max_threads;
 };
 
 std::mutex& table_mutex() {
@@ -50,15 +50,30 @@ void erase_all(std::string& text, const std::string& part) {
 constexpr uint64_t kRegistersPerSm = 65536;
 constexpr uint64_t kRegisterUnit = 256;
 
-// Shared memory a block may have (static + dynamic, with the opt-in), per architecture (same
-// table; Hopper and Blackwell data center 227 KB, A100 163 KB, the consumer parts 99 KB).
+// Shared memory a block may have (static + dynamic, with the opt-in), per compute capability (CUDA
+// C++ Programming Guide, "Technical Specifications per Compute Capability").
+struct SharedMemoryPerBlock {
+  int compute_capability;
+  uint64_t bytes;
+};
+constexpr SharedMemoryPerBlock kSharedMemoryPerBlock[] = {
+    {75, 64 * 1024},                                                           // Turing
+    {80, 163 * 1024}, {86, 99 * 1024}, {87, 163 * 1024}, {89, 99 * 1024},     // A100; RTX 30, A10; Orin; RTX 40, L4, L40S
+    {90, 227 * 1024},                                                          // H100, H200
+    {100, 227 * 1024}, {103, 227 * 1024}, {120, 99 * 1024}, {121, 99 * 1024},  // B200, B300; RTX 50, DGX Spark
+};
+
+// The limit code built for `arch` must keep: the smallest among the GPUs that run it. A cubin for
+// sm_XY runs on every X.Z with Z >= Y, so the default build's sm_80 code, which an A100 runs with
+// 163 KB, runs on an RTX 4090 or L40S (8.9) with 99 KB too.
 uint64_t shared_memory_limit(const std::string& arch) {
-  const std::string number = arch.substr(arch.find('_') + 1);  // "sm_90a" -> "90a"
-  const int cc = std::atoi(number.c_str());
-  if (cc == 80 || cc == 87) return 163 * 1024;
-  if (cc == 86 || cc == 89 || cc == 120 || cc == 121) return 99 * 1024;
-  if (cc == 75) return 64 * 1024;
-  return 227 * 1024;  // 90, 100 and what comes after them
+  const int built_for = std::atoi(arch.substr(arch.find('_') + 1).c_str());  // "sm_90a" -> 90
+  uint64_t limit = 0;
+  for (const SharedMemoryPerBlock& gpu : kSharedMemoryPerBlock) {
+    const bool runs_it = gpu.compute_capability / 10 == built_for / 10 && gpu.compute_capability >= built_for;
+    if (runs_it) limit = limit == 0 ? gpu.bytes : std::min(limit, gpu.bytes);
+  }
+  return limit != 0 ? limit : 227 * 1024;  // an architecture newer than the table
 }
 
 std::string name_of_key(const char* key) {
@@ -117,7 +132,7 @@ void register_compiled_kernels(const CompiledKernel* kernels, size_t count) {
     if (name.empty() || k.arch == nullptr) continue;
     std::lock_guard<std::mutex> lock(table_mutex());
     std::vector<Record>& records = table()[name];
-    Record record{k.arch, k.registers, k.static_smem, k.stack_frame};
+    Record record{k.arch, k.registers, k.static_smem, k.stack_frame, k.max_threads};
     bool replaced = false;
     for (Record& r : records) {
       if (r.arch == record.arch) r = record, replaced = true;
@@ -132,9 +147,22 @@ std::string compiled_kernel_architectures(const char* kernel_key) {
   return archs;
 }
 
+unsigned compiled_kernel_max_threads(const char* kernel_key) {
+  unsigned max_threads = 0;
+  for (const Record& r : records_of(kernel_key)) max_threads = std::max(max_threads, r.max_threads);
+  return max_threads;
+}
+
 std::string launch_refusal(const CompiledKernel& k, dim3 block, size_t dynamic_smem_bytes) {
   const std::string arch = k.arch ? k.arch : "?";
-  const uint64_t warps = (uint64_t(block.x) * block.y * block.z + 31) / 32;
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  // ptxas fits the code to __launch_bounds__'s thread count (its registers among them); the
+  // hardware refuses a larger block.
+  if (k.max_threads != 0 && threads > k.max_threads) {
+    return std::to_string(threads) + " threads per block, more than the " + std::to_string(k.max_threads) +
+           " of its __launch_bounds__";
+  }
+  const uint64_t warps = (threads + 31) / 32;
   const uint64_t per_warp = (uint64_t(k.registers) * 32 + kRegisterUnit - 1) / kRegisterUnit * kRegisterUnit;
   if (per_warp * warps > kRegistersPerSm) {
     return std::to_string(k.registers) + " registers per thread (" + std::to_string(per_warp) +
@@ -154,7 +182,7 @@ namespace detail {
 
 void check_compiled_resources(const LaunchConfig& c) {
   for (const Record& r : records_of(c.kernel_key)) {
-    const CompiledKernel kernel{nullptr, r.arch.c_str(), r.registers, r.static_smem, r.stack_frame};
+    const CompiledKernel kernel{nullptr, r.arch.c_str(), r.registers, r.static_smem, r.stack_frame, r.max_threads};
     const std::string refusal = launch_refusal(kernel, c.block, c.dynamic_smem_bytes);
     if (!refusal.empty()) {
       throw Error("sim: too many resources requested for launch of kernel '" + std::string(c.kernel_name) + "' (" +

@@ -69,6 +69,17 @@ TEST(SimRuntime, ShippedKernelsFindWhatPtxasGaveTheirCudaBuild) {
     if (SELFATTN_TEST_CUDA_KERNELS) {
       EXPECT_FALSE(archs.empty()) << what << " (" << sim::compiled_kernel_name(ref.compiled_key)
                                   << ") has no ptxas record: its launches are not checked";
+      // The kernels declared without __launch_bounds__ (1024 threads: the hardware's own bound).
+      const std::string name = what;
+      const bool unbounded = name == "fill" || name == "lse_without_keys" || name == "gemm_key_repair" ||
+                             name == "running_max_offsets";
+      const unsigned max_threads = sim::compiled_kernel_max_threads(ref.compiled_key);
+      if (unbounded) {
+        EXPECT_EQ(max_threads, 0u) << what;
+      } else {
+        EXPECT_GE(max_threads, 32u) << what << ": its __launch_bounds__ was not read from the PTX";
+        EXPECT_LE(max_threads, 1024u) << what;
+      }
     } else {
       EXPECT_EQ(archs, "") << what << ": a build without nvcc records nothing";
     }

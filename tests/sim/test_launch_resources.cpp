@@ -32,8 +32,8 @@ const char* key_of() {
 }
 
 template <int Variant>
-void record(const char* arch, unsigned registers, unsigned static_smem) {
-  const sim::CompiledKernel kernel{key_of<Variant>(), arch, registers, static_smem, 0};
+void record(const char* arch, unsigned registers, unsigned static_smem, unsigned max_threads = 0) {
+  const sim::CompiledKernel kernel{key_of<Variant>(), arch, registers, static_smem, 0, max_threads};
   sim::register_compiled_kernels(&kernel, 1);
 }
 
@@ -72,10 +72,27 @@ TEST(SimLaunchResources, SharedMemoryPerArchitecture) {
   EXPECT_EQ(run<2>(128, 179 * 1024), "");  // 227 KB in all on sm_90
   EXPECT_CONTAINS(run<2>(128, 180 * 1024), "49152 bytes of static and 184320 of dynamic shared memory, more than the "
                                            "232448 a block may have on sm_90a");
-  record<3>("sm_80", 32, 0);  // the same kernel built for an A100 too: its 163 KB bound
+  // The same kernel built as sm_80 code too, which an A100 runs with 163 KB and the 8.6 and 8.9
+  // GPUs (RTX 30/40, L40S) with 99 KB: the smaller bound holds.
+  record<3>("sm_80", 32, 0);
   record<3>("sm_90", 32, 0);
-  EXPECT_EQ(run<3>(128, 163 * 1024), "");
-  EXPECT_CONTAINS(run<3>(128, 164 * 1024), "(sm_80, as ptxas built it): 0 bytes of static and 167936 of dynamic");
+  EXPECT_EQ(run<3>(128, 99 * 1024), "");
+  EXPECT_CONTAINS(run<3>(128, 100 * 1024), "(sm_80, as ptxas built it): 0 bytes of static and 102400 of dynamic "
+                                           "shared memory, more than the 101376 a block may have on sm_80");
+  record<7>("sm_120", 32, 0);  // the consumer Blackwell parts
+  EXPECT_CONTAINS(run<7>(128, 100 * 1024), "more than the 101376 a block may have on sm_120");
+}
+
+TEST(SimLaunchResources, ThreadsWithinTheLaunchBounds) {
+  // ptxas fitted the kernel to __launch_bounds__(256); a larger block is refused though its
+  // registers would fit.
+  record<5>("sm_90a", 32, 0, 256);
+  EXPECT_EQ(run<5>(256), "");
+  EXPECT_EQ(sim::compiled_kernel_max_threads(key_of<5>()), 256u);
+  EXPECT_CONTAINS(run<5>(288), "(sm_90a, as ptxas built it): 288 threads per block, more than the 256 of its "
+                               "__launch_bounds__");
+  record<6>("sm_90a", 32, 0);  // no bound: the hardware's 1024
+  EXPECT_EQ(run<6>(1024), "");
 }
 
 TEST(SimLaunchResources, AnUnrecordedKernelIsNotChecked) {

@@ -46,11 +46,14 @@ struct CompiledKernel {
   unsigned registers = 0;     // per thread
   unsigned static_smem = 0;   // bytes
   unsigned stack_frame = 0;   // bytes per thread (local memory)
+  unsigned max_threads = 0;   // per block, from __launch_bounds__ (the PTX's .maxntid); 0: none given
 };
 // Adds kernels to the table (a later entry for the same kernel and architecture replaces it).
 void register_compiled_kernels(const CompiledKernel* kernels, size_t count);
 // The architectures recorded for the kernel of a LaunchConfig::kernel_key ("sm_80 sm_90", "" when none).
 std::string compiled_kernel_architectures(const char* kernel_key);
+// The threads per block its __launch_bounds__ allows, as recorded (0: no bound, or no record).
+unsigned compiled_kernel_max_threads(const char* kernel_key);
 // Why a GPU of `kernel.arch` refuses to launch `kernel` with `block` and this much dynamic shared
 // memory ("too many resources requested for launch"), or "" when it launches: the rule each launch
 // is checked with (a GPU test holds it against the hardware's own verdict).

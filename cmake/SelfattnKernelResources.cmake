@@ -11,6 +11,10 @@ function(selfattn_record_ptxas target)
   # Before any launcher of the user's (ccache replays a cached compile's messages, report included).
   set(launcher ${PROJECT_SOURCE_DIR}/cmake/ptxas_report.sh ${CMAKE_CUDA_COMPILER_LAUNCHER})
   set_target_properties(${target} PROPERTIES CUDA_COMPILER_LAUNCHER "${launcher}")
+  # The launcher writes part of each object's output: a change to it recompiles them.
+  get_target_property(sources ${target} SOURCES)
+  list(FILTER sources INCLUDE REGEX "\\.cu$")
+  set_property(SOURCE ${sources} APPEND PROPERTY OBJECT_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/ptxas_report.sh)
 endfunction()
 
 function(selfattn_compiled_kernels_source out)

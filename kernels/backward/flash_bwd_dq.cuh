@@ -55,7 +55,10 @@ struct FlashBwdDqConfig;
 template <> struct FlashBwdDqConfig<32> { using Traits = FlashBwdDqTraits<32, 4, 64>; };
 template <> struct FlashBwdDqConfig<64> { using Traits = FlashBwdDqTraits<64, 4, 64>; };
 template <> struct FlashBwdDqConfig<96> { using Traits = FlashBwdDqTraits<96, 4, 64>; };
-template <> struct FlashBwdDqConfig<128> { using Traits = FlashBwdDqTraits<128, 4, 64>; };
+// D = 128: 32-key tiles. With 64 the staged Q, dO and two K/V stages take 102 KB of shared memory,
+// past the 99 KB a block may have on the 8.6 and 8.9 GPUs (RTX 30/40, A10, L40S) that run the
+// default build's sm_80 code; 32 take 68 KB (the sim's launch check holds sm_80 code to 99 KB).
+template <> struct FlashBwdDqConfig<128> { using Traits = FlashBwdDqTraits<128, 4, 32>; };
 
 template <class T, class Traits>
 __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const FlashBwdParams p) {

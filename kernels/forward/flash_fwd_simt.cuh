@@ -5,8 +5,8 @@
 // online softmax over key tiles, S and P never leave the chip), written for scalar FMAs:
 //   - each warp owns kRowsPerWarp query rows; for S, lane n computes the score of key n of the tile
 //     for all of them (one K element read from shared memory feeds kRowsPerWarp FMAs);
-//   - for O += P V, lane d owns output columns d, d+32, ... and reads P from shared memory as a
-//     broadcast.
+//   - for O += P V, lane d owns output columns d, d+32, ... and takes P of key n from lane n, which
+//     computed it, by a shuffle (P never goes through shared memory).
 // head_dim is a runtime value up to kMaxHeadDim; elements are loaded one at a time, so any stride
 // and alignment works.
 #include <cstdint>
@@ -28,14 +28,16 @@ struct FlashFwdSimtTraits {
   static constexpr int kColsPerLane = kMaxHeadDim / 32;
   static constexpr int kThreads = kWarps * 32;
 
-  // Shared memory, in floats: Q [rows][q_cols], K [keys][q_cols + 1], V [keys][d], P [rows][keys].
-  // Q and K rows are zero-padded to a multiple of 4 columns so S reads Q as float4 broadcasts (4
-  // columns per load); the +1 of K staggers its rows across banks, since lane n reads row n.
+  // Shared memory, in floats: Q [rows][q_cols], K [keys][q_cols + 1], V [keys][d]: 96 KB at d = 256,
+  // within the 99 KB per block of the 8.6 and 8.9 GPUs that run the sm_80 build (a P tile as well
+  // would take it to 100 KB). Q and K rows are zero-padded to a multiple of 4 columns so S reads Q
+  // as float4 broadcasts (4 columns per load); the +1 of K staggers its rows across banks, since
+  // lane n reads row n.
   __host__ __device__ static constexpr int q_cols(int head_dim) { return (head_dim + 3) / 4 * 4; }
   __host__ __device__ static constexpr int k_row_floats(int head_dim) { return q_cols(head_dim) + 1; }
   __host__ __device__ static constexpr size_t smem_floats(int head_dim) {
     return size_t(kBlockRows) * q_cols(head_dim) + size_t(kBlockKeys) * k_row_floats(head_dim) +
-           size_t(kBlockKeys) * head_dim + size_t(kBlockRows) * kBlockKeys;
+           size_t(kBlockKeys) * head_dim;
   }
   __host__ __device__ static constexpr size_t smem_bytes(int head_dim) { return smem_floats(head_dim) * sizeof(float); }
 };
@@ -76,7 +78,6 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
   const int k_stride = Traits::k_row_floats(d);
   float* k_tile = q_tile + size_t(Traits::kBlockRows) * q_cols;
   float* v_tile = k_tile + N * k_stride;
-  float* p_tile = v_tile + size_t(N) * d;
 
   // Q once; rows past the sequence are zero (their scores are finite and never stored).
   for (int i = threadIdx.x; i < Traits::kBlockRows * q_cols; i += Traits::kThreads) {
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
   }
 
   for (int key0 = block_keys.first_tile * N; key0 < key_end; key0 += N) {
-    __syncthreads();  // the previous tile's K, V and P are no longer read
+    __syncthreads();  // the previous tile's K and V are no longer read
     for (int i = threadIdx.x; i < N * q_cols; i += Traits::kThreads) {
       const int key = key0 + i / q_cols, col = i % q_cols;
       k_tile[(i / q_cols) * k_stride + col] =
@@ -124,6 +125,7 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
       }
     }
 
+    float prob[R];  // P of this lane's key, for each of the warp's rows
     SELFATTN_FLASH_UNROLL
     for (int r = 0; r < R; ++r) {
       // The row's range is recomputed per tile rather than held in registers across the loop.
@@ -146,24 +148,25 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
       // (-inf) - (-inf) and still gives exp2(-inf) = 0 for its masked scores.
       const float shift = new_max == -INFINITY ? 0.0f : new_max;
       const float rescale = exp2f(row_max[r] - shift);
-      const float prob = exp2f(s - shift);
+      prob[r] = exp2f(s - shift);
       row_max[r] = new_max;
-      row_sum[r] = row_sum[r] * rescale + prob;
+      row_sum[r] = row_sum[r] * rescale + prob[r];
       SELFATTN_FLASH_UNROLL
       for (int c = 0; c < C; ++c) acc[r][c] *= rescale;
-      p_tile[(warp_row0 + r) * N + lane] = prob;
     }
-    __syncwarp();  // P rows are written by all lanes of the warp and read by all
 
     const int tile_keys = key_end - key0 < N ? key_end - key0 : N;
-    for (int n = 0; n < tile_keys; ++n) {
+    for (int n = 0; n < tile_keys; ++n) {  // tile_keys is the warp's: every lane shuffles
+      float p_n[R];
+      SELFATTN_FLASH_UNROLL
+      for (int r = 0; r < R; ++r) p_n[r] = __shfl_sync(0xffffffffu, prob[r], n);
       SELFATTN_FLASH_UNROLL
       for (int c = 0; c < C; ++c) {
         const int col = lane + 32 * c;
         if (col >= d) break;
         const float vn = v_tile[n * d + col];
         SELFATTN_FLASH_UNROLL
-        for (int r = 0; r < R; ++r) acc[r][c] = fmaf(p_tile[(warp_row0 + r) * N + n], vn, acc[r][c]);
+        for (int r = 0; r < R; ++r) acc[r][c] = fmaf(p_n[r], vn, acc[r][c]);
       }
     }
   }

@@ -54,7 +54,7 @@ endfunction()
 #                                    variable: a parent project's own targets are not affected)
 #   SELFATTN_CUDA_ARCHITECTURE_NUMBERS  e.g. "80;90", for the Hopper check
 #   SELFATTN_CUDA_BUILT_FOR          what the library carries, in words, for the runtime's message when
-#                                    a GPU has no kernel image in this build (host/src/device_cuda.cu)
+#                                    a GPU has no kernel image in this build (host/src/runtime/device_cuda.cu)
 function(selfattn_choose_cuda_architectures)
   set(architectures "${selfattn_architectures_given}")
   set(origin "${selfattn_architectures_origin}")

@@ -1,7 +1,7 @@
 #pragma once
 // The Tensor Memory Accelerator's tensor map (CUtensorMap): 128 opaque bytes, made on the host and
 // passed to kernels inside their __grid_constant__ params. On the GPU the driver writes them
-// (cuTensorMapEncodeTiled, host/src/device_cuda.cu); on the sim, sim_encode_tma_tiled() below
+// (cuTensorMapEncodeTiled, host/src/runtime/device_cuda.cu); on the sim, sim_encode_tma_tiled() below
 // writes its own reading of them (SimTmaMap), which the TMA twin in primitives_hopper.cuh reads.
 // Plain data, for nvcc and the host compiler alike. Tile mode, 16-bit elements, zero fill out of
 // bounds, no interleave, no L2 promotion choices beyond the default.

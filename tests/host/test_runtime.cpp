@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "context_state.h"
+#include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
 #include "test_helpers.h"
 

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "context_state.h"
+#include "runtime/context_state.h"
 #include "registry.h"
 #include "selfattn/selfattn.h"
 #include "selfattn_sim/sim.h"

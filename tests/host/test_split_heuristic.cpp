@@ -3,9 +3,9 @@
 // it unless the cache is too short to give each split four 32-key tiles.
 #include <gtest/gtest.h>
 
-#include "context_state.h"
+#include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
-#include "split_heuristic.h"
+#include "kv_cache/split_heuristic.h"
 
 namespace selfattn {
 namespace {

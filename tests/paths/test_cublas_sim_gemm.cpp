@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "attention_harness.h"
-#include "device.h"
+#include "runtime/device.h"
 #include "selfattn/error.h"
 
 namespace selfattn {

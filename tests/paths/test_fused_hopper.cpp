@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "attention_harness.h"
-#include "device.h"
+#include "runtime/device.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {

@@ -13,7 +13,7 @@
 
 #include "attention_harness.h"
 #include "selfattn/selfattn.h"
-#include "sim_capture_scope.h"
+#include "runtime/sim_capture_scope.h"
 
 namespace selfattn {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "kv_cache_check.h"
 #include "selfattn/selfattn.h"
-#include "sim_capture_scope.h"
+#include "runtime/sim_capture_scope.h"
 
 namespace selfattn {
 namespace {

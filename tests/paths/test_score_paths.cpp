@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "attention_harness.h"
-#include "context_state.h"
+#include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {

@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include "device.h"
+#include "runtime/device.h"
 #include "primitive_test_kernels.cuh"
 
 namespace selfattn::primitive_tests {

@@ -9,7 +9,7 @@
 namespace selfattn {
 
 namespace detail {
-class Device;  // one backend's runtime (host/src/device.h)
+class Device;  // one backend's runtime (host/src/runtime/device.h)
 struct ContextState;
 }  // namespace detail
 

@@ -1,0 +1,263 @@
+// Path 'naive' of attention_backward(): per chunk of query rows (score_chunks.h), with S/P and
+// dP/dS as two fp32 rows per query row in the workspace -
+//   S  = Q K^T              qk_tiled         fp32, unscaled
+//   dP = dO V^T             qk_tiled         the same computation on dO and V
+//   P, dS                   backward_scores  P over S, dS (scale and softcap factor folded in) over dP
+//   dQ = dS K               pv_tiled         rows complete within a chunk: written to dq directly
+//   dV += P^T dO, dK += dS^T Q   grad_kv_tiled   into fp32 accumulators [batch, kv_heads, seq_k, d]
+// and at the end store_gradient for dk and dv. Every dtype and head_dim >= 1 (tensor cores where the
+// dtype and head_dim allow, P/dS rounded to the dtype there); variable-length batches run sequence by
+// sequence (the plan's padded calls). Also holds what the cublas backward shares with it
+// (backward_score_paths.h).
+#include <algorithm>
+#include <string>
+
+#include "kernels/backward/naive_backward_params.h"
+#include "kernels/registry.h"
+#include "backward/backward_paths.h"
+#include "backward/backward_score_paths.h"
+#include "forward/kernel_args.h"
+#include "forward/score_chunks.h"
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+
+// ---- shared with the cublas backward (backward_score_paths.h) ----
+
+void plan_score_backward(ContextState& ctx, PlannedBackward& planned, const char* function,
+                         ScoreLayout (*layout_of)(const AttentionCall&)) {
+  BackwardWorkspace& w = planned.workspace;  // D is already there, at 0
+  const size_t accum_bytes = round_up_256(size_t(planned.call.dk.numel()) * sizeof(float));
+  w.dkv_accum_offset = w.bytes;
+  w.scores_offset = w.dkv_accum_offset + 2 * accum_bytes;
+  planned.scores = plan_scores(ctx, planned.call.forward, layout_of, w.scores_offset, function);
+  w.bytes = w.scores_offset + planned.scores.workspace_bytes;
+}
+
+namespace {
+TensorView rows_from(TensorView view, int64_t first, int64_t count) {
+  view.data = static_cast<unsigned char*>(view.data) + first * view.strides[2] * int64_t(dtype_size(view.dtype));
+  view.shape[2] = count;
+  return view;
+}
+float* accumulator(const PlannedBackward& planned, void* workspace, int which) {
+  const size_t accum_bytes = round_up_256(size_t(planned.call.dk.numel()) * sizeof(float));
+  return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + planned.workspace.dkv_accum_offset +
+                                  size_t(which) * accum_bytes);
+}
+}  // namespace
+
+BackwardSlices slices_of(const PlannedBackward& planned, const ChunkedCall& chunked, void* workspace) {
+  const BackwardCall& call = planned.call;
+  const int64_t q0 = chunked.q_row_offset, k0 = chunked.k_row_offset;
+  BackwardSlices s;
+  s.dout = rows_from(call.dout, q0, chunked.call.seq_q);
+  s.dq = rows_from(call.dq, q0, chunked.call.seq_q);
+  s.lse = call.lse + q0;
+  s.d = reinterpret_cast<const float*>(static_cast<unsigned char*>(workspace) + planned.workspace.d_offset) + q0;
+  const int64_t head_dim = call.forward.head_dim;
+  s.acc_kv_stride = call.forward.k.seq() * head_dim;
+  s.dk_accum = accumulator(planned, workspace, 0) + k0 * head_dim;
+  s.dv_accum = accumulator(planned, workspace, 1) + k0 * head_dim;
+  return s;
+}
+
+void zero_kv_accumulators(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
+  ctx.device->fill(accumulator(planned, workspace, 0), 0, size_t(planned.call.dk.numel()) * sizeof(float));
+  ctx.device->fill(accumulator(planned, workspace, 1), 0, size_t(planned.call.dv.numel()) * sizeof(float));
+}
+
+void store_kv_gradients(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
+  // The accumulators are [batch, kv_heads, k.seq(), head_dim] contiguous: dk's and dv's shape.
+  launch_store_gradient(ctx, accumulator(planned, workspace, 0), planned.call.dk, 1.0f);
+  launch_store_gradient(ctx, accumulator(planned, workspace, 1), planned.call.dv, 1.0f);
+}
+
+// ---- the naive path ----
+
+namespace {
+
+struct NaiveBackwardKernels {
+  kernels::TiledKernel qk, dq, grad_kv;
+  kernels::BackwardKernel scores;
+  bool complete() const { return qk.kernel && dq.kernel && grad_kv.kernel && scores.kernel; }
+};
+
+NaiveBackwardKernels lookup(Backend backend, kernels::Element elem, kernels::Element dq_elem, int head_dim) {
+  if (backend == Backend::sim) {
+    namespace k = kernels::sim_target;
+    return {k::qk_tiled_instance(elem, head_dim), k::dq_tiled_instance(elem, dq_elem, head_dim),
+            k::grad_kv_tiled_instance(elem, head_dim), k::backward_scores_instance(kernels::Element::f32)};
+  }
+#if SELFATTN_HAVE_CUDA
+  namespace k = kernels::cuda_target;
+  return {k::qk_tiled_instance(elem, head_dim), k::dq_tiled_instance(elem, dq_elem, head_dim),
+          k::grad_kv_tiled_instance(elem, head_dim), k::backward_scores_instance(kernels::Element::f32)};
+#else
+  return {};
+#endif
+}
+
+NaiveBackwardKernels lookup(const ContextState& ctx, const BackwardCall& call) {
+  return lookup(ctx.device->backend(), element_of(call.forward.dtype), element_of(call.dq.dtype),
+                call.forward.head_dim);
+}
+
+unsigned tiles(int64_t count, int tile) { return unsigned((count + tile - 1) / tile); }
+
+kernels::HeadsView heads_view(const TensorView& view) {
+  return {view.data, view.strides[0], view.strides[1], view.strides[2]};
+}
+
+ScoreLayout naive_backward_layout(const AttentionCall& padded) {
+  // Two fp32 rows per query row: S (P written over it) and dP (dS written over it), 16-byte aligned.
+  ScoreLayout layout;
+  layout.s_row_stride = layout.p_row_stride = (int64_t(padded.seq_k) + 3) / 4 * 4;
+  layout.row_bytes = 2 * size_t(layout.s_row_stride) * sizeof(float);
+  return layout;
+}
+
+// S = A B^T for the chunk (qk_tiled): A = q or dO (query heads), B = k or v (kv heads).
+void launch_qk(ContextState& ctx, const kernels::TiledKernel& kernel, const AttentionCall& call, const Chunk& chunk,
+               const TensorView& a, const TensorView& b, float* out, int64_t row_stride) {
+  kernels::QkParams qk{};
+  qk.q = heads_view(a);
+  qk.k = heads_view(b);
+  qk.s = out;
+  qk.s_bh_stride = row_stride * chunk.rows;
+  qk.s_row_stride = row_stride;
+  qk.heads = call.heads;
+  qk.heads_per_kv = call.heads / call.kv_heads;
+  qk.bh_begin = chunk.pair_begin;
+  qk.row_begin = chunk.row_begin;
+  qk.rows = chunk.rows;
+  qk.seq_k = call.seq_k;
+  qk.head_dim = call.head_dim;
+  qk.mask = key_mask(call);
+  kernels::LaunchShape shape;
+  shape.grid = dim3(tiles(call.seq_k, kernel.tile_cols), tiles(chunk.rows, kernel.tile_rows), unsigned(chunk.pairs));
+  shape.block = dim3(unsigned(kernel.threads));
+  shape.dynamic_smem_bytes = kernel.smem_bytes;
+  ctx.device->launch(kernel.kernel, shape, &qk);
+}
+
+// accumulator += scores^T rows_of over the chunk's rows and the GQA group's heads (grad_kv_tiled).
+void launch_grad_kv(ContextState& ctx, const kernels::TiledKernel& kernel, const AttentionCall& call,
+                    const Chunk& chunk, const float* scores, int64_t row_stride, const TensorView& rows_of,
+                    float* accum, int64_t acc_kv_stride) {
+  kernels::GradKvParams g{};
+  g.scores = scores;
+  g.scores_bh_stride = row_stride * chunk.rows;
+  g.scores_row_stride = row_stride;
+  g.rows_of = heads_view(rows_of);
+  g.accumulator = accum;
+  g.acc_kv_stride = acc_kv_stride;
+  g.heads = call.heads;
+  g.heads_per_kv = call.heads / call.kv_heads;
+  g.bh_begin = chunk.pair_begin;
+  g.bh_count = chunk.pairs;
+  g.row_begin = chunk.row_begin;
+  g.rows = chunk.rows;
+  g.seq_k = call.seq_k;
+  g.head_dim = call.head_dim;
+  g.mask = key_mask(call);
+  const int kv_first = chunk.pair_begin / g.heads_per_kv;
+  const int kv_last = (chunk.pair_begin + chunk.pairs - 1) / g.heads_per_kv;
+  kernels::LaunchShape shape;
+  shape.grid = dim3(tiles(call.head_dim, kernel.tile_cols), tiles(call.seq_k, kernel.tile_rows),
+                    unsigned(kv_last - kv_first + 1));
+  shape.block = dim3(unsigned(kernel.threads));
+  shape.dynamic_smem_bytes = kernel.smem_bytes;
+  ctx.device->launch(kernel.kernel, shape, &g);
+}
+
+void run_padded(ContextState& ctx, const NaiveBackwardKernels& kernels, const PlannedBackward& planned,
+                const ChunkedCall& chunked, void* workspace) {
+  const AttentionCall& call = chunked.call;
+  const BackwardSlices slices = slices_of(planned, chunked, workspace);
+  const int64_t ld = chunked.layout.s_row_stride;
+  float* s = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + planned.workspace.scores_offset);
+
+  for_each_chunk(chunked, [&](const Chunk& chunk) {
+    float* dp = s + ld * chunk.rows * chunk.pairs;  // the chunk's dP rows follow its S rows
+    launch_qk(ctx, kernels.qk, call, chunk, call.q, call.k, s, ld);
+    launch_qk(ctx, kernels.qk, call, chunk, slices.dout, call.v, dp, ld);
+
+    kernels::BackwardScoresParams sp{};
+    sp.s = s;
+    sp.dp = dp;
+    sp.p = s;    // P over S
+    sp.ds = dp;  // dS over dP
+    sp.s_bh_stride = sp.p_bh_stride = ld * chunk.rows;
+    sp.s_row_stride = sp.p_row_stride = ld;
+    sp.lse = slices.lse;
+    sp.d = slices.d;
+    sp.lse_pair_stride = chunked.lse_pair_stride;
+    sp.mask = key_mask(call);
+    sp.mods = score_mods_of(call);
+    sp.scale = call.scale;
+    sp.heads = call.heads;
+    sp.bh_begin = chunk.pair_begin;
+    sp.row_begin = chunk.row_begin;
+    sp.rows = chunk.rows;
+    sp.seq_k = call.seq_k;
+    kernels::LaunchShape sp_shape;
+    sp_shape.grid = dim3(tiles(chunk.rows, kernels.scores.rows_per_block), unsigned(chunk.pairs));
+    sp_shape.block = dim3(unsigned(kernels.scores.threads));
+    ctx.device->launch(kernels.scores.kernel, sp_shape, &sp);
+
+    // dQ = dS K: pv_tiled with P := dS, V := K; the scale is in dS already.
+    kernels::PvParams pv{};
+    pv.p = dp;
+    pv.p_bh_stride = ld * chunk.rows;
+    pv.p_row_stride = ld;
+    pv.v = heads_view(call.k);
+    pv.out = slices.dq.data;
+    pv.out_stride_batch = slices.dq.strides[0];
+    pv.out_stride_head = slices.dq.strides[1];
+    pv.out_stride_seq = slices.dq.strides[2];
+    pv.heads = call.heads;
+    pv.heads_per_kv = call.heads / call.kv_heads;
+    pv.bh_begin = chunk.pair_begin;
+    pv.row_begin = chunk.row_begin;
+    pv.rows = chunk.rows;
+    pv.seq_k = call.seq_k;
+    pv.head_dim = call.head_dim;
+    pv.mask = key_mask(call);
+    kernels::LaunchShape pv_shape;
+    pv_shape.grid = dim3(tiles(call.head_dim, kernels.dq.tile_cols), tiles(chunk.rows, kernels.dq.tile_rows),
+                         unsigned(chunk.pairs));
+    pv_shape.block = dim3(unsigned(kernels.dq.threads));
+    pv_shape.dynamic_smem_bytes = kernels.dq.smem_bytes;
+    ctx.device->launch(kernels.dq.kernel, pv_shape, &pv);
+
+    launch_grad_kv(ctx, kernels.grad_kv, call, chunk, s, ld, slices.dout, slices.dv_accum, slices.acc_kv_stride);
+    launch_grad_kv(ctx, kernels.grad_kv, call, chunk, dp, ld, call.q, slices.dk_accum, slices.acc_kv_stride);
+  });
+}
+
+}  // namespace
+
+const char* naive_backward_unsupported(const ContextState& ctx, const BackwardCall& call) {
+  if (!lookup(ctx, call).complete()) return "the naive backward kernels are not built for this backend";
+  return nullptr;
+}
+
+void plan_naive_backward(ContextState& ctx, PlannedBackward& planned, const char* function) {
+  plan_score_backward(ctx, planned, function, naive_backward_layout);
+}
+
+void run_naive_backward(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
+  const NaiveBackwardKernels kernels = lookup(ctx, planned.call);
+  if (!kernels.complete()) throw NotAvailable("attention_backward: naive backward kernels not built for this backend");
+  zero_kv_accumulators(ctx, planned, workspace);
+  for (const ChunkedCall& chunked : planned.scores.calls) {
+    // A varlen sequence without keys: its dq rows are already 0 (the caller zero-fills varlen
+    // gradients) and it has no key rows.
+    if (chunked.call.seq_k == 0) continue;
+    run_padded(ctx, kernels, planned, chunked, workspace);
+  }
+  store_kv_gradients(ctx, planned, workspace);
+}
+
+}  // namespace selfattn::detail

@@ -1,0 +1,114 @@
+// Path 'naive': three kernels per chunk (score_chunks.h) -
+//   S = Q K^T       qk_tiled     fp32 scores into the workspace
+//   P = softmax(S)  softmax_rows scale + causal/key-length mask, P written over S, LSE
+//   O = P V         pv_tiled     O in the call's dtype and strides
+// Every dtype and head_dim >= 1; the kernels pick tensor cores where dtype and head_dim allow.
+// Variable-length batches run sequence by sequence (the plan's padded calls, score_chunks.h).
+#include <string>
+
+#include "runtime/backend_kernels.h"
+#include "forward/paths.h"
+#include "forward/score_chunks.h"
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+namespace {
+
+struct NaiveKernels {
+  kernels::TiledKernel qk, pv;
+};
+
+NaiveKernels lookup(Backend backend, kernels::Element elem, int head_dim) {
+  return {SELFATTN_KERNEL_FOR(backend, qk_tiled_instance(elem, head_dim)),
+          SELFATTN_KERNEL_FOR(backend, pv_tiled_instance(elem, head_dim))};
+}
+
+unsigned tiles(int count, int tile) { return unsigned((count + tile - 1) / tile); }
+
+kernels::HeadsView heads_view(const TensorView& view) {
+  return {view.data, view.strides[0], view.strides[1], view.strides[2]};
+}
+
+}  // namespace
+
+const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call) {
+  const NaiveKernels naive = lookup(ctx.device->backend(), element_of(call.dtype), call.head_dim);
+  if (!naive.qk.kernel || !naive.pv.kernel) return "the naive kernels are not built for this backend";
+  return nullptr;
+}
+
+ScoreLayout naive_score_layout(const AttentionCall& padded) {
+  // P is written over S (fp32 both): one fp32 row of seq_k per query row, padded to 16 bytes.
+  ScoreLayout layout;
+  layout.s_row_stride = layout.p_row_stride = (int64_t(padded.seq_k) + 3) / 4 * 4;
+  layout.row_bytes = size_t(layout.s_row_stride) * sizeof(float);
+  return layout;
+}
+
+namespace {
+void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall& chunked, void* workspace) {
+  const AttentionCall& call = chunked.call;
+  const ScoreLayout& layout = chunked.layout;
+  for_each_chunk(chunked, [&](const Chunk& chunk) {
+    float* scores = static_cast<float*>(workspace);
+    const int64_t pair_stride = layout.s_row_stride * chunk.rows;
+
+    kernels::QkParams qk{};
+    qk.q = heads_view(call.q);
+    qk.k = heads_view(call.k);
+    qk.s = scores;
+    qk.s_bh_stride = pair_stride;
+    qk.s_row_stride = layout.s_row_stride;
+    qk.heads = call.heads;
+    qk.heads_per_kv = call.heads / call.kv_heads;
+    qk.bh_begin = chunk.pair_begin;
+    qk.row_begin = chunk.row_begin;
+    qk.rows = chunk.rows;
+    qk.seq_k = call.seq_k;
+    qk.head_dim = call.head_dim;
+    qk.mask = key_mask(call);
+    kernels::LaunchShape qk_shape;
+    qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
+    qk_shape.block = dim3(unsigned(naive.qk.threads));
+    qk_shape.dynamic_smem_bytes = naive.qk.smem_bytes;
+    if (call.seq_k > 0) ctx.device->launch(naive.qk.kernel, qk_shape, &qk);  // none: softmax and P V write 0 / -inf
+
+    launch_softmax(ctx, call, chunk, scores, layout.s_row_stride, scores, kernels::Element::f32, layout.s_row_stride,
+                   call.scale, chunked.lse_pair_stride);
+
+    kernels::PvParams pv{};
+    pv.p = scores;
+    pv.p_bh_stride = pair_stride;
+    pv.p_row_stride = layout.s_row_stride;
+    pv.v = heads_view(call.v);
+    pv.out = call.out.data;
+    pv.out_stride_batch = call.out.strides[0];
+    pv.out_stride_head = call.out.strides[1];
+    pv.out_stride_seq = call.out.strides[2];
+    pv.heads = call.heads;
+    pv.heads_per_kv = call.heads / call.kv_heads;
+    pv.bh_begin = chunk.pair_begin;
+    pv.row_begin = chunk.row_begin;
+    pv.rows = chunk.rows;
+    pv.seq_k = call.seq_k;
+    pv.head_dim = call.head_dim;
+    pv.mask = key_mask(call);
+    kernels::LaunchShape pv_shape;
+    pv_shape.grid = dim3(tiles(call.head_dim, naive.pv.tile_cols), tiles(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
+    pv_shape.block = dim3(unsigned(naive.pv.threads));
+    pv_shape.dynamic_smem_bytes = naive.pv.smem_bytes;
+    ctx.device->launch(naive.pv.kernel, pv_shape, &pv);
+  });
+}
+}  // namespace
+
+void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace) {
+  if (plan.calls.empty()) return;
+  // Every padded call of a plan has the call's dtype and head_dim: one lookup serves them all.
+  const AttentionCall& first = plan.calls.front().call;
+  const NaiveKernels naive = lookup(ctx.device->backend(), element_of(first.dtype), first.head_dim);
+  if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
+  for (const ChunkedCall& chunked : plan.calls) run_padded(ctx, naive, chunked, workspace);
+}
+
+}  // namespace selfattn::detail

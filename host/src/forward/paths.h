@@ -1,0 +1,128 @@
+#pragma once
+// The attention paths behind attention(): each says whether it supports a validated call and runs
+// it. attention.cpp validates arguments once, resolves `automatic`, plans the call (every check
+// that can throw) and then runs one of these.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/context_state.h"
+#include "selfattn/attention.h"
+
+namespace selfattn::detail {
+
+// A call that passed validation: shapes agree, dtypes match, head_dim stride is 1, out does not
+// overlap an input. For varlen calls, cu_seqlens_q/k are set, batch is the number of sequences,
+// seq_q/seq_k are the max lengths, and q/k/v/out are [1, heads, total, head_dim] views.
+struct AttentionCall {
+  TensorView q, k, v, out;
+  DType dtype = DType::f32;
+  int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  Causal causal = Causal::none;
+  float scale = 1.0f;
+  const int32_t* key_lengths = nullptr;   // device, [batch] or null
+  float* lse = nullptr;                   // device, [batch, heads, seq_q] (varlen: [heads, total_q]) or null
+  const int32_t* cu_seqlens_q = nullptr;  // device, [batch + 1]; varlen only
+  const int32_t* cu_seqlens_k = nullptr;
+  // Masks and score modifiers (AttentionOptions), validated. bias, when present, is normalised to
+  // the call's full extent [batch, heads, seq_q, seq_k] (varlen: max lengths) with stride 0 on every
+  // broadcast dimension; alibi_stride_batch is heads for [batch, heads] slopes, 0 for [heads].
+  int window_left = -1, window_right = -1;
+  float softcap = 0;  // 0: none
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride_batch = 0;
+  std::optional<TensorView> bias;
+  const float* sinks = nullptr;  // device, [heads] or null
+  bool varlen() const { return cu_seqlens_q != nullptr; }
+};
+
+// Each returns nullptr when supported, else a reason ("head_dim 7 needs the naive or cublas path").
+const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call);
+const char* cublas_unsupported(const ContextState& ctx, const AttentionCall& call);
+const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call);
+
+// ---- the score paths' plan (naive, cublas: score_chunks.h) ----
+
+// How one padded call keeps the scores of a query row in the workspace.
+struct ScoreLayout {
+  size_t row_bytes = 0;      // workspace bytes one query row needs (S, plus P when separate)
+  int64_t s_row_stride = 0;  // fp32 elements between rows of S
+  int64_t p_row_stride = 0;  // elements (of P's type) between rows of P; s_row_stride when P is over S
+};
+ScoreLayout naive_score_layout(const AttentionCall& padded);
+ScoreLayout cublas_score_layout(const AttentionCall& padded);
+
+// A padded call (the whole call, or one sequence of a varlen call as a call of batch 1) with the
+// chunk it runs in: `pairs` consecutive (batch, head) pairs x `rows` consecutive query rows.
+struct ChunkedCall {
+  AttentionCall call;           // never varlen
+  int64_t lse_pair_stride = 0;  // LSE row q of pair bh is at call.lse[bh * lse_pair_stride + q]
+  ScoreLayout layout;
+  int pairs = 0, rows = 0;
+  // Where this padded call's rows start in the varlen call's packed views (0 otherwise): the
+  // backward slices its own views (dout, dq, the dK/dV accumulators) with them.
+  int64_t q_row_offset = 0, k_row_offset = 0;
+};
+
+// Every chunk of a call, fixed before anything runs; workspace_bytes holds the largest.
+struct ScorePlan {
+  std::vector<ChunkedCall> calls;
+  size_t workspace_bytes = 0;
+};
+
+// ---- planning and running (attention.cpp) ----
+
+inline size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The fused kernels read a varlen call's cu_seqlens on the device, where the host never checks them.
+// Made non-decreasing first (a running maximum, one small kernel per call), they can be wrong but
+// never make two sequences share a row, so no two blocks write the same output. path_fused.cpp:
+//   fused_workspace_bytes: the workspace that takes (the q and the k offsets; 0 unless varlen);
+//   with_ordered_offsets:  launches it into `workspace` and returns the call reading those offsets
+//                          (the call itself unless varlen). The forward and the fused backward use both.
+//   ordered_offsets_available: whether the backend has that kernel (the paths' support checks ask).
+size_t fused_workspace_bytes(const AttentionCall& call);
+AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace);
+bool ordered_offsets_available(const ContextState& ctx);
+
+// A validated call ready to run: every check that can throw (path support, the cu_seqlens of a
+// varlen call, the workspace limit) has passed, so running it can only fail in the backend.
+struct PlannedAttention {
+  AttentionCall call;
+  Path path = Path::naive;
+  ScorePlan scores;  // naive and cublas; empty for fused
+  // The workspace the run takes: the scores' (naive, cublas), or the fused path's ordered
+  // cu_seqlens (varlen; fused_workspace_bytes).
+  size_t workspace_bytes() const { return path == Path::fused ? fused_workspace_bytes(call) : scores.workspace_bytes; }
+};
+
+// Plans a call with at least one query row and one key. `function` names the entry point in
+// messages. The scores get the workspace limit less `reserved_before` bytes the caller keeps in
+// front of them (self_attention()'s projections).
+PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Path requested, const char* function,
+                                size_t reserved_before = 0);
+// Runs a plan with planned.workspace_bytes() bytes of workspace at `workspace`.
+void run_planned(ContextState& ctx, const PlannedAttention& planned, void* workspace);
+
+// The path a call runs: `requested` when unsupported(requested) is null, else NotAvailable with its
+// reason; for automatic the first of fused, then cublas (cuda) or naive (sim), then the other, that
+// unsupported() accepts, else NotAvailable listing every reason. `described` names the call in the
+// messages, `function` the entry point. Shared by attention() and attention_backward().
+Path choose_path(Backend backend, Path requested, const char* function, const std::string& described,
+                 const std::function<const char*(Path)>& unsupported);
+
+// Writes zeros to every element of `view` (a dense view in one fill, else one fill per row).
+void zero_fill(Device& device, const TensorView& view);
+
+// Each runs a plan of a call its *_unsupported accepted; run_fused takes fused_workspace_bytes(call)
+// bytes of workspace at `workspace` (null when that is 0).
+void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
+void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
+void run_fused(ContextState& ctx, const AttentionCall& call, void* workspace);
+// Whether the fused forward may run the Hopper kernel on this context at all (path_fused.cpp):
+// the context allows it, the device has compute capability 9.0, the build has the kernels.
+bool hopper_kernels_usable(const ContextState& ctx);
+
+}  // namespace selfattn::detail

@@ -1,0 +1,388 @@
+// append_kv, attention_with_kv_cache and merge_states (kv_cache.h): validate everything first
+// (kv_cache_validation.cpp), then launch the kernels of kernels/decode/.
+//
+// Attention over a cache: the fused path is the split-KV decode kernel (decode_split_kv, then
+// decode_combine when there is more than one split), reading the cache in place. The naive and
+// cublas paths run as they do on any padded batch: kv_gather copies each sequence's K/V (from pages
+// or a strided contiguous cache) into dense [batch, kv_heads, capacity, d] buffers in the
+// workspace, and attention() runs on them with key_lengths = cache.lengths, which gives exactly the
+// bottom-right alignment of new rows at the end of each sequence. Nothing reads device metadata on
+// the host unless validate_metadata asks, so the calls are graph-safe once the workspace is warm.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "validation/attention_validation.h"
+#include "runtime/backend_kernels.h"
+#include "forward/kernel_args.h"
+#include "validation/kv_cache_validation.h"
+#include "forward/paths.h"
+#include "selfattn/attention.h"
+#include "selfattn/error.h"
+#include "selfattn/kv_cache.h"
+#include "kv_cache/split_heuristic.h"
+
+namespace selfattn {
+namespace {
+
+using detail::CacheShape;
+using detail::ContextState;
+using kernels::DecodeKernel;
+
+// A decode kernel the backend has, or NotAvailable.
+DecodeKernel available(DecodeKernel kernel) {
+  if (!kernel.kernel) throw NotAvailable("KV cache: this build has no decode kernels for the backend");
+  return kernel;
+}
+// One decode family's instance (registry.inc: FAMILY(kernels::Element)) for the context's backend.
+#define SELFATTN_DECODE_KERNEL(state, family, dtype) \
+  available(SELFATTN_KERNEL_FOR((state).device->backend(), family(detail::element_of(dtype))))
+
+kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
+  kernels::KvPagesView view{};
+  view.k = cache.k.data;
+  view.v = cache.v.data;
+  view.k_stride_page = cache.k.strides[0];
+  view.k_stride_head = cache.k.strides[1];
+  view.k_stride_row = cache.k.strides[2];
+  view.v_stride_page = cache.v.strides[0];
+  view.v_stride_head = cache.v.strides[1];
+  view.v_stride_row = cache.v.strides[2];
+  view.num_pages = shape.num_pages;
+  view.page_size = shape.page_size;
+  view.kv_heads = shape.kv_heads;
+  view.head_dim = shape.head_dim;
+  view.block_table = cache.block_table;
+  view.max_pages_per_seq = shape.max_pages_per_seq;
+  view.lengths = cache.lengths;
+  view.batch = shape.batch;
+  return view;
+}
+
+kernels::RotaryTables rotary_tables(const std::optional<Rotary>& rotary) {
+  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false};
+  return kernels::RotaryTables{rotary->cos, rotary->sin, rotary->max_position, rotary->rotary_dim, rotary->interleaved};
+}
+
+kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t heads, int64_t batch) {
+  kernels::LaunchShape shape;
+  shape.grid = dim3(unsigned((rows + kernel.rows_per_block - 1) / kernel.rows_per_block), unsigned(heads), unsigned(batch));
+  shape.block = dim3(unsigned(kernel.threads));
+  return shape;
+}
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// q rotated at positions lengths[b] - seq_q + i (its rows are the last seq_q tokens of the sequence).
+void rotate_query(ContextState& state, const TensorView& q, const TensorView& rotated, const int32_t* lengths,
+                  const Rotary& rotary) {
+  const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, q.dtype);
+  kernels::RotaryRowsParams params{};
+  params.in = q.data;
+  params.out = rotated.data;
+  params.in_stride_batch = q.strides[0];
+  params.in_stride_head = q.strides[1];
+  params.in_stride_row = q.strides[2];
+  params.out_stride_batch = rotated.strides[0];
+  params.out_stride_head = rotated.strides[1];
+  params.out_stride_row = rotated.strides[2];
+  params.seq = int(q.seq());
+  params.head_dim = int(q.head_dim());
+  params.lengths = lengths;
+  params.position_offset = -int(q.seq());
+  params.rotary = rotary_tables(rotary);
+  state.device->launch(rotate.kernel, rows_grid(rotate, q.seq(), q.heads(), q.batch()), &params);
+}
+
+// ---- split-KV decode (the fused path) ----
+
+constexpr int kKeysPerSplitTile = 32;   // decode_split_kv's key tile
+constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in combine than it saves
+constexpr int kMaxAutomaticSplits = 64;
+constexpr int64_t kMaxCombineBlocks = int64_t(1) << 20;  // decode_combine strides over the rest
+
+// Whether every row of the view starts on 16 bytes and holds whole 16-byte chunks (the split-KV
+// kernel then stages K/V with 16-byte loads).
+bool rows_on_16_bytes(const TensorView& view) {
+  const int64_t element = int64_t(dtype_size(view.dtype));
+  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0 || (view.head_dim() * element) % 16 != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if ((view.strides[i] * element) % 16 != 0) return false;
+  return true;
+}
+
+DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
+  return SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_instance(detail::element_of(dtype), head_dim));
+}
+
+// The split-KV kernel for this call: the tensor-core one where it has an instance (f16/bf16, head
+// dims 64 and 128) and q, K and V rows are all on 16 bytes; the SIMT one otherwise.
+DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
+                                 int head_dim) {
+  if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {
+    const DecodeKernel mma =
+        SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim));
+    if (mma.kernel) return mma;
+  }
+  return split_kv_kernel(state, q.dtype, head_dim);
+}
+
+// Whether this call runs the split-KV kernel: path fused, or automatic where the kernel takes the
+// head_dim; an explicit fused path that cannot run throws NotAvailable before anything is written.
+bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape) {
+  if (path != Path::fused && path != Path::automatic) return false;
+  const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape.head_dim);
+  const char* reason = !kernel.kernel                        ? "this build has no split-KV decode kernel for the backend"
+                       : shape.head_dim > kernel.max_head_dim ? "head_dim above 256 needs the naive or cublas path"
+                                                              : nullptr;
+  if (reason == nullptr) return true;
+  if (path == Path::fused) throw NotAvailable(std::string("attention_with_kv_cache: path fused: ") + reason);
+  return false;
+}
+
+int64_t group_row_blocks(const TensorView& q, const CacheShape& shape, const DecodeKernel& kernel) {
+  const int64_t group_rows = q.heads() / shape.kv_heads * q.seq();
+  return (group_rows + kernel.rows_per_block - 1) / kernel.rows_per_block;
+}
+
+}  // namespace
+
+// Enough (sequence, kv head, row block, split) blocks for two waves over the device's SMs (the
+// Device reads the count once, so a call never touches the driver; the override is
+// options.num_splits), each split at least kMinTilesPerSplit key tiles of the capacity (the
+// lengths are device data, not read here).
+int detail::choose_splits(int requested, int64_t blocks, int64_t capacity, int multiprocessors) {
+  if (requested > 0) return requested;
+  const int64_t wanted = (2 * int64_t(std::max(multiprocessors, 1)) + blocks - 1) / std::max<int64_t>(blocks, 1);
+  const int64_t tiles = (capacity + kKeysPerSplitTile - 1) / kKeysPerSplitTile;
+  const int64_t most = std::max<int64_t>(1, tiles / kMinTilesPerSplit);
+  return int(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxAutomaticSplits));
+}
+
+namespace {
+
+// grid.x holds splits x row blocks: at most 2^31 - 1 (only a huge seq_q with many splits gets near).
+int fit_grid(int splits, int64_t row_blocks) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t(1) << 31) / std::max<int64_t>(row_blocks, 1) - 1)));
+}
+
+size_t partial_bytes(int splits, const TensorView& q) {
+  if (splits <= 1) return 0;
+  const size_t rows = size_t(q.batch()) * size_t(q.heads()) * size_t(q.seq());
+  return aligned(size_t(splits) * rows * size_t(q.head_dim()) * sizeof(float)) + aligned(size_t(splits) * rows * sizeof(float));
+}
+
+void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
+                  const CacheShape& shape, const TensorView& out, float* lse, float scale, Causal causal,
+                  const kernels::ScoreMods& mods, int splits, unsigned char* work) {
+  kernels::DecodeSplitKvParams params{};
+  params.cache = pages_view(cache, shape);
+  params.q = q.data;
+  params.out = out.data;
+  params.q_stride_batch = q.strides[0];
+  params.q_stride_head = q.strides[1];
+  params.q_stride_row = q.strides[2];
+  params.out_stride_batch = out.strides[0];
+  params.out_stride_head = out.strides[1];
+  params.out_stride_row = out.strides[2];
+  params.lse = lse;
+  params.rows = q.batch() * q.heads() * q.seq();
+  params.partial_out = splits > 1 ? reinterpret_cast<float*>(work) : nullptr;
+  params.partial_lse = splits > 1 ? reinterpret_cast<float*>(
+                                        work + aligned(size_t(splits) * size_t(params.rows) * size_t(q.head_dim()) * sizeof(float)))
+                                  : nullptr;
+  params.heads = int(q.heads());
+  params.seq_q = int(q.seq());
+  params.head_dim = shape.head_dim;
+  params.heads_per_kv = int(q.heads()) / shape.kv_heads;
+  params.num_splits = splits;
+  params.row_blocks = int(group_row_blocks(q, shape, kernel));
+  params.scale = scale;
+  params.scale_log2 = float(double(scale) * 1.4426950408889634);
+  params.mods = mods;
+  params.causal = detail::causal_mask_of(causal);
+  params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);
+  kernels::LaunchShape launch;
+  launch.grid = dim3(unsigned(int64_t(splits) * params.row_blocks), unsigned(shape.kv_heads), unsigned(shape.batch));
+  launch.block = dim3(unsigned(kernel.threads));
+  launch.dynamic_smem_bytes = kernel.smem_bytes;
+  state.device->launch(kernel.kernel, launch, &params);
+  if (splits == 1) return;  // the block wrote out and lse itself
+
+  const DecodeKernel combine = SELFATTN_DECODE_KERNEL(state, decode_combine_instance, q.dtype);
+  kernels::DecodeCombineParams merge{};
+  merge.partial_out = params.partial_out;
+  merge.partial_lse = params.partial_lse;
+  merge.out = out.data;
+  merge.out_stride_batch = out.strides[0];
+  merge.out_stride_head = out.strides[1];
+  merge.out_stride_row = out.strides[2];
+  merge.lse = lse;
+  merge.sinks = params.mods.sinks;
+  merge.rows = params.rows;
+  merge.heads = params.heads;
+  merge.seq_q = params.seq_q;
+  merge.head_dim = params.head_dim;
+  merge.num_splits = splits;
+  kernels::LaunchShape combine_launch;
+  combine_launch.grid = dim3(unsigned(std::min<int64_t>(params.rows, kMaxCombineBlocks)));
+  combine_launch.block = dim3(unsigned(combine.threads));
+  state.device->launch(combine.kernel, combine_launch, &merge);
+}
+
+}  // namespace
+
+void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+               const AppendKvOptions& options) {
+  ContextState& state = ctx.state();
+  const CacheShape shape = detail::validate_append_kv(cache, k_new, v_new, options);
+  if (options.validate_metadata) detail::check_metadata("append_kv", state, cache, shape, int(k_new.seq()));
+  if (shape.batch == 0) return;
+  // With no element to copy (no token, no kv head or head_dim 0), updated_lengths still advances by
+  // seq_new: one block per sequence writes it, with a view of no columns so that it copies nothing.
+  const bool nothing_to_copy = k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim == 0;
+  if (nothing_to_copy && options.updated_lengths == nullptr) return;
+  const DecodeKernel kernel = SELFATTN_DECODE_KERNEL(state, kv_append_instance, cache.k.dtype);
+
+  kernels::KvAppendParams params{};
+  params.cache = pages_view(cache, shape);
+  if (nothing_to_copy) params.cache.head_dim = 0;
+  params.k_new = k_new.data;
+  params.v_new = v_new.data;
+  params.new_stride_batch_k = k_new.strides[0];
+  params.new_stride_head_k = k_new.strides[1];
+  params.new_stride_row_k = k_new.strides[2];
+  params.new_stride_batch_v = v_new.strides[0];
+  params.new_stride_head_v = v_new.strides[1];
+  params.new_stride_row_v = v_new.strides[2];
+  params.seq_new = int(k_new.seq());
+  params.rotary = rotary_tables(options.rotary);
+  params.updated_lengths = options.updated_lengths;
+  const int64_t rows = nothing_to_copy ? 1 : params.seq_new;
+  const int64_t heads = nothing_to_copy ? 1 : shape.kv_heads;
+  state.device->launch(kernel.kernel, rows_grid(kernel, rows, heads, shape.batch), &params);
+}
+
+void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
+                             const KvAttentionOptions& options) {
+  constexpr const char* kFunction = "attention_with_kv_cache";
+  ContextState& state = ctx.state();
+  detail::AttentionCall score_mods;
+  const CacheShape shape = detail::validate_attention_with_kv_cache(q, cache, out, options, score_mods);
+  if (options.validate_metadata) detail::check_metadata("attention_with_kv_cache", state, cache, shape, 0);
+
+  // The same call as attention() over the gathered cache (kv_cache_validation.h), modifiers included.
+  const AttentionOptions attention_options = detail::attention_options_of(options, cache);
+  if (q.numel() == 0 || shape.capacity == 0 || shape.kv_heads == 0) {
+    // No query rows, or no cache slot at all: attention() writes nothing / zeros and -inf itself.
+    // With no key there is nothing to bias (and the bias's key extent, the capacity, may not be 0).
+    TensorView empty = TensorView::bhsd(nullptr, q.dtype, q.batch(), shape.kv_heads, 0, q.head_dim());
+    AttentionOptions no_keys = attention_options;
+    no_keys.bias.reset();
+    attention(ctx, q, empty, empty, out, no_keys);
+    return;
+  }
+
+  // The fused path is the split-KV decode kernel, read straight from the cache; the others gather.
+  const bool split_kv = use_split_kv(state, options.path, shape);
+  const DecodeKernel split_kernel = split_kv ? split_kv_kernel_for(state, q, cache, shape.head_dim) : DecodeKernel{};
+  const int64_t row_blocks = split_kv ? group_row_blocks(q, shape, split_kernel) : 0;
+  const int splits = split_kv ? fit_grid(detail::choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
+                                                               shape.capacity, state.device->multiprocessor_count()),
+                                         row_blocks)
+                              : 0;
+  // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V (and,
+  // on naive/cublas, the attention step's scores after them, as self_attention() does).
+  const size_t element = dtype_size(q.dtype);
+  const size_t q_bytes = options.rotary ? aligned(size_t(q.numel()) * element) : 0;
+  const size_t kv_bytes = aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim * element);
+  const size_t work_bytes = split_kv ? partial_bytes(splits, q) : 2 * kv_bytes;
+  const size_t reserved = q_bytes + work_bytes;
+  const std::string what = std::string(kFunction) + ": rotated q, split partials or gathered K/V";
+  auto* workspace = static_cast<unsigned char*>(state.workspace.reserve(reserved, what));
+  const auto rotated_q_at = [&](unsigned char* base) {
+    return options.rotary ? TensorView::bhsd(base, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim()) : q;
+  };
+
+  if (split_kv) {
+    const TensorView q_used = rotated_q_at(workspace);
+    if (options.rotary) rotate_query(state, q, q_used, cache.lengths, *options.rotary);
+    const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
+    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal,
+                 detail::score_mods_of(score_mods), splits, workspace + q_bytes);
+    return;
+  }
+
+  // Gathered K and V, then attention() on them. Everything that can throw (the path, the scores'
+  // workspace) is planned before the first kernel; the plan's views lie in the workspace, so plan
+  // again if growing it for the scores moved it.
+  const auto gathered_at = [&](unsigned char* base, size_t offset) {
+    return TensorView::bhsd(base + offset, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
+  };
+  const auto plan_at = [&](unsigned char* base) {
+    const detail::AttentionCall call =
+        detail::validate_attention(kFunction, rotated_q_at(base), gathered_at(base, q_bytes),
+                                   gathered_at(base, q_bytes + kv_bytes), out, attention_options);
+    return detail::plan_attention(state, call, options.path, kFunction, reserved);
+  };
+  detail::PlannedAttention planned = plan_at(workspace);
+  auto* sized = static_cast<unsigned char*>(
+      state.workspace.reserve(reserved + planned.workspace_bytes(), std::string(kFunction) + ": gathered K/V and scores"));
+  if (sized != workspace) planned = plan_at(workspace = sized);
+
+  if (options.rotary) rotate_query(state, q, rotated_q_at(workspace), cache.lengths, *options.rotary);
+  const DecodeKernel gather = SELFATTN_DECODE_KERNEL(state, kv_gather_instance, q.dtype);
+  kernels::KvGatherParams params{};
+  params.cache = pages_view(cache, shape);
+  params.k_out = workspace + q_bytes;
+  params.v_out = workspace + q_bytes + kv_bytes;
+  params.capacity = shape.capacity;
+  state.device->launch(gather.kernel, rows_grid(gather, shape.capacity, shape.kv_heads, shape.batch), &params);
+  detail::run_planned(state, planned, workspace + reserved);
+}
+
+void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,
+                  const float* lse_b, const TensorView& out, float* lse_out) {
+  ContextState& state = ctx.state();
+  detail::validate_merge_states(out_a, lse_a, out_b, lse_b, out, lse_out);
+  const int64_t rows = out_a.batch() * out_a.heads() * out_a.seq();
+  if (rows == 0) return;
+  const DecodeKernel kernel = SELFATTN_DECODE_KERNEL(state, merge_states_instance, out_a.dtype);
+  kernels::MergeStatesParams params{};
+  params.out_a = out_a.data;
+  params.out_b = out_b.data;
+  params.out = out.data;
+  params.a_stride_batch = out_a.strides[0];
+  params.a_stride_head = out_a.strides[1];
+  params.a_stride_row = out_a.strides[2];
+  params.b_stride_batch = out_b.strides[0];
+  params.b_stride_head = out_b.strides[1];
+  params.b_stride_row = out_b.strides[2];
+  params.o_stride_batch = out.strides[0];
+  params.o_stride_head = out.strides[1];
+  params.o_stride_row = out.strides[2];
+  params.lse_a = lse_a;
+  params.lse_b = lse_b;
+  params.lse_out = lse_out;
+  params.heads = int(out_a.heads());
+  params.seq = int(out_a.seq());
+  params.head_dim = int(out_a.head_dim());
+  params.rows = rows;
+  kernels::LaunchShape shape;
+  shape.grid = dim3(unsigned((rows + kernel.threads - 1) / kernel.threads));
+  shape.block = dim3(unsigned(kernel.threads));
+  state.device->launch(kernel.kernel, shape, &params);
+}
+
+void cu_seqlens_from_lengths(Context& ctx, const int32_t* lengths, int batch, int32_t* cu_seqlens) {
+  ContextState& state = ctx.state();
+  detail::validate_cu_seqlens_from_lengths(lengths, batch, cu_seqlens);
+  // The scratch first: a WorkspaceTooSmall must come before cu_seqlens[0] is written.
+  const size_t scratch_bytes = batch > 0 ? state.device->scan_scratch_bytes(batch) : 0;
+  void* scratch = scratch_bytes > 0 ? state.workspace.reserve(scratch_bytes, "cu_seqlens_from_lengths: the scan's scratch") : nullptr;
+  state.device->fill(cu_seqlens, 0, sizeof(int32_t));  // cu_seqlens[0] = 0
+  if (batch == 0) return;
+  state.device->inclusive_sum_int32(lengths, cu_seqlens + 1, batch, scratch, scratch_bytes);
+}
+
+}  // namespace selfattn

@@ -1,0 +1,334 @@
+// Argument checking for the KV-cache calls (see kv_cache_validation.h).
+#include "validation/kv_cache_validation.h"
+
+#include <climits>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "validation/attention_validation.h"
+#include "selfattn/error.h"
+
+namespace selfattn::detail {
+namespace {
+
+constexpr int64_t kMaxGridYZ = 65535;  // kv heads / heads on grid.y, sequences on grid.z
+constexpr int64_t kMaxGroupRows = (int64_t(1) << 31) - 1 - 64;  // a row block's first row stays an int32
+
+[[noreturn]] void fail(const char* function, const std::string& message) {
+  throw InvalidArgument(std::string(function) + ": " + message);
+}
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+void expect_equal(const char* function, const std::string& what, int64_t expected, const std::string& reference,
+                  int64_t given) {
+  if (given != expected) fail(function, what + " expected " + str(expected) + " (" + reference + "), got " + str(given));
+}
+
+void expect_dtype(const char* function, const char* name, const TensorView& view, DType dtype) {
+  if (view.dtype != dtype) {
+    fail(function, std::string(name) + ".dtype expected " + to_string(dtype) + " (cache.k.dtype), got " +
+                       to_string(view.dtype));
+  }
+}
+
+ByteRange int_range(const int32_t* data, int64_t count) { return byte_range(data, size_t(count) * sizeof(int32_t)); }
+
+// The cache alone: views, dtypes, layout, sizes, metadata pointers, and its parts not overlapping.
+// `written`: the call writes the cache (append_kv), so its elements need addresses of their own.
+CacheShape check_cache(const char* function, const KvCache& cache, bool written) {
+  check_view(function, "cache.k", cache.k);
+  check_view(function, "cache.v", cache.v);
+  if (cache.v.dtype != cache.k.dtype) {
+    fail(function, std::string("cache.v.dtype expected ") + to_string(cache.k.dtype) + " (cache.k.dtype), got " +
+                       to_string(cache.v.dtype));
+  }
+  for (int i = 0; i < 4; ++i) {
+    expect_equal(function, "cache.v.shape[" + str(i) + "]", cache.k.shape[i], "cache.k.shape[" + str(i) + "]",
+                 cache.v.shape[i]);
+  }
+  if (written) {
+    expect_distinct_addresses(function, "cache.k", cache.k);
+    expect_distinct_addresses(function, "cache.v", cache.v);
+  }
+  if (cache.batch < 0) fail(function, "cache.batch expected >= 0, got " + str(cache.batch));
+  if (cache.batch > kMaxGridYZ) fail(function, "cache.batch expected <= 65535, got " + str(cache.batch));
+  if (cache.k.heads() > kMaxGridYZ) fail(function, "cache.k.shape[1] (kv_heads) expected <= 65535, got " + str(cache.k.heads()));
+  CacheShape shape;
+  shape.batch = cache.batch;
+  shape.kv_heads = int(cache.k.heads());
+  shape.head_dim = int(cache.k.head_dim());
+  shape.num_pages = int(cache.k.batch());
+  shape.page_size = int(cache.k.seq());
+  if (cache.paged()) {
+    if (cache.max_pages_per_seq < 1) fail(function, "cache.max_pages_per_seq expected >= 1, got " + str(cache.max_pages_per_seq));
+    if (shape.page_size < 1) fail(function, "cache.k.shape[2] (page_size) expected >= 1, got " + str(shape.page_size));
+    shape.max_pages_per_seq = cache.max_pages_per_seq;
+  } else {
+    expect_equal(function, "cache.batch", cache.k.batch(), "cache.k.shape[0], a contiguous cache", cache.batch);
+    if (cache.max_pages_per_seq != 0 && cache.max_pages_per_seq != 1) {
+      fail(function, "cache.max_pages_per_seq expected 0 or 1 (contiguous cache: block_table is null), got " +
+                         str(cache.max_pages_per_seq));
+    }
+    shape.max_pages_per_seq = 1;
+  }
+  const int64_t capacity = int64_t(shape.page_size) * shape.max_pages_per_seq;
+  if (capacity > kMaxExtent) {
+    fail(function, "cache capacity (page_size * max_pages_per_seq) expected <= " + str(kMaxExtent) + ", got " + str(capacity));
+  }
+  shape.capacity = int(capacity);
+  if (shape.batch > 0 && cache.lengths == nullptr) fail(function, "cache.lengths expected non-null, got null");
+  expect_aligned(function, "cache.lengths", cache.lengths, alignof(int32_t));
+  if (cache.paged()) expect_aligned(function, "cache.block_table", cache.block_table, alignof(int32_t));
+  const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
+  expect_disjoint(function, "cache.v", v, "cache.k", k);
+  const ByteRange lengths = int_range(cache.lengths, shape.batch);
+  expect_disjoint(function, "cache.lengths", lengths, "cache.k", k);
+  expect_disjoint(function, "cache.lengths", lengths, "cache.v", v);
+  if (cache.paged()) {
+    const ByteRange table = int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq);
+    expect_disjoint(function, "cache.block_table", table, "cache.k", k);
+    expect_disjoint(function, "cache.block_table", table, "cache.v", v);
+  }
+  return shape;
+}
+
+void check_rotary(const char* function, const char* name, const std::optional<Rotary>& rotary, int head_dim) {
+  if (!rotary) return;
+  const std::string prefix = name;
+  if (rotary->cos == nullptr) fail(function, prefix + ".cos expected non-null, got null");
+  if (rotary->sin == nullptr) fail(function, prefix + ".sin expected non-null, got null");
+  expect_aligned(function, (prefix + ".cos").c_str(), rotary->cos, alignof(float));
+  expect_aligned(function, (prefix + ".sin").c_str(), rotary->sin, alignof(float));
+  if (rotary->max_position < 1) fail(function, prefix + ".max_position expected >= 1, got " + str(rotary->max_position));
+  if (rotary->rotary_dim < 2 || rotary->rotary_dim % 2 != 0 || rotary->rotary_dim > head_dim) {
+    fail(function, prefix + ".rotary_dim expected an even number in [2, head_dim = " + str(head_dim) + "], got " +
+                       str(rotary->rotary_dim));
+  }
+}
+
+// What the rotary tables occupy (they are read while `written` is written).
+void check_rotary_disjoint(const char* function, const char* name, const std::optional<Rotary>& rotary,
+                           const char* written_name, const ByteRange& written) {
+  if (!rotary) return;
+  const size_t bytes = size_t(rotary->max_position) * size_t(rotary->rotary_dim / 2) * sizeof(float);
+  expect_disjoint(function, (std::string(name) + ".cos").c_str(), byte_range(rotary->cos, bytes), written_name, written);
+  expect_disjoint(function, (std::string(name) + ".sin").c_str(), byte_range(rotary->sin, bytes), written_name, written);
+}
+
+}  // namespace
+
+CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+                              const AppendKvOptions& options) {
+  const char* function = "append_kv";
+  const CacheShape shape = check_cache(function, cache, /*written=*/true);
+  check_view(function, "k_new", k_new);
+  check_view(function, "v_new", v_new);
+  expect_dtype(function, "k_new", k_new, cache.k.dtype);
+  expect_dtype(function, "v_new", v_new, cache.k.dtype);
+  expect_equal(function, "k_new.shape[0] (batch)", shape.batch, "cache.batch", k_new.batch());
+  expect_equal(function, "k_new.shape[1] (kv_heads)", shape.kv_heads, "cache.k.shape[1]", k_new.heads());
+  expect_equal(function, "k_new.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", k_new.head_dim());
+  for (int i = 0; i < 4; ++i) {
+    expect_equal(function, "v_new.shape[" + str(i) + "]", k_new.shape[i], "k_new.shape[" + str(i) + "]", v_new.shape[i]);
+  }
+  if (int64_t(shape.capacity) + k_new.seq() > kMaxExtent) {
+    fail(function, "capacity + k_new.shape[2] (seq_new) expected <= " + str(kMaxExtent) + ", got " +
+                       str(int64_t(shape.capacity) + k_new.seq()));
+  }
+  check_rotary(function, "options.rotary", options.rotary, shape.head_dim);
+  const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
+  expect_disjoint(function, "k_new", byte_range(k_new), "cache.k", k);
+  expect_disjoint(function, "k_new", byte_range(k_new), "cache.v", v);
+  expect_disjoint(function, "v_new", byte_range(v_new), "cache.k", k);
+  expect_disjoint(function, "v_new", byte_range(v_new), "cache.v", v);
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.k", k);
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.v", v);
+  if (options.updated_lengths != nullptr) {
+    expect_aligned(function, "options.updated_lengths", options.updated_lengths, alignof(int32_t));
+    const ByteRange updated = int_range(options.updated_lengths, shape.batch);
+    expect_disjoint(function, "options.updated_lengths", updated, "cache.lengths", int_range(cache.lengths, shape.batch));
+    expect_disjoint(function, "options.updated_lengths", updated, "cache.k", k);
+    expect_disjoint(function, "options.updated_lengths", updated, "cache.v", v);
+    // Written while other blocks read the new tokens and the rotary tables.
+    expect_disjoint(function, "options.updated_lengths", updated, "k_new", byte_range(k_new));
+    expect_disjoint(function, "options.updated_lengths", updated, "v_new", byte_range(v_new));
+    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.updated_lengths", updated);
+    if (cache.paged()) {
+      expect_disjoint(function, "options.updated_lengths", updated, "cache.block_table",
+                      int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
+    }
+  }
+  return shape;
+}
+
+AttentionOptions attention_options_of(const KvAttentionOptions& options, const KvCache& cache) {
+  AttentionOptions converted;
+  converted.path = options.path;
+  converted.causal = options.causal;
+  converted.scale = options.scale;
+  converted.key_lengths = cache.lengths;
+  converted.lse = options.lse;
+  converted.window_left = options.window_left;
+  converted.window_right = options.window_right;
+  converted.softcap = options.softcap;
+  converted.alibi_slopes = options.alibi_slopes;
+  converted.alibi_slopes_count = options.alibi_slopes_count;
+  converted.bias = options.bias;
+  converted.sinks = options.sinks;
+  return converted;
+}
+
+CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                                            const KvAttentionOptions& options, AttentionCall& score_mods) {
+  const char* function = "attention_with_kv_cache";
+  const CacheShape shape = check_cache(function, cache, /*written=*/false);
+  check_view(function, "q", q);
+  check_view(function, "out", out);
+  expect_dtype(function, "q", q, cache.k.dtype);
+  expect_dtype(function, "out", out, cache.k.dtype);
+  expect_equal(function, "q.shape[0] (batch)", shape.batch, "cache.batch", q.batch());
+  expect_equal(function, "q.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", q.head_dim());
+  for (int i = 0; i < 4; ++i) {
+    expect_equal(function, "out.shape[" + str(i) + "]", q.shape[i], "q.shape[" + str(i) + "]", out.shape[i]);
+  }
+  // The decode kernels number the rows of one (sequence, kv head) group, (heads / kv_heads) * seq_q
+  // of them, and their blocks' first rows in int32.
+  if (shape.kv_heads > 0 && q.heads() / shape.kv_heads * q.seq() > kMaxGroupRows) {
+    fail(function, "q.shape[1] / kv_heads * q.shape[2] (query rows per kv head) expected <= " + str(kMaxGroupRows) +
+                       ", got " + str(q.heads() / shape.kv_heads * q.seq()));
+  }
+  expect_distinct_addresses(function, "out", out);
+  if (q.heads() > kMaxGridYZ) fail(function, "q.shape[1] (heads) expected <= 65535, got " + str(q.heads()));
+  if (q.heads() > 0 && (shape.kv_heads == 0 || q.heads() % shape.kv_heads != 0)) {
+    fail(function, "q.shape[1] (heads) expected a multiple of cache.k.shape[1] (kv_heads) = " + str(shape.kv_heads) +
+                       ", got " + str(q.heads()));
+  }
+  if (q.batch() * q.heads() * q.seq() > 0 && shape.head_dim == 0) {
+    fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
+  }
+  if (options.causal != Causal::none && options.causal != Causal::bottom_right) {
+    fail(function, "options.causal expected none or bottom_right (top_left has no meaning against a cache), got " +
+                       std::string(options.causal == Causal::top_left ? "top_left" : "value " + str(int(options.causal))));
+  }
+  if (options.scale && !std::isfinite(*options.scale)) {
+    fail(function, "options.scale expected a finite number, got " + std::to_string(*options.scale));
+  }
+  if (options.num_splits < 0 || options.num_splits > 4096) {
+    fail(function, "options.num_splits expected 0 (automatic) to 4096, got " + str(options.num_splits));
+  }
+  check_rotary(function, "options.rotary", options.rotary, shape.head_dim);
+
+  const ByteRange out_range = byte_range(out);
+  expect_disjoint(function, "out", out_range, "q", byte_range(q));
+  expect_disjoint(function, "out", out_range, "cache.k", byte_range(cache.k));
+  expect_disjoint(function, "out", out_range, "cache.v", byte_range(cache.v));
+  expect_disjoint(function, "out", out_range, "cache.lengths", int_range(cache.lengths, shape.batch));
+  if (cache.paged()) {
+    expect_disjoint(function, "out", out_range, "cache.block_table",
+                    int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
+  }
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "out", out_range);
+  if (options.lse != nullptr) {
+    expect_aligned(function, "options.lse", options.lse, alignof(float));
+    const ByteRange lse = byte_range(options.lse, size_t(q.batch() * q.heads() * q.seq()) * sizeof(float));
+    expect_disjoint(function, "options.lse", lse, "out", out_range);
+    expect_disjoint(function, "options.lse", lse, "q", byte_range(q));
+    expect_disjoint(function, "options.lse", lse, "cache.k", byte_range(cache.k));
+    expect_disjoint(function, "options.lse", lse, "cache.v", byte_range(cache.v));
+    expect_disjoint(function, "options.lse", lse, "cache.lengths", int_range(cache.lengths, shape.batch));
+    if (cache.paged()) {
+      expect_disjoint(function, "options.lse", lse, "cache.block_table",
+                      int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
+    }
+    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse);
+  }
+  check_score_mods(function, attention_options_of(options, cache), q.batch(), q.heads(), q.seq(), shape.capacity, q, out,
+                   q.batch() * q.heads() * q.seq(), true, score_mods, "capacity");
+  return shape;
+}
+
+void validate_merge_states(const TensorView& out_a, const float* lse_a, const TensorView& out_b, const float* lse_b,
+                           const TensorView& out, const float* lse_out) {
+  const char* function = "merge_states";
+  check_view(function, "out_a", out_a);
+  check_view(function, "out_b", out_b);
+  check_view(function, "out", out);
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView&>{"out_b", out_b}, {"out", out}}) {
+    if (view.dtype != out_a.dtype) {
+      fail(function, std::string(name) + ".dtype expected " + to_string(out_a.dtype) + " (out_a.dtype), got " +
+                         to_string(view.dtype));
+    }
+    for (int i = 0; i < 4; ++i) {
+      expect_equal(function, std::string(name) + ".shape[" + str(i) + "]", out_a.shape[i],
+                   "out_a.shape[" + str(i) + "]", view.shape[i]);
+    }
+  }
+  expect_distinct_addresses(function, "out", out);
+  const int64_t rows = out_a.batch() * out_a.heads() * out_a.seq();
+  if (rows > 0 && lse_a == nullptr) fail(function, "lse_a expected non-null, got null");
+  if (rows > 0 && lse_b == nullptr) fail(function, "lse_b expected non-null, got null");
+  expect_aligned(function, "lse_a", lse_a, alignof(float));
+  expect_aligned(function, "lse_b", lse_b, alignof(float));
+  expect_aligned(function, "lse_out", lse_out, alignof(float));
+  const size_t lse_bytes = size_t(rows) * sizeof(float);
+  const ByteRange a = byte_range(out_a), b = byte_range(out_b), o = byte_range(out);
+  const ByteRange la = byte_range(lse_a, lse_bytes), lb = byte_range(lse_b, lse_bytes), lo = byte_range(lse_out, lse_bytes);
+  // In place: out may be out_a itself (each row is read whole before it is written), nothing else.
+  const bool out_is_a = out.data == out_a.data && out.strides == out_a.strides;
+  if (!out_is_a) expect_disjoint(function, "out", o, "out_a (out may only be out_a itself)", a);
+  expect_disjoint(function, "out", o, "out_b", b);
+  expect_disjoint(function, "out", o, "lse_a", la);
+  expect_disjoint(function, "out", o, "lse_b", lb);
+  if (lse_out != nullptr) {
+    if (lse_out != lse_a) expect_disjoint(function, "lse_out", lo, "lse_a (lse_out may only be lse_a itself)", la);
+    expect_disjoint(function, "lse_out", lo, "lse_b", lb);
+    expect_disjoint(function, "lse_out", lo, "out_a", a);
+    expect_disjoint(function, "lse_out", lo, "out_b", b);
+    expect_disjoint(function, "lse_out", lo, "out", o);
+  }
+}
+
+void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const int32_t* cu_seqlens) {
+  const char* function = "cu_seqlens_from_lengths";
+  if (batch < 0) fail(function, "batch expected >= 0, got " + str(batch));
+  if (batch > 0 && lengths == nullptr) fail(function, "lengths expected non-null (batch > 0), got null");
+  if (cu_seqlens == nullptr) fail(function, "cu_seqlens expected non-null (batch + 1 entries), got null");
+  expect_aligned(function, "lengths", lengths, alignof(int32_t));
+  expect_aligned(function, "cu_seqlens", cu_seqlens, alignof(int32_t));
+  expect_disjoint(function, "cu_seqlens", int_range(cu_seqlens, int64_t(batch) + 1), "lengths", int_range(lengths, batch));
+}
+
+void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
+                    int extra_tokens) {
+  if (shape.batch == 0) return;
+  std::vector<int32_t> lengths(size_t(shape.batch));
+  ctx.device->copy(lengths.data(), cache.lengths, lengths.size() * sizeof(int32_t), /*async=*/false);
+  std::vector<int32_t> table;
+  if (cache.paged()) {
+    table.resize(size_t(shape.batch) * size_t(shape.max_pages_per_seq));
+    ctx.device->copy(table.data(), cache.block_table, table.size() * sizeof(int32_t), /*async=*/false);
+  }
+  for (int b = 0; b < shape.batch; ++b) {
+    const int64_t length = lengths[size_t(b)];
+    const std::string entry = "cache.lengths[" + str(b) + "]";
+    if (length < 0) fail(function, entry + " expected >= 0, got " + str(length));
+    if (length + extra_tokens > shape.capacity) {
+      fail(function, entry + " expected <= " + str(int64_t(shape.capacity) - extra_tokens) + " (capacity " +
+                         str(shape.capacity) + (extra_tokens ? " - seq_new " + str(extra_tokens) : std::string()) +
+                         "), got " + str(length));
+    }
+    if (!cache.paged()) continue;
+    const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;
+    for (int64_t i = 0; i < pages_used; ++i) {
+      const int32_t page = table[size_t(b) * size_t(shape.max_pages_per_seq) + size_t(i)];
+      if (page < 0 || page >= shape.num_pages) {
+        fail(function, "cache.block_table[" + str(b) + "][" + str(i) + "] expected a page in [0, " +
+                           str(shape.num_pages) + ") (cache.k.shape[0]), got " + str(page));
+      }
+    }
+  }
+}
+
+}  // namespace selfattn::detail

@@ -1,0 +1,43 @@
+#pragma once
+// Argument checking for the KV-cache calls (kv_cache.h): every rule in one place, each failure an
+// InvalidArgument naming the argument, what was expected and what was given. Nothing here reads
+// device memory except check_metadata (options.validate_metadata).
+#include <cstdint>
+
+#include "runtime/context_state.h"
+#include "forward/paths.h"
+#include "selfattn/attention.h"
+#include "selfattn/kv_cache.h"
+
+namespace selfattn::detail {
+
+// The cache's shape as validated: kv_heads, head_dim, page size and count, capacity per sequence.
+struct CacheShape {
+  int batch = 0, kv_heads = 0, head_dim = 0;
+  int num_pages = 0, page_size = 0, max_pages_per_seq = 0;
+  int capacity = 0;
+};
+
+CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+                              const AppendKvOptions& options);
+// The attention() options a cache call amounts to over the cache's K/V viewed as a padded batch
+// [batch, kv_heads, capacity, d] with key_lengths = cache.lengths (bottom-right alignment then puts
+// row i at position lengths[b] - seq_q + i): path, causal, scale, lse and the score modifiers.
+AttentionOptions attention_options_of(const KvAttentionOptions& options, const KvCache& cache);
+
+// Validates the call; `score_mods` receives its masks and modifiers (window, softcap, ALiBi, bias
+// over [batch, heads, seq_q, capacity]), checked by the same rule as attention()'s.
+CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                                            const KvAttentionOptions& options, AttentionCall& score_mods);
+void validate_merge_states(const TensorView& out_a, const float* lse_a, const TensorView& out_b, const float* lse_b,
+                           const TensorView& out, const float* lse_out);
+
+void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const int32_t* cu_seqlens);
+
+// options.validate_metadata: copies lengths and block table to the host (synchronously) and throws
+// InvalidArgument naming the first entry that would put a sequence's tokens [0, lengths[b] +
+// extra_tokens) outside [0, capacity) or in a page outside [0, num_pages).
+void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
+                    int extra_tokens);
+
+}  // namespace selfattn::detail

@@ -31,10 +31,10 @@ from __future__ import annotations
 import sys as _sys
 from typing import Any, Optional
 
-from . import _arrays, _selfattn
+from . import _arrays, _selfattn, _torch
 from ._messages import BHSD, PACKED, ROWS, in_caller_terms, layout_axes
 from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
-                     _torch_requiring_grad, _window_sides, default_context)
+                     _torch_requiring_grad, _window_sides, default_context, install_torch_ops, torch_ops)
 from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
@@ -158,8 +158,7 @@ def _torch_op(function, inputs, out, context):
     if foreign_bias:
         return None  # the direct call refuses a bias of another framework, naming it
     direct = out is not None or context is not None
-    from . import _torch
-    ops = None if direct else _torch.ops()
+    ops = None if direct else torch_ops()
     if ops is None and wanting:
         why = "out= and context= record no autograd graph" if direct else \
             "this PyTorch has no torch.library.custom_op (2.4 or later is needed for gradients)"
@@ -493,8 +492,11 @@ def _self_attention_with_autograd(x, wq, wk, wv, heads, wo, **options):
         return attended.transpose(1, 2).contiguous()  # [batch, heads, seq, dim], as the library writes it
     return attended.reshape(batch, seq, heads * dim) @ wo
 
+# The call modules reach the custom ops through _calls.torch_ops() (importing _torch costs nothing:
+# it imports torch only when ops() first runs).
+install_torch_ops(_torch.ops)
+
 # torch.compile cannot trace the custom ops' registration: register them now where torch is already
 # imported (otherwise the first eager call on torch tensors does).
 if "torch" in _sys.modules:
-    from . import _torch as _torch_ops
-    _torch_ops.ops()
+    _torch.ops()

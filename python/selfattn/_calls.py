@@ -1,5 +1,6 @@
 """What the package's entry points share: the checks of their keywords, the context a call runs
-on (default_context), the score modifiers' arguments, and which torch inputs want gradients."""
+on (default_context), the score modifiers' arguments, which torch inputs want gradients, and the
+way to the torch custom ops (torch_ops)."""
 from __future__ import annotations
 
 import numbers
@@ -10,6 +11,21 @@ from ._selfattn import Context, InvalidArgument
 _CAUSAL = (None, "top_left", "bottom_right")
 _LAYOUTS = ("bhsd", "bshd")
 _default_contexts: dict = {}
+# _torch.ops, installed by the package's __init__: the call modules reach the custom ops through
+# here, so that _torch (whose ops call them) is never imported by them and no import circle forms.
+_torch_ops_source = None
+
+
+def install_torch_ops(source) -> None:
+    """Makes torch_ops() answer with source() (the package's __init__ passes _torch.ops)."""
+    global _torch_ops_source
+    _torch_ops_source = source
+
+
+def torch_ops():
+    """The torch custom ops by the public function they serve (see _torch.py), registered on first
+    use; None where this PyTorch has no torch.library.custom_op, or before install_torch_ops()."""
+    return None if _torch_ops_source is None else _torch_ops_source()
 
 
 def default_context(backend: str = "sim", device: int = 0, stream: int = 0) -> Context:

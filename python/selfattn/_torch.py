@@ -1,7 +1,9 @@
 """PyTorch integration: attention(), attention_varlen(), append_kv(), attention_with_kv_cache() and
 merge_states() on torch tensors go through torch.library custom ops (``selfattn::attention`` and so on), each with
-a fake (meta) implementation, so torch.compile traces them without running them. Imported only
-when torch tensors reach those functions.
+a fake (meta) implementation, so torch.compile traces them without running them. The package
+imports this module at once (it installs ops() as _calls.torch_ops); torch itself is imported when
+ops() first runs: at the first call on torch tensors, or at the package's import where torch is
+already imported.
 
 Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a

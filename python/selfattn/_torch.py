@@ -39,7 +39,8 @@ def _register():
     import torch
     from torch import Tensor
 
-    # The op bodies import the package's functions when they run: a reference held from here would
+    # The op bodies import the call modules' functions (_forward, _backward, _kv_cache; never the
+    # package's root, which imports this module) when they run: a reference held from here would
     # keep the package (and its default contexts) alive in torch's op registry at interpreter exit,
     # which nanobind reports as leaks.
 
@@ -50,7 +51,7 @@ def _register():
                   key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
                   softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                   sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        from . import _attention
+        from ._forward import _attention
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
                           softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
@@ -81,7 +82,7 @@ def _register():
                            key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
                            softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                            sinks: Optional[Tensor], return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        from . import attention_backward as library_backward
+        from ._backward import attention_backward as library_backward
         grads = library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
                                  key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
@@ -132,7 +133,7 @@ def _register():
                          path: str, window_left: int, window_right: int, softcap: Optional[float],
                          alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        from . import _attention_varlen
+        from ._forward import _attention_varlen
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
@@ -150,7 +151,7 @@ def _register():
                                   softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                                   sinks: Optional[Tensor],
                                   return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        from . import attention_varlen_backward as library_varlen_backward
+        from ._backward import attention_varlen_backward as library_varlen_backward
         grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                         scale=scale, path=path, window=(window_left, window_right), softcap=softcap,

@@ -1,5 +1,7 @@
 """What the package's entry points share: the checks of their keywords, the context a call runs
-on (default_context), the score modifiers' arguments, and which torch inputs want gradients."""
+on (default_context), the score modifiers' arguments, which torch inputs want gradients, the way to
+the torch custom ops (torch_ops), and the varlen calls' view of a packed array and max_seqlen (the
+forward's and the backward's)."""
 from __future__ import annotations
 
 import numbers
@@ -10,6 +12,21 @@ from ._selfattn import Context, InvalidArgument
 _CAUSAL = (None, "top_left", "bottom_right")
 _LAYOUTS = ("bhsd", "bshd")
 _default_contexts: dict = {}
+# _torch.ops, installed by the package's __init__: the call modules reach the custom ops through
+# here, so that _torch (whose ops call them) is never imported by them and no import circle forms.
+_torch_ops_source = None
+
+
+def install_torch_ops(source) -> None:
+    """Makes torch_ops() answer with source() (the package's __init__ passes _torch.ops)."""
+    global _torch_ops_source
+    _torch_ops_source = source
+
+
+def torch_ops():
+    """The torch custom ops by the public function they serve (see _torch.py), registered on first
+    use; None where this PyTorch has no torch.library.custom_op, or before install_torch_ops()."""
+    return None if _torch_ops_source is None else _torch_ops_source()
 
 
 def default_context(backend: str = "sim", device: int = 0, stream: int = 0) -> Context:
@@ -90,3 +107,28 @@ def _float_or_none(name, value):
         return float(value)
     except (TypeError, ValueError):
         raise InvalidArgument(f"{name} expected a number or None, got {value!r}") from None
+
+
+def _max_seqlen(function, given, cu_seqlens, rows, packed):
+    """max_seqlen_q or max_seqlen_k (rows: "q" or "k", packed: that array): as given, or the largest
+    step of cu_seqlens. A derived value that the packed array cannot hold is refused here, naming
+    the entry of cu_seqlens at fault: the library would name max_seqlen, which the caller never
+    passed (and the fused path does not read cu_seqlens back to find the entry itself)."""
+    if given is not None:
+        return int(given)
+    longest = _arrays.max_difference(cu_seqlens)
+    total = packed.shape[0] if len(getattr(packed, "shape", ())) == 3 else None
+    if total is None or 0 <= longest <= total:
+        return longest
+    entries = [int(e) for e in cu_seqlens.tolist()]
+    for i, entry in enumerate(entries):
+        if not 0 <= entry <= total or (i > 0 and entry < entries[i - 1]):
+            raise InvalidArgument(f"{function}: cu_seqlens_{rows} expected non-decreasing entries in [0, "
+                                  f"{rows}.shape[0] (total_{rows}) = {total}], got cu_seqlens_{rows}[{i}] = {entry} "
+                                  f"(max_seqlen_{rows}, not given, would be its largest step, {longest})")
+    return longest  # not reached: entries in order and in range have steps in [0, total]
+
+
+def _packed(a):
+    """A varlen array [total, heads, head_dim] viewed as the library's [1, heads, total, head_dim]."""
+    return _arrays.swap_axes_1_2(a[None])

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _arrays, _selfattn
 from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
-                     _torch_requiring_grad, _window_sides)
+                     _torch_requiring_grad, _window_sides, torch_ops)
 from ._messages import in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -236,8 +236,7 @@ def _torch_kv_op(function, tensors, context):
     PyTorch has no torch.library.custom_op."""
     if context is not None or not all(_arrays.is_torch(a) for a in tensors):
         return None
-    from . import _torch
-    ops = _torch.ops()
+    ops = torch_ops()
     return None if ops is None else ops[function]
 
 

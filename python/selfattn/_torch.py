@@ -1,7 +1,9 @@
 """PyTorch integration: attention(), attention_varlen(), append_kv(), attention_with_kv_cache() and
 merge_states() on torch tensors go through torch.library custom ops (``selfattn::attention`` and so on), each with
-a fake (meta) implementation, so torch.compile traces them without running them. Imported only
-when torch tensors reach those functions.
+a fake (meta) implementation, so torch.compile traces them without running them. The package
+imports this module at once (it installs ops() as _calls.torch_ops); torch itself is imported when
+ops() first runs: at the first call on torch tensors, or at the package's import where torch is
+already imported.
 
 Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a
@@ -37,7 +39,8 @@ def _register():
     import torch
     from torch import Tensor
 
-    # The op bodies import the package's functions when they run: a reference held from here would
+    # The op bodies import the call modules' functions (_forward, _backward, _kv_cache; never the
+    # package's root, which imports this module) when they run: a reference held from here would
     # keep the package (and its default contexts) alive in torch's op registry at interpreter exit,
     # which nanobind reports as leaks.
 
@@ -48,7 +51,7 @@ def _register():
                   key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
                   softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                   sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        from . import _attention
+        from ._forward import _attention
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
                           softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
@@ -79,7 +82,7 @@ def _register():
                            key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
                            softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                            sinks: Optional[Tensor], return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        from . import attention_backward as library_backward
+        from ._backward import attention_backward as library_backward
         grads = library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
                                  key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
@@ -130,7 +133,7 @@ def _register():
                          path: str, window_left: int, window_right: int, softcap: Optional[float],
                          alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        from . import _attention_varlen
+        from ._forward import _attention_varlen
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
@@ -148,7 +151,7 @@ def _register():
                                   softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                                   sinks: Optional[Tensor],
                                   return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        from . import attention_varlen_backward as library_varlen_backward
+        from ._backward import attention_varlen_backward as library_varlen_backward
         grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                         scale=scale, path=path, window=(window_left, window_right), softcap=softcap,

@@ -1,7 +1,7 @@
-// The translation layer's definitions (call.h says what each does).
+// The translation layer's definitions that every family of entry points uses (call.h says what
+// each does); call_forward.cpp, call_backward.cpp and call_kv_cache.cpp define their own arrays.
 #include "call.h"
 
-#include <climits>
 #include <cstring>
 
 namespace selfattn_python {
@@ -234,24 +234,6 @@ selfattn::AttentionOptions make_options(const std::optional<std::string>& causal
 
 Holds data_kind(bool bf16_as_uint16) { return bf16_as_uint16 ? Holds::data_bf16_as_uint16 : Holds::data; }
 
-AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-                                 bool bf16_as_uint16) {
-  const Holds data = data_kind(bf16_as_uint16);
-  return {call.add(Arg("q", q, false, data)), call.add(Arg("k", k, false, data)), call.add(Arg("v", v, false, data)),
-          call.add(Arg("out", out, true, data))};
-}
-
-BackwardArgs add_backward_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const InArray& out,
-                               const InArray& dout, const InArray& lse, const OutArray& dq, const OutArray& dk,
-                               const OutArray& dv, bool bf16_as_uint16) {
-  const Holds data = data_kind(bf16_as_uint16);
-  return {call.add(Arg("q", q, false, data)),      call.add(Arg("k", k, false, data)),
-          call.add(Arg("v", v, false, data)),      call.add(Arg("out", out, false, data)),
-          call.add(Arg("dout", dout, false, data)), call.add(Arg("lse", lse, false, Holds::vector)),
-          call.add(Arg("dq", dq, true, data)),     call.add(Arg("dk", dk, true, data)),
-          call.add(Arg("dv", dv, true, data))};
-}
-
 CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray& cu_seqlens_k) {
   const Arg& acq = call.add(Arg("cu_seqlens_q", cu_seqlens_q, false, Holds::vector));
   const Arg& ack = call.add(Arg("cu_seqlens_k", cu_seqlens_k, false, Holds::vector));
@@ -287,86 +269,6 @@ void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
   }
   if (mods.bias) options.bias = tensor_view(*mods.bias);
   if (mods.sinks) options.sinks = static_cast<const float*>(mods.sinks->data);
-}
-
-BackwardExtras add_backward_extras(Call& call, const std::optional<InArray>& dlse,
-                                   const std::optional<OutArray>& dsinks, const std::vector<int64_t>& lse_shape,
-                                   int64_t heads) {
-  const Arg* adlse = dlse ? &call.add(Arg("dlse", *dlse, false, Holds::vector)) : nullptr;
-  if (adlse) expect_lse(*adlse, dlse->dtype(), lse_shape, "lse's");
-  const Arg* adsinks = dsinks ? &call.add(Arg("dsinks", *dsinks, true, Holds::vector)) : nullptr;
-  if (adsinks) expect_lse(*adsinks, dsinks->dtype(), {heads}, "heads");
-  return {adlse, adsinks};
-}
-
-void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExtras& extras) {
-  backward.dlse = extras.dlse ? static_cast<const float*>(extras.dlse->data) : nullptr;
-  backward.dsinks = extras.dsinks ? static_cast<float*>(extras.dsinks->data) : nullptr;
-}
-
-KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
-                         const std::optional<InArray>& block_table) {
-  const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
-  const Arg* table = block_table ? &call.add(Arg("block_table", *block_table, false, Holds::vector)) : nullptr;
-  int64_t batch = k.ndim == 4 ? k.shape[0] : 0, max_pages = 0;
-  if (table) {
-    const nb::dlpack::dtype dt = block_table->dtype();
-    if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != 32 || dt.lanes != 1) {
-      invalid("block_table.dtype expected int32, got " + dtype_name(dt));
-    }
-    if (table->ndim != 2) {
-      invalid("block_table expected 2 dimensions [batch, max_pages_per_seq], got " + shape_text(*table));
-    }
-    batch = table->shape[0];
-    max_pages = table->shape[1];
-    if ((max_pages > 1 && table->strides[1] != 1) || (batch > 1 && table->strides[0] != max_pages)) {
-      invalid("block_table expected a contiguous (row-major) array");
-    }
-    if (batch > INT32_MAX || max_pages > INT32_MAX) {
-      invalid("block_table's extents expected to fit int32, got " + shape_text(*table));
-    }
-  }
-  expect_int32_vector(alengths, lengths.dtype(), batch, table ? "batch: block_table's rows" : "batch");
-  return {k, v, alengths, table, batch, max_pages};
-}
-
-selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
-  const auto* lengths = static_cast<const int32_t*>(cache.lengths.data);
-  if (!cache.block_table) return selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
-  return selfattn::KvCache::paged_pool(tensor_view(cache.k), tensor_view(cache.v),
-                                       static_cast<const int32_t*>(cache.block_table->data), int(cache.batch),
-                                       int(cache.max_pages_per_seq), lengths);
-}
-
-RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
-                      bool interleaved) {
-  if (bool(cos) != bool(sin)) invalid("rotary_cos and rotary_sin expected both or neither");
-  if (!cos) return {nullptr, nullptr, interleaved};
-  const Arg& acos = call.add(Arg("rotary_cos", *cos, false, Holds::vector));
-  const Arg& asin = call.add(Arg("rotary_sin", *sin, false, Holds::vector));
-  expect_contiguous_float32(acos, cos->dtype());
-  expect_contiguous_float32(asin, sin->dtype());
-  if (acos.ndim != 2 || acos.shape[0] < 1 || acos.shape[1] < 1) {
-    invalid("rotary_cos expected shape [max_position >= 1, rotary_dim / 2 >= 1], got " + shape_text(acos));
-  }
-  if (acos.shape[0] > INT32_MAX || acos.shape[1] > INT32_MAX / 2) {
-    invalid("rotary_cos's extents expected to fit int32, got " + shape_text(acos));
-  }
-  if (asin.shape != acos.shape) {
-    invalid("rotary_sin expected rotary_cos's shape " + shape_text(acos) + ", got " + shape_text(asin));
-  }
-  return {&acos, &asin, interleaved};
-}
-
-std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
-  if (!tables.cos) return std::nullopt;
-  selfattn::Rotary r;
-  r.cos = static_cast<const float*>(tables.cos->data);
-  r.sin = static_cast<const float*>(tables.sin->data);
-  r.max_position = int(tables.cos->shape[0]);
-  r.rotary_dim = int(tables.cos->shape[1] * 2);
-  r.interleaved = tables.interleaved;
-  return r;
 }
 
 }  // namespace selfattn_python

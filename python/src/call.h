@@ -1,4 +1,4 @@
-// The Python module's translation layer (selfattn_ext.cpp holds the entry points): one call's
+// The Python module's translation layer (entry_points.h declares the entry points): one call's
 // DLPack arrays (Arg), where they live, the sim's staging of host arrays (SimStaging), and the
 // library's views and options made from them. Beyond mapping DLPack dtypes and dimensions, every
 // check of shapes, dtypes, strides and overlaps is the library's own; this layer adds only what the

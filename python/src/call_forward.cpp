@@ -1,0 +1,89 @@
+// The forward calls' entry points (host/src/attention.cpp and self_attention.cpp): attention,
+// attention_varlen and self_attention, and the arrays the first two take (call.h declares them).
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "entry_points.h"
+
+namespace selfattn_python {
+
+AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+                                 bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  return {call.add(Arg("q", q, false, data)), call.add(Arg("k", k, false, data)), call.add(Arg("v", v, false, data)),
+          call.add(Arg("out", out, true, data))};
+}
+
+void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
+               std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+               std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
+               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
+               bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  Call call(context);
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(a.q);
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
+  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
+  run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    set_mod_options(options, mods);
+    selfattn::attention(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out), options);
+  });
+}
+
+void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
+                      InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
+                      std::optional<float> scale, std::string path, std::optional<OutArray> lse, int window_left,
+                      int window_right, std::optional<float> softcap, std::optional<InArray> alibi_slopes,
+                      std::optional<InArray> bias, std::optional<InArray> sinks, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  Call call(context);
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(a.q);
+  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, cu.batch, q_shape.heads(), bf16_as_uint16);
+  run_call(context, call, [&] {
+    options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    set_mod_options(options, mods);
+    selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
+                               static_cast<const int32_t*>(cu.q.data), static_cast<const int32_t*>(cu.k.data),
+                               int(cu.batch), max_seqlen_q, max_seqlen_k, options);
+  });
+}
+
+void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
+                    std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
+                    std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
+                    std::optional<float> softcap, std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                    std::optional<InArray> sinks, bool bf16_as_uint16) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& ax = call.add(Arg("x", x, false, data));
+  const Arg& aq = call.add(Arg("wq", wq, false, data));
+  const Arg& ak = call.add(Arg("wk", wk, false, data));
+  const Arg& av = call.add(Arg("wv", wv, false, data));
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const Arg* awo = wo ? &call.add(Arg("wo", *wo, false, data)) : nullptr;
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax).batch(), "batch");
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, tensor_view(ax).batch(), heads, bf16_as_uint16);
+  run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    set_mod_options(options, mods);
+    const selfattn::MatrixView wo_view = awo ? matrix_view(*awo) : selfattn::MatrixView{};
+    selfattn::self_attention(call.ctx(), tensor_view(ax), matrix_view(aq), matrix_view(ak), matrix_view(av), heads,
+                             tensor_view(aout), options, awo ? &wo_view : nullptr);
+  });
+}
+
+}  // namespace selfattn_python

@@ -1,0 +1,183 @@
+// The KV cache's entry points (host/src/kv_cache.cpp): append_kv, attention_with_kv_cache,
+// merge_states and cu_seqlens_from_lengths, and the cache's and the rotary tables' arrays (call.h
+// declares them).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "entry_points.h"
+
+namespace selfattn_python {
+
+KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
+                         const std::optional<InArray>& block_table) {
+  const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
+  const Arg* table = block_table ? &call.add(Arg("block_table", *block_table, false, Holds::vector)) : nullptr;
+  int64_t batch = k.ndim == 4 ? k.shape[0] : 0, max_pages = 0;
+  if (table) {
+    const nb::dlpack::dtype dt = block_table->dtype();
+    if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != 32 || dt.lanes != 1) {
+      invalid("block_table.dtype expected int32, got " + dtype_name(dt));
+    }
+    if (table->ndim != 2) {
+      invalid("block_table expected 2 dimensions [batch, max_pages_per_seq], got " + shape_text(*table));
+    }
+    batch = table->shape[0];
+    max_pages = table->shape[1];
+    if ((max_pages > 1 && table->strides[1] != 1) || (batch > 1 && table->strides[0] != max_pages)) {
+      invalid("block_table expected a contiguous (row-major) array");
+    }
+    if (batch > INT32_MAX || max_pages > INT32_MAX) {
+      invalid("block_table's extents expected to fit int32, got " + shape_text(*table));
+    }
+  }
+  expect_int32_vector(alengths, lengths.dtype(), batch, table ? "batch: block_table's rows" : "batch");
+  return {k, v, alengths, table, batch, max_pages};
+}
+
+selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
+  const auto* lengths = static_cast<const int32_t*>(cache.lengths.data);
+  if (!cache.block_table) return selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
+  return selfattn::KvCache::paged_pool(tensor_view(cache.k), tensor_view(cache.v),
+                                       static_cast<const int32_t*>(cache.block_table->data), int(cache.batch),
+                                       int(cache.max_pages_per_seq), lengths);
+}
+
+RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
+                      bool interleaved) {
+  if (bool(cos) != bool(sin)) invalid("rotary_cos and rotary_sin expected both or neither");
+  if (!cos) return {nullptr, nullptr, interleaved};
+  const Arg& acos = call.add(Arg("rotary_cos", *cos, false, Holds::vector));
+  const Arg& asin = call.add(Arg("rotary_sin", *sin, false, Holds::vector));
+  expect_contiguous_float32(acos, cos->dtype());
+  expect_contiguous_float32(asin, sin->dtype());
+  if (acos.ndim != 2 || acos.shape[0] < 1 || acos.shape[1] < 1) {
+    invalid("rotary_cos expected shape [max_position >= 1, rotary_dim / 2 >= 1], got " + shape_text(acos));
+  }
+  if (acos.shape[0] > INT32_MAX || acos.shape[1] > INT32_MAX / 2) {
+    invalid("rotary_cos's extents expected to fit int32, got " + shape_text(acos));
+  }
+  if (asin.shape != acos.shape) {
+    invalid("rotary_sin expected rotary_cos's shape " + shape_text(acos) + ", got " + shape_text(asin));
+  }
+  return {&acos, &asin, interleaved};
+}
+
+std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
+  if (!tables.cos) return std::nullopt;
+  selfattn::Rotary r;
+  r.cos = static_cast<const float*>(tables.cos->data);
+  r.sin = static_cast<const float*>(tables.sin->data);
+  r.max_position = int(tables.cos->shape[0]);
+  r.rotary_dim = int(tables.cos->shape[1] * 2);
+  r.interleaved = tables.interleaved;
+  return r;
+}
+
+// The KV cache (selfattn/kv_cache.h). k_cache and v_cache are the cache or the page pool as
+// [batch or num_pages, kv_heads, capacity or page_size, head_dim] views; append_kv writes them.
+void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
+               std::optional<InArray> block_table, InArray k_new, InArray v_new, std::optional<InArray> rotary_cos,
+               std::optional<InArray> rotary_sin, bool rotary_interleaved, std::optional<OutArray> updated_lengths,
+               bool validate_metadata, bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data)),
+                                         call.add(Arg("v_cache", v_cache, true, data)), lengths, block_table);
+  const Arg& ak = call.add(Arg("k_new", k_new, false, data));
+  const Arg& av = call.add(Arg("v_new", v_new, false, data));
+  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
+  const Arg* aupdated =
+      updated_lengths ? &call.add(Arg("updated_lengths", *updated_lengths, true, Holds::vector)) : nullptr;
+  if (aupdated) expect_int32_vector(*aupdated, updated_lengths->dtype(), cache.batch, "batch");
+  run_call(context, call, [&] {
+    selfattn::AppendKvOptions options;
+    options.rotary = rotary(tables);
+    options.updated_lengths = aupdated ? static_cast<int32_t*>(aupdated->data) : nullptr;
+    options.validate_metadata = validate_metadata;
+    selfattn::append_kv(call.ctx(), kv_cache(cache), tensor_view(ak), tensor_view(av), options);
+  });
+}
+
+void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
+                             std::optional<InArray> block_table, OutArray out, std::optional<std::string> causal,
+                             std::optional<float> scale, std::string path, std::optional<OutArray> lse,
+                             std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin,
+                             bool rotary_interleaved, int num_splits, int window_left, int window_right,
+                             std::optional<float> softcap, std::optional<InArray> alibi_slopes,
+                             std::optional<InArray> bias, std::optional<InArray> sinks, bool validate_metadata,
+                             bool bf16_as_uint16) {
+  // The attention options parsed as attention()'s, then carried over with the cache's own.
+  selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false, data));
+  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data)),
+                                         call.add(Arg("v_cache", v_cache, false, data)), lengths, block_table);
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
+  const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView q_shape = tensor_view(aq);
+  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  run_call(context, call, [&] {
+    set_mod_options(parsed, mods);
+    selfattn::KvAttentionOptions options;
+    options.path = parsed.path;
+    options.causal = parsed.causal;
+    options.scale = parsed.scale;
+    options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
+    options.rotary = rotary(tables);
+    options.num_splits = num_splits;
+    options.validate_metadata = validate_metadata;
+    options.window_left = parsed.window_left;
+    options.window_right = parsed.window_right;
+    options.softcap = parsed.softcap;
+    options.alibi_slopes = parsed.alibi_slopes;
+    options.alibi_slopes_count = parsed.alibi_slopes_count;
+    options.bias = parsed.bias;
+    options.sinks = parsed.sinks;
+    selfattn::attention_with_kv_cache(call.ctx(), tensor_view(aq), kv_cache(cache), tensor_view(aout), options);
+  });
+}
+
+// lse_a, lse_b and lse_out: fp32 [batch, heads, seq] contiguous, as the library reads them.
+void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray out_b, InArray lse_b, OutArray out,
+                  std::optional<OutArray> lse_out, bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aa = call.add(Arg("out_a", out_a, false, data));
+  const Arg& alse_a = call.add(Arg("lse_a", lse_a, false, Holds::vector));
+  const Arg& ab = call.add(Arg("out_b", out_b, false, data));
+  const Arg& alse_b = call.add(Arg("lse_b", lse_b, false, Holds::vector));
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const Arg* alse_out = lse_out ? &call.add(Arg("lse_out", *lse_out, true, Holds::vector)) : nullptr;
+  const selfattn::TensorView shape = tensor_view(aa);
+  const std::vector<int64_t> rows = {shape.batch(), shape.heads(), shape.seq()};
+  expect_lse(alse_a, lse_a.dtype(), rows, "batch, heads, seq of out_a");
+  expect_lse(alse_b, lse_b.dtype(), rows, "batch, heads, seq of out_a");
+  if (alse_out) expect_lse(*alse_out, lse_out->dtype(), rows, "batch, heads, seq of out_a");
+  run_call(context, call, [&] {
+    selfattn::merge_states(call.ctx(), tensor_view(aa), static_cast<const float*>(alse_a.data), tensor_view(ab),
+                           static_cast<const float*>(alse_b.data), tensor_view(aout),
+                           alse_out ? static_cast<float*>(alse_out->data) : nullptr);
+  });
+}
+
+void cu_seqlens_from_lengths(BoundContext& context, InArray lengths, OutArray cu_seqlens) {
+  Call call(context);
+  const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
+  const Arg& acu = call.add(Arg("cu_seqlens", cu_seqlens, true, Holds::vector));
+  if (alengths.ndim != 1) invalid("lengths expected a 1-D array, got " + shape_text(alengths));
+  if (alengths.shape[0] > INT32_MAX - 1) invalid("lengths expected at most 2^31 - 2 entries");
+  expect_int32_vector(alengths, lengths.dtype(), alengths.shape[0], "batch");
+  expect_int32_vector(acu, cu_seqlens.dtype(), alengths.shape[0] + 1, "batch + 1");
+  run_call(context, call, [&] {
+    selfattn::cu_seqlens_from_lengths(call.ctx(), static_cast<const int32_t*>(alengths.data),
+                                      int(alengths.shape[0]), static_cast<int32_t*>(acu.data));
+  });
+}
+
+}  // namespace selfattn_python

@@ -1,0 +1,95 @@
+"""The package's modules import one another without a circle (issue 34): the call modules
+(_forward, _backward, _kv_cache) reach the torch custom ops through _calls.torch_ops(), _torch.py
+imports the call modules, and the package's root imports them all. Read from the source with ast,
+imports inside functions included: a circle closed by a lazy import ties the modules together as
+much as one at the top does (neither module can be read, moved or imported without the other)."""
+import ast
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "selfattn"
+PACKAGE = "selfattn"
+# The nanobind module (python/src), a module of the package beside the .py files that imports none
+# of them.
+COMPILED = "selfattn._selfattn"
+
+
+def module_name(path):
+    return PACKAGE if path.stem == "__init__" else f"{PACKAGE}.{path.stem}"
+
+
+def imported_modules(tree, modules):
+    """The modules of the package (names in `modules`) that `tree` imports anywhere in it:
+    ``from . import x`` (x a module, or else a name taken from the package's root),
+    ``from .x import ...``, and their absolute spellings (``from selfattn import x``,
+    ``from selfattn.x import ...``, ``import selfattn.x``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0 and not (node.module or "").startswith(PACKAGE):
+                continue  # another package
+            if node.level > 1:
+                raise AssertionError(f"line {node.lineno}: an import from above the package")
+            source = node.module if node.level == 0 else (f"{PACKAGE}.{node.module}" if node.module else PACKAGE)
+            if source == PACKAGE:
+                for alias in node.names:
+                    submodule = f"{PACKAGE}.{alias.name}"
+                    found.add(submodule if submodule in modules else PACKAGE)
+            else:
+                found.add(".".join(source.split(".")[:2]))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                    found.add(".".join(alias.name.split(".")[:2]))
+    return found & modules
+
+
+def package_graph():
+    """{module: the package's modules it imports}, for every .py file of the package."""
+    paths = sorted(PACKAGE_DIR.glob("*.py"))
+    modules = {module_name(p) for p in paths} | {COMPILED}
+    graph = {module_name(p): imported_modules(ast.parse(p.read_text(), str(p)), modules) for p in paths}
+    graph[COMPILED] = set()
+    return graph
+
+
+def cycles(graph):
+    """Each import circle of `graph` as "a -> b -> a", one per back edge a depth-first walk meets."""
+    found, state, stack = [], {}, []
+
+    def visit(module):
+        state[module] = "open"
+        stack.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == "open":
+                found.append(" -> ".join(stack[stack.index(imported):] + [imported]))
+            elif imported not in state:
+                visit(imported)
+        stack.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return found
+
+
+def test_no_import_circle():
+    circles = cycles(package_graph())
+    assert not circles, "the package's modules import one another in a circle: " + "; ".join(circles)
+
+
+def test_the_graph_holds_the_known_imports():
+    # So that a reader that found no imports at all cannot pass the test above: the root imports
+    # the families and _torch at the top, _torch's op bodies import the families lazily.
+    graph = package_graph()
+    assert {"selfattn._forward", "selfattn._backward", "selfattn._kv_cache", "selfattn._torch"} <= graph[PACKAGE]
+    assert {"selfattn._forward", "selfattn._backward", "selfattn._kv_cache"} <= graph["selfattn._torch"]
+    assert {"selfattn._calls", COMPILED} <= graph["selfattn._kv_cache"]
+
+
+def test_a_circle_is_named():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"b"}, "d": {"d"}}
+    assert cycles(graph) == ["b -> c -> b", "d -> d"]
+    tree = ast.parse("def f():\n    from . import _torch, attention\n    from ._calls import torch_ops\n")
+    assert imported_modules(tree, {PACKAGE, "selfattn._torch", "selfattn._calls"}) == \
+        {PACKAGE, "selfattn._torch", "selfattn._calls"}

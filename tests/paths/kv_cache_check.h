@@ -58,7 +58,47 @@ inline std::mt19937_64 rng_for(const std::string& name) {
   return std::mt19937_64(h ^ (env ? std::strtoull(env, nullptr, 10) : 1) * 0x9E3779B97F4A7C15ull);
 }
 
-// Random values rounded to the dtype, as doubles and as device bytes ([batch, heads, seq, d] BHSD).
+// How one tensor of a call lies in memory: heads outer (BHSD) or interleaved (BSHD), with `row_pad`
+// spare elements after each row's head_dim (a row stride that is not the packed one, as in a
+// slice of a wider projection). Every tensor of a call gets its own (the defaults below differ
+// pairwise), so a kernel or host that reads one tensor with another's strides reads the wrong
+// elements - padding holds NaN in inputs and must stay untouched in outputs.
+struct Layout {
+  bool head_major = true;
+  int row_pad = 0;
+
+  std::string name() const { return std::string(head_major ? "bhsd" : "bshd") + (row_pad ? "+" + std::to_string(row_pad) : ""); }
+  // A view of [batch, heads, seq, d] at `data` in this layout.
+  TensorView view(void* data, DType dtype, int64_t batch, int64_t heads, int64_t seq, int64_t d) const {
+    TensorView v = TensorView::bhsd(data, dtype, batch, heads, seq, d);
+    const int64_t row = d + row_pad;
+    v.strides = head_major ? std::array<int64_t, 4>{heads * seq * row, seq * row, row, 1}
+                           : std::array<int64_t, 4>{seq * heads * row, row, heads * row, 1};
+    return v;
+  }
+  size_t elements(int64_t batch, int64_t heads, int64_t seq, int64_t d) const {
+    return size_t(batch) * size_t(heads) * size_t(seq) * size_t(d + row_pad);
+  }
+};
+
+// The default layout of each role. Pads are multiples of 8 elements, so f16/bf16 rows stay on 16
+// bytes and the tensor-core decode kernel and 16-byte loads still take the call; cases that need
+// other pads say so.
+inline constexpr Layout kQueryLayout{/*head_major=*/false, /*row_pad=*/8};
+inline constexpr Layout kOutLayout{/*head_major=*/true, /*row_pad=*/16};
+inline constexpr Layout kNewKeysLayout{/*head_major=*/false, /*row_pad=*/16};
+inline constexpr Layout kNewValuesLayout{/*head_major=*/true, /*row_pad=*/24};
+// Packed BHSD: for tests about something else that view parts of a tensor by hand.
+inline constexpr Layout kPacked{};
+// merge_states: out_a as an attention output, out_b and the merged out each their own.
+inline constexpr Layout kMergeALayout = kOutLayout;
+inline constexpr Layout kMergeBLayout{/*head_major=*/false, /*row_pad=*/8};
+inline constexpr Layout kMergedLayout{/*head_major=*/true, /*row_pad=*/24};
+// A cache's K in the order its spec names, V in the other, with different pads (CacheSpec).
+inline constexpr int kCacheKeysPad = 8, kCacheValuesPad = 24;
+
+// Random values rounded to the dtype, as doubles (BHSD order, packed) and as device bytes in
+// `layout` (padding NaN: a kernel that reads it, or reads with another tensor's strides, is caught).
 struct Tensor {
   DType dtype = DType::f32;
   std::vector<double> values;
@@ -66,20 +106,26 @@ struct Tensor {
   TensorView view;
 };
 
-inline Tensor random_tensor(Context& ctx, DType dtype, int batch, int heads, int seq, int d, std::mt19937_64& rng) {
+inline Tensor random_tensor(Context& ctx, DType dtype, int batch, int heads, int seq, int d, std::mt19937_64& rng,
+                            Layout layout) {
   Tensor t;
   t.dtype = dtype;
   const size_t count = size_t(batch) * heads * seq * d;
-  std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(dtype));
+  std::vector<unsigned char> host(std::max<size_t>(layout.elements(batch, heads, seq, d), 1) * dtype_size(dtype), 0xff);
+  const TensorView at = layout.view(nullptr, dtype, batch, heads, seq, d);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   t.values.resize(count);
-  for (size_t i = 0; i < count; ++i) {
-    t.values[i] = round_to(dtype, uniform(rng));
-    store_element(host.data(), dtype, i, float(t.values[i]));
-  }
+  size_t i = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < seq; ++s)
+        for (int e = 0; e < d; ++e, ++i) {
+          t.values[i] = round_to(dtype, uniform(rng));
+          store_element(host.data(), dtype, size_t(at.offset(b, h, s, e)), float(t.values[i]));
+        }
   t.device = DeviceBuffer<unsigned char>(ctx, host.size(), "kv test tensor");
   t.device.copy_from_host(host);
-  t.view = TensorView::bhsd(t.device.data(), dtype, batch, heads, seq, d);
+  t.view = layout.view(t.device.data(), dtype, batch, heads, seq, d);
   return t;
 }
 
@@ -97,13 +143,52 @@ inline std::vector<float> download(const DeviceBuffer<unsigned char>& buffer, DT
   return values;
 }
 
+// A poisoned output [batch, heads, seq, d] in `layout`.
+struct Output {
+  DeviceBuffer<unsigned char> device;
+  TensorView view;
+};
+
+inline Output poisoned_output(Context& ctx, DType dtype, int batch, int heads, int seq, int d, Layout layout) {
+  Output o;
+  o.device = poisoned(ctx, dtype, layout.elements(batch, heads, seq, d));
+  o.view = layout.view(o.device.data(), dtype, batch, heads, seq, d);
+  return o;
+}
+
+// An output read back in BHSD order (as the reference lays results out); fails, naming the first
+// such element, when anything outside the view's elements (its row padding) was written.
+inline ::testing::AssertionResult download_output(const std::string& what, const DeviceBuffer<unsigned char>& device,
+                                                  const TensorView& view, std::vector<float>& values) {
+  const std::vector<unsigned char> bytes = device.to_host();
+  const size_t element = dtype_size(view.dtype);
+  std::vector<char> inside(bytes.size() / element, 0);
+  values.clear();
+  for (int64_t b = 0; b < view.batch(); ++b)
+    for (int64_t h = 0; h < view.heads(); ++h)
+      for (int64_t s = 0; s < view.seq(); ++s)
+        for (int64_t e = 0; e < view.head_dim(); ++e) {
+          const size_t at = size_t(view.offset(b, h, s, e));
+          inside[at] = 1;
+          values.push_back(load_element(bytes.data(), view.dtype, at));
+        }
+  for (size_t i = 0; i < inside.size(); ++i) {
+    if (inside[i]) continue;
+    for (size_t byte = 0; byte < element; ++byte)
+      if (bytes[i * element + byte] != 0xff)
+        return ::testing::AssertionFailure() << what << ": element " << i << " (padding, no element of the view) was written";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // ---- a cache -----------------------------------------------------------------------------------
 
 struct CacheSpec {
   DType dtype = DType::f16;
   int batch = 1, kv_heads = 1, head_dim = 64;
   bool paged = true;
-  bool head_major = true;     // pool [pages, kv_heads, page_size, d]; else [pages, page_size, kv_heads, d]
+  // The pools' layouts ([pages, kv_heads, page_size, d] viewed), K's and V's each their own.
+  Layout k_layout{/*head_major=*/true, kCacheKeysPad}, v_layout{/*head_major=*/false, kCacheValuesPad};
   int page_size = 16;         // contiguous: the capacity
   int max_pages_per_seq = 1;  // paged only
   int extra_pages = 2;        // unused pages in the pool (paged)
@@ -113,7 +198,7 @@ struct CacheSpec {
 
   std::string name() const {
     std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
-                    (paged ? "x" + std::to_string(max_pages_per_seq) : "") + (head_major ? " bhsd" : " bshd") +
+                    (paged ? "x" + std::to_string(max_pages_per_seq) : "") + " k " + k_layout.name() + " v " + v_layout.name() +
                     " kv" + std::to_string(kv_heads) + " d" + std::to_string(head_dim) + " len=[";
     for (int32_t n : lengths) s += std::to_string(n) + ",";
     return s + "]" + (shared_first_page ? " shared" : "");
@@ -130,8 +215,10 @@ struct TestCache {
   KvCache view;
 
   size_t pool_elements() const { return size_t(image.num_pages) * image.kv_heads * image.page_size * image.head_dim; }
-  // Device element index of (page, head, row, e) in the pool's layout.
-  size_t device_index(int page, int head, int row, int e) const { return size_t(view.k.offset(page, head, row, e)); }
+  // Device element index of (page, head, row, e) in K's (which 0) or V's (which 1) pool layout.
+  size_t device_index(int which, int page, int head, int row, int e) const {
+    return size_t((which == 0 ? view.k : view.v).offset(page, head, row, e));
+  }
 };
 
 inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64& rng) {
@@ -158,9 +245,8 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   const size_t count = size_t(im.num_pages) * im.kv_heads * im.page_size * im.head_dim;
   const DType dtype = spec.dtype;
   const int64_t pool_batch = im.num_pages, seq = im.page_size;
-  auto make_view = [&](void* data) {
-    return spec.head_major ? TensorView::bhsd(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim)
-                           : TensorView::bshd(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
+  auto make_view = [&](int which, void* data) {
+    return (which == 0 ? spec.k_layout : spec.v_layout).view(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
   };
   // Which pool rows hold tokens.
   std::vector<char> live(size_t(im.num_pages) * im.page_size, 0);
@@ -170,11 +256,14 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
       if (page >= 0) live[size_t(page) * im.page_size + size_t(t % im.page_size)] = 1;
     }
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const TensorView layout = make_view(nullptr);
   for (int which = 0; which < 2; ++which) {
+    const TensorView layout = make_view(which, nullptr);
+    const Layout& pool = which == 0 ? spec.k_layout : spec.v_layout;
     std::vector<double>& image = which == 0 ? im.k : im.v;
     image.assign(count, std::numeric_limits<double>::quiet_NaN());
-    std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(dtype), 0xff);
+    // Row padding and unused rows hold NaN (0xff bytes).
+    std::vector<unsigned char> host(
+        std::max<size_t>(pool.elements(pool_batch, im.kv_heads, seq, im.head_dim), 1) * dtype_size(dtype), 0xff);
     for (int page = 0; page < im.num_pages; ++page)
       for (int h = 0; h < im.kv_heads; ++h)
         for (int row = 0; row < im.page_size; ++row) {
@@ -194,16 +283,17 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   if (spec.paged) {
     c.block_table = DeviceBuffer<int32_t>(ctx, im.block_table.size(), "block table");
     c.block_table.copy_from_host(im.block_table);
-    c.view = KvCache::paged_pool(make_view(c.k.data()), make_view(c.v.data()), c.block_table.data(), spec.batch,
+    c.view = KvCache::paged_pool(make_view(0, c.k.data()), make_view(1, c.v.data()), c.block_table.data(), spec.batch,
                                  im.max_pages_per_seq, c.lengths.data());
   } else {
-    c.view = KvCache::contiguous(make_view(c.k.data()), make_view(c.v.data()), c.lengths.data());
+    c.view = KvCache::contiguous(make_view(0, c.k.data()), make_view(1, c.v.data()), c.lengths.data());
   }
   return c;
 }
 
-// The device pool read back into the image's layout (as the reference sees it).
-inline std::vector<double> download_pool(const TestCache& c, const DeviceBuffer<unsigned char>& device) {
+// The device pool of K (which 0) or V (1) read back into the image's layout (as the reference sees it).
+inline std::vector<double> download_pool(const TestCache& c, int which) {
+  const DeviceBuffer<unsigned char>& device = which == 0 ? c.k : c.v;
   const std::vector<unsigned char> bytes = device.to_host();
   const reference::KvCacheImage& im = c.image;
   std::vector<double> image(c.pool_elements());
@@ -212,7 +302,7 @@ inline std::vector<double> download_pool(const TestCache& c, const DeviceBuffer<
       for (int row = 0; row < im.page_size; ++row)
         for (int e = 0; e < im.head_dim; ++e)
           image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
-              load_element(bytes.data(), c.spec.dtype, c.device_index(page, h, row, e));
+              load_element(bytes.data(), c.spec.dtype, c.device_index(which, page, h, row, e));
   return image;
 }
 
@@ -247,6 +337,15 @@ inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bo
   return r;
 }
 
+// Rows of rotary tables that end exactly at the last position a call rotates, so that position
+// reads the table's last row (rotary.cuh clamps only positions past it: a clamp one row early
+// shows only there): every sequence's tokens [0, min(length + extra, capacity)).
+inline int rotary_rows_for(const reference::KvCacheImage& cache, int extra) {
+  int rows = 1;
+  for (int b = 0; b < cache.batch; ++b) rows = std::max(rows, std::min(cache.length(b) + extra, cache.capacity()));
+  return rows;
+}
+
 // ---- one attention call against the reference ------------------------------------------------
 
 struct AttendCase {
@@ -256,6 +355,7 @@ struct AttendCase {
   bool with_lse = true;
   std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
   int num_splits = 0;                          // fused path: 0 automatic
+  Layout q_layout = kQueryLayout, out_layout = kOutLayout;
   // Window, softcap, ALiBi, bias; the bias is [batch, heads, seq_q, capacity].
   testing::ScoreModsCase mods;
 
@@ -263,6 +363,7 @@ struct AttendCase {
     std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
     if (num_splits) s += " splits" + std::to_string(num_splits);
+    s += " q " + q_layout.name() + " out " + out_layout.name();
     return s + mods.name();
   }
 };
@@ -370,9 +471,9 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
                                             std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
   const DType dtype = c.cache.dtype;
   const int batch = c.cache.batch, d = c.cache.head_dim;
-  Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng);
+  Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng, c.q_layout);
   const size_t rows = size_t(batch) * c.heads * c.seq_q;
-  DeviceBuffer<unsigned char> out = poisoned(ctx, dtype, rows * d);
+  const Output out = poisoned_output(ctx, dtype, batch, c.heads, c.seq_q, d, c.out_layout);
   DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, rows);
   KvAttentionOptions options;
   options.path = path;
@@ -388,13 +489,14 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
     mods.apply(c.mods, options);
     mods.apply(c.mods, problem);
   }
-  attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
-                          options);
+  attention_with_kv_cache(ctx, q.view, cache.view, out.view, options);
   ctx.synchronize();
   const testing::AttentionExpected expected =
       expected_kv_attention(problem, q.values, cache.image, dtype, rotary ? &rotary->table : nullptr);
   const std::string what = c.name() + " " + to_string(path);
-  ::testing::AssertionResult result = judge_values(what + " out", download(out, dtype, rows * d), expected.out);
+  std::vector<float> out_values;
+  ::testing::AssertionResult result = download_output(what + " out", out.device, out.view, out_values);
+  if (result) result = judge_values(what + " out", out_values, expected.out);
   if (!result || !c.with_lse) return result;
   return judge_values(what + " lse", download(lse, DType::f32, rows), expected.lse);
 }
@@ -403,7 +505,7 @@ inline ::testing::AssertionResult check_attend(Context& ctx, const AttendCase& c
   std::mt19937_64 rng = rng_for(c.name() + to_string(path));
   const TestCache cache = make_cache(ctx, c.cache, rng);
   std::optional<TestRotary> rotary;
-  if (c.rotary) rotary = make_rotary(ctx, cache.image.capacity() + 3, c.rotary->first, c.rotary->second, rng);
+  if (c.rotary) rotary = make_rotary(ctx, rotary_rows_for(cache.image, 0), c.rotary->first, c.rotary->second, rng);
   return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
 }
 
@@ -417,7 +519,9 @@ inline CacheSpec paged(DType dtype, int batch, int kv_heads, int head_dim, int p
   s.page_size = page_size;
   s.max_pages_per_seq = max_pages;
   s.lengths = std::move(lengths);
-  s.head_major = head_major;
+  // K in the order asked, V in the other (each its own pad): every call reads two pool layouts.
+  s.k_layout.head_major = head_major;
+  s.v_layout.head_major = !head_major;
   return s;
 }
 

@@ -180,6 +180,16 @@ mutant rotary_last_row_unused kernels/decode/rotary.cuh 1 \
   '(position >= r.max_position ? r.max_position - 1 : int(position));' \
   '(position >= r.max_position - 1 ? r.max_position - 2 : int(position));' \
   'the rotary tables'"'"' last row clamped to the one before'
+# Which kernel and loads the host picks from each tensor's alignment (the sim refuses a misaligned
+# 16-byte load, as the GPU faults):
+mutant mma_choice_ignores_v_alignment host/src/kv_cache.cpp 1 \
+  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {' \
+  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k)) {' \
+  'the tensor-core decode kernel taken with V rows off 16 bytes'
+mutant vector_loads_ignore_v_alignment host/src/kv_cache.cpp 1 \
+  'params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);' \
+  'params.vector_loads = rows_on_16_bytes(cache.k);' \
+  'the SIMT decode kernel loads V rows off 16 bytes 16 bytes at a time'
 # The host's metadata checks (validate_metadata):
 mutant validate_skips_last_partial_page host/src/kv_cache_validation.cpp 1 \
   'const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;' \

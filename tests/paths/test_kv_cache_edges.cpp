@@ -95,6 +95,19 @@ TEST(KvCacheEdges, GroupRowsAroundEachBlock) {
     }
 }
 
+// The host takes the tensor-core kernel only when q, K and V rows all start on 16 bytes, and
+// 16-byte loads of K and V only when both do: each of them in turn off 16 bytes (a row pad of one
+// element), the other two on them. The sim refuses a misaligned 16-byte load, as the GPU faults.
+TEST(KvCacheEdges, OneTensorOffSixteenBytes) {
+  Context ctx;
+  for (int off : {0, 1, 2}) {
+    AttendCase c = attend(cache_for(DType::f16, 2, 64, {kMmaKeys + 3, 9}), 4, 3);
+    (off == 0 ? c.q_layout : off == 1 ? c.cache.k_layout : c.cache.v_layout).row_pad = 1;
+    c.num_splits = 2;
+    EXPECT_TRUE(check_attend(ctx, c, Path::fused));
+  }
+}
+
 // decode_combine: a block per row, its threads striding over head_dim - head dims just above one
 // pass and two full passes of DecodeCombineTraits::kThreads (the SIMT kernel's largest).
 TEST(KvCacheEdges, CombineHeadDimBeyondOnePassOfThreads) {

@@ -129,6 +129,12 @@ inline Tensor random_tensor(Context& ctx, DType dtype, int batch, int heads, int
   return t;
 }
 
+// Packed BHSD, for the tests outside the KV-cache family that share these helpers and view the
+// data by hand (test_fused_varlen_metadata.cpp); the KV-cache tests name each tensor's layout.
+inline Tensor random_tensor(Context& ctx, DType dtype, int batch, int heads, int seq, int d, std::mt19937_64& rng) {
+  return random_tensor(ctx, dtype, batch, heads, seq, d, rng, kPacked);
+}
+
 // A poisoned (all 0xff bytes: NaN in every dtype) output of `count` elements.
 inline DeviceBuffer<unsigned char> poisoned(Context& ctx, DType dtype, size_t count) {
   DeviceBuffer<unsigned char> buffer(ctx, std::max<size_t>(count, 1) * dtype_size(dtype), "kv test output");

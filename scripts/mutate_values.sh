@@ -190,6 +190,9 @@ mutant vector_loads_ignore_v_alignment host/src/kv_cache.cpp 1 \
   'params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);' \
   'params.vector_loads = rows_on_16_bytes(cache.k);' \
   'the SIMT decode kernel loads V rows off 16 bytes 16 bytes at a time'
+mutant validate_v_addresses_from_k host/src/kv_cache_validation.cpp 1 \
+  'expect_distinct_addresses(function, "cache.v", cache.v);' 'expect_distinct_addresses(function, "cache.v", cache.k);' \
+  'append_kv checks K'"'"'s strides where V'"'"'s elements must not share addresses'
 # The host's metadata checks (validate_metadata):
 mutant validate_skips_last_partial_page host/src/kv_cache_validation.cpp 1 \
   'const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;' \

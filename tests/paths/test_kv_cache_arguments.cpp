@@ -191,6 +191,8 @@ TEST(KvCacheArguments, AppendRejectsEachBadArgument) {
       {"cache.block_table[1][0] expected a page in [0, 8)",
        [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.append.validate_metadata = true; }},
       {"cache.k.strides[1] (heads) = 0 makes elements of cache.k share addresses", [](Call& c) { c.cache.k.strides[1] = 0; }},
+      // V has its own strides (and its own check): rows of V alone sharing addresses.
+      {"cache.v.strides[2] (seq) = 0 makes elements of cache.v share addresses", [](Call& c) { c.cache.v.strides[2] = 0; }},
       {"options.updated_lengths expected not to overlap k_new",
        [](Call& c) { c.append.updated_lengths = static_cast<int32_t*>(c.k_new.data); }},
       {"options.updated_lengths expected 4-byte alignment",

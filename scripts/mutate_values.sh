@@ -131,6 +131,81 @@ mutant decode_one_split_sink_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
   'const float sink = -INFINITY;' \
   'the tensor-core decode kernel with one split leaves the sink out'
 
+# Issue 32: KV-cache family. Each aims at a class the KV-cache tests once missed because their
+# tensors shared one layout or their sizes sat away from the kernels' edges (tests/paths/
+# kv_cache_check.h's per-tensor layouts, test_kv_cache_edges.cpp, the validate_metadata edges).
+# One tensor read with another's strides:
+mutant kv_v_row_with_k_stride kernels/decode/kv_pages.cuh 1 \
+  'int64_t(t % c.page_size) * c.v_stride_row;' 'int64_t(t % c.page_size) * c.k_stride_row;' \
+  'every cache V row addressed with K'"'"'s row stride'
+mutant kv_pages_view_v_row_from_k host/src/kv_cache.cpp 1 \
+  'view.v_stride_row = cache.v.strides[2];' 'view.v_stride_row = cache.k.strides[2];' \
+  'the host passes K'"'"'s row stride as V'"'"'s'
+mutant gather_v_at_k_offset kernels/decode/kv_gather.cuh 1 \
+  'v_out[dense] = v_cache[kv_v_offset(p.cache, page, head, t) + e];' \
+  'v_out[dense] = v_cache[kv_k_offset(p.cache, page, head, t) + e];' \
+  'kv_gather (naive/cublas paths) reads V at K'"'"'s offsets'
+mutant decode_mma_v_at_k_offset kernels/decode/decode_split_kv_mma.cuh 1 \
+  'v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;' \
+  'v_rows[threadIdx.x] = page >= 0 ? kv_k_offset(p.cache, page, kv_head, key) : -1;' \
+  'the tensor-core decode kernel stages V from K'"'"'s offsets'
+mutant decode_out_with_q_row_stride host/src/kv_cache.cpp 1 \
+  'params.out_stride_row = out.strides[2];' 'params.out_stride_row = q.strides[2];' \
+  'split-KV decode writes out with q'"'"'s row stride'
+mutant rotary_rows_in_with_out_stride host/src/kv_cache.cpp 1 \
+  'params.in_stride_row = q.strides[2];' 'params.in_stride_row = rotated.strides[2];' \
+  'q read for rotation with the rotated copy'"'"'s row stride'
+mutant append_v_new_with_k_stride kernels/decode/kv_append.cuh 1 \
+  'v_new[int64_t(t) * p.new_stride_row_v + e]' 'v_new[int64_t(t) * p.new_stride_row_k + e]' \
+  'append_kv reads v_new with k_new'"'"'s row stride'
+mutant merge_b_with_a_row_stride kernels/decode/merge_states.cuh 1 \
+  'int64_t(s) * p.b_stride_row;' 'int64_t(s) * p.a_stride_row;' \
+  'merge_states reads out_b with out_a'"'"'s row stride'
+mutant merge_out_with_a_head_stride host/src/kv_cache.cpp 1 \
+  'params.o_stride_head = out.strides[1];' 'params.o_stride_head = out_a.strides[1];' \
+  'merge_states writes out with out_a'"'"'s head stride'
+# Edges of the work division and of the tables:
+mutant merge_grid_one_block_short host/src/kv_cache.cpp 1 \
+  'shape.grid = dim3(unsigned((rows + kernel.threads - 1) / kernel.threads));' \
+  'shape.grid = dim3(unsigned((rows + kernel.threads - 2) / kernel.threads));' \
+  'merge_states'"'"' grid misses the last row when rows = k * kThreads + 1'
+mutant combine_one_pass_of_columns kernels/decode/decode_combine.cuh 1 \
+  'for (int e = threadIdx.x; e < p.head_dim; e += blockDim.x) {' \
+  'for (int e = threadIdx.x; e < p.head_dim; e += p.head_dim) {' \
+  'decode_combine writes only the first kThreads columns of a row'
+mutant decode_window_first_tile_late kernels/decode/decode_split_keys.cuh 1 \
+  'const int first_tile = begin / tile_keys;' 'const int first_tile = (begin + 1) / tile_keys;' \
+  'a window starting on the last key of a tile skips that tile'
+mutant rotary_last_row_unused kernels/decode/rotary.cuh 1 \
+  '(position >= r.max_position ? r.max_position - 1 : int(position));' \
+  '(position >= r.max_position - 1 ? r.max_position - 2 : int(position));' \
+  'the rotary tables'"'"' last row clamped to the one before'
+# Which kernel and loads the host picks from each tensor's alignment (the sim refuses a misaligned
+# 16-byte load, as the GPU faults):
+mutant mma_choice_ignores_v_alignment host/src/kv_cache.cpp 1 \
+  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {' \
+  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k)) {' \
+  'the tensor-core decode kernel taken with V rows off 16 bytes'
+mutant vector_loads_ignore_v_alignment host/src/kv_cache.cpp 1 \
+  'params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);' \
+  'params.vector_loads = rows_on_16_bytes(cache.k);' \
+  'the SIMT decode kernel loads V rows off 16 bytes 16 bytes at a time'
+mutant validate_v_addresses_from_k host/src/kv_cache_validation.cpp 1 \
+  'expect_distinct_addresses(function, "cache.v", cache.v);' 'expect_distinct_addresses(function, "cache.v", cache.k);' \
+  'append_kv checks K'"'"'s strides where V'"'"'s elements must not share addresses'
+# The host's metadata checks (validate_metadata):
+mutant validate_skips_last_partial_page host/src/kv_cache_validation.cpp 1 \
+  'const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;' \
+  'const int64_t pages_used = (length + extra_tokens) / shape.page_size;' \
+  'a bad block-table entry in the last, partly filled page passes'
+mutant validate_ignores_new_tokens_pages host/src/kv_cache_validation.cpp 1 \
+  'const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;' \
+  'const int64_t pages_used = (length + shape.page_size - 1) / shape.page_size;' \
+  'append_kv: a bad entry in a page only the new tokens reach passes'
+mutant validate_refuses_full_cache host/src/kv_cache_validation.cpp 1 \
+  'if (length + extra_tokens > shape.capacity) {' 'if (length + extra_tokens >= shape.capacity) {' \
+  'lengths that fill the capacity exactly are refused'
+
 # Backward: the sinks' gradient.
 mutant sink_gradient_fourth_digit kernels/backward/sink_gradient.cuh 1 \
   'sum += expf(sink - p.lse[first + i]) * p.d[first + i];' \

@@ -441,9 +441,10 @@ Trial kv_attention_trial(Context& ctx, const kv_test::AttendCase& c, Path path, 
   return t;
 }
 
-// The pool bytes `initial` with the values of `image` (a KvCacheImage's k or v) stored where they
-// are not NaN: what the device holds once the image's tokens are written (NaN rows stay poisoned).
-std::vector<unsigned char> pool_bytes(const kv_test::TestCache& cache, const std::vector<double>& image,
+// The pool bytes `initial` with the values of `image` (a KvCacheImage's k, which 0, or v, 1) stored
+// where they are not NaN, in that pool's own layout: what the device holds once the image's tokens
+// are written (NaN rows stay poisoned).
+std::vector<unsigned char> pool_bytes(const kv_test::TestCache& cache, int which, const std::vector<double>& image,
                                       std::vector<unsigned char> initial) {
   const reference::KvCacheImage& im = cache.image;
   for (int page = 0; page < im.num_pages; ++page)
@@ -451,7 +452,7 @@ std::vector<unsigned char> pool_bytes(const kv_test::TestCache& cache, const std
       for (int row = 0; row < im.page_size; ++row)
         for (int e = 0; e < im.head_dim; ++e) {
           const double x = image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)];
-          if (!std::isnan(x)) testing::store_element(initial.data(), cache.spec.dtype, cache.device_index(page, h, row, e), float(x));
+          if (!std::isnan(x)) testing::store_element(initial.data(), cache.spec.dtype, cache.device_index(which, page, h, row, e), float(x));
         }
   return initial;
 }
@@ -469,8 +470,8 @@ Trial append_kv_trial(Context& ctx, const kv_test::CacheSpec& spec, int seq_new,
   reference::KvCacheImage appended = cache.image;
   reference::append_kv(appended, k_new, v_new, seq_new);
   const std::vector<unsigned char> k_before = cache.k.to_host(), v_before = cache.v.to_host();
-  const std::vector<unsigned char> k_after = pool_bytes(cache, appended.k, k_before);
-  const std::vector<unsigned char> v_after = pool_bytes(cache, appended.v, v_before);
+  const std::vector<unsigned char> k_after = pool_bytes(cache, 0, appended.k, k_before);
+  const std::vector<unsigned char> v_after = pool_bytes(cache, 1, appended.v, v_before);
   std::vector<int32_t> lengths_after(size_t(spec.batch));
   for (int b = 0; b < spec.batch; ++b)
     lengths_after[size_t(b)] = std::min(cache.image.length(b) + seq_new, cache.image.capacity());
@@ -657,7 +658,9 @@ kv_test::CacheSpec random_cache(std::mt19937& rng, bool may_share_pages) {
   cache.batch = between(rng, 1, 3);
   cache.kv_heads = between(rng, 1, 2);
   cache.head_dim = pick(rng, {8, 36, 64});
-  cache.head_major = between(rng, 0, 1) == 1;
+  // K in either order, V in the other (each pool its own padded layout, kv_cache_check.h).
+  cache.k_layout.head_major = between(rng, 0, 1) == 1;
+  cache.v_layout.head_major = !cache.k_layout.head_major;
   cache.paged = between(rng, 0, 2) != 0;
   if (cache.paged) {
     cache.page_size = pick(rng, {1, 7, 16});

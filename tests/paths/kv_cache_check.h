@@ -1,6 +1,7 @@
 #pragma once
-// Building blocks of the KV-cache tests (test_kv_cache.cpp on the sim, test_kv_cache_gpu.cpp): a cache in device memory
-// with its double-precision image for selfattn::reference, random rounded tensors, and the one
+// Building blocks of the KV-cache tests (test_kv_cache*.cpp on the sim, test_kv_cache_gpu.cpp): a cache in device
+// memory with its double-precision image for selfattn::reference (K and V each in its own layout),
+// random rounded tensors (kv_tensors.h: every tensor of a call in its own layout), and the one
 // judge every check goes through (the shared rule of judge.h).
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 
 #include "attention_expected.h"
 #include "attention_harness.h"
+#include "kv_tensors.h"
 #include "score_mods_case.h"
 #include "selfattn/selfattn.h"
 
@@ -49,7 +51,7 @@ inline testing::Expected exact_copy(const std::vector<double>& values) {
   return e;
 }
 
-// ---- device tensors ----------------------------------------------------------------------------
+// ---- seeds (the device tensors themselves: kv_tensors.h) ---------------------------------------
 
 inline std::mt19937_64 rng_for(const std::string& name) {
   uint64_t h = 1469598103934665603ull;
@@ -58,52 +60,14 @@ inline std::mt19937_64 rng_for(const std::string& name) {
   return std::mt19937_64(h ^ (env ? std::strtoull(env, nullptr, 10) : 1) * 0x9E3779B97F4A7C15ull);
 }
 
-// Random values rounded to the dtype, as doubles and as device bytes ([batch, heads, seq, d] BHSD).
-struct Tensor {
-  DType dtype = DType::f32;
-  std::vector<double> values;
-  DeviceBuffer<unsigned char> device;
-  TensorView view;
-};
-
-inline Tensor random_tensor(Context& ctx, DType dtype, int batch, int heads, int seq, int d, std::mt19937_64& rng) {
-  Tensor t;
-  t.dtype = dtype;
-  const size_t count = size_t(batch) * heads * seq * d;
-  std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(dtype));
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  t.values.resize(count);
-  for (size_t i = 0; i < count; ++i) {
-    t.values[i] = round_to(dtype, uniform(rng));
-    store_element(host.data(), dtype, i, float(t.values[i]));
-  }
-  t.device = DeviceBuffer<unsigned char>(ctx, host.size(), "kv test tensor");
-  t.device.copy_from_host(host);
-  t.view = TensorView::bhsd(t.device.data(), dtype, batch, heads, seq, d);
-  return t;
-}
-
-// A poisoned (all 0xff bytes: NaN in every dtype) output of `count` elements.
-inline DeviceBuffer<unsigned char> poisoned(Context& ctx, DType dtype, size_t count) {
-  DeviceBuffer<unsigned char> buffer(ctx, std::max<size_t>(count, 1) * dtype_size(dtype), "kv test output");
-  buffer.fill_bytes(0xff);
-  return buffer;
-}
-
-inline std::vector<float> download(const DeviceBuffer<unsigned char>& buffer, DType dtype, size_t count) {
-  const std::vector<unsigned char> bytes = buffer.to_host();
-  std::vector<float> values(count);
-  for (size_t i = 0; i < count; ++i) values[i] = load_element(bytes.data(), dtype, i);
-  return values;
-}
-
 // ---- a cache -----------------------------------------------------------------------------------
 
 struct CacheSpec {
   DType dtype = DType::f16;
   int batch = 1, kv_heads = 1, head_dim = 64;
   bool paged = true;
-  bool head_major = true;     // pool [pages, kv_heads, page_size, d]; else [pages, page_size, kv_heads, d]
+  // The pools' layouts ([pages, kv_heads, page_size, d] viewed), K's and V's each their own.
+  Layout k_layout{/*head_major=*/true, kCacheKeysPad}, v_layout{/*head_major=*/false, kCacheValuesPad};
   int page_size = 16;         // contiguous: the capacity
   int max_pages_per_seq = 1;  // paged only
   int extra_pages = 2;        // unused pages in the pool (paged)
@@ -113,7 +77,7 @@ struct CacheSpec {
 
   std::string name() const {
     std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
-                    (paged ? "x" + std::to_string(max_pages_per_seq) : "") + (head_major ? " bhsd" : " bshd") +
+                    (paged ? "x" + std::to_string(max_pages_per_seq) : "") + " k " + k_layout.name() + " v " + v_layout.name() +
                     " kv" + std::to_string(kv_heads) + " d" + std::to_string(head_dim) + " len=[";
     for (int32_t n : lengths) s += std::to_string(n) + ",";
     return s + "]" + (shared_first_page ? " shared" : "");
@@ -130,8 +94,10 @@ struct TestCache {
   KvCache view;
 
   size_t pool_elements() const { return size_t(image.num_pages) * image.kv_heads * image.page_size * image.head_dim; }
-  // Device element index of (page, head, row, e) in the pool's layout.
-  size_t device_index(int page, int head, int row, int e) const { return size_t(view.k.offset(page, head, row, e)); }
+  // Device element index of (page, head, row, e) in K's (which 0) or V's (which 1) pool layout.
+  size_t device_index(int which, int page, int head, int row, int e) const {
+    return size_t((which == 0 ? view.k : view.v).offset(page, head, row, e));
+  }
 };
 
 inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64& rng) {
@@ -158,9 +124,8 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   const size_t count = size_t(im.num_pages) * im.kv_heads * im.page_size * im.head_dim;
   const DType dtype = spec.dtype;
   const int64_t pool_batch = im.num_pages, seq = im.page_size;
-  auto make_view = [&](void* data) {
-    return spec.head_major ? TensorView::bhsd(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim)
-                           : TensorView::bshd(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
+  auto make_view = [&](int which, void* data) {
+    return (which == 0 ? spec.k_layout : spec.v_layout).view(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
   };
   // Which pool rows hold tokens.
   std::vector<char> live(size_t(im.num_pages) * im.page_size, 0);
@@ -170,11 +135,14 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
       if (page >= 0) live[size_t(page) * im.page_size + size_t(t % im.page_size)] = 1;
     }
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const TensorView layout = make_view(nullptr);
   for (int which = 0; which < 2; ++which) {
+    const TensorView layout = make_view(which, nullptr);
+    const Layout& pool = which == 0 ? spec.k_layout : spec.v_layout;
     std::vector<double>& image = which == 0 ? im.k : im.v;
     image.assign(count, std::numeric_limits<double>::quiet_NaN());
-    std::vector<unsigned char> host(std::max<size_t>(count, 1) * dtype_size(dtype), 0xff);
+    // Row padding and unused rows hold NaN (0xff bytes).
+    std::vector<unsigned char> host(
+        std::max<size_t>(pool.elements(pool_batch, im.kv_heads, seq, im.head_dim), 1) * dtype_size(dtype), 0xff);
     for (int page = 0; page < im.num_pages; ++page)
       for (int h = 0; h < im.kv_heads; ++h)
         for (int row = 0; row < im.page_size; ++row) {
@@ -194,16 +162,17 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   if (spec.paged) {
     c.block_table = DeviceBuffer<int32_t>(ctx, im.block_table.size(), "block table");
     c.block_table.copy_from_host(im.block_table);
-    c.view = KvCache::paged_pool(make_view(c.k.data()), make_view(c.v.data()), c.block_table.data(), spec.batch,
+    c.view = KvCache::paged_pool(make_view(0, c.k.data()), make_view(1, c.v.data()), c.block_table.data(), spec.batch,
                                  im.max_pages_per_seq, c.lengths.data());
   } else {
-    c.view = KvCache::contiguous(make_view(c.k.data()), make_view(c.v.data()), c.lengths.data());
+    c.view = KvCache::contiguous(make_view(0, c.k.data()), make_view(1, c.v.data()), c.lengths.data());
   }
   return c;
 }
 
-// The device pool read back into the image's layout (as the reference sees it).
-inline std::vector<double> download_pool(const TestCache& c, const DeviceBuffer<unsigned char>& device) {
+// The device pool of K (which 0) or V (1) read back into the image's layout (as the reference sees it).
+inline std::vector<double> download_pool(const TestCache& c, int which) {
+  const DeviceBuffer<unsigned char>& device = which == 0 ? c.k : c.v;
   const std::vector<unsigned char> bytes = device.to_host();
   const reference::KvCacheImage& im = c.image;
   std::vector<double> image(c.pool_elements());
@@ -212,7 +181,7 @@ inline std::vector<double> download_pool(const TestCache& c, const DeviceBuffer<
       for (int row = 0; row < im.page_size; ++row)
         for (int e = 0; e < im.head_dim; ++e)
           image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
-              load_element(bytes.data(), c.spec.dtype, c.device_index(page, h, row, e));
+              load_element(bytes.data(), c.spec.dtype, c.device_index(which, page, h, row, e));
   return image;
 }
 
@@ -247,6 +216,15 @@ inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bo
   return r;
 }
 
+// Rows of rotary tables that end exactly at the last position a call rotates, so that position
+// reads the table's last row (rotary.cuh clamps only positions past it: a clamp one row early
+// shows only there): every sequence's tokens [0, min(length + extra, capacity)).
+inline int rotary_rows_for(const reference::KvCacheImage& cache, int extra) {
+  int rows = 1;
+  for (int b = 0; b < cache.batch; ++b) rows = std::max(rows, std::min(cache.length(b) + extra, cache.capacity()));
+  return rows;
+}
+
 // ---- one attention call against the reference ------------------------------------------------
 
 struct AttendCase {
@@ -256,6 +234,7 @@ struct AttendCase {
   bool with_lse = true;
   std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
   int num_splits = 0;                          // fused path: 0 automatic
+  Layout q_layout = kQueryLayout, out_layout = kOutLayout;
   // Window, softcap, ALiBi, bias; the bias is [batch, heads, seq_q, capacity].
   testing::ScoreModsCase mods;
 
@@ -263,6 +242,7 @@ struct AttendCase {
     std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
     if (num_splits) s += " splits" + std::to_string(num_splits);
+    s += " q " + q_layout.name() + " out " + out_layout.name();
     return s + mods.name();
   }
 };
@@ -370,9 +350,9 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
                                             std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
   const DType dtype = c.cache.dtype;
   const int batch = c.cache.batch, d = c.cache.head_dim;
-  Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng);
+  Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng, c.q_layout);
   const size_t rows = size_t(batch) * c.heads * c.seq_q;
-  DeviceBuffer<unsigned char> out = poisoned(ctx, dtype, rows * d);
+  const Output out = poisoned_output(ctx, dtype, batch, c.heads, c.seq_q, d, c.out_layout);
   DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, rows);
   KvAttentionOptions options;
   options.path = path;
@@ -388,13 +368,14 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
     mods.apply(c.mods, options);
     mods.apply(c.mods, problem);
   }
-  attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), dtype, batch, c.heads, c.seq_q, d),
-                          options);
+  attention_with_kv_cache(ctx, q.view, cache.view, out.view, options);
   ctx.synchronize();
   const testing::AttentionExpected expected =
       expected_kv_attention(problem, q.values, cache.image, dtype, rotary ? &rotary->table : nullptr);
   const std::string what = c.name() + " " + to_string(path);
-  ::testing::AssertionResult result = judge_values(what + " out", download(out, dtype, rows * d), expected.out);
+  std::vector<float> out_values;
+  ::testing::AssertionResult result = download_output(what + " out", out.device, out.view, out_values);
+  if (result) result = judge_values(what + " out", out_values, expected.out);
   if (!result || !c.with_lse) return result;
   return judge_values(what + " lse", download(lse, DType::f32, rows), expected.lse);
 }
@@ -403,7 +384,7 @@ inline ::testing::AssertionResult check_attend(Context& ctx, const AttendCase& c
   std::mt19937_64 rng = rng_for(c.name() + to_string(path));
   const TestCache cache = make_cache(ctx, c.cache, rng);
   std::optional<TestRotary> rotary;
-  if (c.rotary) rotary = make_rotary(ctx, cache.image.capacity() + 3, c.rotary->first, c.rotary->second, rng);
+  if (c.rotary) rotary = make_rotary(ctx, rotary_rows_for(cache.image, 0), c.rotary->first, c.rotary->second, rng);
   return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
 }
 
@@ -417,7 +398,9 @@ inline CacheSpec paged(DType dtype, int batch, int kv_heads, int head_dim, int p
   s.page_size = page_size;
   s.max_pages_per_seq = max_pages;
   s.lengths = std::move(lengths);
-  s.head_major = head_major;
+  // K in the order asked, V in the other (each its own pad): every call reads two pool layouts.
+  s.k_layout.head_major = head_major;
+  s.v_layout.head_major = !head_major;
   return s;
 }
 

@@ -41,20 +41,21 @@ struct BadArgumentFixture {
   Context ctx;
   std::mt19937_64 rng{5};
   TestCache cache = make_cache(ctx, paged(DType::f16, 2, 2, 64, 16, 3, {5, 20}), rng);
-  Tensor q = random_tensor(ctx, DType::f16, 2, 4, 3, 64, rng);
-  Tensor k_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng);
-  Tensor v_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng);
-  DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 2 * 4 * 3 * 64);
+  Tensor q = random_tensor(ctx, DType::f16, 2, 4, 3, 64, rng, kQueryLayout);
+  Tensor k_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng, kNewKeysLayout);
+  Tensor v_new = random_tensor(ctx, DType::f16, 2, 2, 3, 64, rng, kNewValuesLayout);
+  Output out = poisoned_output(ctx, DType::f16, 2, 4, 3, 64, kOutLayout);
   DeviceBuffer<float> lse{ctx, 2 * 4 * 3, "lse"};
   DeviceBuffer<int32_t> updated{ctx, 2, "updated lengths"};
   DeviceBuffer<int32_t> bad_lengths{ctx, 2, "bad lengths"}, bad_table{ctx, 6, "bad table"};
+  DeviceBuffer<int32_t> edge_lengths{ctx, 2, "lengths at page edges"};
   TestRotary rotary = make_rotary(ctx, 64, 64, true, rng);
   DeviceBuffer<float> slopes{ctx, 8, "slopes"}, bias{ctx, 2 * 4 * 3 * 48, "bias"};
 
   Call valid() {
     Call call;
     call.q = q.view;
-    call.out = TensorView::bhsd(out.data(), DType::f16, 2, 4, 3, 64);
+    call.out = out.view;
     call.k_new = k_new.view;
     call.v_new = v_new.view;
     call.cache = cache.view;
@@ -71,7 +72,7 @@ struct BadArgumentFixture {
     mutate(call);
     lse.fill_bytes(0xFF);
     updated.fill_bytes(0xFF);
-    const std::vector<unsigned char> out_before = out.to_host(), k_before = cache.k.to_host(), v_before = cache.v.to_host();
+    const std::vector<unsigned char> out_before = out.device.to_host(), k_before = cache.k.to_host(), v_before = cache.v.to_host();
     try {
       run(ctx, call);
       ctx.synchronize();
@@ -79,7 +80,7 @@ struct BadArgumentFixture {
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "message: " << e.what();
     }
-    EXPECT_TRUE(out.to_host() == out_before) << expected << ": out was written";
+    EXPECT_TRUE(out.device.to_host() == out_before) << expected << ": out was written";
     EXPECT_TRUE(cache.k.to_host() == k_before) << expected << ": cache k was written";
     EXPECT_TRUE(cache.v.to_host() == v_before) << expected << ": cache v was written";
     const auto all_poison = [](const auto& values) {
@@ -190,6 +191,8 @@ TEST(KvCacheArguments, AppendRejectsEachBadArgument) {
       {"cache.block_table[1][0] expected a page in [0, 8)",
        [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.append.validate_metadata = true; }},
       {"cache.k.strides[1] (heads) = 0 makes elements of cache.k share addresses", [](Call& c) { c.cache.k.strides[1] = 0; }},
+      // V has its own strides (and its own check): rows of V alone sharing addresses.
+      {"cache.v.strides[2] (seq) = 0 makes elements of cache.v share addresses", [](Call& c) { c.cache.v.strides[2] = 0; }},
       {"options.updated_lengths expected not to overlap k_new",
        [](Call& c) { c.append.updated_lengths = static_cast<int32_t*>(c.k_new.data); }},
       {"options.updated_lengths expected 4-byte alignment",
@@ -198,13 +201,71 @@ TEST(KvCacheArguments, AppendRejectsEachBadArgument) {
   for (const auto& [expected, mutate] : cases) f.expect_rejected(expected, mutate, run_append);
 }
 
+// validate_metadata at the edges of the pages each sequence uses (the fixture's cache: 2 sequences,
+// 16-row pages, 3 per sequence, 8 in the pool). A bad entry (outside the pool: -1 or 8) in any page
+// a sequence uses - its first, its last partly filled one, for append_kv the pages only the new
+// tokens reach - is refused, named, with nothing written; the same entry one page past the last
+// used one is never read, and lengths that fill the capacity exactly pass.
+TEST(KvCacheArguments, MetadataCheckedInEveryUsedPageAndNoFurther) {
+  BadArgumentFixture f;
+  const int page_size = f.cache.spec.page_size, max_pages = f.cache.spec.max_pages_per_seq;
+  const int capacity = page_size * max_pages, num_pages = f.cache.image.num_pages;
+  struct Edge {
+    const char* call;
+    std::vector<int32_t> lengths;  // each ends inside a page (the last one partly filled) or on its edge
+    int new_tokens;
+    std::function<void(Context&, const Call&)> run;
+  };
+  const std::vector<Edge> edges = {
+      {"attention", {5, page_size + 4}, 0, run_attend},
+      // 16 + 3 new: the second page holds new tokens only; 30 + 3: one new token in the third.
+      {"append", {page_size, 2 * page_size - 2}, int(f.k_new.view.seq()), run_append},
+  };
+  for (const Edge& edge : edges) {
+    f.edge_lengths.copy_from_host(edge.lengths);
+    for (int b = 0; b < 2; ++b) {
+      const int pages_used = (edge.lengths[size_t(b)] + edge.new_tokens + page_size - 1) / page_size;
+      for (int page = 0; page <= pages_used && page < max_pages; ++page) {
+        std::vector<int32_t> table = f.cache.image.block_table;
+        table[size_t(b * max_pages + page)] = page % 2 == 0 ? -1 : num_pages;
+        const auto use_table = [&](Call& c) {
+          f.bad_table.copy_from_host(table);
+          c.cache.block_table = f.bad_table.data();
+          c.cache.lengths = f.edge_lengths.data();
+          c.attend.validate_metadata = c.append.validate_metadata = true;
+        };
+        const std::string entry = "cache.block_table[" + std::to_string(b) + "][" + std::to_string(page) + "]";
+        if (page < pages_used) {
+          f.expect_rejected(entry + " expected a page in [0, " + std::to_string(num_pages) + ")", use_table, edge.run);
+        } else {
+          Call call = f.valid();
+          use_table(call);
+          EXPECT_NO_THROW(edge.run(f.ctx, call)) << edge.call << ": " << entry << " is past the pages used";
+          f.ctx.synchronize();
+        }
+      }
+    }
+  }
+  // Full to the last slot (with the new tokens), every table entry in use and valid: accepted.
+  for (const Edge& edge : edges) {
+    f.edge_lengths.copy_from_host(std::vector<int32_t>{capacity - edge.new_tokens, capacity - edge.new_tokens});
+    Call call = f.valid();
+    call.cache.lengths = f.edge_lengths.data();
+    call.attend.validate_metadata = call.append.validate_metadata = true;
+    EXPECT_NO_THROW(edge.run(f.ctx, call)) << edge.call << ": lengths filling the capacity";
+    f.ctx.synchronize();
+  }
+}
+
 TEST(KvCacheArguments, MergeRejectsEachBadArgument) {
   Context ctx;
   std::mt19937_64 rng(9);
-  Tensor a = random_tensor(ctx, DType::f16, 1, 2, 3, 8, rng), b = random_tensor(ctx, DType::f16, 1, 2, 3, 8, rng);
+  Tensor a = random_tensor(ctx, DType::f16, 1, 2, 3, 8, rng, kMergeALayout);
+  Tensor b = random_tensor(ctx, DType::f16, 1, 2, 3, 8, rng, kMergeBLayout);
   DeviceBuffer<float> lse_a(ctx, 6, "lse a"), lse_b(ctx, 6, "lse b"), lse_out(ctx, 6, "lse out");
-  DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 48);
-  const TensorView out_view = TensorView::bhsd(out.data(), DType::f16, 1, 2, 3, 8);
+  const Output merged = poisoned_output(ctx, DType::f16, 1, 2, 3, 8, kMergedLayout);
+  const DeviceBuffer<unsigned char>& out = merged.device;
+  const TensorView out_view = merged.view;
   auto expect = [&](const std::string& expected, TensorView out_a, const float* la, TensorView out_b, const float* lb,
                     TensorView o, float* lo) {
     lse_out.fill_bytes(0xFF);
@@ -275,15 +336,17 @@ TEST(KvCacheMetadata, WrongEntriesAreClampedNotFollowed) {
   TestCache cache = make_cache(ctx, spec, rng);
   cache.lengths.copy_from_host(std::vector<int32_t>{-7, 1 << 30, 20});
   cache.block_table.copy_from_host(std::vector<int32_t>{-1, 999, INT_MAX, 0, 1, INT_MIN});
-  Tensor q = random_tensor(ctx, DType::f16, 3, 4, 3, 64, rng);
-  Tensor k_new = random_tensor(ctx, DType::f16, 3, 2, 5, 64, rng);
+  Tensor q = random_tensor(ctx, DType::f16, 3, 4, 3, 64, rng, kQueryLayout);
+  Tensor k_new = random_tensor(ctx, DType::f16, 3, 2, 5, 64, rng, kNewKeysLayout);
   for (Path path : kPaths) {
-    DeviceBuffer<unsigned char> out = poisoned(ctx, DType::f16, 3 * 4 * 3 * 64);
+    const Output out = poisoned_output(ctx, DType::f16, 3, 4, 3, 64, kOutLayout);
     KvAttentionOptions options;
     options.path = path;
-    attention_with_kv_cache(ctx, q.view, cache.view, TensorView::bhsd(out.data(), DType::f16, 3, 4, 3, 64), options);
+    attention_with_kv_cache(ctx, q.view, cache.view, out.view, options);
     ctx.synchronize();
-    for (float value : download(out, DType::f16, 3 * 4 * 3 * 64)) {
+    std::vector<float> values;
+    ASSERT_TRUE(download_output(to_string(path), out.device, out.view, values));
+    for (float value : values) {
       ASSERT_TRUE(std::isfinite(value)) << to_string(path);
     }
   }

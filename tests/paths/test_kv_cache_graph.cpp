@@ -39,9 +39,10 @@ struct DecodeStep {
     spec.max_pages_per_seq = 4;
     spec.lengths = {0, 17, 40};
     cache = make_cache(ctx, spec, rng);
-    q = random_tensor(ctx, DType::f16, 3, 4, 2, 64, rng);
-    k_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng);
-    v_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng);
+    // Packed: the batch-1 step below views sequence 0 of each by hand.
+    q = random_tensor(ctx, DType::f16, 3, 4, 2, 64, rng, kPacked);
+    k_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng, kPacked);
+    v_new = random_tensor(ctx, DType::f16, 3, 2, 2, 64, rng, kPacked);
     k_pool = cache.k.to_host();
     v_pool = cache.v.to_host();
   }

@@ -1,0 +1,170 @@
+// append_kv on the sim (kv_cache.h): exactly the new tokens' rows written, across page boundaries
+// and the last partial page, with rotary up to the table's last row, then attention over them.
+// Cache K and V, k_new and v_new each have their own layout (kv_cache_check.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/decode/kv_append.cuh"
+#include "kv_cache_check.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn {
+namespace {
+
+using namespace kv_test;
+
+// append_kv writes exactly the new tokens' rows (checked element by element against the reference,
+// every other byte of the pool unchanged), across page boundaries, and attention then sees them.
+::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,
+                                                    std::optional<std::pair<int, bool>> rotary_spec, Path path) {
+  AttendCase c = attend(spec, heads, seq_new);
+  c.rotary = rotary_spec;
+  const std::string name = "append " + c.name() + " new" + std::to_string(seq_new);
+  std::mt19937_64 rng = rng_for(name);
+  TestCache cache = make_cache(ctx, spec, rng);
+  std::optional<TestRotary> rotary;
+  if (rotary_spec) {
+    rotary = make_rotary(ctx, rotary_rows_for(cache.image, seq_new), rotary_spec->first, rotary_spec->second, rng);
+  }
+  Tensor k_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng, kNewKeysLayout);
+  Tensor v_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng, kNewValuesLayout);
+  DeviceBuffer<int32_t> updated(ctx, size_t(spec.batch), "updated lengths");
+  updated.fill_bytes(0xff);
+  const std::vector<unsigned char> k_before = cache.k.to_host(), v_before = cache.v.to_host();
+
+  AppendKvOptions options;
+  options.updated_lengths = updated.data();
+  if (rotary) options.rotary = rotary->view;
+  append_kv(ctx, cache.view, k_new.view, v_new.view, options);
+  ctx.synchronize();
+
+  reference::KvCacheImage expected = cache.image;
+  reference::append_kv(expected, k_new.values, v_new.values, seq_new, rotary ? &rotary->table : nullptr);
+  // Which pool rows the append targets.
+  std::vector<char> target(size_t(expected.num_pages) * expected.page_size, 0);
+  for (int b = 0; b < spec.batch; ++b)
+    for (int t = 0; t < seq_new; ++t) {
+      const int page = expected.page_of(b, expected.length(b) + t);
+      if (page >= 0) target[size_t(page) * expected.page_size + size_t((expected.length(b) + t) % expected.page_size)] = 1;
+    }
+  const size_t element = dtype_size(spec.dtype);
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<unsigned char>& before = which == 0 ? k_before : v_before;
+    const std::vector<unsigned char> after = (which == 0 ? cache.k : cache.v).to_host();
+    const std::vector<double>& image = which == 0 ? expected.k : expected.v;
+    std::vector<float> written;
+    std::vector<double> wanted;
+    for (int page = 0; page < expected.num_pages; ++page)
+      for (int h = 0; h < expected.kv_heads; ++h)
+        for (int row = 0; row < expected.page_size; ++row)
+          for (int e = 0; e < expected.head_dim; ++e) {
+            const size_t index = cache.device_index(which, page, h, row, e);
+            if (target[size_t(page) * expected.page_size + size_t(row)]) {
+              written.push_back(load_element(after.data(), spec.dtype, index));
+              wanted.push_back(image[expected.offset(page, h, row) + size_t(e)]);
+            } else if (std::memcmp(after.data() + index * element, before.data() + index * element, element) != 0) {
+              return ::testing::AssertionFailure() << name << ": cache " << (which ? "v" : "k") << " page " << page
+                                                   << " head " << h << " row " << row << " changed but is no new token's";
+            }
+          }
+    // Without rotary the copy is exact; rotary computes in fp32 and rounds once to the dtype.
+    testing::Expected judged = exact_copy(wanted);
+    if (rotary && which == 0) {
+      // x cos - y sin rounds in proportion to |x cos| + |y sin| <= sqrt(2) |(x, y)|, the norm of
+      // its own pair (a rotation keeps it; the rotated value may be far smaller). Elements past
+      // rotary_dim pass through and stay exact copies.
+      const size_t d = size_t(expected.head_dim), rotary_dim = size_t(rotary->table.rotary_dim);
+      const auto partner = [&](size_t e) {
+        if (rotary->table.interleaved) return e ^ 1;
+        return e < rotary_dim / 2 ? e + rotary_dim / 2 : e - rotary_dim / 2;
+      };
+      for (size_t row = 0; row < wanted.size() / d; ++row)
+        for (size_t e = 0; e < rotary_dim; ++e) {
+          const size_t i = row * d + e, j = row * d + partner(e);
+          judged.allowed[i] = round_to(spec.dtype, float(wanted[i]));
+          judged.scale[i] = std::sqrt(2 * (wanted[i] * wanted[i] + wanted[j] * wanted[j]));
+          judged.floor[i] = testing::rounding_floor(spec.dtype, 4, judged.scale[i]);
+        }
+    }
+    ::testing::AssertionResult result = judge_values(name + (which ? " v" : " k"), written, judged);
+    if (!result) return result;
+  }
+  const std::vector<int32_t> new_lengths = updated.to_host();
+  for (int b = 0; b < spec.batch; ++b) {
+    const int wanted = std::min(expected.length(b) + seq_new, expected.capacity());
+    if (new_lengths[size_t(b)] != wanted) {
+      return ::testing::AssertionFailure() << name << ": updated_lengths[" << b << "] = " << new_lengths[size_t(b)]
+                                           << ", expected " << wanted;
+    }
+  }
+  // Attend with the updated lengths over what the device wrote (the reference fed the rounded cache).
+  cache.image.k = download_pool(cache, 0);
+  cache.image.v = download_pool(cache, 1);
+  cache.image.lengths = new_lengths;
+  cache.view.lengths = updated.data();
+  return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
+}
+
+TEST(KvCacheAppend, AcrossPageBoundariesThenAttend) {
+  Context ctx;
+  // Lengths ending just before, on and after a page boundary; 7 new tokens cross it.
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f16, 4, 2, 64, 16, 3, {9, 15, 16, 0}), 4, 7, std::nullopt,
+                                       Path::fused));
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::bf16, 3, 1, 128, 16, 2, {0, 17, 31}, false), 8, 1,
+                                       std::nullopt, Path::naive));
+  // Page size 1: every token its own page.
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f32, 2, 2, 64, 1, 12, {0, 4}), 2, 7, std::nullopt,
+                                       Path::cublas));
+  // Contiguous, BSHD; the last sequence is full up to 3 slots: 4 of its 7 tokens are dropped.
+  EXPECT_TRUE(check_append_then_attend(ctx, contiguous(DType::f16, 2, 2, 64, 23, {3, 20}, false), 2, 7, std::nullopt,
+                                       Path::fused));
+}
+
+TEST(KvCacheAppend, RotaryOnKeysAndQueries) {
+  Context ctx;
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f16, 2, 2, 64, 16, 2, {14, 3}), 4, 7,
+                                       std::make_pair(64, true), Path::fused));
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f32, 2, 1, 64, 16, 2, {5, 16}), 2, 3,
+                                       std::make_pair(48, false), Path::naive));
+  EXPECT_TRUE(check_append_then_attend(ctx, contiguous(DType::bf16, 1, 1, 128, 20, {11}, true), 1, 1,
+                                       std::make_pair(128, false), Path::cublas));
+}
+
+// kv_append writes KvAppendTraits::kRowsPerBlock new tokens per block: seq_new one below, at and
+// one above a block's rows, the new tokens ending in the last page (one sequence exactly at the
+// capacity, one a token past it: that token dropped), K rotated up to the tables' last row.
+TEST(KvCacheAppend, NewTokensAroundEachBlock) {
+  Context ctx;
+  constexpr int kRows = kernels::KvAppendTraits::kRowsPerBlock;
+  constexpr int kPage = 16, kPages = 3, kCapacity = kPage * kPages;
+  for (int seq_new : {kRows - 1, kRows, kRows + 1}) {
+    const CacheSpec spec = paged(DType::f16, 3, 2, 64, kPage, kPages, {kCapacity - seq_new, kCapacity - seq_new + 1, kPage - 1},
+                                 seq_new % 2 == 0);
+    EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, seq_new, std::make_pair(64, seq_new % 2 == 1), Path::fused));
+  }
+}
+
+// Tokens with no element (no kv head, or head_dim 0) are still tokens: updated_lengths advances by
+// seq_new, clamped to the capacity, and nothing else is written.
+TEST(KvCacheAppend, TokensWithoutElementsStillAdvanceUpdatedLengths) {
+  Context ctx;
+  DeviceBuffer<int32_t> lengths(ctx, 2, "lengths"), updated(ctx, 2, "updated");
+  lengths.copy_from_host(std::vector<int32_t>{5, 14});
+  for (const auto& [kv_heads, head_dim] : {std::pair<int, int>{0, 64}, {2, 0}}) {
+    updated.copy_from_host(std::vector<int32_t>{-99, -99});
+    const TensorView cache_k = TensorView::bhsd(nullptr, DType::f16, 2, kv_heads, 16, head_dim);
+    const TensorView k_new = TensorView::bhsd(nullptr, DType::f16, 2, kv_heads, 3, head_dim);
+    AppendKvOptions options;
+    options.updated_lengths = updated.data();
+    append_kv(ctx, KvCache::contiguous(cache_k, cache_k, lengths.data()), k_new, k_new, options);
+    EXPECT_EQ(updated.to_host(), (std::vector<int32_t>{8, 16})) << "kv_heads " << kv_heads << ", head_dim " << head_dim;
+  }
+}
+
+}  // namespace
+}  // namespace selfattn

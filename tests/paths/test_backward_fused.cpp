@@ -119,6 +119,18 @@ TEST(FusedBackward, WindowEdgeAtEveryKeyOfATile) {
       c.name = "fused_window_edges_d" + std::to_string(d) + (deterministic ? "_deterministic" : "_atomic");
       EXPECT_TRUE(backward_check::check(ctx, c));
     }
+    // Row blocks skip key tiles by their first row's window: window_left 1 under top_left starts
+    // row r's window at key r - 1, the last key of a tile for every block starting on a tile edge.
+    c.heads = 1;
+    c.seq_q = c.seq_k = 2 * tile + 2;
+    c.causal = Causal::top_left;
+    c.window_left = 1, c.window_right = -1;
+    for (bool deterministic : {false, true}) {
+      c.deterministic = deterministic;
+      c.name = "fused_window_starts_at_a_tiles_last_key_d" + std::to_string(d) +
+               (deterministic ? "_deterministic" : "_atomic");
+      EXPECT_TRUE(backward_check::check(ctx, c));
+    }
   }
 }
 

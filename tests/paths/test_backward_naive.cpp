@@ -25,7 +25,8 @@ TEST(NaiveBackward, Sweep) {
 // P V tiles (query rows per block), P and dS by backward_scores (rows per block): keys and rows
 // one below, at and one above each, tensor-core (f16, d32) and SIMT (f32, d7) variants, causal
 // diagonals and key lengths at the edges. And a sliding window whose edges sweep a whole Q K^T
-// key tile and both its edges (left edges at keys 1 .. tile + 2, right at tile + 1 .. 2 tile + 2).
+// key tile and both its edges (left edges at keys 1 .. tile + 2, right at tile + 1 .. 2 tile + 2),
+// and one whose left edge is a key tile's last key for the first row of every row tile.
 TEST(NaiveBackward, SinksOverManyRowsAndVarlenRowsNobodyOwns) {
   Context ctx(Backend::sim);
   const int sink_threads = kernels::sim_target::sink_gradient_instance().threads;
@@ -75,6 +76,16 @@ TEST(NaiveBackward, EveryTileEdge) {
     c.heads = 2, c.kv_heads = 2;
     c.seq_q = qk.tile_cols + 2, c.seq_k = 2 * qk.tile_cols + 2;
     c.window_left = qk.tile_cols - 1, c.window_right = 1;
+    EXPECT_TRUE(backward_check::check(ctx, c));
+    // The kernels skip work by the window of a row tile's (or row slice's) first row: with
+    // window_left 1 under top_left, row r's window starts at key r - 1, so every tile of rows
+    // starting at a multiple of a key tile begins its window at that key tile's last key.
+    const int key_tile = std::max(qk.tile_cols, kv.tile_rows);
+    c.name = prefix + "window_starts_at_a_tiles_last_key";
+    c.heads = 1, c.kv_heads = 1;
+    c.seq_q = c.seq_k = 2 * key_tile + 2;
+    c.causal = Causal::top_left;
+    c.window_left = 1, c.window_right = -1;
     EXPECT_TRUE(backward_check::check(ctx, c));
   }
 }

@@ -57,7 +57,8 @@ TEST_P(ScorePath, LongRowsStreamingSoftmax) {
 // Every remainder of the score paths' work division, from the kernels' tiles in the registry: the
 // tiled Q K^T (query rows and keys per block: naive) and P V (query rows per block), tensor-core
 // (f16, d32) and SIMT (f32, d7) variants, rows one past the softmax's rows per block, a sliding
-// window whose edges sweep a whole key tile and both its edges (left edges at keys 1 .. tile + 2),
+// window whose edges sweep a whole key tile and both its edges (left edges at keys 1 .. tile + 2)
+// or start at a key tile's last key for every row tile,
 // and row lengths one below and at each change of the softmax's row group (warp-cached,
 // block-cached, streaming: where softmax_rows_instance picks another kernel).
 TEST_P(ScorePath, EveryTileEdge) {
@@ -83,6 +84,13 @@ TEST_P(ScorePath, EveryTileEdge) {
     window.mods.window_left = qk.tile_cols - 1;
     window.mods.window_right = 1;
     cases.push_back(window);
+    // Row tiles skip key tiles by their first row's window: window_left 1 under top_left starts row
+    // r's window at key r - 1, a key tile's last key for every row tile starting on a tile edge.
+    AttentionCase left_edge = make_case(dtype, 1, 1, 1, 2 * std::max(qk.tile_cols, qk.tile_rows) + 2,
+                                        2 * std::max(qk.tile_cols, qk.tile_rows) + 2, d, Causal::top_left,
+                                        Layout::bhsd, true, {}, path());
+    left_edge.mods.window_left = 1;
+    cases.push_back(left_edge);
   }
   // The softmax's row groups, by the row lengths at which the registry changes kernel.
   for (int seq_k = 2; seq_k <= 4096; ++seq_k) {

@@ -172,6 +172,12 @@ mutant hopper_block_rows_clamp kernels/hopper/flash_fwd_hopper.cuh 1 \
 mutant fused_bwd_query_tiles_one_short kernels/backward/flash_bwd_dkdv.cuh 1 \
   '(rows.end + BR - 1) / BR - first_tile' '(rows.end + BR - 2) / BR - first_tile' \
   'the dK/dV kernel drops a last query tile holding one row'
+mutant grad_kv_window_edge_slice_skipped kernels/backward/grad_kv_tiled.cuh 1 \
+  'return key0 < seen.end && key0 + tile_keys > seen.begin;' 'return key0 < seen.end && key0 + tile_keys - 1 > seen.begin;' \
+  'naive dK/dV skip rows whose window starts at the last key of the block'"'"'s key tile'
+mutant qk_skips_tile_with_window_start kernels/unfused/qk_tiled.cuh 2 \
+  'key0 + Tile::kTileN <= seen.begin' 'key0 + Tile::kTileN - 1 <= seen.begin' \
+  'a key tile whose last key is the first a row tile'"'"'s window sees is skipped (scores left stale)'
 # Reductions over rows: past the first sweep of the block's threads, and not past cu_seqlens.
 mutant sink_gradient_first_sweep_only kernels/backward/sink_gradient.cuh 1 \
   'i < rows; i += SinkGradientTraits::kThreads' 'i < rows && i < SinkGradientTraits::kThreads; i += SinkGradientTraits::kThreads' \

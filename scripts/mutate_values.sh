@@ -212,6 +212,55 @@ mutant sink_gradient_fourth_digit kernels/backward/sink_gradient.cuh 1 \
   'sum += expf(sink - p.lse[first + i]) * p.d[first + i] * 1.0001f;' \
   'dsinks 1e-4 too large'
 
+# Issue 32: forward and backward
+# A tensor read or written with another tensor's strides. The tests give each tensor of a call its
+# own layout and row gap (tests/support/tensor_layouts.h); while all shared one, these were the
+# same strides and no test could see them.
+mutant fused_v_tiles_with_k_stride kernels/forward/flash_fwd.cuh 1 \
+  'p.v_stride_row, Traits::kBlockKeys, seq.k_len - next0);' 'p.k_stride_row, Traits::kBlockKeys, seq.k_len - next0);' \
+  'V tiles after the first read with K'"'"'s row stride'
+mutant simt_out_with_q_stride kernels/forward/flash_fwd_simt.cuh 1 \
+  'flash_simt_store(out, row * p.out_stride_row + col' 'flash_simt_store(out, row * p.q_stride_row + col' \
+  'the SIMT kernel writes out with q'"'"'s row stride'
+mutant hopper_out_with_q_head_stride kernels/hopper/flash_fwd_hopper.cuh 1 \
+  'batch * p.out_stride_batch + head * p.out_stride_head +' 'batch * p.out_stride_batch + head * p.q_stride_head +' \
+  'the Hopper kernel places out'"'"'s heads with q'"'"'s head stride'
+mutant naive_qk_k_with_q_stride kernels/unfused/qk_tiled.cuh 2 \
+  'k, p.k.stride_seq, key0' 'k, p.q.stride_seq, key0' \
+  'Q K^T tiles (naive forward, naive backward'"'"'s S) read K with q'"'"'s row stride'
+mutant backward_dot_dout_with_out_stride kernels/backward/backward_dot.cuh 1 \
+  'i * p.dout_stride_row' 'i * p.out_stride_row' \
+  'D = rowsum(dO * O) reads dO with out'"'"'s row stride'
+mutant fused_bwd_dv_with_dk_stride kernels/backward/flash_bwd_dkdv.cuh 1 \
+  '(seq.k_row_start + key) * p.dv_stride_row;' '(seq.k_row_start + key) * p.dk_stride_row;' \
+  'the fused backward stores dV with dK'"'"'s row stride'
+mutant fused_bwd_dout_tiles_with_q_stride kernels/backward/flash_bwd_dkdv.cuh 1 \
+  'd_o, p.dout_stride_row, BR' 'd_o, f.q_stride_row, BR' \
+  'the dK/dV kernel stages dO tiles with q'"'"'s row stride'
+# Edges of the work division and of the window, sized from the kernels' traits by the tests.
+mutant fused_window_first_tile_one_late kernels/forward/flash_fwd_sequence.cuh 1 \
+  'keys.first_tile = first.begin / tile_keys;' 'keys.first_tile = (first.begin + 1) / tile_keys;' \
+  'a key tile whose last key is the window'"'"'s first is skipped (forward, deterministic dQ)'
+mutant hopper_block_rows_clamp kernels/hopper/flash_fwd_hopper.cuh 1 \
+  '? seq.q_len - block_row0 : Traits::kBlockRows;' '? seq.q_len - block_row0 - 1 : Traits::kBlockRows;' \
+  'the Hopper kernel'"'"'s last partial block takes its keys from its second-to-last row'
+mutant fused_bwd_query_tiles_one_short kernels/backward/flash_bwd_dkdv.cuh 1 \
+  '(rows.end + BR - 1) / BR - first_tile' '(rows.end + BR - 2) / BR - first_tile' \
+  'the dK/dV kernel drops a last query tile holding one row'
+mutant grad_kv_window_edge_slice_skipped kernels/backward/grad_kv_tiled.cuh 1 \
+  'return key0 < seen.end && key0 + tile_keys > seen.begin;' 'return key0 < seen.end && key0 + tile_keys - 1 > seen.begin;' \
+  'naive dK/dV skip rows whose window starts at the last key of the block'"'"'s key tile'
+mutant qk_skips_tile_with_window_start kernels/unfused/qk_tiled.cuh 2 \
+  'key0 + Tile::kTileN <= seen.begin' 'key0 + Tile::kTileN - 1 <= seen.begin' \
+  'a key tile whose last key is the first a row tile'"'"'s window sees is skipped (scores left stale)'
+# Reductions over rows: past the first sweep of the block's threads, and not past cu_seqlens.
+mutant sink_gradient_first_sweep_only kernels/backward/sink_gradient.cuh 1 \
+  'i < rows; i += SinkGradientTraits::kThreads' 'i < rows && i < SinkGradientTraits::kThreads; i += SinkGradientTraits::kThreads' \
+  'dsinks sums only the rows of the threads'"'"' first sweep'
+mutant sink_gradient_rows_past_cu_seqlens kernels/backward/sink_gradient.cuh 1 \
+  'rows = min(max(*p.rows_end, 0), p.rows);' 'rows = p.rows;' \
+  'dsinks also sums the rows no varlen sequence owns'
+
 if [[ ${1:-} == --list ]]; then
   for i in "${!names[@]}"; do printf '%-36s %-28s %s\n' "${names[$i]}" "${files[$i]}" "${whys[$i]}"; done
   exit 0

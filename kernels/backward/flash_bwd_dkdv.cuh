@@ -338,6 +338,7 @@ FlashBwdInstance flash_bwd_dkdv_instance_for() {
   instance.kernel = make_kernel_ref<FlashBwdParams, flash_bwd_dkdv_kernel<T, Traits>>("flash_bwd_dkdv_kernel");
   instance.block_threads = Traits::kThreads;
   instance.block_tile = Traits::kBlockKeys;
+  instance.loop_tile = Traits::kBlockRows;
   instance.smem_bytes = Traits::kSmemBytes;
   return instance;
 }

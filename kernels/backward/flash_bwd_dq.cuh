@@ -229,6 +229,7 @@ FlashBwdInstance flash_bwd_dq_instance_for() {
   instance.kernel = make_kernel_ref<FlashBwdParams, flash_bwd_dq_kernel<T, Traits>>("flash_bwd_dq_kernel");
   instance.block_threads = Traits::kThreads;
   instance.block_tile = Traits::kBlockRows;
+  instance.loop_tile = Traits::kBlockKeys;
   instance.smem_bytes = Traits::kSmemBytes;
   return instance;
 }

@@ -48,6 +48,9 @@ struct FlashBwdInstance {
   KernelRef kernel;
   int block_threads = 0;
   int block_tile = 0;  // dK/dV kernel: keys per block (grid.x = ceil(seq_k / block_tile)); dQ kernel: query rows
+  // The other side's tile, which the block loops over (not used to launch: tests size calls around
+  // the tiles by it): dK/dV kernel: query rows per staged Q/dO tile; dQ kernel: keys per K/V tile.
+  int loop_tile = 0;
   size_t smem_bytes = 0;
 };
 

@@ -244,6 +244,7 @@ FlashFwdInstance flash_fwd_instance_for() {
   instance.kernel = make_kernel_ref<FlashFwdParams, flash_fwd_kernel<T, Traits>>("flash_fwd_kernel");
   instance.block_threads = Traits::kThreads;
   instance.block_rows = Traits::kBlockRows;
+  instance.block_keys = Traits::kBlockKeys;
   instance.smem_bytes = Traits::kSmemBytes;
   return instance;
 }

@@ -55,6 +55,7 @@ struct FlashFwdInstance {
   KernelRef kernel;
   int block_threads = 0;
   int block_rows = 0;  // query rows per block: grid.x = ceil(seq_q / block_rows)
+  int block_keys = 0;  // keys per K/V tile (not used to launch: tests size calls around the tiles by it)
   size_t smem_bytes = 0;
 };
 

@@ -199,6 +199,7 @@ FlashFwdInstance flash_fwd_simt_instance_for(int head_dim) {
   instance.kernel = make_kernel_ref<FlashFwdParams, flash_fwd_simt_kernel<Element>>("flash_fwd_simt_kernel");
   instance.block_threads = Traits::kThreads;
   instance.block_rows = Traits::kBlockRows;
+  instance.block_keys = Traits::kBlockKeys;
   instance.smem_bytes = Traits::smem_bytes(head_dim);
   return instance;
 }

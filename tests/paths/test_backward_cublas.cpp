@@ -1,10 +1,11 @@
 // attention_backward() on the cublas path, run on the sim (gemm_sim.cpp takes cuBLAS's conventions):
-// the sweep of backward_check.h, NaN in the key rows past the key lengths, row chunking under a
-// small workspace limit, and bitwise determinism of the beta = 1 accumulation across the GQA
-// group's heads and the chunks.
+// the sweep of backward_check.h, NaN in the key rows past the key lengths, dsinks over many rows
+// and varlen rows past cu_seqlens, row chunking under a small workspace limit, and bitwise
+// determinism of the beta = 1 accumulation across the GQA group's heads and the chunks.
 #include <gtest/gtest.h>
 
 #include "backward_check.h"
+#include "kernels/registry.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -22,6 +23,16 @@ TEST(CublasBackward, Sweep) {
 TEST(CublasBackward, NanKeyPaddingReachesNoGradient) {
   Context ctx(Backend::sim);
   EXPECT_TRUE(testing::check_backward_ignores_key_padding(ctx, Path::cublas));
+}
+
+// dsinks over more rows per head than the sinks' gradient kernel has threads, and a varlen call
+// whose views run past cu_seqlens (NaN rows nobody owns: 0 in the gradients, outside dsinks).
+TEST(CublasBackward, SinksOverManyRowsAndVarlenRowsNobodyOwns) {
+  Context ctx(Backend::sim);
+  const int sink_threads = kernels::sim_target::sink_gradient_instance().threads;
+  ASSERT_GT(sink_threads, 0);
+  for (const Case& c : backward_check::sinks_and_tails(Path::cublas, DType::f16, 16, sink_threads))
+    EXPECT_TRUE(backward_check::check(ctx, c));
 }
 
 TEST(CublasBackward, RowChunks) {

@@ -2,7 +2,9 @@
 // under a small workspace limit, bitwise determinism, and the kernel choice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "backward_check.h"
 #include "kernels/registry.h"
@@ -16,6 +18,76 @@ using backward_check::Case;
 TEST(NaiveBackward, Sweep) {
   Context ctx(Backend::sim);
   for (const Case& c : backward_check::sweep(Path::naive)) EXPECT_TRUE(backward_check::check(ctx, c));
+}
+
+// Every remainder of the naive backward's work division, from its kernels' tiles in the registry:
+// S recomputed by the Q K^T tiles (keys per block), dK/dV by grad_kv (keys per block), dQ by the
+// P V tiles (query rows per block), P and dS by backward_scores (rows per block): keys and rows
+// one below, at and one above each, tensor-core (f16, d32) and SIMT (f32, d7) variants, causal
+// diagonals and key lengths at the edges. And a sliding window whose edges sweep a whole Q K^T
+// key tile and both its edges (left edges at keys 1 .. tile + 2, right at tile + 1 .. 2 tile + 2),
+// and one whose left edge is a key tile's last key for the first row of every row tile.
+TEST(NaiveBackward, SinksOverManyRowsAndVarlenRowsNobodyOwns) {
+  Context ctx(Backend::sim);
+  const int sink_threads = kernels::sim_target::sink_gradient_instance().threads;
+  ASSERT_GT(sink_threads, 0);
+  for (const Case& c : backward_check::sinks_and_tails(Path::naive, DType::f32, 16, sink_threads))
+    EXPECT_TRUE(backward_check::check(ctx, c));
+}
+
+TEST(NaiveBackward, EveryTileEdge) {
+  using kernels::Element;
+  namespace sim = kernels::sim_target;
+  Context ctx(Backend::sim);
+  for (const auto& [dtype, element, d] : {std::tuple{DType::f16, Element::f16, 32}, std::tuple{DType::f32, Element::f32, 7}}) {
+    const kernels::TiledKernel qk = sim::qk_tiled_instance(element, d), kv = sim::grad_kv_tiled_instance(element, d),
+                              dq = sim::dq_tiled_instance(element, Element::f32, d);
+    const int score_rows = sim::backward_scores_instance(Element::f32).rows_per_block;
+    ASSERT_GT(qk.tile_cols, 0);
+    ASSERT_GT(kv.tile_rows, 0);
+    ASSERT_GT(dq.tile_rows, 0);
+    ASSERT_GT(score_rows, 0);
+    Case c;
+    c.path = Path::naive;
+    c.dtype = dtype;
+    c.grad_f32 = true;
+    c.head_dim = d;
+    const std::string prefix = "naive_edges_" + std::string(to_string(dtype)) + "_";
+    c.name = prefix + "keys_above_tiles";
+    c.heads = 2, c.kv_heads = 1;
+    c.seq_q = dq.tile_rows - 1, c.seq_k = std::max(qk.tile_cols, kv.tile_rows) + 1;
+    EXPECT_TRUE(backward_check::check(ctx, c));
+    c.name = prefix + "rows_above_tiles_keys_below_bottom_right";
+    c.heads = 1;
+    c.seq_q = std::max(dq.tile_rows, score_rows) + 1, c.seq_k = std::min(qk.tile_cols, kv.tile_rows) - 1;
+    c.causal = Causal::bottom_right;
+    EXPECT_TRUE(backward_check::check(ctx, c));
+    c.name = prefix + "at_tiles_top_left_lengths";
+    c.batch = 2;
+    c.seq_q = dq.tile_rows, c.seq_k = kv.tile_rows + qk.tile_cols;
+    c.key_lengths = {kv.tile_rows + 1, qk.tile_cols};
+    c.causal = Causal::top_left;
+    EXPECT_TRUE(backward_check::check(ctx, c));
+    c = Case{};
+    c.path = Path::naive;
+    c.dtype = dtype;
+    c.head_dim = d;
+    c.name = prefix + "window_edges";
+    c.heads = 2, c.kv_heads = 2;
+    c.seq_q = qk.tile_cols + 2, c.seq_k = 2 * qk.tile_cols + 2;
+    c.window_left = qk.tile_cols - 1, c.window_right = 1;
+    EXPECT_TRUE(backward_check::check(ctx, c));
+    // The kernels skip work by the window of a row tile's (or row slice's) first row: with
+    // window_left 1 under top_left, row r's window starts at key r - 1, so every tile of rows
+    // starting at a multiple of a key tile begins its window at that key tile's last key.
+    const int key_tile = std::max(qk.tile_cols, kv.tile_rows);
+    c.name = prefix + "window_starts_at_a_tiles_last_key";
+    c.heads = 1, c.kv_heads = 1;
+    c.seq_q = c.seq_k = 2 * key_tile + 2;
+    c.causal = Causal::top_left;
+    c.window_left = 1, c.window_right = -1;
+    EXPECT_TRUE(backward_check::check(ctx, c));
+  }
 }
 
 // A workspace limit that leaves room for a few score rows only: the chunks run row ranges of one

@@ -64,6 +64,87 @@ TEST(FusedPath, TensorCoreHeadDims) {
            });
 }
 
+// The tile sizes of the fused kernel that runs (head_dim, dtype) on ctx, read from the registry:
+// query rows per block, the rows of one warp (mma.sync, SIMT) or of one consumer warpgroup (Hopper:
+// a block's rows are split between its warpgroups), and keys per K/V tile.
+struct FusedTiles {
+  int block_rows, warp_rows, block_keys;
+};
+FusedTiles fused_tiles(Context& ctx, DType dtype, int head_dim) {
+  using kernels::Element;
+  namespace sim = kernels::sim_target;
+  const bool half = dtype != f32;
+  if (half && ctx.uses_hopper_kernels() && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
+    const kernels::FlashFwdHopperInstance i =
+        head_dim == 64    ? sim::flash_fwd_hopper_instance<Element::f16, 64>()
+        : head_dim == 128 ? sim::flash_fwd_hopper_instance<Element::f16, 128>()
+                          : sim::flash_fwd_hopper_instance<Element::f16, 256>();
+    const int consumer_groups = i.block_threads / 128 - 1;  // one producer warpgroup
+    return {i.block_rows, i.block_rows / consumer_groups, i.block_keys};
+  }
+  kernels::FlashFwdInstance i = sim::flash_fwd_simt_instance(Element::f32, head_dim);
+  if (half) {
+    switch (head_dim) {
+      case 32: i = sim::flash_fwd_instance<Element::f16, 32>(); break;
+      case 64: i = sim::flash_fwd_instance<Element::f16, 64>(); break;
+      case 96: i = sim::flash_fwd_instance<Element::f16, 96>(); break;
+      case 128: i = sim::flash_fwd_instance<Element::f16, 128>(); break;
+      case 256: i = sim::flash_fwd_instance<Element::f16, 256>(); break;
+      default: break;  // the SIMT kernel
+    }
+  }
+  return {i.block_rows, i.block_rows / (i.block_threads / 32), i.block_keys};
+}
+
+// Every remainder of the work division, sized from the tiles of the kernel that runs (so the
+// .mma_sync run of this program sizes them from the mma.sync kernel, the default run from the
+// Hopper one for head dims 64/128/256): query rows one below, at and one above a block and a
+// warp's (warpgroup's) share - the rows past the first warp's, and a last block of one row - and
+// keys one below, at and one above a key tile and two, with each causal alignment, so that the
+// diagonal crosses a tile edge, and key lengths that end one key into a tile or at its edge.
+TEST(FusedPath, EveryTileEdge) {
+  Context ctx;
+  std::vector<AttentionCase> cases;
+  // Each distinct tiling once (head dim 128 tiles as 96 does on mma.sync and as 64 on Hopper); the
+  // last two run the SIMT kernel.
+  const std::pair<DType, int> kernels[] = {{f16, 32}, {bf16, 64}, {f16, 96}, {bf16, 256}, {f32, 40}, {bf16, 7}};
+  for (const auto& [dtype, d] : kernels) {
+    const FusedTiles t = fused_tiles(ctx, dtype, d);
+    ASSERT_GT(t.block_rows, 0);
+    ASSERT_GT(t.block_keys, 0);
+    cases.push_back(fused_case(dtype, 1, 2, 1, t.block_rows + 1, t.block_keys - 1, d, none, bhsd, true));
+    cases.push_back(fused_case(dtype, 1, 1, 1, t.block_rows - 1, t.block_keys + 1, d, bottom_right, bshd, true));
+    cases.push_back(fused_case(dtype, 1, 1, 1, t.block_rows, 2 * t.block_keys, d, top_left, bhsd, true));
+    cases.push_back(fused_case(dtype, 2, 2, 2, t.warp_rows + 1, 2 * t.block_keys + 1, d, bottom_right, bshd, true,
+                               {t.block_keys + 1, t.block_keys}));
+    cases.push_back(fused_case(dtype, 1, 1, 1, t.warp_rows - 1, t.block_keys, d, top_left, bhsd, true));
+  }
+  testing::expect_all_pass(ctx, cases);
+}
+
+// A sliding window whose edges fall at every position of a key tile: with block_keys + 2 rows the
+// left edge i' - window_left and the right edge i' + window_right each move one key per row, across
+// a whole tile and over both its edges (left edge at keys 1 .. block_keys + 2, right edge at
+// block_keys + 1 .. 2 block_keys + 2 below) (so a tile the window only grazes at its first or last key
+// is neither skipped nor taken unmasked). Without a causal mask (the window aligned at the last
+// key) and with top_left.
+TEST(FusedPath, WindowEdgeAtEveryKeyOfATile) {
+  Context ctx;
+  std::vector<AttentionCase> cases;
+  for (const auto& [dtype, d] : {std::pair{f16, 64}, std::pair{bf16, 96}, std::pair{f32, 24}}) {
+    const FusedTiles t = fused_tiles(ctx, dtype, d);
+    AttentionCase both_edges =
+        fused_case(dtype, 1, 2, 1, t.block_keys + 2, 2 * t.block_keys + 2, d, none, bshd, true);
+    both_edges.mods.window_left = t.block_keys - 1;
+    both_edges.mods.window_right = 1;
+    AttentionCase left_edge = fused_case(dtype, 1, 1, 1, t.block_keys + 2, 2 * t.block_keys + 3, d, top_left, bhsd, true);
+    left_edge.mods.window_left = 1;
+    cases.push_back(both_edges);
+    cases.push_back(left_edge);
+  }
+  testing::expect_all_pass(ctx, cases);
+}
+
 // Causal masks where whole key tiles lie beyond the diagonal (skipped) and where a block's rows
 // straddle it (masked per element); bottom_right with more queries than keys leaves the first rows
 // without any key (output 0, LSE -inf). With seq_k - seq_q = 62, each query block's first row sees

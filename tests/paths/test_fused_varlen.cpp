@@ -36,6 +36,11 @@ TEST(FusedVarlen, PackedSequencesWithEmptyOnes) {
       // Rows not on 16 bytes: the tensor-core kernel's cp.async cannot take them; the SIMT one runs.
       {DType::f16, 2, 1, 64, {9, 33}, {40, 70}, Causal::top_left, bhsd, true, fused, 1},
       {DType::bf16, 1, 1, 128, {17}, {33}, Causal::none, bhsd, true, fused, 3},
+      // Views longer than cu_seqlens says (a batch padded to a bucket): NaN rows nobody owns, which
+      // out and lse must leave unwritten - the tensor-core kernel and the SIMT one.
+      {DType::f16, 2, 1, 64, {9, 0, 70}, {30, 4, 65}, Causal::bottom_right, bshd, true, fused, 0,
+       testing::Strides::distinct, 7, 5},
+      {DType::f32, 2, 2, 24, {33, 3}, {12, 40}, Causal::none, bhsd, true, fused, 0, testing::Strides::distinct, 3, 9},
   };
   for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
 }

@@ -5,10 +5,13 @@
 // explicit scale, and chunking under a small workspace. Each test runs once per path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_harness.h"
+#include "kernels/registry.h"
 #include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
 
@@ -51,6 +54,56 @@ TEST_P(ScorePath, LongRowsStreamingSoftmax) {
   });
 }
 
+// Every remainder of the score paths' work division, from the kernels' tiles in the registry: the
+// tiled Q K^T (query rows and keys per block: naive) and P V (query rows per block), tensor-core
+// (f16, d32) and SIMT (f32, d7) variants, rows one past the softmax's rows per block, a sliding
+// window whose edges sweep a whole key tile and both its edges (left edges at keys 1 .. tile + 2)
+// or start at a key tile's last key for every row tile,
+// and row lengths one below and at each change of the softmax's row group (warp-cached,
+// block-cached, streaming: where softmax_rows_instance picks another kernel).
+TEST_P(ScorePath, EveryTileEdge) {
+  using kernels::Element;
+  namespace sim = kernels::sim_target;
+  Context ctx;
+  std::vector<AttentionCase> cases;
+  for (const auto& [dtype, element, d] : {std::tuple{DType::f16, Element::f16, 32}, std::tuple{DType::f32, Element::f32, 7}}) {
+    const kernels::TiledKernel qk = sim::qk_tiled_instance(element, d), pv = sim::pv_tiled_instance(element, d);
+    const int softmax_rows = sim::softmax_rows_instance(Element::f32, qk.tile_cols).rows_per_block;
+    ASSERT_GT(qk.tile_rows, 0);
+    ASSERT_GT(qk.tile_cols, 0);
+    ASSERT_GT(pv.tile_rows, 0);
+    ASSERT_GT(softmax_rows, 0);
+    cases.push_back(make_case(dtype, 1, 2, 1, qk.tile_rows + 1, qk.tile_cols - 1, d, Causal::none, Layout::bhsd, true,
+                              {}, path()));
+    cases.push_back(make_case(dtype, 1, 1, 1, pv.tile_rows - 1, qk.tile_cols + 1, d, Causal::bottom_right,
+                              Layout::bshd, true, {}, path()));
+    cases.push_back(make_case(dtype, 2, 1, 1, softmax_rows + 1, 2 * qk.tile_cols, d, Causal::top_left, Layout::bhsd,
+                              true, {qk.tile_cols + 1, qk.tile_cols}, path()));
+    AttentionCase window = make_case(dtype, 1, 2, 2, qk.tile_cols + 2, 2 * qk.tile_cols + 2, d, Causal::none,
+                                     Layout::bshd, true, {}, path());
+    window.mods.window_left = qk.tile_cols - 1;
+    window.mods.window_right = 1;
+    cases.push_back(window);
+    // Row tiles skip key tiles by their first row's window: window_left 1 under top_left starts row
+    // r's window at key r - 1, a key tile's last key for every row tile starting on a tile edge.
+    AttentionCase left_edge = make_case(dtype, 1, 1, 1, 2 * std::max(qk.tile_cols, qk.tile_rows) + 2,
+                                        2 * std::max(qk.tile_cols, qk.tile_rows) + 2, d, Causal::top_left,
+                                        Layout::bhsd, true, {}, path());
+    left_edge.mods.window_left = 1;
+    cases.push_back(left_edge);
+  }
+  // The softmax's row groups, by the row lengths at which the registry changes kernel.
+  for (int seq_k = 2; seq_k <= 4096; ++seq_k) {
+    const kernels::SoftmaxKernel before = sim::softmax_rows_instance(Element::f32, seq_k - 1),
+                                 at = sim::softmax_rows_instance(Element::f32, seq_k);
+    if (before.kernel.sim_entry == at.kernel.sim_entry && before.threads == at.threads) continue;
+    for (int keys : {seq_k - 1, seq_k})
+      cases.push_back(make_case(DType::f32, 1, 1, 1, std::max(before.rows_per_block, at.rows_per_block) + 1, keys, 2,
+                                Causal::bottom_right, Layout::bhsd, true, {}, path()));
+  }
+  testing::expect_all_pass(ctx, cases);
+}
+
 // Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits (the sim
 // reserves the gap without touching it).
 TEST_P(ScorePath, OffsetsPast32Bits) {
@@ -71,6 +124,10 @@ TEST_P(ScorePath, VariableLengthSequences) {
       {DType::f16, 4, 2, 64, {33, 1, 113}, {33, 100, 7}, Causal::top_left, Layout::bshd, true, path()},
       {DType::bf16, 2, 2, 32, {17, 40}, {50, 0}, Causal::none, Layout::bhsd, true, path()},
       {DType::f16, 1, 1, 80, {129, 3}, {0, 203}, Causal::none, Layout::bshd, false, path()},
+      // Views longer than cu_seqlens says (a batch padded to a bucket): NaN rows nobody owns, which
+      // out and lse must leave unwritten.
+      {DType::bf16, 2, 1, 32, {9, 0, 20}, {30, 4, 11}, Causal::bottom_right, Layout::bhsd, true, path(), 0,
+       testing::Strides::distinct, 6, 5},
   };
   for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
 }

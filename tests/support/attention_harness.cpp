@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <random>
 #include <sstream>
+#include <stdexcept>
+#include <tuple>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,8 +15,6 @@
 #include "kernels/registry.h"
 
 namespace selfattn::testing {
-
-const char* to_string(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
 
 std::string AttentionCase::name() const {
   std::ostringstream s;
@@ -25,7 +25,8 @@ std::string AttentionCase::name() const {
     for (size_t i = 0; i < key_lengths.size(); ++i) s << (i ? "," : "") << key_lengths[i];
     s << "]";
   }
-  s << " " << to_string(layout) << (with_lse ? " lse" : "") << " " << selfattn::to_string(path);
+  s << " " << to_string(layout) << (strides == Strides::shared ? " shared_strides" : "") << (with_lse ? " lse" : "")
+    << " " << selfattn::to_string(path);
   if (scale) s << " scale=" << *scale;
   if (batch_gap) s << " batch_gap=" << batch_gap;
   if (row_gap) s << " row_gap=" << row_gap;
@@ -152,7 +153,8 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
     add(1, 1, 1, 257, 203, 7, top_left, bhsd, true);
     add(2, 4, 2, 1, 64, 1, bottom_right, bshd, true);
     add(1, 4, 4, 64, 64, 64, top_left, bhsd, true, {0});
-    add(2, 4, 4, 113, 64, 64, top_left, bshd, true, {}, 2 * 4 * 64);  // a slice of packed [b, s, 3, h, d] QKV
+    add(2, 4, 4, 113, 64, 64, top_left, bshd, true, {}, 2 * 4 * 64);  // a slice of packed [b, s, 3, h, d] QKV:
+    cases.back().strides = Strides::shared;                             // q, k, v and out one stride
   } else {
     add(1, 4, 2, 64, 203, 64, bottom_right, bshd, true);
     add(2, 2, 1, 113, 7, 128, top_left, bhsd, true, {7, 0});
@@ -226,11 +228,11 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
 
 namespace {
 
-// A tensor of the case in device memory. Each batch is a [heads, seq, head_dim] block in the case's
-// layout, every row (one head's head_dim elements) followed by c.row_gap unused elements (as a slice
-// of a packed QKV projection is); consecutive batches are c.batch_gap elements further apart, so
-// host copies go batch by batch and the gaps (possibly gigabytes on the sim) are never touched. The
-// view starts c.misalign elements into the allocation.
+// A tensor of the case in device memory. Each batch is a [heads, seq, head_dim] block in the
+// layout tensor_layout() gives the tensor's role, every row (one head's head_dim elements) followed
+// by its row gap (as a slice of a packed QKV projection is); consecutive batches are c.batch_gap
+// elements further apart, so host copies go batch by batch and the gaps (possibly gigabytes on the
+// sim) are never touched. The view starts c.misalign elements into the allocation.
 struct DeviceTensor {
   DeviceBuffer<unsigned char> device;
   TensorView view;
@@ -240,23 +242,13 @@ struct DeviceTensor {
   size_t batch_offset_bytes(int b) const { return misalign_bytes + size_t(b * view.strides[0]) * element; }
 };
 
-DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, int heads, int seq, const char* label) {
+DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int heads, int seq, const char* label) {
   DeviceTensor t;
   t.element = dtype_size(c.dtype);
   t.misalign_bytes = size_t(c.misalign) * t.element;
-  t.view.dtype = c.dtype;
-  t.view.shape = {c.batch, heads, seq, c.head_dim};
-  int64_t block = 0;  // elements of one batch block
-  if (c.layout == Layout::bhsd) {
-    const int64_t row = c.head_dim + c.row_gap;
-    t.view.strides = {0, seq * row, row, 1};
-    block = heads * seq * row;
-  } else {
-    const int64_t row = int64_t(heads) * c.head_dim + c.row_gap;
-    t.view.strides = {0, c.head_dim, row, 1};
-    block = seq * row;
-  }
-  t.view.strides[0] = block + c.batch_gap;
+  t.view = strided_view(nullptr, c.dtype, c.batch, heads, seq, c.head_dim,
+                        tensor_layout(c.layout, c.row_gap, c.strides, role), c.batch_gap);
+  const int64_t block = batch_block_elements(t.view);
   t.batch_bytes = size_t(block) * t.element;
   const size_t bytes = c.batch > 0 ? size_t(int64_t(c.batch - 1) * t.view.strides[0] + block) * t.element : 0;
   t.device = DeviceBuffer<unsigned char>(ctx, std::max<size_t>(t.misalign_bytes + bytes, 1), label);
@@ -289,13 +281,16 @@ struct Operand {
 };
 
 // padded_rows: k and v, whose rows past c.key_lengths[b] are padding.
-Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, std::mt19937_64& rng, const char* label,
-                     Keys keys = Keys::random, bool padded_rows = false) {
+// unowned_rows: the last rows of every head, which no sequence of a varlen call owns: NaN on the
+// device (and 0 in `logical`), like the row gaps.
+Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads, int seq, std::mt19937_64& rng,
+                     const char* label, Keys keys = Keys::random, bool padded_rows = false, int unowned_rows = 0) {
   Operand op;
-  op.tensor = make_tensor(ctx, c, heads, seq, label);
+  op.tensor = make_tensor(ctx, c, role, heads, seq, label);
   const size_t count = size_t(c.batch) * heads * seq * c.head_dim;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<unsigned char> host(op.tensor.batch_bytes * size_t(c.batch));
+  // 0xFF bytes: NaN in every dtype in the row gaps, which no kernel may read.
+  std::vector<unsigned char> host(op.tensor.batch_bytes * size_t(c.batch), 0xFF);
   std::vector<float> first_row(size_t(c.head_dim));
   op.logical.resize(count);
   size_t i = 0;
@@ -311,7 +306,9 @@ Operand make_operand(Context& ctx, const AttentionCase& c, int heads, int seq, s
           // Keys past a batch's key length are padding nobody may use: NaN on the device (what
           // an inference engine's unused cache rows may hold), so a kernel that multiplies a zero
           // probability by such a row's V, or lets it into a score, fails.
-          const bool padding = padded_rows && !c.key_lengths.empty() && s >= std::max(c.key_lengths[size_t(b)], 0);
+          const bool padding = (padded_rows && !c.key_lengths.empty() && s >= std::max(c.key_lengths[size_t(b)], 0)) ||
+                               s >= seq - unowned_rows;
+          if (s >= seq - unowned_rows) op.logical[i] = 0;
           store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), padding ? NAN : value);
         }
     }
@@ -349,12 +346,12 @@ std::vector<double> out_values(const DeviceTensor& out, const std::vector<unsign
 
 ::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured) {
   std::mt19937_64 rng(input_seed(c));
-  Operand q = make_operand(ctx, c, c.heads, c.seq_q, rng, "test q");
-  Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k", c.keys, true);
-  Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v", Keys::random, true);
+  Operand q = make_operand(ctx, c, Role::q, c.heads, c.seq_q, rng, "test q");
+  Operand k = make_operand(ctx, c, Role::k, c.kv_heads, c.seq_k, rng, "test k", c.keys, true);
+  Operand v = make_operand(ctx, c, Role::v, c.kv_heads, c.seq_k, rng, "test v", Keys::random, true);
 
   const size_t lse_count = size_t(c.batch) * c.heads * c.seq_q;
-  DeviceTensor out_tensor = make_tensor(ctx, c, c.heads, c.seq_q, "test out");
+  DeviceTensor out_tensor = make_tensor(ctx, c, Role::out, c.heads, c.seq_q, "test out");
   DeviceBuffer<float> lse_buffer(ctx, std::max<size_t>(lse_count, 1), "test lse");
   // NaN bytes: 0xFF.. is a NaN in f32, f16 and bf16 alike, so an unwritten element cannot pass.
   upload(out_tensor, std::vector<unsigned char>(out_tensor.batch_bytes * size_t(c.batch), 0xFF), c.batch);
@@ -403,17 +400,8 @@ std::vector<double> out_values(const DeviceTensor& out, const std::vector<unsign
 
   const std::vector<unsigned char> out_host = download(out_tensor, c.batch);
   // Nothing outside out's elements was written: every byte of the row gaps is still poison.
-  if (c.row_gap > 0) {
-    std::vector<bool> is_element(out_host.size() / out_tensor.element, false);
-    for (int b = 0; b < c.batch; ++b)
-      for (int h = 0; h < c.heads; ++h)
-        for (int s = 0; s < c.seq_q; ++s)
-          for (int d = 0; d < c.head_dim; ++d) is_element[host_index(out_tensor, b, h, s, d)] = true;
-    for (size_t e = 0; e < is_element.size(); ++e)
-      for (size_t byte = 0; byte < out_tensor.element && !is_element[e]; ++byte)
-        if (out_host[e * out_tensor.element + byte] != 0xFF)
-          return ::testing::AssertionFailure() << c.name() << ": element " << e << " of out's row gaps was written";
-  }
+  if (::testing::AssertionResult gaps = gaps_untouched(out_host, out_tensor.view, "out"); !gaps)
+    return ::testing::AssertionFailure() << c.name() << ": " << gaps.message();
 
   const std::vector<float> lse_host = lse_buffer.to_host();
   const std::vector<double> lse(lse_host.begin(), lse_host.begin() + long(lse_count));
@@ -440,10 +428,10 @@ namespace {
   };
   const auto inputs = [&](bool nan_padding) {
     std::mt19937_64 rng(input_seed(c));
-    Operand q = make_operand(ctx, c, c.heads, c.seq_q, rng, "test q");
-    Operand k = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test k", Keys::random, nan_padding);
-    Operand v = make_operand(ctx, c, c.kv_heads, c.seq_k, rng, "test v", Keys::random, nan_padding);
-    Operand dout = make_operand(ctx, c, c.heads, c.seq_q, rng, "test dout");
+    Operand q = make_operand(ctx, c, Role::q, c.heads, c.seq_q, rng, "test q");
+    Operand k = make_operand(ctx, c, Role::k, c.kv_heads, c.seq_k, rng, "test k", Keys::random, nan_padding);
+    Operand v = make_operand(ctx, c, Role::v, c.kv_heads, c.seq_k, rng, "test v", Keys::random, nan_padding);
+    Operand dout = make_operand(ctx, c, Role::dout, c.heads, c.seq_q, rng, "test dout");
     return Inputs{std::move(q), std::move(k), std::move(v), std::move(dout)};
   };
   const Inputs finite = inputs(false), poisoned = inputs(true);
@@ -451,7 +439,7 @@ namespace {
   DeviceBuffer<int32_t> key_lengths(ctx, c.key_lengths.size(), "test key_lengths");
   key_lengths.copy_from_host(c.key_lengths);
   DeviceBuffer<float> lse(ctx, size_t(c.batch) * c.heads * c.seq_q, "test lse");
-  DeviceTensor out = make_tensor(ctx, c, c.heads, c.seq_q, "test out");
+  DeviceTensor out = make_tensor(ctx, c, Role::out, c.heads, c.seq_q, "test out");
   AttentionOptions options;
   options.path = c.path;
   options.causal = c.causal;
@@ -459,18 +447,25 @@ namespace {
   options.lse = lse.data();
   AttentionCase gradient_case = c;
   if (grad_f32) gradient_case.dtype = DType::f32;
-  DeviceTensor dq = make_tensor(ctx, gradient_case, c.heads, c.seq_q, "test dq");
-  DeviceTensor dk = make_tensor(ctx, gradient_case, c.kv_heads, c.seq_k, "test dk");
-  DeviceTensor dv = make_tensor(ctx, gradient_case, c.kv_heads, c.seq_k, "test dv");
+  DeviceTensor dq = make_tensor(ctx, gradient_case, Role::dq, c.heads, c.seq_q, "test dq");
+  DeviceTensor dk = make_tensor(ctx, gradient_case, Role::dk, c.kv_heads, c.seq_k, "test dk");
+  DeviceTensor dv = make_tensor(ctx, gradient_case, Role::dv, c.kv_heads, c.seq_k, "test dv");
   // Gradients [dq, dk, dv] of one input set, in the reference's order ([b, h, s, d]).
   const auto gradients = [&](const Inputs& in) {
     for (DeviceTensor* g : {&dq, &dk, &dv}) g->device.fill_bytes(0xFF);  // NaN: an element not written fails
     attention_backward(ctx, in.q.tensor.view, in.k.tensor.view, in.v.tensor.view, out.view, in.dout.tensor.view,
                        lse.data(), dq.view, dk.view, dv.view, options);
     ctx.synchronize();
-    return std::vector<std::vector<double>>{out_values(dq, download(dq, c.batch), c.batch, c.heads, 0, c.seq_q),
-                                            out_values(dk, download(dk, c.batch), c.batch, c.kv_heads, 0, c.seq_k),
-                                            out_values(dv, download(dv, c.batch), c.batch, c.kv_heads, 0, c.seq_k)};
+    std::vector<std::vector<double>> values;
+    for (const auto& [g, heads, rows, what] : {std::tuple{&dq, c.heads, c.seq_q, "dq"},
+                                               std::tuple{&dk, c.kv_heads, c.seq_k, "dk"},
+                                               std::tuple{&dv, c.kv_heads, c.seq_k, "dv"}}) {
+      const std::vector<unsigned char> host = download(*g, c.batch);
+      if (::testing::AssertionResult gaps = gaps_untouched(host, g->view, what); !gaps)
+        throw std::runtime_error(gaps.message());
+      values.push_back(out_values(*g, host, c.batch, heads, 0, rows));
+    }
+    return values;
   };
   std::vector<std::vector<double>> want, got;
   try {
@@ -532,9 +527,11 @@ std::string VarlenCase::name() const {
   for (size_t i = 0; i < seq_q.size(); ++i) s << (i ? "," : "") << seq_q[i];
   s << "] k=[";
   for (size_t i = 0; i < seq_k.size(); ++i) s << (i ? "," : "") << seq_k[i];
-  s << "] causal=" << selfattn::to_string(causal) << " " << to_string(layout) << (with_lse ? " lse" : "") << " "
+  s << "] causal=" << selfattn::to_string(causal) << " " << to_string(layout)
+    << (strides == Strides::shared ? " shared_strides" : "") << (with_lse ? " lse" : "") << " "
     << selfattn::to_string(path);
   if (misalign) s << " misalign=" << misalign;
+  if (unowned_q_rows || unowned_k_rows) s << " unowned=" << unowned_q_rows << "/" << unowned_k_rows;
   return s.str();
 }
 
@@ -551,19 +548,23 @@ std::string VarlenCase::name() const {
     cu_q.push_back(cu_q.back() + c.seq_q[b]);
     cu_k.push_back(cu_k.back() + c.seq_k[b]);
   }
-  const int total_q = cu_q.back(), total_k = cu_k.back();
+  // The views' rows: the sequences' then those no sequence owns.
+  const int total_q = cu_q.back() + c.unowned_q_rows, total_k = cu_k.back() + c.unowned_k_rows;
   // The packed tensors are padded calls of batch 1 over the total lengths.
   AttentionCase packed;
   packed.dtype = c.dtype;
   packed.batch = 1;
   packed.head_dim = c.head_dim;
   packed.layout = c.layout;
+  packed.strides = c.strides;
   packed.misalign = c.misalign;
   std::mt19937_64 rng(input_seed(c.name()));
-  Operand q = make_operand(ctx, packed, c.heads, total_q, rng, "test q");
-  Operand k = make_operand(ctx, packed, c.kv_heads, total_k, rng, "test k");
-  Operand v = make_operand(ctx, packed, c.kv_heads, total_k, rng, "test v");
-  DeviceTensor out_tensor = make_tensor(ctx, packed, c.heads, total_q, "test out");
+  Operand q = make_operand(ctx, packed, Role::q, c.heads, total_q, rng, "test q", Keys::random, false, c.unowned_q_rows);
+  Operand k = make_operand(ctx, packed, Role::k, c.kv_heads, total_k, rng, "test k", Keys::random, false,
+                           c.unowned_k_rows);
+  Operand v = make_operand(ctx, packed, Role::v, c.kv_heads, total_k, rng, "test v", Keys::random, false,
+                           c.unowned_k_rows);
+  DeviceTensor out_tensor = make_tensor(ctx, packed, Role::out, c.heads, total_q, "test out");
   upload(out_tensor, std::vector<unsigned char>(out_tensor.batch_bytes, 0xFF), 1);
   const size_t lse_count = size_t(c.heads) * total_q;
   DeviceBuffer<float> lse_buffer(ctx, std::max<size_t>(lse_count, 1), "test lse");
@@ -592,6 +593,20 @@ std::string VarlenCase::name() const {
   }
   const std::vector<unsigned char> out_host = download(out_tensor, 1);
   const std::vector<float> lse_host = lse_buffer.to_host();
+  // Neither the gaps nor the rows no sequence owns were written (attention.h): still poison.
+  if (::testing::AssertionResult gaps = gaps_untouched(out_host, out_tensor.view, "out"); !gaps)
+    return ::testing::AssertionFailure() << c.name() << ": " << gaps.message();
+  for (int h = 0; h < c.heads; ++h)
+    for (int r = cu_q.back(); r < total_q; ++r) {
+      for (int e = 0; e < c.head_dim; ++e)
+        for (size_t byte = 0; byte < out_tensor.element; ++byte)
+          if (out_host[host_index(out_tensor, 0, h, r, e) * out_tensor.element + byte] != 0xFF)
+            return ::testing::AssertionFailure() << c.name() << ": out's row " << r << " of head " << h
+                                                 << ", which no sequence owns, was written";
+      if (c.with_lse && !std::isnan(lse_host[size_t(h) * total_q + r]))
+        return ::testing::AssertionFailure() << c.name() << ": lse's row " << r << " of head " << h
+                                             << ", which no sequence owns, was written";
+    }
 
   AttentionArithmetic arithmetic;
   arithmetic.dtype = c.dtype;

@@ -1,13 +1,14 @@
 #pragma once
 // The shared attention test harness. One AttentionCase describes a call; check_attention() makes
-// fresh random inputs, uploads them in the case's dtype, poisons out and lse with NaN bytes, runs
+// fresh random inputs, uploads them in the case's dtype (each tensor in its own layout with its own
+// row gaps, NaN in the gaps of inputs: tensor_layouts.h), poisons out and lse with NaN bytes, runs
 // selfattn::attention, and judges out and lse by the rule in judge.h against selfattn::reference
 // fed the *rounded* inputs (so only the computation's own error is measured) and a second
 // computation done the way the path is allowed to (attention_expected.h):
 //   - every element of out (and lse) was written and none is NaN or inf;
 //   - out and lse within 2x the allowed computation's error (+ a floor) at every element, in every
 //     row, and overall; exactly 0 / -inf where a row sees no key;
-//   - out's row gaps (row_gap) are never written.
+//   - out's row gaps are never written.
 //
 //   TEST(Naive, Sweep) {
 //     selfattn::Context ctx;
@@ -24,6 +25,7 @@
 #include "score_mods_case.h"
 #include "attention_expected.h"
 #include "judge.h"
+#include "tensor_layouts.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -32,10 +34,6 @@ inline void PrintTo(Path path, std::ostream* os) { *os << to_string(path); }
 }  // namespace selfattn
 
 namespace selfattn::testing {
-
-// Where heads sit in memory: [b, h, s, d] contiguous, or [b, s, h, d] (a projection's output).
-enum class Layout : uint8_t { bhsd, bshd };
-const char* to_string(Layout layout);
 
 // How K is drawn. random: every element from N(0, 1). rising: each (batch, kv head) draws one row
 // k0 and key j is k0 (1 + kRisingKeyStep j), so the scores x_j = x_0 (1 + kRisingKeyStep j) of
@@ -52,16 +50,19 @@ struct AttentionCase {
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
   Causal causal = Causal::none;
   std::vector<int32_t> key_lengths;  // empty: no key_lengths argument; else [batch]
+  // q's layout; with Strides::distinct (the default) k, v and out each get their own, derived from
+  // it and row_gap (tensor_layout in tensor_layouts.h); with Strides::shared all four take it.
   Layout layout = Layout::bhsd;
+  Strides strides = Strides::distinct;
   bool with_lse = false;
   Path path = Path::automatic;
   std::optional<float> scale;  // unset: the library's default 1/sqrt(head_dim)
   // Extra elements between consecutive batches of q, k, v and out (their batch stride grows by it).
   // 2^31 puts batch 1 past 32-bit element offsets; only the dense blocks are ever touched.
   int64_t batch_gap = 0;
-  // Unused elements after every row (one head's head_dim values) of q, k, v and out, so the sequence
-  // stride exceeds the dense one, as in a slice of a packed QKV projection. The harness checks that
-  // out's gaps stay untouched.
+  // Unused elements after every row (one head's head_dim values) of q (and, as tensor_layout says,
+  // more after those of k, v and out), so the sequence stride exceeds the dense one, as in a slice
+  // of a packed QKV projection. The harness checks that out's gaps stay untouched.
   int64_t row_gap = 0;
   // Sliding window, softcap, ALiBi, bias (score_mods_case.h); default none.
   ScoreModsCase mods;
@@ -128,7 +129,10 @@ void print_report(const std::string& name, const Measured& measured);
 
 // A variable-length batch (attention_varlen): sequence b has seq_q[b] queries and seq_k[b] keys,
 // packed without padding into q/out [1, heads, total_q, head_dim] and k/v [1, kv_heads, total_k,
-// head_dim] in the layout (bshd: the usual packed [total, heads, head_dim]).
+// head_dim] in the layout (bshd: the usual packed [total, heads, head_dim]; each tensor its own as
+// AttentionCase::strides says), then unowned_q_rows / unowned_k_rows more rows that no sequence owns
+// (cu_seqlens ends before the views do, as in a batch padded to a bucket size): NaN in q, k and v,
+// and out and lse there must stay unwritten (attention.h).
 struct VarlenCase {
   DType dtype = DType::f32;
   int heads = 1, kv_heads = 1, head_dim = 1;
@@ -138,6 +142,8 @@ struct VarlenCase {
   bool with_lse = false;
   Path path = Path::automatic;
   int misalign = 0;  // as AttentionCase::misalign
+  Strides strides = Strides::distinct;
+  int unowned_q_rows = 0, unowned_k_rows = 0;
   std::string name() const;
 };
 

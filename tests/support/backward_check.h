@@ -7,8 +7,9 @@
 // inputs, at most 2x the error of backward_expected.h's allowed computation (fp32, P and dS rounded
 // to the input dtype for f16/bf16, from the forward's stored out and LSE) at every element, row and
 // overall, plus a floor. With sinks, dsinks is judged by the same rule against an allowed computation
-// from the stored out and LSE (fp32 D and sums). SELFATTN_TEST_REPORT=1 prints how close each
-// gradient came to its bounds.
+// from the stored out and LSE (fp32 D and sums). Each of q, k, v, out, dout, dq, dk, dv sits in its
+// own layout with its own row gaps (tensor_layouts.h; NaN in the inputs' gaps), and the outputs'
+// gaps must stay unwritten. SELFATTN_TEST_REPORT=1 prints how close each gradient came to its bounds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,8 +40,16 @@ struct Case {
   float softcap = 0;
   bool alibi = false;        // [heads] slopes
   bool bias = false;         // dense fp32 [batch, heads, seq_q, seq_k], ~10% -inf and one fully masked row
-  bool bshd = false;         // q/k/v/out/dout and the gradients in BSHD
+  bool bshd = false;         // q in BSHD (else BHSD); the others as `strides` says
+  // distinct: each tensor its own layout and row gap, derived from q's (testing::tensor_layout);
+  // shared: all in q's layout with row_gap (the layout every tensor shared before).
+  testing::Strides strides = testing::Strides::distinct;
+  int row_gap = 0;
   std::vector<int> varlen_q, varlen_k;  // non-empty: a varlen call with these lengths (batch = size)
+  // varlen: rows past the last sequence that no sequence owns (cu_seqlens ends before the views do,
+  // as in a batch padded to a bucket size). They hold NaN in q, k, v, out, dout, the LSE and dlse;
+  // dq, dk, dv must be 0 there (backward.h) and dsinks must not take them in.
+  int unowned_q_rows = 0, unowned_k_rows = 0;
   Path path = Path::naive;
   bool deterministic = false;        // BackwardOptions::deterministic
   bool deterministic_rerun = false;  // run the backward twice, require bitwise-equal gradients
@@ -139,15 +148,18 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   const int max_k = varlen ? *std::max_element(c.varlen_k.begin(), c.varlen_k.end()) : c.seq_k;
   // The views' extents: [vb, heads, rows] with vb = 1 and rows = total for varlen.
   const int vb = varlen ? 1 : batch;
-  const int rows_q = varlen ? cu_q.back() : c.seq_q, rows_k = varlen ? cu_k.back() : c.seq_k;
+  const int owned_q = varlen ? cu_q.back() : c.seq_q, owned_k = varlen ? cu_k.back() : c.seq_k;
+  const int rows_q = owned_q + (varlen ? c.unowned_q_rows : 0), rows_k = owned_k + (varlen ? c.unowned_k_rows : 0);
   const int d = c.head_dim;
   const DType gdt = c.grad_f32 ? DType::f32 : c.dtype;
   const double scale = 1.0 / std::sqrt(double(d));
 
   std::mt19937_64 rng(testing::input_seed(c.name));
   std::normal_distribution<double> normal(0.0, 1.0);
-  const auto view_of = [&](void* data, DType dtype, int heads, int rows) {
-    return c.bshd ? TensorView::bshd(data, dtype, vb, heads, rows, d) : TensorView::bhsd(data, dtype, vb, heads, rows, d);
+  const auto view_of = [&](void* data, DType dtype, int heads, int rows, testing::Role role) {
+    return testing::strided_view(data, dtype, vb, heads, rows, d,
+                                 testing::tensor_layout(c.bshd ? testing::Layout::bshd : testing::Layout::bhsd,
+                                                        c.row_gap, c.strides, role));
   };
   const size_t nq = size_t(vb) * c.heads * rows_q * d, nk = size_t(vb) * c.kv_heads * rows_k * d;
   // Logical BHSD host values, rounded to the dtype.
@@ -157,42 +169,62 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     return x;
   };
   const std::vector<double> q = draw(nq), k = draw(nk), v = draw(nk), dout = draw(nq);
-  const auto upload = [&](DeviceBuffer<unsigned char>& buf, const TensorView& view, const std::vector<double>& x) {
-    std::vector<unsigned char> host(buf.size());
-    size_t n = 0;
-    for (int64_t b = 0; b < view.batch(); ++b)
-      for (int64_t h = 0; h < view.heads(); ++h)
-        for (int64_t r = 0; r < view.seq(); ++r)
-          for (int64_t e2 = 0; e2 < d; ++e2) testing::store_element(host.data(), view.dtype, size_t(view.offset(b, h, r, e2)), float(x[n++]));
+  // Rows no sequence owns hold NaN in every input (the gaps hold it in any case).
+  const int owned_rows[2] = {owned_q, owned_k};
+  const auto unowned_query_row = [](const void* owned, int64_t, int64_t, int64_t s) {
+    return s >= static_cast<const int*>(owned)[0];
+  };
+  const auto unowned_key_row = [](const void* owned, int64_t, int64_t, int64_t s) {
+    return s >= static_cast<const int*>(owned)[1];
+  };
+  const auto upload = [&](DeviceBuffer<unsigned char>& buf, const TensorView& view, const std::vector<double>& x,
+                          bool query_rows) {
+    const std::vector<unsigned char> host =
+        testing::strided_image(view, x, query_rows ? +unowned_query_row : +unowned_key_row, owned_rows);
     buf.copy_from_host(host.data(), host.size());
   };
-  const auto download = [&](const DeviceBuffer<unsigned char>& buf, const TensorView& view) {
+  // Each output's elements in logical order, after checking that its gaps still hold their poison.
+  ::testing::AssertionResult gaps = ::testing::AssertionSuccess();
+  const auto download = [&](const DeviceBuffer<unsigned char>& buf, const TensorView& view, testing::Role role) {
     std::vector<unsigned char> host(buf.size());
     buf.copy_to_host(host.data(), host.size());
-    std::vector<float> x;
-    for (int64_t b = 0; b < view.batch(); ++b)
-      for (int64_t h = 0; h < view.heads(); ++h)
-        for (int64_t r = 0; r < view.seq(); ++r)
-          for (int64_t e2 = 0; e2 < d; ++e2) x.push_back(testing::load_element(host.data(), view.dtype, size_t(view.offset(b, h, r, e2))));
-    return x;
+    if (gaps) gaps = testing::gaps_untouched(host, view, testing::to_string(role));
+    return testing::logical_values(host, view);
   };
-  const size_t in_bytes = dtype_size(c.dtype), g_bytes = dtype_size(gdt);
-  DeviceBuffer<unsigned char> qb(ctx, nq * in_bytes), kb(ctx, nk * in_bytes), vb_(ctx, nk * in_bytes),
-      ob(ctx, nq * in_bytes), dob(ctx, nq * in_bytes), dqb(ctx, nq * g_bytes), dkb(ctx, nk * g_bytes),
-      dvb(ctx, nk * g_bytes);
-  const TensorView qv = view_of(qb.data(), c.dtype, c.heads, rows_q), kv = view_of(kb.data(), c.dtype, c.kv_heads, rows_k),
-                   vv = view_of(vb_.data(), c.dtype, c.kv_heads, rows_k), ov = view_of(ob.data(), c.dtype, c.heads, rows_q),
-                   dov = view_of(dob.data(), c.dtype, c.heads, rows_q), dqv = view_of(dqb.data(), gdt, c.heads, rows_q),
-                   dkv = view_of(dkb.data(), gdt, c.kv_heads, rows_k), dvv = view_of(dvb.data(), gdt, c.kv_heads, rows_k);
-  upload(qb, qv, q);
-  upload(kb, kv, k);
-  upload(vb_, vv, v);
-  upload(dob, dov, dout);
+  // Buffers as long as their views reach, bytes from the views (filled in below).
+  const auto buffer_for = [&](DType dtype, int heads, int rows, testing::Role role) {
+    return DeviceBuffer<unsigned char>(
+        ctx, std::max<size_t>(testing::span_elements(view_of(nullptr, dtype, heads, rows, role)), 1) * dtype_size(dtype));
+  };
+  using testing::Role;
+  DeviceBuffer<unsigned char> qb = buffer_for(c.dtype, c.heads, rows_q, Role::q),
+                              kb = buffer_for(c.dtype, c.kv_heads, rows_k, Role::k),
+                              vb_ = buffer_for(c.dtype, c.kv_heads, rows_k, Role::v),
+                              ob = buffer_for(c.dtype, c.heads, rows_q, Role::out),
+                              dob = buffer_for(c.dtype, c.heads, rows_q, Role::dout),
+                              dqb = buffer_for(gdt, c.heads, rows_q, Role::dq),
+                              dkb = buffer_for(gdt, c.kv_heads, rows_k, Role::dk),
+                              dvb = buffer_for(gdt, c.kv_heads, rows_k, Role::dv);
+  const TensorView qv = view_of(qb.data(), c.dtype, c.heads, rows_q, Role::q),
+                   kv = view_of(kb.data(), c.dtype, c.kv_heads, rows_k, Role::k),
+                   vv = view_of(vb_.data(), c.dtype, c.kv_heads, rows_k, Role::v),
+                   ov = view_of(ob.data(), c.dtype, c.heads, rows_q, Role::out),
+                   dov = view_of(dob.data(), c.dtype, c.heads, rows_q, Role::dout),
+                   dqv = view_of(dqb.data(), gdt, c.heads, rows_q, Role::dq),
+                   dkv = view_of(dkb.data(), gdt, c.kv_heads, rows_k, Role::dk),
+                   dvv = view_of(dvb.data(), gdt, c.kv_heads, rows_k, Role::dv);
+  upload(qb, qv, q, true);
+  upload(kb, kv, k, false);
+  upload(vb_, vv, v, false);
+  upload(dob, dov, dout, true);
+  // out's rows no sequence owns are not written by the forward: they keep this NaN for the backward.
+  ob.fill_bytes(0xFF);
 
   DeviceBuffer<float> lse(ctx, size_t(vb) * c.heads * rows_q + 1);
-  // dL/d(lse) in lse's layout, fp32 values.
+  lse.fill_bytes(0xFF);  // NaN: the rows no sequence owns keep it
+  // dL/d(lse) in lse's layout, fp32 values (NaN in the rows no sequence owns).
   std::vector<float> dlse_f(c.dlse ? size_t(vb) * c.heads * rows_q : 0);
-  for (float& x : dlse_f) x = float(normal(rng));
+  for (size_t i = 0; i < dlse_f.size(); ++i) dlse_f[i] = int(i % size_t(rows_q)) < owned_q ? float(normal(rng)) : NAN;
   DeviceBuffer<float> dlse_b(ctx, std::max<size_t>(dlse_f.size(), 1));
   if (c.dlse) dlse_b.copy_from_host(dlse_f.data(), dlse_f.size());
   DeviceBuffer<int32_t> lengths(ctx, std::max<size_t>(c.key_lengths.size(), 1)), cuq(ctx, cu_q.size()), cuk(ctx, cu_k.size());
@@ -262,9 +294,10 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     ctx.synchronize();
     std::vector<float> dsinks(sinks_f.size());
     if (c.sinks) dsinks_b.copy_to_host(dsinks.data(), dsinks.size());
-    return Gradients{download(dqb, dqv), download(dkb, dkv), download(dvb, dvv), dsinks};
+    return Gradients{download(dqb, dqv, Role::dq), download(dkb, dkv, Role::dk), download(dvb, dvv, Role::dv), dsinks};
   };
   const Gradients g = run_backward();
+  if (!gaps) return ::testing::AssertionFailure() << c.name << ": " << gaps.message();
   if (got) *got = g;
   if (c.deterministic_rerun) {
     const Gradients again = run_backward();
@@ -277,7 +310,8 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   }
 
   // The kernels' own inputs from the forward: out as stored, the fp32 LSE.
-  const std::vector<float> out_stored = download(ob, ov);
+  const std::vector<float> out_stored = download(ob, ov, Role::out);
+  if (!gaps) return ::testing::AssertionFailure() << c.name << ": " << gaps.message();
   const std::vector<double> out_all(out_stored.begin(), out_stored.end());
   std::vector<float> lse_host(lse.size());
   lse.copy_to_host(lse_host.data(), lse_host.size());
@@ -422,7 +456,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
       double magnitude = 0;
       int rows = 0;
       for (int bb = 0; bb < vb; ++bb)
-        for (int i = 0; i < rows_q; ++i, ++rows) {
+        for (int i = 0; i < owned_q; ++i, ++rows) {  // the rows no sequence owns take no part
           const size_t row = (size_t(bb) * c.heads + h) * rows_q + i;
           float dot = 0;
           double abs_dot = 0;
@@ -536,6 +570,40 @@ inline std::vector<Case> sweep(Path path) {
     all.grad_f32 = dtype != DType::f32;
     add(all);
   }
+  return cases;
+}
+
+// What every path's dsinks and varlen metadata must survive: a head with more query rows than the
+// sinks' gradient kernel has threads (`sink_threads`, SinkGradientTraits through the registry:
+// rows past the first thread sweep, and past the second), and a varlen call whose views run past
+// cu_seqlens (rows no sequence owns, NaN in every input there and in the LSE and dlse): dq, dk, dv
+// must be 0 in those rows and dsinks must sum the owned rows alone.
+inline std::vector<Case> sinks_and_tails(Path path, DType dtype, int head_dim, int sink_threads) {
+  std::vector<Case> cases;
+  Case c;
+  c.path = path;
+  c.dtype = dtype;
+  c.head_dim = head_dim;
+  c.name = std::string(to_string(path)) + "_sinks_rows_past_two_thread_sweeps";
+  c.heads = 3, c.kv_heads = 1, c.seq_q = 2 * sink_threads + 1, c.seq_k = 9;
+  c.causal = Causal::bottom_right;  // the first rows see no key: the sinks' alone
+  c.sinks = true;
+  c.dlse = true;
+  cases.push_back(c);
+  c = Case{};
+  c.path = path;
+  c.dtype = dtype;
+  c.head_dim = head_dim;
+  c.grad_f32 = dtype != DType::f32;
+  c.name = std::string(to_string(path)) + "_varlen_unowned_rows_sinks";
+  c.heads = 3, c.kv_heads = 1;
+  c.varlen_q = {5, 0, sink_threads + 3};
+  c.varlen_k = {7, 3, 20};
+  c.unowned_q_rows = 7, c.unowned_k_rows = 5;
+  c.causal = Causal::bottom_right;
+  c.sinks = true;
+  c.dlse = true;
+  cases.push_back(c);
   return cases;
 }
 

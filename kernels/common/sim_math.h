@@ -44,8 +44,9 @@
 //
 // Kernel code calls these by their CUDA names, unqualified (exp2f(x)). Inside the kernels' namespace
 // (target.h) unqualified lookup finds the declarations at the end of this file before glibc's
-// global ones, so no kernel is edited. tests/sim/test_sim_math.cpp checks the bounds; its ctest
-// SimMath.KernelObjectsCallNoFloatLibm checks that no kernel object calls glibc's float functions.
+// global ones, so no kernel is edited. tests/sim/test_sim_math_bounds.cpp checks the bounds; the
+// ctest SimMath.KernelObjectsCallNoFloatLibm checks that no kernel object calls glibc's float
+// functions.
 #include "target.h"
 
 #if SELFATTN_SIM

@@ -415,7 +415,7 @@ TEST(SimIntrinsics, AtomicsReturnTheOldValue) {
 // ---- math (plain functions: no launch needed) -----------------------------------------------------
 
 // The fast intrinsics carry the error CUDA documents for them (kernels/common/sim_math.h, each bound
-// checked over many inputs by test_sim_math.cpp): here, within those bounds.
+// checked over many inputs by test_sim_math_bounds.cpp): here, within those bounds.
 TEST(SimIntrinsics, Math) {
   for (float x : {-20.0f, -1.5f, 0.0f, 0.3f, 7.0f, 80.0f}) {
     const float ulp = std::exp(x) * 0x1p-23f;  // at least an ulp of e^x

@@ -1,0 +1,154 @@
+// The variable-length check (attention_harness.h): VarlenCase's name and check_attention_varlen, each
+// sequence judged against the reference run on it alone.
+#include "attention_harness.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "harness_tensors.h"
+
+namespace selfattn::testing {
+
+using namespace harness;
+
+std::string VarlenCase::name() const {
+  std::ostringstream s;
+  s << selfattn::to_string(dtype) << " varlen h" << heads << "/" << kv_heads << " d" << head_dim << " q=[";
+  for (size_t i = 0; i < seq_q.size(); ++i) s << (i ? "," : "") << seq_q[i];
+  s << "] k=[";
+  for (size_t i = 0; i < seq_k.size(); ++i) s << (i ? "," : "") << seq_k[i];
+  s << "] causal=" << selfattn::to_string(causal) << " " << to_string(layout)
+    << (strides == Strides::shared ? " shared_strides" : "") << (with_lse ? " lse" : "") << " "
+    << selfattn::to_string(path);
+  if (misalign) s << " misalign=" << misalign;
+  if (unowned_q_rows || unowned_k_rows) s << " unowned=" << unowned_q_rows << "/" << unowned_k_rows;
+  return s.str();
+}
+
+::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, Measured* measured) {
+  return check_attention_varlen(ctx, c, ScoreModsCase{}, measured);
+}
+
+::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, const ScoreModsCase& mods_case,
+                                                  Measured* measured) {
+  if (c.seq_q.size() != c.seq_k.size()) return ::testing::AssertionFailure() << c.name() << ": seq_q and seq_k differ in size";
+  const int batch = int(c.seq_q.size());
+  std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
+  for (int b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.seq_q[b]);
+    cu_k.push_back(cu_k.back() + c.seq_k[b]);
+  }
+  // The views' rows: the sequences' then those no sequence owns.
+  const int total_q = cu_q.back() + c.unowned_q_rows, total_k = cu_k.back() + c.unowned_k_rows;
+  // The packed tensors are padded calls of batch 1 over the total lengths.
+  AttentionCase packed;
+  packed.dtype = c.dtype;
+  packed.batch = 1;
+  packed.head_dim = c.head_dim;
+  packed.layout = c.layout;
+  packed.strides = c.strides;
+  packed.misalign = c.misalign;
+  std::mt19937_64 rng(input_seed(c.name()));
+  Operand q = make_operand(ctx, packed, Role::q, c.heads, total_q, rng, "test q", Keys::random, false, c.unowned_q_rows);
+  Operand k = make_operand(ctx, packed, Role::k, c.kv_heads, total_k, rng, "test k", Keys::random, false,
+                           c.unowned_k_rows);
+  Operand v = make_operand(ctx, packed, Role::v, c.kv_heads, total_k, rng, "test v", Keys::random, false,
+                           c.unowned_k_rows);
+  DeviceTensor out_tensor = make_tensor(ctx, packed, Role::out, c.heads, total_q, "test out");
+  upload(out_tensor, std::vector<unsigned char>(out_tensor.batch_bytes, 0xFF), 1);
+  const size_t lse_count = size_t(c.heads) * total_q;
+  DeviceBuffer<float> lse_buffer(ctx, std::max<size_t>(lse_count, 1), "test lse");
+  lse_buffer.fill_bytes(0xFF);
+  DeviceBuffer<int32_t> cu_q_device(ctx, cu_q.size(), "test cu_seqlens_q"), cu_k_device(ctx, cu_k.size(), "test cu_seqlens_k");
+  cu_q_device.copy_from_host(cu_q);
+  cu_k_device.copy_from_host(cu_k);
+
+  AttentionOptions options;
+  options.path = c.path;
+  options.causal = c.causal;
+  if (c.with_lse) options.lse = lse_buffer.data();
+  const int max_q = batch ? *std::max_element(c.seq_q.begin(), c.seq_q.end()) : 0;
+  const int max_k = batch ? *std::max_element(c.seq_k.begin(), c.seq_k.end()) : 0;
+  ScoreModsData mods;
+  if (mods_case.any()) {
+    mods = make_score_mods(ctx, mods_case, c.dtype, batch, c.heads, max_q, max_k, rng);
+    mods.apply(mods_case, options);
+  }
+  try {
+    attention_varlen(ctx, q.tensor.view, k.tensor.view, v.tensor.view, out_tensor.view, cu_q_device.data(),
+                     cu_k_device.data(), batch, max_q, max_k, options);
+    ctx.synchronize();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << c.name() << ": attention_varlen threw: " << e.what();
+  }
+  const std::vector<unsigned char> out_host = download(out_tensor, 1);
+  const std::vector<float> lse_host = lse_buffer.to_host();
+  // Neither the gaps nor the rows no sequence owns were written (attention.h): still poison.
+  if (::testing::AssertionResult gaps = gaps_untouched(out_host, out_tensor.view, "out"); !gaps)
+    return ::testing::AssertionFailure() << c.name() << ": " << gaps.message();
+  for (int h = 0; h < c.heads; ++h)
+    for (int r = cu_q.back(); r < total_q; ++r) {
+      for (int e = 0; e < c.head_dim; ++e)
+        for (size_t byte = 0; byte < out_tensor.element; ++byte)
+          if (out_host[host_index(out_tensor, 0, h, r, e) * out_tensor.element + byte] != 0xFF)
+            return ::testing::AssertionFailure() << c.name() << ": out's row " << r << " of head " << h
+                                                 << ", which no sequence owns, was written";
+      if (c.with_lse && !std::isnan(lse_host[size_t(h) * total_q + r]))
+        return ::testing::AssertionFailure() << c.name() << ": lse's row " << r << " of head " << h
+                                             << ", which no sequence owns, was written";
+    }
+
+  AttentionArithmetic arithmetic;
+  arithmetic.dtype = c.dtype;
+  arithmetic.p_rounded = rounds_probabilities(ctx, c.path, q.tensor.view, k.tensor.view, v.tensor.view,
+                                              out_tensor.view, options);
+  // Each sequence against the reference run on it alone; the parts are judged as one result.
+  AttentionExpected expected;
+  expected.out.row_length = c.head_dim;
+  std::vector<double> out, lse;
+  std::vector<std::string> row_names;
+  const int d = c.head_dim;
+  for (int b = 0; b < batch; ++b) {
+    if (c.seq_q[b] == 0) continue;
+    // This sequence alone, as the reference takes it: contiguous [1, heads, len, d].
+    auto slice = [&](const Operand& op, int heads, int total, int first, int len) {
+      std::vector<double> part(size_t(heads) * len * d);
+      for (int h = 0; h < heads; ++h)
+        for (int r = 0; r < len; ++r)
+          for (int e = 0; e < d; ++e)
+            part[(size_t(h) * len + r) * d + e] = op.logical[(size_t(h) * total + first + r) * d + e];
+      return part;
+    };
+    reference::Problem problem;
+    problem.heads = c.heads;
+    problem.kv_heads = c.kv_heads;
+    problem.seq_q = c.seq_q[b];
+    problem.seq_k = c.seq_k[b];
+    problem.head_dim = d;
+    problem.causal = c.causal;
+    if (mods_case.any()) mods.apply_sequence(mods_case, problem, b, c.seq_q[b], c.seq_k[b]);
+    const AttentionExpected part =
+        expected_attention(problem, slice(q, c.heads, total_q, cu_q[b], c.seq_q[b]),
+                           slice(k, c.kv_heads, total_k, cu_k[b], c.seq_k[b]),
+                           slice(v, c.kv_heads, total_k, cu_k[b], c.seq_k[b]), arithmetic);
+    expected.out.append(part.out);
+    expected.lse.append(part.lse);
+    const std::vector<double> part_out = out_values(out_tensor, out_host, 1, c.heads, cu_q[b], c.seq_q[b]);
+    out.insert(out.end(), part_out.begin(), part_out.end());
+    for (int h = 0; h < c.heads; ++h)
+      for (int r = 0; r < c.seq_q[b]; ++r) {
+        lse.push_back(lse_host[size_t(h) * total_q + cu_q[b] + r]);
+        row_names.push_back("sequence " + std::to_string(b) + " head " + std::to_string(h) + " query " + std::to_string(r));
+      }
+  }
+  Measured m;
+  ::testing::AssertionResult verdict = judge_attention(c.name(), expected, out, c.with_lse ? &lse : nullptr,
+                                                       [&](size_t row) { return row_names[row]; }, m);
+  if (measured) *measured = m;
+  if (std::getenv("SELFATTN_TEST_REPORT") != nullptr) print_report(c.name(), m);
+  return verdict;
+}
+
+}  // namespace selfattn::testing

@@ -3,79 +3,23 @@
 // both causal alignments, GQA, key lengths, varlen; windows of width 0 and wider than the sequence;
 // bias with -inf rows and columns in every broadcast layout and both element types; odd shapes.
 // Then the arguments the options must reject. Each test runs once per path.
+// This program: the modifiers alone and combined (the keys outside the window never read:
+// test_score_mods_window_reads.cpp; the rejected arguments: test_score_mods_arguments.cpp; the
+// fixture: score_mods_fixture.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
-#include <utility>
 #include <string>
 #include <vector>
 
 #include "attention_harness.h"
+#include "score_mods_fixture.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
 namespace {
-
-using testing::AlibiSlopes;
-using testing::AttentionCase;
-using testing::BiasLayout;
-using testing::Layout;
-using testing::make_case;
-using testing::ScoreModsCase;
-using testing::VarlenCase;
-
-constexpr Causal none = Causal::none, top_left = Causal::top_left, bottom_right = Causal::bottom_right;
-
-ScoreModsCase window(int left, int right) {
-  ScoreModsCase m;
-  m.window_left = left;
-  m.window_right = right;
-  return m;
-}
-
-// Window (30, 10), softcap, [batch, heads] ALiBi and a full bias with -inf rows and columns.
-ScoreModsCase every_modifier() {
-  ScoreModsCase all = window(30, 10);
-  all.softcap = 4.0f;
-  all.alibi = AlibiSlopes::batch_heads;
-  all.bias = BiasLayout::full;
-  all.masked_row_period = 11;
-  all.masked_key_period = 9;
-  return all;
-}
-
-AttentionCase with(AttentionCase c, const ScoreModsCase& mods) {
-  c.mods = mods;
-  return c;
-}
-
-class ScoreMods : public ::testing::TestWithParam<Path> {
- protected:
-  Path path() const { return GetParam(); }
-  // Shorthand: dtype, batch, heads / kv_heads, seq_q x seq_k, head_dim, causal, lse, key lengths.
-  AttentionCase make(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
-                     Causal causal, std::vector<int32_t> key_lengths = {}, Layout layout = Layout::bhsd) const {
-    return make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, true,
-                     std::move(key_lengths), path());
-  }
-  // Four sequences, bottom-right causal, LSE: one without queries, one without keys, one short.
-  VarlenCase make_varlen(DType dtype, int heads, int kv_heads, int head_dim) const {
-    VarlenCase varlen;
-    varlen.dtype = dtype;
-    varlen.heads = heads;
-    varlen.kv_heads = kv_heads;
-    varlen.head_dim = head_dim;
-    varlen.seq_q = {37, 0, 64, 5};
-    varlen.seq_k = {90, 12, 64, 0};
-    varlen.causal = bottom_right;
-    varlen.with_lse = true;
-    varlen.path = path();
-    return varlen;
-  }
-};
 
 // The window alone: both sides, one side, width 0, wider than the sequence, under each alignment.
 // head_dim 32 f16 takes the fused path's tensor-core kernel; f32 its SIMT kernel.
@@ -156,152 +100,6 @@ TEST_P(ScoreMods, BiasMasksEverything) {
   testing::expect_all_pass(ctx, {with(make(DType::f16, 1, 2, 1, 17, 40, 32, none), all),
                                  with(make(DType::f32, 1, 1, 1, 9, 13, 3, bottom_right), all)});
 }
-
-// No path reads keys outside every row's window: with keys [0, 832) of K and V set to NaN
-// (bottom_right, window 40 back: row 0 of 64 over 1000 keys starts at key 896), any such key read
-// would turn outputs NaN (P = 0 times V = NaN). Then again with a key length on the device (1000 of
-// 1064 rows, the last 64 NaN too): the window's start then depends on the length, which the cublas
-// path's GEMMs cannot know on the host, so its sums are bounded on the device.
-TEST_P(ScoreMods, KeysOutsideTheWindowAreNeverRead) {
-  Context ctx;
-  for (const bool with_key_length : {false, true})
-  for (const auto& [dtype, head_dim] : {std::pair<DType, int>{DType::f16, 64}, {DType::f32, 8}}) {
-    const int seq_q = 64, seq_k = 1000, poisoned = 832;
-    const int key_rows = with_key_length ? seq_k + 64 : seq_k;  // rows from seq_k on are past the length
-    const std::string label = std::string(to_string(dtype)) + (with_key_length ? " with a key length" : "");
-    std::mt19937_64 rng{uint64_t(head_dim)};
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<double> q(size_t(seq_q) * head_dim), k(size_t(seq_k) * head_dim), v(k.size());
-    for (auto* t : {&q, &k, &v})
-      for (double& x : *t) x = testing::round_to(dtype, normal(rng));
-    auto upload = [&](const std::vector<double>& values, int rows, bool poison) {
-      std::vector<unsigned char> bytes(size_t(rows) * head_dim * dtype_size(dtype));
-      for (size_t i = 0; i < size_t(rows) * head_dim; ++i) {
-        const int row = int(i / head_dim);
-        const bool nan = poison && (row < poisoned || row >= seq_k);  // values has seq_k rows
-        testing::store_element(bytes.data(), dtype, i, nan ? std::numeric_limits<float>::quiet_NaN() : float(values[i]));
-      }
-      DeviceBuffer<unsigned char> buffer(ctx, bytes.size(), "test tensor");
-      buffer.copy_from_host(bytes);
-      return std::make_pair(std::move(buffer), TensorView::bhsd(nullptr, dtype, 1, 1, rows, head_dim));
-    };
-    auto [q_buf, q_view] = upload(q, seq_q, false);
-    auto [k_buf, k_view] = upload(k, key_rows, true);
-    auto [v_buf, v_view] = upload(v, key_rows, true);
-    auto [out_buf, out_view] = upload(q, seq_q, false);
-    q_view.data = q_buf.data();
-    k_view.data = k_buf.data();
-    v_view.data = v_buf.data();
-    out_view.data = out_buf.data();
-    AttentionOptions options;
-    options.path = path();
-    options.causal = bottom_right;
-    options.window_left = 40;
-    options.window_right = 0;
-    DeviceBuffer<int32_t> key_length(ctx, 1, "test key_lengths");
-    key_length.copy_from_host(&seq_k, 1);
-    if (with_key_length) options.key_lengths = key_length.data();
-    attention(ctx, q_view, k_view, v_view, out_view, options);
-    ctx.synchronize();
-
-    reference::Problem problem;
-    problem.seq_q = seq_q;
-    problem.seq_k = seq_k;
-    problem.head_dim = head_dim;
-    problem.causal = bottom_right;
-    problem.window_left = 40;
-    problem.window_right = 0;
-    testing::AttentionArithmetic arithmetic;
-    arithmetic.dtype = dtype;
-    arithmetic.p_rounded = testing::rounds_probabilities(ctx, path(), q_view, k_view, v_view, out_view, options);
-    const testing::AttentionExpected expected = testing::expected_attention(problem, q, k, v, arithmetic);
-    const std::vector<unsigned char> got = out_buf.to_host();
-    std::vector<double> values(expected.out.size());
-    for (size_t i = 0; i < values.size(); ++i) {
-      values[i] = testing::load_element(got.data(), dtype, i);
-      ASSERT_FALSE(std::isnan(values[i])) << label << ": out[" << i << "] is NaN: a key outside the window was read";
-    }
-    EXPECT_TRUE(testing::judge("out", values, expected.out)) << label;
-  }
-}
-
-// The backward likewise: keys before every row's window hold NaN in K and V, and the gradients
-// must be those of the same call with them finite (equal on the sim: the same arithmetic), all
-// finite, with dk and dv exactly 0 on those keys (no row sees them). Then again with the key length
-// on the device (where the window's start is known only there).
-TEST_P(ScoreMods, BackwardNeverReadsKeysOutsideTheWindow) {
-  Context ctx;
-  // The dtypes and head dims every path's backward takes (the fused one runs on tensor cores).
-  for (const bool with_key_length : {false, true})
-  for (const auto& [dtype, head_dim] : {std::pair<DType, int>{DType::f16, 64}, {DType::bf16, 32}}) {
-    const int seq_q = 64, seq_k = 300, poisoned = 180;  // rows see keys from 300 - 64 - 40 = 196 on
-    std::mt19937_64 rng{uint64_t(head_dim) + 7};
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto random_rows = [&](int rows) {
-      std::vector<float> values(size_t(rows) * head_dim);
-      for (float& x : values) x = testing::round_to(dtype, normal(rng));
-      return values;
-    };
-    const std::vector<float> q = random_rows(seq_q), k = random_rows(seq_k), v = random_rows(seq_k),
-                             dout = random_rows(seq_q);
-    std::vector<DeviceBuffer<unsigned char>> buffers;
-    auto upload = [&](const std::vector<float>& values, int rows, bool poison) {
-      std::vector<unsigned char> bytes(values.size() * dtype_size(dtype));
-      for (size_t i = 0; i < values.size(); ++i) {
-        const bool nan = poison && int(i / head_dim) < poisoned;
-        testing::store_element(bytes.data(), dtype, i, nan ? std::numeric_limits<float>::quiet_NaN() : values[i]);
-      }
-      buffers.emplace_back(ctx, bytes.size(), "test tensor");
-      buffers.back().copy_from_host(bytes);
-      return TensorView::bhsd(buffers.back().data(), dtype, 1, 1, rows, head_dim);
-    };
-    const TensorView q_view = upload(q, seq_q, false), dout_view = upload(dout, seq_q, false);
-    const TensorView out_view = upload(q, seq_q, false);
-    DeviceBuffer<unsigned char> dq_buf(ctx, q.size() * dtype_size(dtype), "test dq"),
-        dk_buf(ctx, k.size() * dtype_size(dtype), "test dk"), dv_buf(ctx, v.size() * dtype_size(dtype), "test dv");
-    const TensorView dq = TensorView::bhsd(dq_buf.data(), dtype, 1, 1, seq_q, head_dim);
-    const TensorView dk = TensorView::bhsd(dk_buf.data(), dtype, 1, 1, seq_k, head_dim);
-    const TensorView dv = TensorView::bhsd(dv_buf.data(), dtype, 1, 1, seq_k, head_dim);
-    DeviceBuffer<float> lse(ctx, seq_q, "test lse");
-    DeviceBuffer<int32_t> key_length(ctx, 1, "test key_lengths");
-    key_length.copy_from_host(&seq_k, 1);
-    AttentionOptions options;
-    if (with_key_length) options.key_lengths = key_length.data();
-    options.path = path();
-    options.causal = bottom_right;
-    options.window_left = 40;
-    options.window_right = 0;
-    // out and the LSE of the finite inputs, then the gradients of each input set.
-    const TensorView k_finite = upload(k, seq_k, false), v_finite = upload(v, seq_k, false);
-    options.lse = lse.data();
-    attention(ctx, q_view, k_finite, v_finite, out_view, options);
-    options.lse = nullptr;
-    auto gradients = [&](const TensorView& k_view, const TensorView& v_view) {
-      std::vector<std::vector<float>> result;
-      for (auto* g : {&dq_buf, &dk_buf, &dv_buf}) g->fill_bytes(0xff);  // NaN: an element not written fails
-      attention_backward(ctx, q_view, k_view, v_view, out_view, dout_view, lse.data(), dq, dk, dv, options);
-      ctx.synchronize();
-      for (auto* g : {&dq_buf, &dk_buf, &dv_buf}) {
-        const std::vector<unsigned char> bytes = g->to_host();
-        std::vector<float> values(bytes.size() / dtype_size(dtype));
-        for (size_t i = 0; i < values.size(); ++i) values[i] = testing::load_element(bytes.data(), dtype, i);
-        result.push_back(std::move(values));
-      }
-      return result;
-    };
-    const auto want = gradients(k_finite, v_finite);
-    const auto got = gradients(upload(k, seq_k, true), upload(v, seq_k, true));
-    const char* names[] = {"dq", "dk", "dv"};
-    for (int g = 0; g < 3; ++g)
-      for (size_t i = 0; i < got[g].size(); ++i) {
-        const bool unseen = g > 0 && int(i / head_dim) < poisoned;
-        ASSERT_TRUE(std::isfinite(got[g][i]) && (unseen ? got[g][i] == 0.0f : got[g][i] == want[g][i]))
-            << to_string(dtype) << (with_key_length ? " with a key length" : "") << ": " << names[g] << "[" << i << "] is " << got[g][i] << " with NaN keys outside the "
-            << "window, " << want[g][i] << " with them finite" << (unseen ? " (a key no row sees: expected 0)" : "");
-      }
-  }
-}
-
 // Everything at once, on odd shapes: window + causal (both alignments) + softcap + ALiBi + bias
 // + GQA + key lengths, and the same through attention_varlen.
 TEST_P(ScoreMods, Combined) {
@@ -413,110 +211,6 @@ TEST_P(ScoreMods, ChunkedByWorkspaceLimit) {
 
 INSTANTIATE_TEST_SUITE_P(EveryPath, ScoreMods, ::testing::Values(Path::naive, Path::cublas, Path::fused),
                          [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
-
-// ---- arguments the options must reject: InvalidArgument naming the option, out untouched.
-class ScoreModsArguments : public ::testing::Test {
- protected:
-  Context ctx;
-  DeviceBuffer<float> q{ctx, 2 * 3 * 4, "q"}, k{ctx, 2 * 5 * 4, "k"}, v{ctx, 2 * 5 * 4, "v"}, out{ctx, 2 * 3 * 4, "out"};
-  DeviceBuffer<float> slopes{ctx, 4, "slopes"}, bias{ctx, 2 * 2 * 3 * 5, "bias"};
-  TensorView qv = TensorView::bhsd(q.data(), DType::f32, 1, 2, 3, 4);
-  TensorView kv = TensorView::bhsd(k.data(), DType::f32, 1, 2, 5, 4);
-  TensorView vv = TensorView::bhsd(v.data(), DType::f32, 1, 2, 5, 4);
-  TensorView ov = TensorView::bhsd(out.data(), DType::f32, 1, 2, 3, 4);
-
-  ScoreModsArguments() {
-    out.fill_bytes(0x5A);
-    q.fill_bytes(0);
-    k.fill_bytes(0);
-    v.fill_bytes(0);
-    slopes.fill_bytes(0);
-    bias.fill_bytes(0);
-  }
-  TensorView full_bias() const {
-    TensorView b = TensorView::bhsd(bias.data(), DType::f32, 1, 2, 3, 5);
-    return b;
-  }
-  // The call throws InvalidArgument whose message names `what`, and out keeps its bytes.
-  void expect_rejected(const AttentionOptions& options, const std::string& what) {
-    try {
-      attention(ctx, qv, kv, vv, ov, options);
-      ADD_FAILURE() << "expected InvalidArgument naming " << what;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-    for (float x : out.to_host()) {
-      uint32_t bits;
-      std::memcpy(&bits, &x, 4);
-      ASSERT_EQ(bits, 0x5A5A5A5Au) << "out was written";
-    }
-  }
-};
-
-TEST_F(ScoreModsArguments, Window) {
-  AttentionOptions o;
-  o.window_left = -2;
-  expect_rejected(o, "options.window_left");
-  o = {};
-  o.window_right = -7;
-  expect_rejected(o, "options.window_right");
-}
-
-TEST_F(ScoreModsArguments, Softcap) {
-  AttentionOptions o;
-  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-    o.softcap = bad;
-    expect_rejected(o, "options.softcap");
-  }
-}
-
-TEST_F(ScoreModsArguments, AlibiSlopes) {
-  AttentionOptions o;
-  o.alibi_slopes = slopes.data();
-  o.alibi_slopes_count = 3;  // heads is 2, batch * heads is 2
-  expect_rejected(o, "options.alibi_slopes_count");
-  o.alibi_slopes = nullptr;
-  o.alibi_slopes_count = 2;
-  expect_rejected(o, "options.alibi_slopes");
-  o.alibi_slopes = reinterpret_cast<const float*>(reinterpret_cast<const char*>(slopes.data()) + 1);
-  expect_rejected(o, "options.alibi_slopes");
-  o.alibi_slopes = out.data();  // read while out is written
-  expect_rejected(o, "options.alibi_slopes");
-}
-
-TEST_F(ScoreModsArguments, Bias) {
-  AttentionOptions o;
-  TensorView b = full_bias();
-  b.shape[3] = 4;  // neither seq_k 5 nor 1
-  o.bias = b;
-  expect_rejected(o, "options.bias.shape[3]");
-  b = full_bias();
-  b.shape[1] = 3;
-  o.bias = b;
-  expect_rejected(o, "options.bias.shape[1]");
-  b = full_bias();
-  b.dtype = DType::f16;  // q is f32: only f32 is accepted
-  o.bias = b;
-  expect_rejected(o, "options.bias.dtype");
-  b = full_bias();
-  b.strides[2] = -5;
-  o.bias = b;
-  expect_rejected(o, "options.bias.strides[2]");
-  b = full_bias();
-  b.data = nullptr;
-  o.bias = b;
-  expect_rejected(o, "options.bias.data");
-  b = full_bias();
-  b.data = out.data();  // one broadcast element, read while out's first element is written
-  b.shape = {1, 1, 1, 1};
-  o.bias = b;
-  expect_rejected(o, "options.bias expected not to overlap out");
-  // A bias that broadcasts through stride 0 over a full shape is fine (and valid stride 0 on seq_k).
-  b = full_bias();
-  b.strides = {0, 0, 0, 0};
-  o.bias = b;
-  EXPECT_NO_THROW(attention(ctx, qv, kv, vv, ov, o));
-}
 
 }  // namespace
 }  // namespace selfattn

@@ -19,7 +19,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_fused_varlen_metadata tests/paths/test_score_paths tests/paths/test_score_mods tests/paths/test_kv_cache tests/paths/test_backward_naive tests/paths/test_backward_fused}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_fused_varlen_metadata tests/paths/test_score_paths tests/paths/test_score_mods tests/paths/test_score_mods_window_reads tests/paths/test_score_mods_arguments tests/paths/test_kv_cache tests/paths/test_backward_naive tests/paths/test_backward_fused}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()

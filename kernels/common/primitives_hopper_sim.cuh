@@ -1,7 +1,7 @@
 #pragma once
 // The arithmetic and address maps behind the sim twins of primitives_hopper.cuh: how wgmma reads a
 // GMMA shared-memory descriptor, where its fragments live, what it computes, and where a TMA box
-// lands. Pure functions, no engine calls; tests/primitives/test_hopper_layouts.cpp checks each one
+// lands. Pure functions, no engine calls; tests/primitives/test_hopper_layouts*.cpp check each one
 // against NVIDIA's CUTLASS/CuTe definitions (the GMMA canonical layouts, make_gmma_desc, the MMA
 // traits' thread/value layouts, the TMA swizzles).
 //

@@ -8,7 +8,7 @@
 // c * R * 128, row r of a block at r * 128, element (r, col) at 2 * (col % 64) within the row, and
 // then the 16-byte chunk index (address bits 4-6) XORed with the row's index mod 8 (bits 7-9).
 // That is CuTe's tile_to_shape(GMMA::Layout_K_SW128_Atom<T>, (R, D)), the (8 x 64) atoms stacked
-// down the rows first; tests/primitives/test_hopper_layouts.cpp checks it and every descriptor
+// down the rows first; tests/primitives/test_hopper_layouts_tiles.cpp checks it and every descriptor
 // below against CuTe's make_gmma_desc, bit for bit.
 //
 // The descriptors (PTX ISA "Matrix Descriptor Format"; LBO / SBO as CuTe's make_gmma_desc sets them

@@ -19,7 +19,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/paths/test_fused tests/paths/test_fused_varlen tests/paths/test_fused_varlen_metadata tests/paths/test_score_paths tests/paths/test_score_mods tests/paths/test_score_mods_window_reads tests/paths/test_score_mods_arguments tests/paths/test_kv_cache tests/paths/test_backward_naive tests/paths/test_backward_fused}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/backward/test_backward_naive tests/backward/test_backward_fused}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -132,7 +132,7 @@ mutant decode_one_split_sink_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
   'the tensor-core decode kernel with one split leaves the sink out'
 
 # Issue 32: KV-cache family. Each aims at a class the KV-cache tests once missed because their
-# tensors shared one layout or their sizes sat away from the kernels' edges (tests/paths/
+# tensors shared one layout or their sizes sat away from the kernels' edges (tests/support/
 # kv_cache_check.h's per-tensor layouts, test_kv_cache_edges.cpp, the validate_metadata edges).
 # One tensor read with another's strides:
 mutant kv_v_row_with_k_stride kernels/decode/kv_pages.cuh 1 \

@@ -118,18 +118,6 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
   return cases;
 }
 
-std::optional<Context> cuda_context(std::string& reason, size_t workspace_limit) {
-  try {
-    ContextOptions options;
-    options.backend = Backend::cuda;
-    options.workspace_limit = workspace_limit;
-    return Context(options);
-  } catch (const NotAvailable& e) {
-    reason = e.what();
-    return std::nullopt;
-  }
-}
-
 void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases) {
   // SELFATTN_TEST_REPORT=1 prints each case's measured errors (for tolerance studies).
   const bool report = std::getenv("SELFATTN_TEST_REPORT") != nullptr;

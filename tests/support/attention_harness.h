@@ -91,9 +91,6 @@ std::vector<AttentionCase> sweep_cases(DType dtype, Path path, bool (*head_dim_o
 // SELFATTN_TEST_REPORT=1 in the environment prints every case's measured errors.
 void expect_all_pass(Context& ctx, const std::vector<AttentionCase>& cases);
 
-// A context on the cuda backend, or nullopt with `reason` set (for GTEST_SKIP) where no GPU is usable.
-std::optional<Context> cuda_context(std::string& reason, size_t workspace_limit = size_t(1) << 30);
-
 // The seed of a test's random inputs: a hash of its name mixed with SELFATTN_SIM_SEED (so the two
 // seeded runs of a sim test also see different inputs, and SELFATTN_SIM_SEED=3, 4, ... fresh ones).
 uint64_t input_seed(const std::string& name);

@@ -1,5 +1,5 @@
 #pragma once
-// The check of attention_backward() every backward path's tests share (tests/paths/test_backward_*.cpp):
+// The check of attention_backward() every backward path's tests share (tests/backward/test_backward_*.cpp):
 // fresh random inputs in the case's dtype, the forward run on the device for out and the LSE,
 // gradients poisoned (0xFF: NaN in every dtype) before the backward. Requires every element finite,
 // exact zeros for rows that see no key (dq) and keys no row sees (dk, dv), decided by the mask rule,

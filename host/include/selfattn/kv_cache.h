@@ -26,7 +26,7 @@
 // allocation - unless options.validate_metadata is set, which copies the metadata to the host
 // (synchronous, not graph-safe). attention_varlen() on the
 // naive and cublas paths reads cu_seqlens back and is not graph-safe; attention() with key_lengths
-// is. tests/paths/test_kv_cache_graph proves the graph-safe ones on the sim.
+// is. tests/kv_cache/test_kv_cache_graph proves the graph-safe ones on the sim.
 //
 // Why appending is a separate call and not part of attention_with_kv_cache: the cache is the
 // engine's state, and a call that both mutates it and computes would either write the cache before

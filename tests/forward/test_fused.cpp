@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention_harness.h"
+#include "gpu_sized.h"
 #include "kernels/registry.h"
 #include "selfattn/selfattn.h"
 
@@ -192,8 +193,9 @@ TEST(FusedPath, SimtForOtherHeadDims) {
 }
 
 // Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits.
+// On the sim, which reserves the 2^31-element gaps without touching them; a GPU would need ~40 GB.
 TEST(FusedPath, OffsetsPast32Bits) {
-  Context ctx;
+  Context ctx(Backend::sim);
   AttentionCase tensor_core = fused_case(f16, 2, 2, 1, 70, 40, 64, top_left, bshd, true);
   AttentionCase simt = fused_case(f32, 2, 1, 1, 5, 9, 7, none, bhsd, true);
   tensor_core.batch_gap = simt.batch_gap = int64_t(1) << 31;
@@ -255,6 +257,27 @@ TEST(FusedPath, InstancesAreConsistent) {
   }
   EXPECT_FALSE(kernels::sim_target::flash_fwd_simt_instance(Element::f32, 257).kernel);
   EXPECT_FALSE(kernels::sim_target::flash_fwd_simt_instance(Element::f32, 0).kernel);
+}
+
+// GPU-sized (support/gpu_sized.h): every tensor-core head dim over many query blocks and key tiles.
+using FusedPathOnGpu = testing::GpuSized<>;
+
+TEST_F(FusedPathOnGpu, EveryTensorCoreHeadDimLarger) {
+  std::vector<testing::AttentionCase> cases;
+  const Causal causals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
+  int i = 0;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int head_dim : {32, 64, 96, 128, 256}) {
+      const Causal causal = causals[i % 3];
+      const Layout layout = i % 2 ? Layout::bshd : Layout::bhsd;
+      cases.push_back(make_case(dtype, 2, 4, 2, 517, 1000, head_dim, causal, layout, true, {1000, 301}, Path::fused));
+      cases.push_back(make_case(dtype, 1, 2, 1, 1024, 777, head_dim, causals[(i + 1) % 3], layout, true, {}, Path::fused));
+      ++i;
+    }
+  }
+  cases.push_back(make_case(DType::f32, 2, 2, 1, 300, 700, 128, Causal::top_left, Layout::bshd, true, {700, 0}, Path::fused));
+  cases.push_back(make_case(DType::f32, 1, 2, 2, 257, 513, 256, Causal::none, Layout::bhsd, true, {}, Path::fused));
+  testing::expect_all_pass(ctx, cases);
 }
 
 }  // namespace

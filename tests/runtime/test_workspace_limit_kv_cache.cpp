@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../paths/kv_cache_check.h"  // the KV-cache judge (expected_kv_attention) and test caches
+#include "kv_cache_check.h"  // the KV-cache judge (expected_kv_attention) and test caches
 #include "attention_harness.h"
 #include "selfattn/selfattn.h"
 #include "workspace_limit_trial.h"

@@ -1,7 +1,7 @@
 #pragma once
-// Building blocks of the KV-cache tests (test_kv_cache*.cpp on the sim, test_kv_cache_gpu.cpp): a cache in device
-// memory with its double-precision image for selfattn::reference (K and V each in its own layout),
-// random rounded tensors (kv_tensors.h: every tensor of a call in its own layout), and the one
+// Building blocks of the KV-cache tests (kv_cache/test_kv_cache*.cpp and the KV-cache calls in
+// validation/ and runtime/): a cache in device memory with its double-precision image for
+// selfattn::reference (K and V each in its own layout), random rounded tensors (kv_tensors.h: every tensor of a call in its own layout), and the one
 // judge every check goes through (the shared rule of judge.h).
 #include <gtest/gtest.h>
 

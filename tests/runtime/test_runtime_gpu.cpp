@@ -1,8 +1,7 @@
 // The cuda runtime on a real GPU: buffers, the fill kernel through cudaLaunchKernel (also with the
 // dynamic shared memory opt-in above 48 KB), cuBLAS GEMMs, the user's stream. Skips, saying why,
-// where no GPU is usable.
+// where no GPU is usable (support/test_main.cpp).
 #include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,34 +18,19 @@
 namespace selfattn {
 namespace {
 
-// A cuda context, or the reason there is none.
-std::optional<Context> cuda_context(std::string& reason) {
-  try {
-    return Context(Backend::cuda);
-  } catch (const NotAvailable& e) {
-    reason = e.what();
-    return std::nullopt;
-  }
-}
-
-#define REQUIRE_GPU(ctx)                               \
-  std::string reason;                                  \
-  std::optional<Context> ctx = cuda_context(reason);   \
-  if (!ctx) GTEST_SKIP() << reason
-
 TEST(CudaRuntime, ContextAndBuffers) {
-  REQUIRE_GPU(ctx);
-  EXPECT_EQ(ctx->backend(), Backend::cuda);
-  EXPECT_NE(ctx->stream(), nullptr);
+  Context ctx(Backend::cuda);
+  EXPECT_EQ(ctx.backend(), Backend::cuda);
+  EXPECT_NE(ctx.stream(), nullptr);
   std::vector<float> values(113);
   for (size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.25f - 3;
-  DeviceBuffer<float> buffer(*ctx, values.size());
+  DeviceBuffer<float> buffer(ctx, values.size());
   buffer.copy_from_host(values);
   EXPECT_EQ(buffer.to_host(), values);
   std::vector<float> back(values.size());
   buffer.copy_from_host_async(values.data(), values.size());
   buffer.copy_to_host_async(back.data(), back.size());
-  ctx->synchronize();
+  ctx.synchronize();
   EXPECT_EQ(back, values);
   EXPECT_THROW(buffer.copy_from_host(values.data(), values.size() + 1), InvalidArgument);
 }
@@ -57,7 +41,7 @@ TEST(CudaRuntime, ContextAndBuffers) {
 // configure found it (the visible GPUs) or the architecture list covers it. The same query here, and
 // what it ran: SASS for this GPU's major version (binaryVersion), or PTX the driver compiled for it.
 TEST(CudaRuntime, TheBuildHasAKernelImageForThisGpu) {
-  REQUIRE_GPU(ctx);
+  Context ctx(Backend::cuda);
   cudaFuncAttributes attributes{};
   ASSERT_EQ(cudaFuncGetAttributes(&attributes, kernels::cuda_target::fill_kernel_ref().device_entry), cudaSuccess);
   int device = 0, major = 0;
@@ -67,24 +51,24 @@ TEST(CudaRuntime, TheBuildHasAKernelImageForThisGpu) {
 }
 
 TEST(CudaRuntime, FillKernelThroughTheRuntime) {
-  REQUIRE_GPU(ctx);
+  Context ctx(Backend::cuda);
   const kernels::KernelRef fill = kernels::cuda_target::fill_kernel_ref();
   ASSERT_NE(fill.device_entry, nullptr);
   for (size_t smem : {size_t(0), size_t(64 * 1024)}) {  // 64 KB needs the opt-in attribute
-    DeviceBuffer<float> buffer(*ctx, 1000);
+    DeviceBuffer<float> buffer(ctx, 1000);
     buffer.fill_bytes(0xFF);
     const kernels::FillParams params{buffer.data(), 1000, 2.0f};
-    ctx->state().device->launch(fill, kernels::LaunchShape{dim3(3), dim3(128), smem}, &params);
+    ctx.state().device->launch(fill, kernels::LaunchShape{dim3(3), dim3(128), smem}, &params);
     const std::vector<float> host = buffer.to_host();
     for (size_t i = 0; i < host.size(); ++i) ASSERT_EQ(host[i], 2.0f + float(i)) << smem << " " << i;
   }
 }
 
 TEST(CudaRuntime, LaunchErrorsNameTheCall) {
-  REQUIRE_GPU(ctx);
+  Context ctx(Backend::cuda);
   const kernels::FillParams params{nullptr, 0, 0};
   try {
-    ctx->state().device->launch(kernels::cuda_target::fill_kernel_ref(), kernels::LaunchShape{dim3(1), dim3(4096), 0}, &params);
+    ctx.state().device->launch(kernels::cuda_target::fill_kernel_ref(), kernels::LaunchShape{dim3(1), dim3(4096), 0}, &params);
     FAIL() << "a 4096-thread block launched";
   } catch (const BackendError& e) {
     EXPECT_NE(std::string(e.what()).find("cudaLaunchKernel(fill_kernel)"), std::string::npos) << e.what();
@@ -92,13 +76,13 @@ TEST(CudaRuntime, LaunchErrorsNameTheCall) {
 }
 
 TEST(CudaRuntime, GemmStridedBatchedMatchesTheHost) {
-  REQUIRE_GPU(ctx);
+  Context ctx(Backend::cuda);
   // Column-major C (m x n) = A^T (m x k) B (k x n), two batches.
   const int m = 7, n = 5, k = 3, batches = 2;
   std::vector<float> a(size_t(k * m * batches)), b(size_t(k * n * batches));
   for (size_t i = 0; i < a.size(); ++i) a[i] = float(int(i % 7) - 3) * 0.5f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = float(int(i % 5) - 2) * 0.25f;
-  DeviceBuffer<float> da(*ctx, a.size()), db(*ctx, b.size()), dc(*ctx, size_t(m * n * batches));
+  DeviceBuffer<float> da(ctx, a.size()), db(ctx, b.size()), dc(ctx, size_t(m * n * batches));
   da.copy_from_host(a);
   db.copy_from_host(b);
   detail::GemmBatch g;
@@ -108,7 +92,7 @@ TEST(CudaRuntime, GemmStridedBatchedMatchesTheHost) {
   g.b = db.data(), g.ldb = k, g.stride_b = k * n;
   g.c = dc.data(), g.ldc = m, g.stride_c = m * n;
   g.batch_count = batches;
-  ctx->state().device->gemm_strided_batched(g);
+  ctx.state().device->gemm_strided_batched(g);
   const std::vector<float> c = dc.to_host();
   for (int batch = 0; batch < batches; ++batch)
     for (int i = 0; i < m; ++i)
@@ -120,7 +104,7 @@ TEST(CudaRuntime, GemmStridedBatchedMatchesTheHost) {
 }
 
 TEST(CudaRuntime, RunsOnTheUsersStream) {
-  REQUIRE_GPU(ctx);
+  Context ctx(Backend::cuda);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   {

@@ -12,6 +12,7 @@
 #include <selfattn_sim/sim.h>
 
 #include "attention_harness.h"
+#include "gpu_sized.h"
 #include "selfattn/selfattn.h"
 #include "runtime/sim_capture_scope.h"
 
@@ -138,11 +139,28 @@ TEST(FusedVarlen, RunsInAGraphCaptureOnceTheWorkspaceIsWarm) {
     }
     return bytes;
   };
-  Context cold;
+  // The scope is the sim's (the cuda backend's graph capture is the CUDA runtime's own).
+  Context cold(Backend::sim);
   EXPECT_THROW((void)step(cold, /*captured=*/true), BackendError);
-  Context ctx;
+  Context ctx(Backend::sim);
   const std::vector<unsigned char> outside = step(ctx, /*captured=*/false);
   EXPECT_EQ(step(ctx, /*captured=*/true), outside);
+}
+
+// GPU-sized (support/gpu_sized.h): packed batches of hundreds of rows at every tensor-core head dim.
+using FusedVarlenOnGpu = testing::GpuSized<>;
+
+TEST_F(FusedVarlenOnGpu, HundredsOfRowsEveryHeadDim) {
+  constexpr Layout bhsd = Layout::bhsd, bshd = Layout::bshd;
+  constexpr Path fused = Path::fused;
+  const std::vector<testing::VarlenCase> cases = {
+      {DType::f16, 4, 2, 128, {300, 0, 1, 129}, {512, 7, 0, 129}, Causal::bottom_right, bshd, true, fused},
+      {DType::bf16, 2, 1, 64, {64, 700}, {1000, 65}, Causal::top_left, bhsd, true, fused},
+      {DType::f16, 2, 2, 256, {33, 200}, {100, 300}, Causal::none, bshd, true, fused},
+      {DType::f32, 2, 1, 96, {50, 0, 70}, {130, 3, 0}, Causal::bottom_right, bhsd, true, fused},
+      {DType::bf16, 2, 1, 64, {90, 33}, {40, 170}, Causal::top_left, bhsd, true, fused, 1},
+  };
+  for (const testing::VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
 }
 
 }  // namespace

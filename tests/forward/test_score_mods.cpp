@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_harness.h"
+#include "gpu_sized.h"
 #include "score_mods_fixture.h"
 #include "selfattn/selfattn.h"
 
@@ -180,9 +181,10 @@ TEST_P(ScoreMods, SinksWithEverything) {
   });
 }
 
-// Batch 1 of the bias starts 2^31 elements after batch 0: bias offsets need 64 bits.
+// Batch 1 of the bias starts 2^31 elements after batch 0: bias offsets need 64 bits. On the sim,
+// which reserves the gap without touching it; a GPU would need 8 GB for it.
 TEST_P(ScoreMods, BiasOffsetsPast32Bits) {
-  Context ctx;
+  Context ctx(Backend::sim);
   ScoreModsCase far;
   far.bias = BiasLayout::batch;
   far.bias_in_input_dtype = true;
@@ -210,6 +212,65 @@ TEST_P(ScoreMods, ChunkedByWorkspaceLimit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPath, ScoreMods, ::testing::Values(Path::naive, Path::cublas, Path::fused),
+                         [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
+
+// GPU-sized (support/gpu_sized.h): every modifier at every head dim of the tensor-core kernels over
+// hundreds of rows, a narrow window over 8k keys, a varlen batch.
+class ScoreModsOnGpu : public testing::GpuSized<::testing::TestWithParam<Path>> {
+ protected:
+  Path path() const { return GetParam(); }
+};
+
+// every_modifier() over more keys: window (100, 20), softcap 8, -inf bias rows and columns sparser.
+ScoreModsCase larger_every_modifier() {
+  ScoreModsCase m = every_modifier();
+  m.window_left = 100;
+  m.window_right = 20;
+  m.softcap = 8.0f;
+  m.masked_row_period = 37;
+  m.masked_key_period = 13;
+  return m;
+}
+
+TEST_P(ScoreModsOnGpu, EveryFeatureEveryDtype) {
+  std::vector<AttentionCase> cases;
+  const Causal causals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (int head_dim : {32, 64, 96, 128, 256}) {
+      AttentionCase c = make_case(dtype, 2, 4, 2, 300 + 7 * i, 700 - 11 * i, head_dim, causals[i % 3],
+                                  i % 2 ? Layout::bshd : Layout::bhsd, true, i % 4 ? std::vector<int32_t>{}
+                                                                                   : std::vector<int32_t>{650, 300},
+                                  path());
+      c.mods = larger_every_modifier();
+      c.mods.bias = i % 2 ? BiasLayout::heads : BiasLayout::full;
+      c.mods.bias_in_input_dtype = i % 3 == 1;
+      cases.push_back(c);
+      ++i;
+    }
+  testing::expect_all_pass(ctx, cases);
+}
+
+// A window of 128 keys over 8k: the fused kernels visit only the window's tiles.
+TEST_P(ScoreModsOnGpu, NarrowWindowOverLongKeys) {
+  ScoreModsCase window;
+  window.window_left = 128;
+  window.window_right = 0;
+  AttentionCase c = make_case(DType::bf16, 1, 4, 1, 1000, 8192, 128, Causal::bottom_right, Layout::bhsd, true, {}, path());
+  c.mods = window;
+  AttentionCase no_causal = make_case(DType::f16, 1, 2, 2, 2000, 2000, 64, Causal::none, Layout::bshd, true, {}, path());
+  no_causal.mods = window;
+  no_causal.mods.window_right = 64;
+  testing::expect_all_pass(ctx, {c, no_causal});
+}
+
+TEST_P(ScoreModsOnGpu, Varlen) {
+  testing::VarlenCase c{DType::bf16, 4, 2, 128, {170, 0, 513}, {500, 30, 513}, Causal::bottom_right, Layout::bshd,
+                        true, path()};
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, c, larger_every_modifier())) << c.name() << larger_every_modifier().name();
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPath, ScoreModsOnGpu, ::testing::Values(Path::naive, Path::cublas, Path::fused),
                          [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
 
 }  // namespace

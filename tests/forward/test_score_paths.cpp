@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention_harness.h"
+#include "gpu_sized.h"
 #include "kernels/registry.h"
 #include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
@@ -104,10 +105,10 @@ TEST_P(ScorePath, EveryTileEdge) {
   testing::expect_all_pass(ctx, cases);
 }
 
-// Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits (the sim
-// reserves the gap without touching it).
+// Batch 1 of every tensor starts 2^31 elements after batch 0: element offsets need 64 bits. On the
+// sim, which reserves the gap without touching it; a GPU would need about 40 GB.
 TEST_P(ScorePath, OffsetsPast32Bits) {
-  Context ctx;
+  Context ctx(Backend::sim);
   AttentionCase half = make_case(DType::f16, 2, 2, 1, 7, 64, 32, Causal::top_left, Layout::bshd, true, {}, path());
   AttentionCase single = make_case(DType::f32, 2, 1, 1, 5, 9, 7, Causal::none, Layout::bhsd, false, {}, path());
   half.batch_gap = single.batch_gap = int64_t(1) << 31;
@@ -172,6 +173,35 @@ TEST_P(ScorePath, RowTooLongForWorkspaceNamesTheLimit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NaiveAndCublas, ScorePath, ::testing::Values(Path::naive, Path::cublas),
+                         [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
+
+// GPU-sized (support/gpu_sized.h): thousands of keys, chunked by a 4 MB workspace, and varlen
+// batches of hundreds of rows.
+class ScorePathOnGpu : public testing::GpuSized<::testing::TestWithParam<Path>> {
+ protected:
+  Path path() const { return GetParam(); }
+};
+
+TEST_P(ScorePathOnGpu, LargerShapesAndChunks) {
+  ctx.set_workspace_limit(size_t(4) << 20);  // 4 MB: forces chunks below
+  testing::expect_all_pass(ctx, {
+      make_case(DType::f16, 2, 4, 2, 512, 1000, 128, Causal::bottom_right, Layout::bshd, true, {1000, 517}, path()),
+      make_case(DType::bf16, 1, 4, 4, 700, 3000, 64, Causal::top_left, Layout::bhsd, true, {}, path()),
+      make_case(DType::f32, 3, 2, 1, 513, 257, 80, Causal::none, Layout::bshd, true, {0, 257, 100}, path()),
+  });
+}
+
+TEST_P(ScorePathOnGpu, VariableLengthSequences) {
+  using testing::VarlenCase;
+  const std::vector<VarlenCase> cases = {
+      {DType::f32, 2, 1, 7, {7, 0, 64}, {70, 9, 0}, Causal::bottom_right, Layout::bshd, true, path()},
+      {DType::f16, 4, 2, 64, {33, 1, 513}, {33, 100, 700}, Causal::top_left, Layout::bshd, true, path()},
+      {DType::bf16, 2, 2, 128, {170, 40}, {500, 0}, Causal::none, Layout::bhsd, true, path()},
+  };
+  for (const VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c));
+}
+
+INSTANTIATE_TEST_SUITE_P(NaiveAndCublas, ScorePathOnGpu, ::testing::Values(Path::naive, Path::cublas),
                          [](const ::testing::TestParamInfo<Path>& info) { return std::string(to_string(info.param)); });
 
 }  // namespace

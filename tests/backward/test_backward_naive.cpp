@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "backward_check.h"
+#include "gpu_sized.h"
 #include "kernels/registry.h"
 #include "selfattn/selfattn.h"
 
@@ -16,8 +17,16 @@ namespace {
 using backward_check::Case;
 
 TEST(NaiveBackward, Sweep) {
-  Context ctx(Backend::sim);
+  Context ctx;
   for (const Case& c : backward_check::sweep(Path::naive)) EXPECT_TRUE(backward_check::check(ctx, c));
+}
+
+TEST(NaiveBackward, SinksOverManyRowsAndVarlenRowsNobodyOwns) {
+  Context ctx;
+  const int sink_threads = kernels::sim_target::sink_gradient_instance().threads;
+  ASSERT_GT(sink_threads, 0);
+  for (const Case& c : backward_check::sinks_and_tails(Path::naive, DType::f32, 16, sink_threads))
+    EXPECT_TRUE(backward_check::check(ctx, c));
 }
 
 // Every remainder of the naive backward's work division, from its kernels' tiles in the registry:
@@ -27,18 +36,10 @@ TEST(NaiveBackward, Sweep) {
 // diagonals and key lengths at the edges. And a sliding window whose edges sweep a whole Q K^T
 // key tile and both its edges (left edges at keys 1 .. tile + 2, right at tile + 1 .. 2 tile + 2),
 // and one whose left edge is a key tile's last key for the first row of every row tile.
-TEST(NaiveBackward, SinksOverManyRowsAndVarlenRowsNobodyOwns) {
-  Context ctx(Backend::sim);
-  const int sink_threads = kernels::sim_target::sink_gradient_instance().threads;
-  ASSERT_GT(sink_threads, 0);
-  for (const Case& c : backward_check::sinks_and_tails(Path::naive, DType::f32, 16, sink_threads))
-    EXPECT_TRUE(backward_check::check(ctx, c));
-}
-
 TEST(NaiveBackward, EveryTileEdge) {
   using kernels::Element;
   namespace sim = kernels::sim_target;
-  Context ctx(Backend::sim);
+  Context ctx;
   for (const auto& [dtype, element, d] : {std::tuple{DType::f16, Element::f16, 32}, std::tuple{DType::f32, Element::f32, 7}}) {
     const kernels::TiledKernel qk = sim::qk_tiled_instance(element, d), kv = sim::grad_kv_tiled_instance(element, d),
                               dq = sim::dq_tiled_instance(element, Element::f32, d);
@@ -128,7 +129,7 @@ TEST(NaiveBackward, WorkspaceTooSmallOnlyWhenOneRowDoesNotFit) {
 }
 
 TEST(NaiveBackward, BitwiseDeterministic) {
-  Context ctx(Backend::sim);
+  Context ctx;
   Case c;
   c.name = "determinism";
   c.dtype = DType::bf16;
@@ -149,6 +150,31 @@ TEST(NaiveBackward, RegistryPicksTensorCoresForHalfTypes) {
   EXPECT_NE(std::string(sim::dq_tiled_instance(Element::f16, Element::f32, 8).kernel.name).find("simt"),
             std::string::npos);
   EXPECT_EQ(sim::dq_tiled_instance(Element::f32, Element::f16, 32).kernel.name, nullptr);
+}
+
+// GPU-sized (support/gpu_sized.h): 300 x 1000 rows at head_dim 128, a 2 MB workspace that forces row
+// chunks, and the deterministic rerun.
+using NaiveBackwardOnGpu = testing::GpuSized<>;
+
+TEST_F(NaiveBackwardOnGpu, LargerShapesChunksAndDeterminism) {
+  ctx.set_workspace_limit(size_t(2) << 20);
+  Case c;
+  c.name = "larger";
+  c.path = Path::naive;
+  c.dtype = DType::bf16;
+  c.grad_f32 = true;
+  c.batch = 2, c.heads = 4, c.kv_heads = 2, c.seq_q = 300, c.seq_k = 1000, c.head_dim = 128;
+  c.causal = Causal::bottom_right;
+  c.key_lengths = {1000, 517};
+  c.deterministic_rerun = true;
+  EXPECT_TRUE(backward_check::check(ctx, c));
+  c.name = "larger_f16";
+  c.dtype = DType::f16;
+  c.grad_f32 = false;
+  c.causal = Causal::none;
+  c.key_lengths = {};
+  c.head_dim = 64;
+  EXPECT_TRUE(backward_check::check(ctx, c));
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // block, 128- or 64-key tiles, the head_dim / 64 TMA boxes of a tile), the last key tile whose V
 // rows past the keys must be zeroed (key lengths and varlen), and agreement with the mma.sync
 // kernel on the same inputs. The shared fused sweeps (test_fused*.cpp) run on this kernel too, and
-// once more with SELFATTN_HOPPER_KERNELS=0 on the mma.sync kernel (tests/paths/CMakeLists.txt).
+// once more with SELFATTN_HOPPER_KERNELS=0 on the mma.sync kernel (tests/forward/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backward_check.h"
+#include "gpu_sized.h"
 #include "kernels/registry.h"
 #include "selfattn_sim/sim.h"
 #include "selfattn/selfattn.h"
@@ -197,6 +198,27 @@ TEST(FusedBackward, UnsupportedCallsSayWhy) {
     ADD_FAILURE() << "fp32 on the fused backward path: expected NotAvailable";
   } catch (const NotAvailable& e) {
     EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
+  }
+}
+
+// GPU-sized (support/gpu_sized.h): 517 x 1000 rows, GQA 4, head_dim 64 and 128, in both modes, the
+// deterministic one rerun bitwise.
+using FusedBackwardOnGpu = testing::GpuSized<>;
+
+TEST_F(FusedBackwardOnGpu, LargerShapesBothModes) {
+  for (int head_dim : {64, 128}) {
+    for (bool deterministic : {false, true}) {
+      Case c;
+      c.path = Path::fused;
+      c.name = "fused_larger_d" + std::to_string(head_dim) + (deterministic ? "_deterministic" : "_atomic");
+      c.dtype = DType::bf16;
+      c.batch = 2, c.heads = 8, c.kv_heads = 2, c.seq_q = 517, c.seq_k = 1000, c.head_dim = head_dim;
+      c.causal = Causal::bottom_right;
+      c.key_lengths = {1000, 611};
+      c.deterministic = deterministic;
+      c.deterministic_rerun = deterministic;
+      EXPECT_TRUE(backward_check::check(ctx, c));
+    }
   }
 }
 

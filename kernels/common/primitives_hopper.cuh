@@ -6,6 +6,10 @@
 // their synchronisation (mbarrier phases, when a TMA write lands, the async-proxy hazards) is the
 // sim engine's (sim/include/selfattn_sim/sim.h, "Hopper").
 //
+// Why one file over 500 lines: each instruction's PTX body and its sim twin stay side by side (the
+// shared rule for primitives), and the wgmma, TMA and mbarrier functions share the contract below;
+// split by instruction, each part would restate it.
+//
 // Contract for callers (as on the GPU; the sim checks what it can):
 //   - mbarriers live in dynamic shared memory, 8-byte aligned, initialised by one thread, then
 //     fence_barrier_init() and a __syncthreads() before any other thread or the TMA uses them.

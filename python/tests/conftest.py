@@ -1,5 +1,6 @@
 """Shared pieces of the Python tests: a float64 NumPy reference of attention written here (not the
-library's), fresh random inputs, and the tolerances per dtype."""
+library's), fresh random inputs, and the tolerances per dtype; and for the torch tests
+(test_torch_*.py) the device fixture and their tensor helpers."""
 import math
 import os
 import zlib
@@ -301,3 +302,25 @@ def torch_device(request):
     if request.param == "cuda" and cuda_unusable():
         pytest.skip(cuda_unusable())
     return request.param
+
+
+# The torch test files' helpers; torch is imported inside them, so the NumPy tests run without it.
+def tensors(shape, dtype=None, seed=0, device="cpu"):
+    """Three random torch tensors of one shape (q, k, v), float32 unless dtype says otherwise."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(torch.float32 if dtype is None else dtype).to(device) for _ in range(3)]
+
+
+def host(t):
+    """A tensor's values as a NumPy array, from any device."""
+    return t.detach().cpu().numpy()
+
+
+def same_values(got, want):
+    """Two runs of the library on the same values: bit for bit on the sim; on a GPU the backward adds
+    dQ's partial sums with atomics in an order that varies from run to run, so to rounding there."""
+    import torch
+    if got.device.type == "cpu":
+        return torch.equal(got, want)
+    return relative_error(host(got), host(want), per_row=False) <= 1e-6

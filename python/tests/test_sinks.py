@@ -3,7 +3,7 @@ their backward against the float64 reference in conftest.py (a sink joins each r
 key whose value is 0), on every path and dtype, with GQA and a head without a sink; rows that see no
 key are their sink alone (out exactly 0, lse exactly the sink); dsinks against the reference and
 against central differences of the library's own forward. The KV cache's sinks are tested in
-test_kv_cache.py, self_attention's in test_varlen_self_attention.py, PyTorch's in test_torch.py."""
+test_kv_cache.py, self_attention's in test_varlen_self_attention.py, PyTorch's in test_torch_sinks.py."""
 import numpy as np
 import pytest
 

@@ -1,0 +1,101 @@
+"""The KV cache on torch tensors (CPU tensors run on the sim through DLPack): append_kv and
+attention_with_kv_cache against the float64 reference, with sinks too; a decode step compiled
+whole (fullgraph) as eager, and the decode op's fake implementation; the refusal of inputs that
+require grad (the decode calls have no backward). The NumPy side is test_kv_cache.py. Skipped
+without PyTorch (scripts/setup-deps installs it where it can). The tests marked device_check take
+a `torch_device` (conftest.py) and run on CUDA tensors too where there is a GPU:
+bench/device-check.sh runs those on a lent one."""
+import numpy as np
+import pytest
+
+import selfattn
+from conftest import TOLERANCE, host, reference, relative_error
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.device_check
+def test_kv_cache_on_torch_tensors(torch_device):
+    # The decode calls on torch tensors (lists for lengths converted), with no autograd graph.
+    g = torch.Generator().manual_seed(13)
+    k_cache, v_cache = (torch.randn(2, 6, 1, 8, generator=g).to(torch_device) for _ in range(2))  # bshd
+    k_new, v_new, q = (torch.randn(2, 1, 1, 8, generator=g).to(torch_device) for _ in range(3))
+    lengths = selfattn.append_kv(k_cache, v_cache, [2, 5], k_new, v_new, layout="bshd", return_lengths=True)
+    assert lengths.dtype == torch.int32 and lengths.device == k_cache.device and lengths.tolist() == [3, 6]
+    assert torch.equal(k_cache[0, 2], k_new[0, 0]) and torch.equal(k_cache[1, 5], k_new[1, 0])
+    out, lse = selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, layout="bshd", return_lse=True)
+    want, want_lse = reference(*(host(a.transpose(1, 2)) for a in (q, k_cache, v_cache)), "bottom_right",
+                               key_lengths=host(lengths))
+    assert relative_error(host(out.transpose(1, 2)), want) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(host(lse), want_lse, rtol=1e-5, atol=1e-5)
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: q requires grad"):
+        selfattn.attention_with_kv_cache(q.requires_grad_(), k_cache, v_cache, lengths, layout="bshd")
+
+
+@pytest.mark.device_check
+def test_a_decode_step_compiles_whole(torch_device):
+    # append_kv (which writes the cache in place) and attention_with_kv_cache are custom ops, so a
+    # decode step traces with fullgraph=True; compiled and eager agree, caches included.
+    g = torch.Generator().manual_seed(14)
+    pool_k, pool_v = (torch.randn(5, 4, 2, 8, generator=g).to(torch_device) for _ in range(2))  # bshd pages of 4
+    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=torch_device)
+    lengths = torch.tensor([2, 6], dtype=torch.int32, device=torch_device)
+    k_new, v_new = (torch.randn(2, 1, 2, 8, generator=g).to(torch_device) for _ in range(2))
+    q = torch.randn(2, 1, 4, 8, generator=g).to(torch_device)
+
+    def step(q, k_new, v_new, pool_k, pool_v, lengths):
+        updated = selfattn.append_kv(pool_k, pool_v, lengths, k_new, v_new, block_table=table, layout="bshd",
+                                     return_lengths=True)
+        out = selfattn.attention_with_kv_cache(q, pool_k, pool_v, updated, block_table=table, layout="bshd",
+                                               softcap=20.0)
+        return out, updated
+
+    eager_k, eager_v = pool_k.clone(), pool_v.clone()
+    want, want_lengths = step(q, k_new, v_new, eager_k, eager_v, lengths)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    got, got_lengths = compiled(q, k_new, v_new, pool_k, pool_v, lengths)
+    assert torch.equal(got, want) and torch.equal(got_lengths, want_lengths)
+    assert torch.equal(pool_k, eager_k) and torch.equal(pool_v, eager_v)
+    assert torch.equal(pool_k[3, 2], k_new[0, 0]) and torch.equal(pool_k[4, 2], k_new[1, 0])  # tokens 2 and 6
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake_q = torch.empty(3, 2, 7, 16)
+        pool = torch.empty(9, 2, 4, 16)
+        cu = torch.empty(3, dtype=torch.int32)
+        out, lse = torch.ops.selfattn.attention_with_kv_cache(fake_q, pool, pool, cu, None, "bhsd", "bottom_right",
+                                                              None, "auto", None, None, False, 0, -1, -1, None, None,
+                                                              None, None, False)
+        assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)
+
+
+def test_rotary_tables_that_require_grad_are_refused():
+    cache, q = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 1, 8)
+    cos = torch.ones(4, 2, requires_grad=True)
+    with pytest.raises(selfattn.NotAvailable, match="append_kv: rotary_cos requires grad"):
+        selfattn.append_kv(cache, cache.clone(), [0], q, q, rotary_cos=cos, rotary_sin=cos.detach())
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: rotary_sin requires grad"):
+        selfattn.attention_with_kv_cache(q, cache, cache.clone(), [1], rotary_cos=cos.detach(), rotary_sin=cos)
+
+
+def test_kv_cache_passes_sinks_and_refuses_their_gradient():
+    # The decode op takes sinks (eager and compiled alike, against the reference), but has no
+    # backward: sinks that require grad are refused.
+    g = torch.Generator().manual_seed(22)
+    k_cache, v_cache = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(2))
+    q = torch.randn(2, 4, 1, 8, generator=g)
+    lengths, sinks = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0.5, -float("inf"), 1.0, 2.0])
+
+    def step(q, sinks):
+        return selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, sinks=sinks, return_lse=True)
+
+    out, lse = step(q, sinks)
+    want, want_lse = reference(q.numpy(), k_cache.numpy(), v_cache.numpy(), "bottom_right", key_lengths=lengths.numpy(),
+                               sinks=sinks.numpy())
+    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"] and torch.all(out[0] == 0)
+    assert torch.equal(lse[0], sinks[:, None])
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)(q, sinks)
+    assert torch.equal(compiled[0], out) and torch.equal(compiled[1], lse)
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: sinks requires grad"):
+        step(q, sinks.clone().requires_grad_())

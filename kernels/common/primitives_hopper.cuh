@@ -289,7 +289,9 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
         sim_warp::fail("wgmma.mma_async", "its accumulator registers were written before the wgmma.wait_group "
                                           "that retires it (they are wgmma's until then)");
   }
-  auto element = [&](uint32_t offset) {
+  // Unchecked like the function: a lambda does not inherit its attribute, and the racecheck (and the
+  // profiler) would charge these reads, made for the warpgroup, to the thread running the wait.
+  auto element = [&](uint32_t offset) SELFATTN_SIM_UNCHECKED {
     uint16_t bits;
     std::memcpy(&bits, smem + offset, 2);
     return operand_value(op.type, bits);

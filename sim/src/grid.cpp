@@ -7,8 +7,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "common/primitives.cuh"
+#include "common/primitives_hopper.cuh"
+#include "common/tma_descriptor.h"
 #include "sim_test_launch.h"
 
 namespace sim = selfattn::sim;
@@ -431,6 +433,76 @@ TEST(SimProfile, BarriersAndWarpCollectives) {
   EXPECT_EQ(p.warp_collectives, 3u * 2);
   EXPECT_EQ(p.warpgroup_collectives, 0u);
   EXPECT_CONTAINS(sim::format_profile(p), "kernel 'sync': grid (3,1,1), block (64,1,1), 3 blocks");
+}
+
+// ---- Hopper: a TMA box and a wgmma -----------------------------------------------------------------
+
+}  // namespace
+
+SELFATTN_KERNELS_BEGIN
+namespace profile_test {
+struct HopperParams {
+  TmaDescriptor map;  // a 64 x 32 bf16 tensor, one box of all of it
+  float* out;
+};
+// Thread 0 loads the 4096-byte tensor with one TMA box; the warpgroup multiplies its first 64 x 16
+// (A, at offset 0) by 16 x 64 more (B, at 2048), both K-major without swizzle: core matrices of 8
+// rows x 16 bytes, 128 bytes apart along K (LBO), 256 apart along M / N (SBO).
+__global__ void tma_then_wgmma(const HopperParams p) {
+  unsigned char* smem = dynamic_smem<unsigned char>();
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 4096);
+  const unsigned t = threadIdx.x;
+  if (t == 0) {
+    mbarrier_init(bar, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (t == 0) {
+    mbarrier_arrive_expect_tx(bar, 4096);
+    tma_load_4d(smem, &p.map, 0, 0, 0, 0, bar);
+  }
+  mbarrier_wait(bar, 0);
+  const uint64_t layout = uint64_t(128 >> 4) << 16 | uint64_t(256 >> 4) << 32;
+  float d[32];
+  wgmma_fence();
+  wgmma_ss<__nv_bfloat16, 64>(d, layout | (0 >> 4), layout | (2048 >> 4), false);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(d);
+  p.out[t] = d[0];
+}
+}  // namespace profile_test
+SELFATTN_KERNELS_END
+
+namespace {
+
+TEST(SimProfile, ATmaBoxIsOneRequestAndAWgmmaOneInstructionPerWarpgroup) {
+  DeviceBuffer<uint16_t> tensor(64 * 32, "tensor");
+  DeviceBuffer<float> out(128, "out");
+  pt::HopperParams params{};
+  kernels::TmaTiledSpec spec;
+  spec.base = tensor.data;
+  spec.rank = 4;
+  spec.element_bytes = 2;
+  const uint64_t dims[4] = {32, 64, 1, 1}, strides[4] = {2, 64, 4096, 4096};
+  const uint32_t box[4] = {32, 64, 1, 1};
+  for (int i = 0; i < 4; ++i) spec.dims[i] = dims[i], spec.strides_bytes[i] = strides[i], spec.box[i] = box[i];
+  ASSERT_EQ(kernels::sim_encode_tma_tiled(&params.map, spec), "");
+  params.out = out.data;
+  const sim::LaunchProfile p = profile_of([&] {
+    launch<pt::HopperParams, pt::tma_then_wgmma>("hopper", dim3(1), dim3(128), params, 4096 + 8);
+  });
+  ASSERT_NE(buffer(p, "tensor"), nullptr) << sim::format_profile(p);
+  // The box: its 4096 bytes in 128 sectors, one request.
+  expect_traffic(buffer(p, "tensor")->read, 1, 4096, 128, 128);
+  ASSERT_EQ(p.tensor.size(), 1u);
+  EXPECT_EQ(p.tensor[0].shape, "m64n64k16");
+  EXPECT_EQ(p.tensor[0].dtype, "bf16");
+  EXPECT_EQ(p.tensor[0].instructions, 1u);
+  EXPECT_EQ(p.tensor[0].flops, 2u * 64 * 64 * 16);
+  EXPECT_EQ(p.warpgroup_collectives, 2u);  // the wgmma's issue and its wait_group
+  // The TMA's shared-memory writes and wgmma's operand reads are not load/store wavefronts.
+  EXPECT_TRUE(p.shared.empty()) << sim::format_profile(p);
 }
 
 // ---- off ----------------------------------------------------------------------------------------

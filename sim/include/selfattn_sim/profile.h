@@ -9,7 +9,8 @@
 // launch faster than its slowest resource at that resource's ceiling, and a real one runs slower.
 //
 // Off by default: Options::profile (env SELFATTN_SIM_PROFILE=1) turns it on. A launch with it off
-// pays one flag test per primitive twin and math call, nothing per memory access.
+// pays one flag test per primitive twin and math call, and one predictable branch per instrumented
+// shared- or device-memory access when the racecheck is on (sim/README.md measures it).
 #include <array>
 #include <atomic>
 #include <cstddef>

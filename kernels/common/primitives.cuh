@@ -52,16 +52,23 @@ __device__ __forceinline__ T* dynamic_smem() {
 template <class V>
 __device__ __forceinline__ V load_vector(const V* address) {
 #if SELFATTN_SIM
-  sim_warp::check_vector_access(address, sizeof(V), false);
-#endif
+  const bool profiled = sim_warp::check_vector_access(address, sizeof(V), false);
+  const V value = *address;
+  if (profiled) sim::profile_vector_done();
+  return value;
+#else
   return *address;
+#endif
 }
 template <class V>
 __device__ __forceinline__ void store_vector(V* address, const V& value) {
 #if SELFATTN_SIM
-  sim_warp::check_vector_access(address, sizeof(V), true);
-#endif
+  const bool profiled = sim_warp::check_vector_access(address, sizeof(V), true);
   *address = value;
+  if (profiled) sim::profile_vector_done();
+#else
+  *address = value;
+#endif
 }
 
 // =================================== 16-bit packing ==========================================
@@ -124,6 +131,7 @@ inline void mma_collective(float (&d)[4], const uint32_t (&a)[ARegs], const uint
   MmaLaneOut out;
   sim::warp_collective(kFullWarp, in, out, [](const MmaLaneIn<K>* const* ins, MmaLaneOut* const* outs) {
     mma_m16n8<T, K>(ins, outs);
+    if (sim::profiling()) sim::profile_tensor_op(16, 8, K, T == Operand::f16 ? "f16" : "bf16");  // once per warp
   });
   std::memcpy(d, out.d, sizeof out.d);
 }
@@ -205,6 +213,7 @@ __attribute__((noinline)) void ldmatrix_collective(uint32_t (&regs)[Count], cons
     if (!problem.empty()) fail(Transposed ? "ldmatrix.trans" : "ldmatrix", problem);
     // The combine reads the row for this lane.
     sim::racecheck_shared(row, 16, sim::SharedAccess::ldmatrix_row, __builtin_return_address(0));
+    if (sim::profiling()) sim::profile_shared_access(row, 16, sim::SharedOp::ldmatrix, __builtin_return_address(0));
   }
   const RowAddress in{row};
   LdmatrixRegs<Count> out;
@@ -272,6 +281,10 @@ __attribute__((noinline)) inline void cp_async_issue(const char* what, void* dst
   // The source bytes it reads (none for src_size 0): the copy itself is made later, unseen.
   sim::check_access(src, src_size, false, false, __builtin_return_address(0));
   sim::racecheck_shared(dst, cp_size, sim::SharedAccess::cp_async_issue, __builtin_return_address(0));
+  if (sim::profiling()) {
+    sim::profile_global_access(src, src_size, false, __builtin_return_address(0));
+    sim::profile_shared_access(dst, cp_size, sim::SharedOp::cp_async_dst, __builtin_return_address(0));
+  }
   t.async_open.push_back(sim::AsyncCopy{dst, src, src_size, cp_size - src_size});
 }
 }  // namespace sim_warp

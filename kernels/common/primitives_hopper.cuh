@@ -131,6 +131,7 @@ __attribute__((noinline)) inline void tma_issue(void* dst, const TmaDescriptor* 
   std::memcpy(&m, map->bytes, sizeof m);
   std::vector<unsigned char> image;
   const std::string problem = tma_box_image(m, coords, smem_address(dst), image, __builtin_return_address(0));
+  if (sim::profiling()) sim::profile_bulk_done();  // the box's reads, one request
   if (!problem.empty()) sim_warp::fail("cp.async.bulk.tensor", problem);
   sim::tma_write(bar, dst, std::move(image), __builtin_return_address(0));
 }
@@ -271,6 +272,8 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
   }
   for (const auto& r : op->smem_ranges)
     sim::racecheck_async_read_begin(op->first_thread, ctx.dynamic_smem + r.first, r.second - r.first, op->site);
+  if (sim::profiling())  // once per warpgroup
+    sim::profile_tensor_op(64, unsigned(op->n), 16, op->type == sim_warp::Operand::f16 ? "f16" : "bf16");
   for (int t = 0; t < 128; ++t) outs[t]->op = op;
 }
 
@@ -290,7 +293,9 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
         sim_warp::fail("wgmma.mma_async", "its accumulator registers were written before the wgmma.wait_group "
                                           "that retires it (they are wgmma's until then)");
   }
-  auto element = [&](uint32_t offset) {
+  // Unchecked like the function: a lambda does not inherit its attribute, and the racecheck (and the
+  // profiler) would charge these reads, made for the warpgroup, to the thread running the wait.
+  auto element = [&](uint32_t offset) SELFATTN_SIM_UNCHECKED {
     uint16_t bits;
     std::memcpy(&bits, smem + offset, 2);
     return operand_value(op.type, bits);

@@ -182,6 +182,7 @@ inline std::string tma_box_image(const SimTmaMap& map, const int32_t* coords, ui
       const uint32_t packed = uint32_t(e * uint64_t(eb));
       const uint32_t placed = tma_swizzle_offset(dst_smem_offset + packed, sw) - dst_smem_offset;
       sim::check_access(base + global, size_t(eb), false, false, site);  // a map larger than its buffer
+      if (sim::profiling()) sim::profile_bulk_read(base + global, size_t(eb));  // the issuer closes the request
       std::memcpy(out.data() + placed, base + global, size_t(eb));
     }
     for (int i = 0; i < map.rank; ++i) {

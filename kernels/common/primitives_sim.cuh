@@ -145,10 +145,15 @@ inline float max_op(float a, float b) { return std::fmax(a, b); }  // fmaxf: a N
 inline float sum_op(float a, float b) { return a + b; }
 
 // ---- vector loads and stores ----------------------------------------------------------------------
-// noinline: its return address is the kernel's load or store, which a report names.
-__attribute__((noinline)) inline void check_vector_access(const void* address, size_t bytes, bool write) {
+// noinline: its return address is the kernel's load or store, which a report names. Returns whether
+// the profiler counted the access: the caller then ends it (sim::profile_vector_done) after the
+// copy, whose 4-byte pieces are not counted again.
+__attribute__((noinline)) inline bool check_vector_access(const void* address, size_t bytes, bool write) {
   static_assert(sizeof(uint4) == 16, "vector types as CUDA has them");
   sim::check_access(address, bytes, write, /*natural=*/true, __builtin_return_address(0));
+  if (!sim::profiling()) return false;
+  sim::profile_vector_access(address, bytes, write, __builtin_return_address(0));
+  return true;
 }
 
 // ---- cp.async ---------------------------------------------------------------------------------

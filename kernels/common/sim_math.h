@@ -164,10 +164,31 @@ inline uint32_t ulps_growing_with(float x, double factor) {
   return isfinite(x) ? 2u + uint32_t(fabs(factor * double(x))) : 0u;
 }
 
+// ---- the profiler's MUFU count (selfattn_sim/profile.h) ------------------------------------------
+// One operation of the special-function unit per call, for the functions whose CUDA implementation
+// is that one instruction (with FMA-pipe scaling around it): exp2f / expf / exp10f (ex2.approx after
+// a range reduction, within ex2's 2 ulp [SF], [PTX]) and the fast intrinsics, which are the PTX
+// .approx instructions ([IF]: __expf ex2, __logf lg2, __sinf sin, __fdividef rcp, __tanhf tanh,
+// rsqrtf rsqrt.approx). The accurate logf, log2f, log10f, sinf, cosf, tanf, tanhf, powf, expm1f and
+// log1pf are mostly FMA-pipe polynomials in CUDA's implementation and are not counted: the count
+// stays a floor, as the speed-of-light bound it feeds needs.
+inline void count_mufu(::selfattn::sim::Mufu kind) {
+  if (::selfattn::sim::profiling()) ::selfattn::sim::profile_mufu(kind);
+}
+
 // ---- the standard functions ([SF], maximum ulp error over the full range) ---------------------
-inline float expf(float x) { return within_ulps(Fn::expf, x, ::exp(double(x)), 2); }            // 2 ulp
-inline float exp2f(float x) { return within_ulps(Fn::exp2f, x, ::exp2(double(x)), 2); }         // 2 ulp
-inline float exp10f(float x) { return within_ulps(Fn::exp10f, x, ::exp10(double(x)), 2); }      // 2 ulp
+inline float expf(float x) {  // 2 ulp
+  count_mufu(Mufu::ex2);
+  return within_ulps(Fn::expf, x, ::exp(double(x)), 2);
+}
+inline float exp2f(float x) {  // 2 ulp
+  count_mufu(Mufu::ex2);
+  return within_ulps(Fn::exp2f, x, ::exp2(double(x)), 2);
+}
+inline float exp10f(float x) {  // 2 ulp
+  count_mufu(Mufu::ex2);
+  return within_ulps(Fn::exp10f, x, ::exp10(double(x)), 2);
+}
 inline float expm1f(float x) { return within_ulps(Fn::expm1f, x, ::expm1(double(x)), 1); }      // 1 ulp
 inline float logf(float x) { return within_ulps(Fn::logf, x, ::log(double(x)), 1); }            // 1 ulp
 inline float log2f(float x) { return within_ulps(Fn::log2f, x, ::log2(double(x)), 1); }         // 1 ulp
@@ -183,38 +204,47 @@ inline float powf(float x, float y) {
   return within_ulps(Fn::powf, x, y, ::pow(double(x), double(y)), 4);
 }
 // 2 ulp (the row rsqrtf(x)).
-inline float rsqrtf(float x) { return within_ulps(Fn::rsqrtf, x, 1.0 / ::sqrt(double(x)), 2); }
+inline float rsqrtf(float x) {
+  count_mufu(Mufu::rsqrt);
+  return within_ulps(Fn::rsqrtf, x, 1.0 / ::sqrt(double(x)), 2);
+}
 
 // ---- the fast intrinsics ([IF]; flushes per [LD] and [CH]) ---------------------------------------
 // ex2.approx.ftz.f32, the last step of __powf: 2 ulp [PTX], subnormals flushed.
 inline float fast_ex2(float x) {
+  count_mufu(Mufu::ex2);
   x = flush_subnormal(x);
   return flush_subnormal(within_ulps(Fn::fast_ex2, x, ::exp2(double(x)), 2));
 }
 // __expf: 2 + floor(|1.173 x|) ulp.
 inline float fast_expf(float x) {
+  count_mufu(Mufu::ex2);
   x = flush_subnormal(x);
   return flush_subnormal(within_ulps(Fn::fast_expf, x, ::exp(double(x)), ulps_growing_with(x, 1.173)));
 }
 // __exp10f: 2 + floor(|2.97 x|) ulp.
 inline float fast_exp10f(float x) {
+  count_mufu(Mufu::ex2);
   x = flush_subnormal(x);
   return flush_subnormal(within_ulps(Fn::fast_exp10f, x, ::exp10(double(x)), ulps_growing_with(x, 2.97)));
 }
 // __logf: absolute error 2^-21.41 for x in [0.5, 2], else 3 ulp.
 inline float fast_logf(float x) {
+  count_mufu(Mufu::lg2);
   x = flush_subnormal(x);
   if (x >= 0.5f && x <= 2.0f) return within_absolute(Fn::fast_logf, x, ::log(double(x)), two_to_minus_21_41);
   return within_ulps(Fn::fast_logf, x, ::log(double(x)), 3);
 }
 // __log2f: absolute error 2^-22 for x in [0.5, 2], else 2 ulp.
 inline float fast_log2f(float x) {
+  count_mufu(Mufu::lg2);
   x = flush_subnormal(x);
   if (x >= 0.5f && x <= 2.0f) return within_absolute(Fn::fast_log2f, x, ::log2(double(x)), 0x1p-22);
   return within_ulps(Fn::fast_log2f, x, ::log2(double(x)), 2);
 }
 // __log10f: absolute error 2^-24 for x in [0.5, 2], else 3 ulp.
 inline float fast_log10f(float x) {
+  count_mufu(Mufu::lg2);
   x = flush_subnormal(x);
   if (x >= 0.5f && x <= 2.0f) return within_absolute(Fn::fast_log10f, x, ::log10(double(x)), 0x1p-24);
   return within_ulps(Fn::fast_log10f, x, ::log10(double(x)), 3);
@@ -227,11 +257,13 @@ inline double approx_trig_error(float x, double within_pi) {
   return a <= M_PI ? within_pi : a <= 2 * M_PI ? two_to_minus_20_5 : two_to_minus_14_7;
 }
 inline float fast_sinf(float x) {
+  count_mufu(Mufu::sin);
   x = flush_subnormal(x);
   const double bound = approx_trig_error(x, two_to_minus_21_41);
   return within_unit(flush_subnormal(within_absolute(Fn::fast_sinf, x, ::sin(double(x)), bound)));
 }
 inline float fast_cosf(float x) {
+  count_mufu(Mufu::cos);
   x = flush_subnormal(x);
   const double bound = approx_trig_error(x, two_to_minus_21_19);
   return within_unit(flush_subnormal(within_absolute(Fn::fast_cosf, x, ::cos(double(x)), bound)));
@@ -240,6 +272,7 @@ inline float fast_cosf(float x) {
 // x and NaN for an infinite one (x times the reciprocal of y, which is 0 there: a NaN x stays NaN).
 // Outside both ranges no bound is documented and the sim keeps the IEEE quotient.
 inline float fast_fdividef(float x, float y) {
+  count_mufu(Mufu::rcp);
   const float ay = fabsf(y);
   if (ay > 0x1p126f && ay < INFINITY) return isfinite(x) ? 0.0f : NAN;
   const float quotient = x / y;
@@ -253,6 +286,7 @@ inline float fast_tanf(float x) { return flush_subnormal(fast_fdividef(fast_sinf
 inline float fast_powf(float x, float y) { return fast_ex2(flush_subnormal(y) * fast_log2f(x)); }
 // __tanhf (tanh.approx.f32): relative error 2^-11 [IF], [PTX]; subnormals kept, even under -ftz.
 inline float fast_tanhf(float x) {
+  count_mufu(Mufu::tanh);
   const double exact = ::tanh(double(x));
   return within_unit(within_absolute(Fn::fast_tanhf, x, exact, fabs(exact) * 0x1p-11));
 }

@@ -18,9 +18,6 @@
 
 namespace selfattn::sim::detail::race {
 
-namespace {
-
-// The launch's allocation whose mapping (guard zones included) holds `address`, or null.
 const DeviceRange* range_of(ThreadState& t, uintptr_t address) {
   const DeviceRange* range = t.last_range;
   if (range != nullptr && address - range->mapped_begin < range->mapped_end - range->mapped_begin) return range;
@@ -33,6 +30,8 @@ const DeviceRange* range_of(ThreadState& t, uintptr_t address) {
   t.last_range = &*it;
   return &*it;
 }
+
+namespace {
 
 void found(ThreadState& t, Hazard::Space space, const DeviceRange* range, int64_t offset, size_t bytes, bool write,
            uintptr_t pc) {
@@ -115,7 +114,7 @@ std::string access_report(const BlockState& b) {
 void selfattn::sim::check_access(const void* address, size_t bytes, bool write, bool natural, const void* site) {
   using namespace detail::race;
   ThreadState* t = t_thread;
-  if (t == nullptr || bytes == 0) return;
+  if (t == nullptr || bytes == 0 || !t->checks) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(address), pc = reinterpret_cast<uintptr_t>(site);
   const uintptr_t offset = p - t->smem_begin;
   if (offset < t->smem_bytes + kSharedGuardBytes) {

@@ -21,6 +21,7 @@
 #include "crash_report.h"
 #include "engine_block.h"
 #include "fiber.h"
+#include "profile_internal.h"
 #include "racecheck.h"
 #include "watchdog.h"
 #include "selfattn_sim/sim.h"
@@ -56,6 +57,7 @@ struct Worker {
   size_t smem_capacity = 0;
   uint64_t switches = 0;  // published to the watchdog
   detail::race::BlockState race;
+  detail::profile::BlockProfile profile;
   ~Worker() { std::free(smem); }
 };
 
@@ -83,6 +85,7 @@ void fiber_main(void* arg) {
     if (!b.error) b.error = std::current_exception();
   }
   f.state = FiberState::exited;
+  if (b.profile) detail::profile::on_exit(*b.profile, f.thread.linear_tid);
   ++b.exited;
   b.warps[f.thread.warp].exited |= 1u << f.thread.lane;
   detail::fiber_switch(f.context, b.scheduler, /*from_ends=*/true);
@@ -179,7 +182,7 @@ void check_shared_memory_guard(const Worker& w, const Block& b, size_t bytes) {
 }  // namespace
 
 void detail::run_block(const LaunchConfig& config, void (*body)(const void*), const void* params, uint64_t linear,
-                       uint64_t seed, const race::LaunchState* race) {
+                       uint64_t seed, const race::LaunchState* race, profile::LaunchProfiler* profiler) {
   Worker& w = t_worker;
   detail::install_crash_report();
   const dim3 bd = config.block;
@@ -243,7 +246,11 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
       w.race.threads[t] = &f.race;
     }
     race::begin_block(w.race, *race, b.index, bd, linear, w.smem, config.dynamic_smem_bytes);
-    b.race = &w.race;
+    if (race->racecheck) b.race = &w.race;
+    if (profiler) {
+      profile::begin_block(w.profile, *profiler, w.race.threads.data(), threads);
+      b.profile = &w.profile;
+    }
   }
 
   uint64_t rng = seed * 0xD1B54A32D192ED03ull;
@@ -277,7 +284,7 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     }
     for (Fiber* f : w.order) {
       t_fiber = f;
-      if (b.race) detail::race::t_thread = &f->race;
+      if (race) detail::race::t_thread = &f->race;  // the hooks: for the racecheck, the profiler or both
       heartbeat.running.store(&f->fault, std::memory_order_relaxed);
       detail::fiber_switch(b.scheduler, f->context);
       heartbeat.running.store(nullptr, std::memory_order_relaxed);
@@ -291,6 +298,7 @@ void detail::run_block(const LaunchConfig& config, void (*body)(const void*), co
     }
   }
   check_shared_memory_guard(w, b, config.dynamic_smem_bytes);
+  if (b.profile) profile::end_block(*b.profile);
 }
 
 
@@ -320,6 +328,7 @@ int syncthreads_count(int predicate) {
     b.barrier_votes = 0;
     b.at_barrier = 0;
     if (b.race) detail::race::on_barrier(*b.race);
+    if (b.profile) detail::profile::on_barrier(*b.profile);
     for (unsigned t = 0; t < b.thread_count; ++t) release(b, *b.fibers[t]);
   }
   yield_to_scheduler(f);
@@ -364,6 +373,7 @@ void warp_collective_erased(unsigned mask, const void* in, void* out, Collective
     for (unsigned l = 0; l < kWarpSize; ++l) {
       if (done.expected >> l & 1u) release(b, *b.fibers[f.thread.warp * kWarpSize + l]);
     }
+    if (b.profile) detail::profile::on_warp_collective(*b.profile, f.thread.warp, done.expected, done.fn == nullptr);
     if (done.fn) {
       done.fn(done.ins, done.outs, combine);
     } else if (b.race) {  // __syncwarp: the one warp collective that orders memory
@@ -401,6 +411,7 @@ void warpgroup_collective_erased(const void* in, void* out, GroupCollectiveFn fn
     for (unsigned i = 0; i < kWarpgroupSize; ++i) release(b, *b.fibers[group * kWarpgroupSize + i]);
     p.arrived = 0;  // before the combine: a combine that throws leaves no half-gathered collective
     p.fn = nullptr;
+    if (b.profile) detail::profile::on_warpgroup_collective(*b.profile, group);
     fn(p.ins, p.outs, combine);
   }
   yield_to_scheduler(f);

@@ -13,6 +13,10 @@
 #include "racecheck.h"
 #include "selfattn_sim/sim.h"
 
+namespace selfattn::sim::detail::profile {
+struct BlockProfile;
+}
+
 namespace selfattn::sim::detail::engine {
 
 constexpr unsigned kWarpSize = 32;
@@ -119,6 +123,7 @@ struct Block {
   std::exception_ptr error;
   detail::FiberContext scheduler;
   detail::race::BlockState* race = nullptr;  // the racecheck's state, when it is on
+  detail::profile::BlockProfile* profile = nullptr;  // the profiler's, when the launch profiles
   std::unique_ptr<HopperState> hopper;       // created by the block's first mbarrier_init or setmaxnreg
 };
 

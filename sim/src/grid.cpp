@@ -7,14 +7,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "block_runner.h"
 #include "compiled_kernels.h"
+#include "profile_internal.h"
 #include "racecheck.h"
 #include "watchdog.h"
 #include "selfattn_sim/sim.h"
@@ -38,6 +41,7 @@ struct Job {
   // another wrote) differs between seeds instead of passing by luck.
   uint64_t stride = 1, offset = 0;
   const detail::race::LaunchState* race = nullptr;
+  detail::profile::LaunchProfiler* profiler = nullptr;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
@@ -50,7 +54,7 @@ struct Job {
       if (i >= blocks) return;
       const uint64_t block = uint64_t((offset + static_cast<unsigned __int128>(i) * stride) % blocks);
       try {
-        detail::run_block(*config, body, params, block, seed, race);
+        detail::run_block(*config, body, params, block, seed, race, profiler);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (block < error_block) {  // report the lowest failing block: stable across worker counts
@@ -161,10 +165,19 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
     job.stride = 1 + (z >> 17) % job.blocks;
     while (std::gcd(job.stride, job.blocks) != 1) ++job.stride;
   }
+  // The racecheck's instrumentation hooks serve the racecheck and the profiler: on for either.
   detail::race::LaunchState race;
-  if (opts.racecheck) {
+  race.racecheck = opts.racecheck;
+  if (opts.racecheck || opts.profile) {
     detail::race::begin_launch(race, config, job.blocks);
     job.race = &race;
+  }
+  std::unique_ptr<detail::profile::LaunchProfiler> profiler;
+  std::optional<detail::profile::ProfilingLaunch> profiling;  // the twins' profiling() while it runs
+  if (opts.profile) {
+    profiler = std::make_unique<detail::profile::LaunchProfiler>(config, race, job.blocks);
+    job.profiler = profiler.get();
+    profiling.emplace();
   }
   uint64_t workers = opts.worker_threads > 0 ? unsigned(opts.worker_threads)
                                              : std::max(1u, std::thread::hardware_concurrency());
@@ -181,6 +194,7 @@ void launch(const LaunchConfig& config, void (*body)(const void* params), const 
     std::rethrow_exception(job.error);
   }
   check_guards(after.c_str());
+  if (profiler) detail::profile::record(profiler->finish());
 }
 
 }  // namespace selfattn::sim

@@ -19,6 +19,7 @@ Options& current_options() {
     if (const char* seed = std::getenv("SELFATTN_SIM_SEED")) o.seed = std::strtoull(seed, nullptr, 0);
     if (const char* threads = std::getenv("SELFATTN_SIM_THREADS")) o.worker_threads = std::atoi(threads);
     if (const char* racecheck = std::getenv("SELFATTN_SIM_RACECHECK")) o.racecheck = std::atoi(racecheck) != 0;
+    if (const char* profile = std::getenv("SELFATTN_SIM_PROFILE")) o.profile = std::atoi(profile) != 0;
     return o;
   }();
   return options;

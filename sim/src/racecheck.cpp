@@ -118,6 +118,9 @@ void begin_block(BlockState& b, const LaunchState& launch, uint3 index, dim3 blo
     s.last_fence = 0;
     s.block = &b;
     s.last_range = nullptr;
+    s.checks = launch.racecheck;
+    s.profile = nullptr;  // the profiler's begin_block sets it when the launch profiles
+    s.profile_muted = false;
   }
 }
 
@@ -299,7 +302,7 @@ using detail::race::t_thread;
 
 void racecheck_shared(const void* address, size_t bytes, SharedAccess what, const void* site) {
   detail::race::ThreadState* t = t_thread;
-  if (t == nullptr) return;
+  if (t == nullptr || !t->checks) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(address);
   if (p - t->smem_begin >= t->smem_bytes) return;
   const auto kind = what == SharedAccess::ldmatrix_row ? detail::race::Kind::ldmatrix_read
@@ -309,7 +312,7 @@ void racecheck_shared(const void* address, size_t bytes, SharedAccess what, cons
 
 void racecheck_async_landed(const void* address, size_t bytes) {
   detail::race::ThreadState* t = t_thread;
-  if (t == nullptr) return;
+  if (t == nullptr || !t->checks) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(address);
   if (p - t->smem_begin >= t->smem_bytes) return;
   detail::race::async_landed(*t, p - t->smem_begin, bytes);

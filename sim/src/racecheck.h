@@ -127,6 +127,9 @@ constexpr size_t kSharedGuardBytes = 1024;
 // ---- one launch ---------------------------------------------------------------------------------
 struct LaunchState {
   const LaunchConfig* config = nullptr;
+  // The racecheck and the access checks. Off when the hooks run for the profiler alone (its
+  // Options::profile on, Options::racecheck off): they then only count.
+  bool racecheck = true;
   uint32_t first_serial = 0;   // block b of the launch has serial first_serial + b (mod 2^32)
   uint64_t blocks = 0;
   bool check_global = false;   // off for grids of 2^31 blocks or more (serials would alias)
@@ -141,6 +144,13 @@ void device_ranges(std::vector<DeviceRange>& out);
 
 // ---- one block ----------------------------------------------------------------------------------
 struct BlockState;
+}  // namespace selfattn::sim::detail::race
+
+namespace selfattn::sim::detail::profile {
+struct BlockProfile;  // profile_internal.h
+}
+
+namespace selfattn::sim::detail::race {
 
 // What the hooks read on every access: one per CUDA thread (fiber).
 struct ThreadState {
@@ -152,6 +162,11 @@ struct ThreadState {
   Stamp last_fence = 0;  // the stamp of its last fence.proxy.async in this block (0: none)
   BlockState* block = nullptr;
   const DeviceRange* last_range = nullptr;  // the allocation this thread wrote last
+  bool checks = true;  // the launch's racecheck and access checks (LaunchState::racecheck)
+  // The profiler's block state, when the launch profiles (else null: nothing more is paid), and
+  // whether the thread's instrumented accesses are the pieces of a vector access its twin counted.
+  profile::BlockProfile* profile = nullptr;
+  bool profile_muted = false;
 };
 
 // The first hazard a block ran into, as plain data; turned into text after the fiber yields.
@@ -250,6 +265,14 @@ void shared_fault(ThreadState& t, size_t offset, size_t bytes, bool write, uintp
 // The sim::Error text of an out_of_bounds or misaligned hazard.
 std::string access_report(const BlockState& block);
 
+// ---- the profiler's view of the same accesses (profile.cpp) ---------------------------------------
+// An instrumented access of dynamic shared memory at `offset`, and of device memory at `address`.
+void profile_shared(ThreadState& t, size_t offset, size_t bytes, bool write, uintptr_t pc);
+void profile_device(ThreadState& t, uintptr_t address, size_t bytes, bool write, uintptr_t pc);
+// The launch's allocation whose mapping (guard zones included) holds `address`, or null
+// (access_checks.cpp).
+const DeviceRange* range_of(ThreadState& t, uintptr_t address);
+
 // The filter every instrumented access goes through; inline so the hooks stay a few instructions
 // for the stack and host-memory accesses that are most of what kernels do. `natural`: one of the
 // aligned hooks (__tsan_readN / writeN, N = bytes), whose address a GPU requires N-aligned; the
@@ -261,13 +284,21 @@ inline void on_access(const void* address, size_t bytes, bool write, uintptr_t p
   const uintptr_t p = reinterpret_cast<uintptr_t>(address);
   const uintptr_t offset = p - t->smem_begin;
   if (offset < t->smem_bytes) {
+    if (__builtin_expect(t->profile != nullptr, 0)) {
+      profile_shared(*t, offset, bytes, write, pc);
+      if (!t->checks) return;
+    }
     if (__builtin_expect(natural && (p & (bytes - 1)) != 0, 0) || offset + bytes > t->smem_bytes) {
       shared_fault(*t, offset, bytes, write, pc);
     }
     shared_access(*t, offset, bytes, write ? Kind::write : Kind::read, pc);
   } else if (p - t->device_lowest < t->device_span) {
+    if (__builtin_expect(t->profile != nullptr, 0)) {
+      profile_device(*t, p, bytes, write, pc);
+      if (!t->checks) return;
+    }
     device_access(*t, p, bytes, write, pc, natural);
-  } else if (__builtin_expect(offset - t->smem_bytes < kSharedGuardBytes, 0)) {
+  } else if (__builtin_expect(offset - t->smem_bytes < kSharedGuardBytes, 0) && t->checks) {
     shared_fault(*t, offset, bytes, write, pc);
   }
 }

@@ -152,7 +152,7 @@ using detail::race::t_thread;
 
 void fence_proxy_async() {
   detail::race::ThreadState* t = t_thread;
-  if (t == nullptr) return;
+  if (t == nullptr || !t->checks) return;
   detail::race::proxy_fence(*t);
 }
 
@@ -160,7 +160,7 @@ void fence_proxy_async() {
 // last: the block comes from the running thread, the reader is `thread`.
 void racecheck_async_read_begin(unsigned thread, const void* address, size_t bytes, const void* site) {
   detail::race::ThreadState* t = t_thread;
-  if (t == nullptr) return;
+  if (t == nullptr || !t->checks) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(address);
   if (p - t->smem_begin >= t->smem_bytes || thread >= t->block->threads.size()) return;
   detail::race::async_read_begin(*t->block, thread, p - t->smem_begin, bytes, reinterpret_cast<uintptr_t>(site));
@@ -168,7 +168,7 @@ void racecheck_async_read_begin(unsigned thread, const void* address, size_t byt
 
 void racecheck_async_read_end(unsigned thread, const void* address, size_t bytes) {
   detail::race::ThreadState* t = t_thread;
-  if (t == nullptr) return;
+  if (t == nullptr || !t->checks) return;
   const uintptr_t p = reinterpret_cast<uintptr_t>(address);
   if (p - t->smem_begin >= t->smem_bytes || thread >= t->block->threads.size()) return;
   detail::race::async_read_end(*t->block, thread, p - t->smem_begin, bytes);

@@ -73,6 +73,10 @@ struct Options {
   // Shared-memory hazards and device-memory write conflicts reported as sim::Error (sim/README.md);
   // env SELFATTN_SIM_RACECHECK=0 turns it off.
   bool racecheck = true;
+  // Count each launch's memory traffic, shared-memory wavefronts, tensor-core and MUFU operations
+  // and synchronisation (selfattn_sim/profile.h, take_profiles()); env SELFATTN_SIM_PROFILE=1 turns
+  // it on. Works with the racecheck off too, on the same instrumentation.
+  bool profile = false;
 };
 Options options();
 void set_options(const Options& options);
@@ -256,3 +260,5 @@ void device_free(void* ptr);
 void check_guards(const char* after_what);
 
 }  // namespace selfattn::sim
+
+#include "selfattn_sim/profile.h"  // the profiler's API, which the twins call too

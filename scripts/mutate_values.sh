@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A check of the test judge itself (tests/README.md): plants small wrong-value bugs in the kernels,
-# one at a time, rebuilds the sim tests that run them, runs them under both scheduler seeds, and
+# A check of the test judge itself (tests/README.md): plants small wrong-value bugs in the kernels
+# (and, at the end of the list, access-pattern regressions only the profiler's tests can see), one
+# at a time, rebuilds the sim tests that run them, runs them under both scheduler seeds, and
 # reports which mutants the tests catch. Every mutant must be caught; one that is not is a hole
 # in the judge or a missing test case (tighten the judge or add the case, never special-case the
 # mutant).
@@ -19,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/backward/test_backward_naive tests/backward/test_backward_fused}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -260,6 +261,25 @@ mutant sink_gradient_first_sweep_only kernels/backward/sink_gradient.cuh 1 \
 mutant sink_gradient_rows_past_cu_seqlens kernels/backward/sink_gradient.cuh 1 \
   'rows = min(max(*p.rows_end, 0), p.rows);' 'rows = p.rows;' \
   'dsinks also sums the rows no varlen sequence owns'
+
+# Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
+# shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's
+# profiler) can catch them.
+mutant fused_rows_unpadded kernels/forward/flash_fwd.cuh 1 \
+  'static constexpr int kRowElems = HeadDim + 8;' 'static constexpr int kRowElems = HeadDim;' \
+  'the fused forward'"'"'s Q/K/V rows unpadded: every ldmatrix 8-way bank-conflicted'
+mutant fused_tile_load_strided kernels/forward/flash_fwd.cuh 1 \
+  'const int row = i / kChunks, chunk = i % kChunks;' 'const int row = i % rows, chunk = i / rows;' \
+  'Q/K/V (and the backward'"'"'s Q/dO/K/V) tiles loaded down the rows: 32 sectors per request, not 16'
+mutant fused_bwd_rows_unpadded kernels/backward/flash_bwd_dkdv.cuh 1 \
+  'static constexpr int kRowElems = HeadDim + 8;' 'static constexpr int kRowElems = HeadDim;' \
+  'the dK/dV kernel'"'"'s rows unpadded: its ldmatrix 8-way bank-conflicted'
+mutant decode_rows_unpadded kernels/decode/decode_split_kv_mma.cuh 1 \
+  'static constexpr int kLd = D + 8;' 'static constexpr int kLd = D;' \
+  'the tensor-core decode'"'"'s staged K/V rows unpadded: its ldmatrix 8-way bank-conflicted'
+mutant decode_merge_unpadded kernels/decode/decode_split_kv_mma.cuh 1 \
+  'static constexpr int kMergeLd = D + 8;' 'static constexpr int kMergeLd = D;' \
+  'the tensor-core decode'"'"'s merge rows unpadded: its float2 stores 4-way bank-conflicted'
 
 if [[ ${1:-} == --list ]]; then
   for i in "${!names[@]}"; do printf '%-36s %-28s %s\n' "${names[$i]}" "${files[$i]}" "${whys[$i]}"; done

@@ -61,10 +61,19 @@ __device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, con
         memcpy(static_cast<void*>(k_values), &k_raw, 16);
         memcpy(static_cast<void*>(v_values), &v_raw, 16);
       }
+      // K's rows are padded by one float (the dot products' column reads), so its 4-byte stores
+      // go 2-way: a quarter of a lane's 16 words share the banks of another's. V's unpadded rows
+      // take 16-byte stores (v_s, d and e0 are multiples of 4 floats here), a quarter-warp filling
+      // 128 contiguous bytes; 4-byte ones would go 4-way (each lane's words 4 apart, 2 rows in
+      // the same banks).
+      float v_floats[V];
       for (int t = 0; t < V; ++t) {
         k_s[n * (d + 1) + e0 + t] = k_rows[n] >= 0 ? to_float(k_values[t]) : 0.0f;
-        v_s[n * d + e0 + t] = k_rows[n] >= 0 ? to_float(v_values[t]) : 0.0f;
+        v_floats[t] = k_rows[n] >= 0 ? to_float(v_values[t]) : 0.0f;
       }
+      for (int t = 0; t < V; t += 4)
+        store_vector(reinterpret_cast<float4*>(v_s + n * d + e0 + t),
+                     make_float4(v_floats[t], v_floats[t + 1], v_floats[t + 2], v_floats[t + 3]));
     }
     return;
   }

@@ -37,8 +37,12 @@ struct DecodeSplitKvMmaTraits {
   static constexpr int kLd = D + 8;          // 16-bit elements per staged row: 16-byte rows, ldmatrix rows spread over banks
   static constexpr size_t kQBytes = size_t(kRows) * kLd * 2;
   static constexpr size_t kKvBytes = 2 * size_t(kKeys) * kLd * 2;
-  // After the key loop: the warps' O [kWarps][kRows][D] and max, sum [kWarps][kRows], fp32.
-  static constexpr size_t kMergeBytes = (size_t(kWarps) * kRows * D + 2 * size_t(kWarps) * kRows) * 4;
+  // After the key loop: the warps' O [kWarps][kRows][kMergeLd] and max, sum [kWarps][kRows], fp32.
+  // O's rows padded by 8 floats: a half-warp's 8-byte stores of an accumulator pair (4 rows x 4
+  // column pairs) then fill 32 distinct banks; unpadded, the 8 rows of D floats (a multiple of 32
+  // words) share 4 banks, 8 wavefronts per store where 2 will do.
+  static constexpr int kMergeLd = D + 8;
+  static constexpr size_t kMergeBytes = (size_t(kWarps) * kRows * kMergeLd + 2 * size_t(kWarps) * kRows) * 4;
   static constexpr size_t kSharedBytes = kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes;
   static constexpr size_t kSmemBytes = kQBytes + kSharedBytes + 2 * size_t(kKeys) * sizeof(int64_t);
 };
@@ -64,7 +68,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   T* k_s = reinterpret_cast<T*>(smem + Traits::kQBytes);
   T* v_s = k_s + N * LD;
   float* o_merge = reinterpret_cast<float*>(smem + Traits::kQBytes);
-  float* max_merge = o_merge + W * R * D;
+  float* max_merge = o_merge + W * R * Traits::kMergeLd;
   float* sum_merge = max_merge + W * R;
   int64_t* k_rows = reinterpret_cast<int64_t*>(smem + Traits::kQBytes + Traits::kSharedBytes);
   int64_t* v_rows = k_rows + N;
@@ -187,9 +191,10 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   // Merge the four warps' (max, sum, O) per row.
   __syncthreads();  // the K/V space becomes the merge space
   for (int n = 0; n < D / 8; ++n)
-    for (int i = 0; i < 4; ++i) {
-      const FragmentCoord c = mma_m16n8k16_c(lane, i);
-      o_merge[(warp * R + c.row) * D + n * 8 + c.col] = acc[n][i];
+    for (int h = 0; h < 2; ++h) {  // accumulators 2h, 2h + 1: row g + 8 h, columns 2t, 2t + 1
+      const FragmentCoord c = mma_m16n8k16_c(lane, 2 * h);
+      store_vector(reinterpret_cast<float2*>(o_merge + (warp * R + c.row) * Traits::kMergeLd + n * 8 + c.col),
+                   make_float2(acc[n][2 * h], acc[n][2 * h + 1]));
     }
   if (t == 0) {
     for (int h = 0; h < 2; ++h) {
@@ -209,7 +214,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
         if (max_merge[w * R + r] == -INFINITY) continue;  // a warp that saw no key of this row
         const float weight = exp2f(max_merge[w * R + r] - top);
         sum += sum_merge[w * R + r] * weight;
-        value += o_merge[(w * R + r) * D + col] * weight;
+        value += o_merge[(w * R + r) * Traits::kMergeLd + col] * weight;
       }
     }
     const int head = kv_head * p.heads_per_kv + row / p.seq_q, query = row % p.seq_q;

@@ -2,10 +2,13 @@
 // What selfattn-bench measures: one Case is one shape, dtype, mask, layout and path; its CaseResult
 // holds the timings, derived rates and the accuracy check. Shared by the bench's source files.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "selfattn/selfattn.h"
 
@@ -87,6 +90,7 @@ struct RunSettings {
   bool check = false;
   std::optional<double> tolerance;  // relative-error bound; unset: a per-dtype default
   double whole_check_macs = 3e7;    // larger problems are checked on sampled rows
+  std::string profile_gpu;          // --profile (sim): the GPU whose ceilings bound each case; "" = off
 };
 
 // Peak rates measured in the same run (cuda only); 0 where not measured.
@@ -96,6 +100,9 @@ struct Ceilings {
   std::string gemm_shape;  // e.g. "8192x8192x8192 bf16"
   std::string copy_bytes;  // e.g. "1 GiB"
 };
+
+// profile.cpp: one call of a case under the sim's profiler; what it holds is private to profile.cpp.
+struct CaseProfile;
 
 // ok: ran (and passed --check when asked); check_failed: ran but the output was wrong; error: the
 // library threw a BackendError or similar; skipped: the path does not support the case (note says why).
@@ -116,7 +123,11 @@ struct CaseResult {
   bool sampled = false;                  // the check compared sampled rows, not the whole output
   double max_abs_err = 0, rel_err = 0;
   int copies = 1;                        // input sets rotated while timing
+  std::shared_ptr<const CaseProfile> profile;  // --profile: one call's launches and their bounds; else null
 };
+
+// "fused fwd bf16 b=1 h=2 kvh=2 sq=64 sk=64 d=64 causal=none bhsd" (+ mods, + the decode shape).
+std::string describe(const Case& c);
 
 // Names used on the command line, in the table and in JSON/CSV.
 const char* name(Path path);
@@ -203,6 +214,18 @@ DecodeSweep default_decode_sweep(Backend backend);
 // per case; the results go to the JSON/CSV like the attention mode's (report.cpp).
 std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings,
                                    const Ceilings& ceilings);
+
+// profile.cpp: --profile on the sim (sim/README.md, "The profiler"). The bench is a user of the sim's
+// public profiler API here (selfattn_sim/profile.h), nowhere else.
+// The GPUs whose ceilings a case can be bounded by ("H200", "A100"): true for a name the sim knows.
+bool known_profile_gpu(const std::string& name);
+// Runs `call` once with the sim's profiler on (earlier profiles dropped first, the option restored
+// after) and returns its launches' counters with each launch's speed-of-light bound on `gpu`.
+std::shared_ptr<const CaseProfile> profile_call(const std::function<void()>& call, const std::string& gpu);
+// The table of one case's launches (printed for each profiled case) and its JSON "profile" object
+// (null without a profile); the totals relate the bound to the case's own FLOPs and bytes.
+void print_profile(const CaseResult& result);
+nlohmann::json profile_json(const CaseResult& result);
 
 // report.cpp
 struct RunHeader {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -45,15 +46,6 @@ std::vector<sb::Path> parse_paths(const std::vector<std::string>& words) {
     }
   }
   return paths;
-}
-
-std::string describe(const sb::Case& c) {
-  char text[160];
-  std::snprintf(text, sizeof text, "%s%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", sb::name(c.path),
-                c.fused_kernel == sb::FusedKernel::mma_sync ? "/mma.sync" : "",
-                sb::name(c.direction), sb::name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim,
-                sb::name(c.causal), sb::name(c.layout));
-  return c.mods.any() ? std::string(text) + " " + sb::describe_mods(c.mods) : std::string(text);
 }
 
 }  // namespace
@@ -143,6 +135,14 @@ int main(int argc, char** argv) {
   app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
       ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
+  bool profile = false;
+  std::string profile_gpu = "H200";
+  app.add_flag("--profile", profile,
+               "sim only: one more call of each case under the sim's profiler; prints per launch the counters "
+               "(sectors, wavefronts, tensor FLOPs, MUFU) and the speed-of-light bound, and adds them to the JSON")
+      ->group("Profile (sim)");
+  app.add_option("--gpu", profile_gpu, "--profile: the GPU whose ceilings bound each launch: H200 (default) or A100")
+      ->check(CLI::IsMember({"H200", "A100"}, CLI::ignore_case))->group("Profile (sim)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -151,6 +151,14 @@ int main(int argc, char** argv) {
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+
+  // Refused before a cuda context is made, so the message is the same on a machine without a GPU.
+  const char* profile_on_cuda = "selfattn-bench: --profile counts on the sim only (--backend sim); on a GPU run the "
+                                "bench under Nsight Compute (ncu), as bench/device-check.sh does\n";
+  if (profile && backend_word == "cuda") {
+    std::fprintf(stderr, "%s", profile_on_cuda);
+    return 2;
+  }
 
   std::optional<selfattn::Context> ctx;
   selfattn::ContextOptions options;
@@ -163,6 +171,18 @@ int main(int argc, char** argv) {
   }
   const sb::Backend backend = ctx->backend();
   const bool on_cuda = backend == sb::Backend::cuda;
+  if (profile && on_cuda) {  // the default backend on a machine with a GPU
+    std::fprintf(stderr, "%s", profile_on_cuda);
+    return 2;
+  }
+  if (profile && !sb::known_profile_gpu(profile_gpu)) {
+    std::fprintf(stderr, "selfattn-bench: --gpu %s: the sim has no ceilings of that name\n", profile_gpu.c_str());
+    return 2;
+  }
+  if (profile) {
+    for (char& ch : profile_gpu) ch = char(std::toupper(static_cast<unsigned char>(ch)));  // --gpu h200 is H200
+    settings.profile_gpu = profile_gpu;
+  }
   settings.backend = backend;
   settings.warmup = warmup >= 0 ? warmup : (on_cuda ? 5 : 1);
   settings.iters = iters > 0 ? iters : (on_cuda ? 30 : 3);
@@ -208,6 +228,7 @@ int main(int argc, char** argv) {
     }
     results = sb::run_decode(*ctx, decode, settings, header.ceilings);
     sb::relate_results(results, header.ceilings);
+    for (const sb::CaseResult& r : results) sb::print_profile(r);
   } else {
     // The sweep: the default one, with any list given on the command line replacing its counterpart.
     sb::Sweep sweep = sb::default_sweep(backend);
@@ -286,7 +307,7 @@ int main(int argc, char** argv) {
     sb::InputCache inputs;
     const bool tty = isatty(fileno(stderr));
     for (size_t i = 0; i < cases.size(); ++i) {
-      std::fprintf(stderr, "%s[%zu/%zu] %s ...", tty ? "\r\033[K" : "", i + 1, cases.size(), describe(cases[i]).c_str());
+      std::fprintf(stderr, "%s[%zu/%zu] %s ...", tty ? "\r\033[K" : "", i + 1, cases.size(), sb::describe(cases[i]).c_str());
       std::fflush(stderr);
       sb::CaseResult r;
       try {
@@ -309,6 +330,7 @@ int main(int argc, char** argv) {
     if (tty) std::fprintf(stderr, "\r\033[K");
     sb::relate_results(results, header.ceilings);
     sb::print_table(results, header);
+    for (const sb::CaseResult& r : results) sb::print_profile(r);
   }
 
   try {

@@ -233,6 +233,8 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
               r.gbps = attention_bytes(r.c) / (r.ms_median * 1e-3) / 1e9;  // K/V read + q read + out written
               r.tflops = attention_flops(r.c) / (r.ms_median * 1e-3) / 1e12;
               if (ceilings.copy_gbps > 0) r.pct_of_copy = 100.0 * r.gbps / ceilings.copy_gbps;
+              // --profile: one more call, after the timed ones (bench/README.md).
+              if (!settings.profile_gpu.empty()) r.profile = profile_call(call, settings.profile_gpu);
             } catch (const selfattn::WorkspaceTooSmall& e) {
               // naive and cublas gather the whole cache into the workspace: large sweeps outgrow it.
               r.status = Status::skipped;

@@ -14,7 +14,8 @@
 #                                               package (pip, against the built library) and its
 #                                               CUDA tests; compare_torch.py (SDPA and the library's
 #                                               torch op); compute-sanitizer memcheck + racecheck and
-#                                               ncu counters where the runtime allows them; the plot
+#                                               ncu counters where the runtime allows them, beside the
+#                                               sim profiler's counts of the same cases; the plot
 #   bench/device-check.sh --dry-run OUTDIR      here, under the device's conditions: a copy of what the
 #                                               device tool sends (tracked and untracked files) plus
 #                                               .deps, no .venv on PATH, /usr's packages ignored by
@@ -27,8 +28,9 @@
 # The script budgets itself 480 s (BUDGET_S); a step that would start with under 15 s left is
 # skipped and says so, and each step's verdict is in summary.txt as soon as it ends. OUTDIR then
 # holds at most 8 files (what the tool brings back): summary.txt, hopper_primitives.log, bench.json,
-# torch.json, throughput.png, ncu.csv, sim.json (dry run) and logs.tar.gz (every step's log, re-made
-# after each step, so a run cut short still brings back what ran).
+# torch.json, throughput.png, ncu.csv, sim_profile.json and logs.tar.gz (every step's log, re-made
+# after each step, so a run cut short still brings back what ran); a dry run writes sim.json
+# instead of bench.json, and no hopper_primitives.log or ncu.csv.
 # Knobs: BUILD_DIR (default build-device), JOBS, BUDGET_S, CUDA_ARCH (default 90a), DEVICE_PYTHON
 # (default python3; the dry run: the .venv's, standing in for the device image's), KEEP_BUILD=1 (dry
 # run: keep the copy's build folder between runs instead of starting clean).
@@ -266,6 +268,40 @@ else
   TABLE_FROM=$LOGS/sim-sweep.log
 fi
 
+# The sim profiler's counts (issue 35; bench/README.md, "Profile") of one small case per kernel family,
+# the cases ncu profiles on the GPU below, so the first GPU run says where the model and the hardware
+# differ: the same shapes on both sides, so each launch's grid, sectors, wavefronts and DRAM bytes
+# compare one to one. The per-tile pattern is the target shapes' (full 128-row / 128-key tiles of the
+# Hopper forward, GQA 32/8 decode with 16-token pages); only the tile count is smaller.
+profile_args() {
+  case $1 in
+    fwd) echo --path fused --batch 1 --heads 2 --seq-q 512 --head-dim 128 --dtype bf16 --causal none --direction fwd ;;
+    bwd) echo --path fused --batch 1 --heads 2 --seq-q 512 --head-dim 128 --dtype bf16 --causal none --direction bwd ;;
+    decode) echo --mode decode --path fused --batch 2 --heads 32 --kv-heads 8 --head-dim 128 --cache-len 1024 \
+              --page-size 16 --dtype bf16 ;;
+  esac
+}
+# The three profiles in one JSON (sim_profile.json: the bench's schema, the cases of the three runs).
+sim_profile() {
+  local family
+  for family in fwd bwd decode; do
+    # shellcheck disable=SC2046  # profile_args's words are the bench's arguments
+    SELFATTN_SIM_RACECHECK=0 "$BENCH" --backend sim --profile --warmup 0 --iters 1 $(profile_args $family) \
+      --json "$LOGS/sim_profile_$family.json" || return 1
+  done
+  "$PY" - "$OUTDIR/sim_profile.json" "$LOGS"/sim_profile_{fwd,bwd,decode}.json <<'MERGE'
+import json, sys
+runs = [json.load(open(name)) for name in sys.argv[2:]]
+merged = runs[0]
+merged["header"]["command_line"] = " ; ".join(run["header"]["command_line"] for run in runs)
+merged["cases"] = [case for run in runs for case in run["cases"]]
+json.dump(merged, open(sys.argv[1], "w"), indent=1)
+MERGE
+}
+export BENCH LOGS OUTDIR PY
+export -f profile_args sim_profile
+step sim-profile 60 sim_profile
+
 # The Python package as a user on the device would install it: pip, no build isolation (the image
 # has scikit-build-core and nanobind), the module built against the library built above.
 python_package() {
@@ -291,6 +327,46 @@ python_tests() {
 }
 export PY ON_GPU
 export -f python_package python_tests
+
+# ncu's counters of the sim-profile step's cases (one per kernel family), clocks left alone, caches
+# flushed before each kernel (ncu's default), so DRAM bytes are a cold launch's, as the sim's lower
+# bound assumes. Each launch of the family's kernels in the bench's two calls (the checked one and
+# the timed one). The sim's counts and their ncu names: global requests / sectors (ld, st and
+# cp.async's ldgsts), shared wavefronts and bank conflicts (ld, st; ldmatrix is an ld), tensor
+# instructions (hmma: mma.sync per warp; gmma: wgmma, per warp of the warpgroup), MUFU (the xu pipe,
+# per warp: the sim counts per thread), DRAM bytes read and written. ncu.csv holds the three CSVs,
+# each after a "# family" line naming its command.
+NCU_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,\
+l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,\
+l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,\
+l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,\
+l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,\
+smsp__inst_executed_op_ldsm.sum,sm__inst_executed_pipe_tensor_op_hmma.sum,sm__inst_executed_pipe_tensor_op_gmma.sum,\
+sm__inst_executed_pipe_xu.sum
+ncu_families() {
+  local family kernels rc=0
+  : > "$OUTDIR/ncu.csv"
+  for family in fwd bwd decode; do
+    case $family in
+      fwd) kernels='regex:flash_fwd' ;;
+      bwd) kernels='regex:flash_bwd|backward_dot|store_gradient' ;;  # not the forwards that make its inputs
+      decode) kernels='regex:decode' ;;
+    esac
+    echo "# family $family: selfattn-bench --backend cuda $(profile_args $family) --warmup 0 --iters 1 --no-ceilings" |
+      tee -a "$OUTDIR/ncu.csv"
+    # shellcheck disable=SC2046
+    "$NCU" --clock-control none --csv --page raw --metrics "$NCU_METRICS" --kernel-name "$kernels" --launch-count 8 \
+      --log-file "$LOGS/ncu_$family.csv" "$BENCH" --backend cuda $(profile_args $family) --warmup 0 --iters 1 \
+      --no-ceilings || rc=1
+    cat "$LOGS/ncu_$family.csv"  # into the step's log too, where an unavailable profiler is recognised
+    cat "$LOGS/ncu_$family.csv" >> "$OUTDIR/ncu.csv"
+  done
+  return $rc
+}
+export NCU_METRICS
+export -f ncu_families
 PYTHON_OK=0
 step python-package 180 python_package && PYTHON_OK=1
 [ $PYTHON_OK = 1 ] && step python-tests 120 python_tests
@@ -304,6 +380,7 @@ if [ $ON_GPU = 1 ]; then
     --json "$OUTDIR/torch.json" "${COMPARE_PATHS[@]}"
   SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  export NCU
   if [ -n "$NO_TOOLS" ]; then
     note "memcheck, racecheck" "$NO_TOOLS"
     note ncu "$NO_TOOLS"
@@ -316,11 +393,7 @@ if [ $ON_GPU = 1 ]; then
       note "memcheck, racecheck" "compute-sanitizer not found"
     fi
     if [ -n "$NCU" ]; then
-      # The counters the sim's profiler predicts (issue 35), one small case per kernel family, clocks left alone.
-      NCU_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__inst_executed_pipe_tensor.sum
-      step ncu 60 bash -c '"$0" --clock-control none --csv --page raw --metrics "$1" --launch-count 40 "$2" \
-          --backend cuda --path naive,fused --batch 1 --heads 8 --kv-heads 2 --seq-q 1024 --seq-k 1024 --head-dim 128 \
-          --dtype bf16 --causal none --warmup 0 --iters 1 --no-ceilings > "$3"' "$NCU" "$NCU_METRICS" "$BENCH" "$OUTDIR/ncu.csv"
+      step ncu 90 ncu_families
     else
       note ncu "ncu not found"
     fi
@@ -353,6 +426,8 @@ echo "total $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
       "$LOGS/$log.log" | sed "s/^/$log: /" | head -20
   done
   [ -f "$LOGS/python-tests.log" ] && grep -h -E "passed|failed|error" "$LOGS/python-tests.log" | tail -5 | sed "s/^/python-tests: /"
+  # The sim profiler's per-case totals (its tables are in logs/sim-profile.log and sim_profile.json).
+  [ -f "$LOGS/sim-profile.log" ] && grep -h -E "^profile: |^  total: " "$LOGS/sim-profile.log" | sed "s/^/sim-profile: /"
   for log in memcheck racecheck; do
     [ -f "$LOGS/$log.log" ] && grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|Device not supported|cases ran" "$LOGS/$log.log" \
       | sed "s/^/$log: /" | head -5

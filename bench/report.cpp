@@ -109,6 +109,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
       {"iters", header.settings.iters},
       {"check", header.settings.check},
       {"tolerance", header.settings.tolerance ? json(*header.settings.tolerance) : json("per dtype")},
+      {"profile_gpu", header.settings.profile_gpu.empty() ? json(nullptr) : json(header.settings.profile_gpu)},
       {"ceilings",
        {{"gemm_tflops", header.ceilings.gemm_tflops > 0 ? json(header.ceilings.gemm_tflops) : json(nullptr)},
         {"gemm_shape", header.ceilings.gemm_shape},
@@ -160,6 +161,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"page_size", c.decode ? json(c.decode->page_size) : json(nullptr)},
         {"new_tokens", c.decode ? json(c.decode->new_tokens) : json(nullptr)},
         {"splits", c.decode ? json(c.decode->splits) : json(nullptr)},
+        {"profile", profile_json(r)},
     });
   }
   std::ofstream out(file);

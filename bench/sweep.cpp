@@ -71,6 +71,18 @@ std::string describe_mods(const ScoreMods& m) {
   return text.empty() ? "-" : text;
 }
 
+std::string describe(const Case& c) {
+  char text[200];
+  std::snprintf(text, sizeof text, "%s%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", name(c.path),
+                c.fused_kernel == FusedKernel::mma_sync ? "/mma.sync" : "", name(c.direction), name(c.dtype), c.batch,
+                c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, name(c.causal), name(c.layout));
+  std::string described = text;
+  if (c.decode)
+    described += " decode cache=" + std::to_string(c.decode->cache_len) + " page=" + std::to_string(c.decode->page_size) +
+                 " splits=" + (c.decode->splits ? std::to_string(c.decode->splits) : std::string("auto"));
+  return c.mods.any() ? described + " " + describe_mods(c.mods) : described;
+}
+
 float alibi_slope(const Case& c, int h) { return std::exp2(-8.0f * float(h + 1) / float(c.heads)); }
 
 float sink_logit(const Case& c, int h) { return std::log(float(std::max(c.seq_k, 1))) + 0.25f * float(h % 4) - 0.5f; }

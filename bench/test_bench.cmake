@@ -12,6 +12,10 @@
 #            passed its check, and its FLOPs are 2.5x (bwd) or 3.5x (fwd+bwd) the forward's.
 #   fused_kernels: --fused-kernel auto,mma.sync on fused and cublas, --check; exit 0; every case ran and
 #            passed, the pinned lines are "fused/mma.sync", and each auto fused line has its vs_mma_sync.
+#   profile: --profile on the fused path (bf16, d64, seq 64, forward and backward), then a small decode
+#            case: each case's profile has launches with a kernel, grid and limiter, nonzero tensor
+#            FLOPs and DRAM bytes (the forward's DRAM floor is exactly q, k, v read and out written),
+#            a positive bound and rate at it; and --profile --backend cuda is refused with exit 2.
 file(REMOVE_RECURSE ${WORKDIR})
 file(MAKE_DIRECTORY ${WORKDIR})
 set(json ${WORKDIR}/out.json)
@@ -45,9 +49,41 @@ elseif(MODE STREQUAL "fused_kernels")
   set(args --backend sim --path fused,cublas --fused-kernel auto,mma.sync --check --json ${json} --csv ${csv}
            --warmup 0 --iters 1 --batch 1 --heads 2 --kv-heads 1 --seq-q 7,113 --seq-k 200 --head-dim 64
            --causal none,bottom_right --dtype bf16)
+elseif(MODE STREQUAL "profile")
+  set(args --backend sim --path fused --profile --gpu h200 --json ${json} --warmup 0 --iters 1 --batch 1 --heads 2
+           --seq-q 64 --head-dim 64 --dtype bf16 --direction fwd,bwd)
 else()
-  message(FATAL_ERROR "MODE must be sweep, fail, default, decode, decode_fail, backward or fused_kernels")
+  message(FATAL_ERROR "MODE must be sweep, fail, default, decode, decode_fail, backward, fused_kernels or profile")
 endif()
+
+# check_profile(CASE WHAT): the --profile object of one case (bench/README.md documents its fields).
+function(check_profile case what)
+  string(JSON gpu GET "${case}" profile gpu)
+  string(JSON launches LENGTH "${case}" profile launches)
+  if(NOT gpu STREQUAL "H200" OR launches EQUAL 0)
+    message(FATAL_ERROR "${what}: profile gpu '${gpu}', ${launches} launches: expected H200 and at least one")
+  endif()
+  math(EXPR last_launch "${launches} - 1")
+  foreach(l RANGE ${last_launch})
+    foreach(key kernel grid block dram_bytes global_read global_write buffers shared_wavefronts bank_conflicts
+                conflict_pct tensor_flops mufu_ops seconds bound_seconds limiter)
+      string(JSON value ERROR_VARIABLE missing GET "${case}" profile launches ${l} ${key})
+      if(missing)
+        message(FATAL_ERROR "${what}: profile.launches[${l}].${key} missing")
+      endif()
+    endforeach()
+  endforeach()
+  foreach(key tensor_flops dram_bytes bound_seconds tflops_at_bound gbps_at_bound)
+    string(JSON value GET "${case}" profile totals ${key})
+    if(NOT value GREATER 0)
+      message(FATAL_ERROR "${what}: profile.totals.${key} = ${value}, expected > 0")
+    endif()
+  endforeach()
+  string(JSON limiter GET "${case}" profile totals limiter)
+  if(NOT limiter MATCHES "^(dram|tensor|shared|mufu)$")
+    message(FATAL_ERROR "${what}: profile.totals.limiter = '${limiter}'")
+  endif()
+endfunction()
 
 execute_process(COMMAND ${BENCH} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}")
@@ -75,7 +111,7 @@ if(count EQUAL 0)
 endif()
 set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim causal
            layout status ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas vs_mma_sync
-           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits)
+           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits profile)
 set(checked_mode OFF)
 if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
    MODE STREQUAL "backward" OR MODE STREQUAL "fused_kernels")
@@ -249,6 +285,41 @@ elseif(MODE STREQUAL "fused_kernels")
 elseif(MODE STREQUAL "fail" OR MODE STREQUAL "decode_fail")
   if(NOT rc EQUAL 1 OR NOT failed EQUAL ran)
     message(FATAL_ERROR "tolerance 0 must fail every check that ran and exit 1 (exit ${rc}, ${failed} of ${ran} failed)")
+  endif()
+elseif(MODE STREQUAL "profile")
+  if(NOT rc EQUAL 0 OR NOT count EQUAL 2 OR NOT out MATCHES "speed of light on H200")
+    message(FATAL_ERROR "the profiled run: exit ${rc}, ${count} cases (expected 2: fwd, bwd), table printed?\n${err}")
+  endif()
+  foreach(i 0 1)
+    string(JSON case GET "${doc}" cases ${i})
+    string(JSON direction GET "${case}" direction)
+    check_profile("${case}" "cases[${i}] (${direction})")
+    if(direction STREQUAL "fwd")
+      # Every byte of q, k, v read once and of out written once, none twice: the floor is the bench's bytes.
+      string(JSON dram GET "${case}" profile totals dram_bytes)
+      string(JSON bytes GET "${case}" bytes)
+      if(NOT dram EQUAL bytes)
+        message(FATAL_ERROR "the forward's DRAM floor is ${dram} bytes, expected the bench's ${bytes}")
+      endif()
+    endif()
+  endforeach()
+  # Decode: the same profile object on a --mode decode case.
+  set(decode_json ${WORKDIR}/decode.json)
+  execute_process(COMMAND ${BENCH} --backend sim --mode decode --path fused --profile --json ${decode_json} --warmup 0
+                          --iters 1 --batch 1 --heads 4 --kv-heads 2 --head-dim 64 --cache-len 64 --page-size 16
+                          --dtype bf16
+                  RESULT_VARIABLE decode_rc OUTPUT_VARIABLE decode_out ERROR_VARIABLE decode_err)
+  if(NOT decode_rc EQUAL 0 OR NOT EXISTS ${decode_json})
+    message(FATAL_ERROR "the profiled decode run exited ${decode_rc}:\n${decode_out}\n${decode_err}")
+  endif()
+  file(READ ${decode_json} decode_doc)
+  string(JSON decode_case GET "${decode_doc}" cases 0)
+  check_profile("${decode_case}" "decode")
+  # On a GPU the counters come from ncu: --profile with the cuda backend is a usage error.
+  execute_process(COMMAND ${BENCH} --backend cuda --profile --seq-q 64 RESULT_VARIABLE cuda_rc OUTPUT_VARIABLE cuda_out
+                  ERROR_VARIABLE cuda_err)
+  if(NOT cuda_rc EQUAL 2 OR NOT cuda_err MATCHES "--profile counts on the sim only")
+    message(FATAL_ERROR "--profile --backend cuda: exit ${cuda_rc} (expected 2), stderr: ${cuda_err}")
   endif()
 elseif(MODE STREQUAL "default")
   if(NOT rc EQUAL 0)

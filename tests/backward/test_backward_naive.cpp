@@ -158,23 +158,7 @@ using NaiveBackwardOnGpu = testing::GpuSized<>;
 
 TEST_F(NaiveBackwardOnGpu, LargerShapesChunksAndDeterminism) {
   ctx.set_workspace_limit(size_t(2) << 20);
-  Case c;
-  c.name = "larger";
-  c.path = Path::naive;
-  c.dtype = DType::bf16;
-  c.grad_f32 = true;
-  c.batch = 2, c.heads = 4, c.kv_heads = 2, c.seq_q = 300, c.seq_k = 1000, c.head_dim = 128;
-  c.causal = Causal::bottom_right;
-  c.key_lengths = {1000, 517};
-  c.deterministic_rerun = true;
-  EXPECT_TRUE(backward_check::check(ctx, c));
-  c.name = "larger_f16";
-  c.dtype = DType::f16;
-  c.grad_f32 = false;
-  c.causal = Causal::none;
-  c.key_lengths = {};
-  c.head_dim = 64;
-  EXPECT_TRUE(backward_check::check(ctx, c));
+  for (const Case& c : backward_check::larger_shapes(Path::naive)) EXPECT_TRUE(backward_check::check(ctx, c));
 }
 
 }  // namespace

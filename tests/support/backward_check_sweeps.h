@@ -97,6 +97,29 @@ inline std::vector<Case> sweep(Path path) {
   return cases;
 }
 
+// GPU-sized shapes for the naive and cublas paths (their *OnGpu suites): 300 x 1000 rows at head_dim
+// 128 in bf16 with f32 gradients and key lengths, then 64 in f16 without; each rerun bitwise. Run
+// with a small workspace, they are chunked by rows.
+inline std::vector<Case> larger_shapes(Path path) {
+  Case c;
+  c.name = "larger";
+  c.path = path;
+  c.dtype = DType::bf16;
+  c.grad_f32 = true;
+  c.batch = 2, c.heads = 4, c.kv_heads = 2, c.seq_q = 300, c.seq_k = 1000, c.head_dim = 128;
+  c.causal = Causal::bottom_right;
+  c.key_lengths = {1000, 517};
+  c.deterministic_rerun = true;
+  Case f16 = c;
+  f16.name = "larger_f16";
+  f16.dtype = DType::f16;
+  f16.grad_f32 = false;
+  f16.causal = Causal::none;
+  f16.key_lengths = {};
+  f16.head_dim = 64;
+  return {c, f16};
+}
+
 // What every path's dsinks and varlen metadata must survive: a head with more query rows than the
 // sinks' gradient kernel has threads (`sink_threads`, SinkGradientTraits through the registry:
 // rows past the first thread sweep, and past the second), and a varlen call whose views run past

@@ -70,9 +70,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     op = _torch_op("attention", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-        result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
-                         _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
-                         _float32_or_none("sinks", sinks, q))
+        options = (causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
+                   _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
+                   _float32_or_none("sinks", sinks, q))
+        if out is None:
+            result, lse = op(q, k, v, *options)
+        else:
+            result, lse = out, op(q, k, v, out, *options, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
@@ -80,31 +84,31 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
 
 
 def _torch_op(function, inputs, out, context):
-    """The custom op of `function` ("attention" or "attention_varlen"; see _torch.py) that a call
-    on torch tensors goes through, or None for a call that runs the library directly: one on other
-    arrays, or with out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes,
-    bias, sinks. A direct call records no autograd graph, so there torch inputs that require grad are
-    refused rather than left without a gradient; alibi_slopes and bias get none through the op
-    either (sinks do)."""
+    """The custom op that a call of `function` ("attention" or "attention_varlen") on torch tensors
+    goes through (see _torch.py): the op named `function`, or with out= (a torch tensor) its out
+    variant, `function`_out. None for a call that runs the library directly: one on other arrays, or
+    with context= (no op takes it). inputs: q, k, v, alibi_slopes, bias, sinks. Only the op without
+    out= records an autograd graph, so elsewhere torch inputs that require grad are refused rather
+    than left without a gradient; alibi_slopes and bias get none through the op either (sinks do)."""
     named = dict(zip(("q", "k", "v", "alibi_slopes", "bias", "sinks"), inputs))
     if not all(_arrays.is_torch(named[name]) for name in ("q", "k", "v")):
         return None
-    wanting = _torch_requiring_grad(named)
+    wanting = _torch_requiring_grad({**named, "out": out})  # out would be overwritten outside the graph
     for name in wanting:
         if name in ("alibi_slopes", "bias"):
             raise NotAvailable(f"{function}: {name} requires grad, but selfattn computes no gradient for it; "
                                f"pass it detached")
-    foreign_bias = not (named["bias"] is None or _arrays.is_torch(named["bias"]))
-    if foreign_bias:
-        return None  # the direct call refuses a bias of another framework, naming it
-    direct = out is not None or context is not None
-    ops = None if direct else torch_ops()
+    if any(not (a is None or _arrays.is_torch(a)) for a in (named["bias"], out)):
+        return None  # the direct call refuses a bias or out of another framework, naming it
+    if wanting and (out is not None or context is not None):
+        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but out= and context= record no autograd "
+                           f"graph; call it without out= and context=, or detach the inputs")
+    ops = None if context is not None else torch_ops()
     if ops is None and wanting:
-        why = "out= and context= record no autograd graph" if direct else \
-            "this PyTorch has no torch.library.custom_op (2.4 or later is needed for gradients)"
-        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but {why}; call it without out= and "
-                           f"context=, or detach the inputs")
-    return None if ops is None else ops[function]
+        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but this PyTorch has no "
+                           f"torch.library.custom_op (2.4 or later is needed for gradients); call it without out= "
+                           f"and context=, or detach the inputs")
+    return None if ops is None else ops[function if out is None else function + "_out"]
 
 
 def _qkv_out(q, k, v, out, ndim, context):
@@ -163,11 +167,14 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     if op is not None:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-        result, lse = op(q, k, v, cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
-                         _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
-                         _float_or_none("scale", scale), path, *_window_sides(window),
-                         _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
-                         _float32_or_none("sinks", sinks, q))
+        options = (cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
+                   _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
+                   _float_or_none("scale", scale), path, *_window_sides(window), _float_or_none("softcap", softcap),
+                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
+        if out is None:
+            result, lse = op(q, k, v, *options)
+        else:
+            result, lse = out, op(q, k, v, out, *options, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,

@@ -113,18 +113,22 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
-                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out)
     _check_num_splits(num_splits)
     op = None
-    if out is None and (bias is None or _arrays.is_torch(bias)):
-        op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context)
+    if bias is None or _arrays.is_torch(bias):
+        op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context, out)
     if op is not None:
         cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-        result, lse = op(q, k_cache, v_cache, *_cache_metadata(lengths, block_table, q), layout, causal,
-                         _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
-                         *_window_sides(window), _float_or_none("softcap", softcap),
-                         _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q),
-                         bool(validate_metadata))
+        options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
+                   *_window_sides(window), _float_or_none("softcap", softcap),
+                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q),
+                   bool(validate_metadata))
+        metadata = _cache_metadata(lengths, block_table, q)
+        if out is None:
+            result, lse = op(q, k_cache, v_cache, *metadata, *options)
+        else:
+            result, lse = out, op(q, k_cache, v_cache, *metadata, out, *options, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                     causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -169,10 +173,12 @@ def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = N
       gives 0 and -inf).
     """
     _check_keywords(None, layout, "auto")
-    _refuse_gradients("merge_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
-    op = _torch_kv_op("merge_states", (out_a, lse_a, out_b, lse_b), context) if out is None else None
+    _refuse_gradients("merge_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b, out=out)
+    op = _torch_kv_op("merge_states", (out_a, lse_a, out_b, lse_b), context, out)
     if op is not None:
-        return op(out_a, lse_a, out_b, lse_b, layout)
+        if out is None:
+            return op(out_a, lse_a, out_b, lse_b, layout)
+        return out, op(out_a, lse_a, out_b, lse_b, out, layout)
     return _merge_states(out_a, lse_a, out_b, lse_b, out=out, layout=layout, context=context)
 
 
@@ -230,14 +236,17 @@ def _check_num_splits(num_splits):
         raise InvalidArgument(f"num_splits expected an int from 0 (the library chooses) to 4096, got {num_splits!r}")
 
 
-def _torch_kv_op(function, tensors, context):
+def _torch_kv_op(function, tensors, context, out=None):
     """The custom op (see _torch.py) that a call on torch tensors goes through, so torch.compile
-    traces it; None for other arrays, with context= (the op has no such argument), or where this
-    PyTorch has no torch.library.custom_op."""
+    traces it: the op named `function`, or with out= (a torch tensor) its out variant, `function`_out.
+    None for other arrays (tensors, or out), with context= (no op takes it), or where this PyTorch
+    has no torch.library.custom_op."""
     if context is not None or not all(_arrays.is_torch(a) for a in tensors):
         return None
+    if out is not None and not _arrays.is_torch(out):
+        return None  # the direct call refuses an out of another framework, naming it
     ops = torch_ops()
-    return None if ops is None else ops[function]
+    return None if ops is None else ops[function if out is None else function + "_out"]
 
 
 def _cache_metadata(lengths, block_table, like):

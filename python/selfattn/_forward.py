@@ -1,8 +1,9 @@
 """The forward calls (host/src/attention.cpp and self_attention.cpp): attention(),
 attention_varlen() for packed sequences of different lengths, and self_attention() from token
 embeddings, on any DLPack arrays. On torch tensors attention() and attention_varlen() go through the
-custom ops (_torch.py, reached through _calls.torch_ops()), whose implementations call _attention()
-and _attention_varlen() here; the package's __init__ documents the calls as a whole."""
+custom ops (_torch.py, reached through _calls.torch_ops(); with out= their out variants), whose
+implementations call _attention() and _attention_varlen() here; the package's __init__ documents the
+calls as a whole."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -37,8 +38,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     path: "auto", "naive", "cublas" or "fused"; an explicit path that cannot run the call raises
     NotAvailable with the reason.
     key_lengths: int32 [batch] (any integer sequence is converted): batch b uses keys [0, n_b) only.
-    out: an array shaped like q to write into (nothing else is allocated for it); it must not
-    overlap an input. head_dim's stride must be 1 in every array; other strides are free.
+    out: an array shaped like q to write into (nothing else is allocated for it) and return (with
+    return_lse=True: (out, lse), lse new); it must not overlap an input. head_dim's stride must be 1
+    in every array; other strides are free. A torch out goes through the custom op
+    ``selfattn::attention_out``, which writes it in place, so torch.compile(fullgraph=True) traces a
+    call with a preallocated out too.
     context: a selfattn.Context; by default the sim's for host arrays, or the one of the CUDA
     tensors' device and the framework's current stream.
 
@@ -63,8 +67,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
       attention_backward(..., return_dsinks=True).
 
     With torch tensors that need gradients (``loss.backward()``), call it without out= and context=
-    (out= and context= record no autograd graph and are refused then); sinks train with q, k and
-    v, alibi_slopes and bias get no gradient and must not require one.
+    (out= and context= record no autograd graph: inputs that require grad are refused then, with
+    NotAvailable, and so is an out that requires grad); sinks train with q, k and v, alibi_slopes
+    and bias get no gradient and must not require one.
     """
     _check_keywords(causal, layout, path)
     op = _torch_op("attention", (q, k, v, alibi_slopes, bias, sinks), out, context)
@@ -160,7 +165,9 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
     from 0. sinks: float32 [heads], as for attention() (the rows of a sequence without keys give 0
-    and lse sinks[h]). On torch tensors it is differentiable as attention() is, sinks included.
+    and lse sinks[h]). On torch tensors it is differentiable as attention() is, sinks included;
+    a torch out= goes through ``selfattn::attention_varlen_out`` (in place, traced by torch.compile,
+    no autograd graph: inputs that require grad are refused with it, as with attention()).
     """
     _check_keywords(causal, "bhsd", path)
     op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias, sinks), out, context)

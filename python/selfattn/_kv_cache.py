@@ -17,7 +17,9 @@ rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
 
 These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
 On torch tensors append_kv, attention_with_kv_cache and merge_states go through custom ops (see
-_torch.py), so torch.compile traces a decode step whole.
+_torch.py; with out= the out variants attention_with_kv_cache_out and merge_states_out, which write
+the caller's out in place), so torch.compile traces a decode step whole, preallocated outputs
+included.
 """
 from __future__ import annotations
 
@@ -108,6 +110,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       0..4096; 0 lets the library choose
     - window, softcap, alibi_slopes, sinks: as for attention(), row i placed at lengths[b] - seq_q + i;
       bias: [batch or 1, heads or 1, seq_q, capacity], keys indexed by cache position
+    - out: an array shaped like q to write into and return, as for attention() (a torch out goes
+      through ``selfattn::attention_with_kv_cache_out``, in place, and torch.compile traces it)
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
       (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
@@ -168,7 +172,8 @@ def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = N
 
     - out_a, out_b: [batch, heads, seq, head_dim] (layout="bshd": [batch, seq, heads, head_dim]),
       one dtype; lse_a, lse_b: their float32 [batch, heads, seq] log-sum-exps (return_lse=True)
-    - out: where to write (out=out_a merges in place); a new array like out_a by default
+    - out: where to write (out=out_a merges in place); a new array like out_a by default (a torch
+      out goes through ``selfattn::merge_states_out``, in place, and torch.compile traces it)
     - returns (out, lse): lse the merged float32 [batch, heads, seq] (a row with both lse -inf
       gives 0 and -inf).
     """

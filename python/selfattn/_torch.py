@@ -6,10 +6,11 @@ their out variants instead (``selfattn::attention_out``, ``attention_varlen_out`
 ``attention_with_kv_cache_out``, ``merge_states_out``): each takes out as an argument it mutates
 (mutates_args=("out",)), writes the caller's tensor in place and returns lse (float32; an empty [0]
 without return_lse, so the library computes none; merge_states_out always returns it), never out
-itself (an op's output may not alias an input): the public functions return the caller's out. The package
-imports this module at once (it installs ops() as _calls.torch_ops); torch itself is imported when
-ops() first runs: at the first call on torch tensors, or at the package's import where torch is
-already imported.
+itself (an op's output may not alias an input): the public functions return the caller's out.
+
+The package imports this module at once (it installs ops() as _calls.torch_ops); torch itself is
+imported when ops() first runs: at the first call on torch tensors, or at the package's import
+where torch is already imported.
 
 Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a

@@ -1,8 +1,9 @@
 """The forward calls (host/src/attention.cpp and self_attention.cpp): attention(),
 attention_varlen() for packed sequences of different lengths, and self_attention() from token
 embeddings, on any DLPack arrays. On torch tensors attention() and attention_varlen() go through the
-custom ops (_torch.py, reached through _calls.torch_ops()), whose implementations call _attention()
-and _attention_varlen() here; the package's __init__ documents the calls as a whole."""
+custom ops (_torch.py, reached through _calls.torch_ops(); with out= their out variants), whose
+implementations call _attention() and _attention_varlen() here; the package's __init__ documents the
+calls as a whole."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -37,8 +38,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     path: "auto", "naive", "cublas" or "fused"; an explicit path that cannot run the call raises
     NotAvailable with the reason.
     key_lengths: int32 [batch] (any integer sequence is converted): batch b uses keys [0, n_b) only.
-    out: an array shaped like q to write into (nothing else is allocated for it); it must not
-    overlap an input. head_dim's stride must be 1 in every array; other strides are free.
+    out: an array shaped like q to write into (nothing else is allocated for it) and return (with
+    return_lse=True: (out, lse), lse new); it must not overlap an input. head_dim's stride must be 1
+    in every array; other strides are free. A torch out goes through the custom op
+    ``selfattn::attention_out``, which writes it in place, so torch.compile(fullgraph=True) traces a
+    call with a preallocated out too.
     context: a selfattn.Context; by default the sim's for host arrays, or the one of the CUDA
     tensors' device and the framework's current stream.
 
@@ -63,16 +67,21 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
       attention_backward(..., return_dsinks=True).
 
     With torch tensors that need gradients (``loss.backward()``), call it without out= and context=
-    (out= and context= record no autograd graph and are refused then); sinks train with q, k and
-    v, alibi_slopes and bias get no gradient and must not require one.
+    (out= and context= record no autograd graph: inputs that require grad are refused then, with
+    NotAvailable, and so is an out that requires grad); sinks train with q, k and v, alibi_slopes
+    and bias get no gradient and must not require one.
     """
     _check_keywords(causal, layout, path)
     op = _torch_op("attention", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-        result, lse = op(q, k, v, causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
-                         _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
-                         _float32_or_none("sinks", sinks, q))
+        options = (causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
+                   _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
+                   _float32_or_none("sinks", sinks, q))
+        if out is None:
+            result, lse = op(q, k, v, *options)
+        else:
+            result, lse = out, op(q, k, v, out, *options, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
@@ -80,31 +89,31 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
 
 
 def _torch_op(function, inputs, out, context):
-    """The custom op of `function` ("attention" or "attention_varlen"; see _torch.py) that a call
-    on torch tensors goes through, or None for a call that runs the library directly: one on other
-    arrays, or with out= or context= (the op has no such arguments). inputs: q, k, v, alibi_slopes,
-    bias, sinks. A direct call records no autograd graph, so there torch inputs that require grad are
-    refused rather than left without a gradient; alibi_slopes and bias get none through the op
-    either (sinks do)."""
+    """The custom op that a call of `function` ("attention" or "attention_varlen") on torch tensors
+    goes through (see _torch.py): the op named `function`, or with out= (a torch tensor) its out
+    variant, `function`_out. None for a call that runs the library directly: one on other arrays, or
+    with context= (no op takes it). inputs: q, k, v, alibi_slopes, bias, sinks. Only the op without
+    out= records an autograd graph, so elsewhere torch inputs that require grad are refused rather
+    than left without a gradient; alibi_slopes and bias get none through the op either (sinks do)."""
     named = dict(zip(("q", "k", "v", "alibi_slopes", "bias", "sinks"), inputs))
     if not all(_arrays.is_torch(named[name]) for name in ("q", "k", "v")):
         return None
-    wanting = _torch_requiring_grad(named)
+    wanting = _torch_requiring_grad({**named, "out": out})  # out would be overwritten outside the graph
     for name in wanting:
         if name in ("alibi_slopes", "bias"):
             raise NotAvailable(f"{function}: {name} requires grad, but selfattn computes no gradient for it; "
                                f"pass it detached")
-    foreign_bias = not (named["bias"] is None or _arrays.is_torch(named["bias"]))
-    if foreign_bias:
-        return None  # the direct call refuses a bias of another framework, naming it
-    direct = out is not None or context is not None
-    ops = None if direct else torch_ops()
+    if any(not (a is None or _arrays.is_torch(a)) for a in (named["bias"], out)):
+        return None  # the direct call refuses a bias or out of another framework, naming it
+    if wanting and (out is not None or context is not None):
+        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but out= and context= record no autograd "
+                           f"graph; call it without out= and context=, or detach the inputs")
+    ops = None if context is not None else torch_ops()
     if ops is None and wanting:
-        why = "out= and context= record no autograd graph" if direct else \
-            "this PyTorch has no torch.library.custom_op (2.4 or later is needed for gradients)"
-        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but {why}; call it without out= and "
-                           f"context=, or detach the inputs")
-    return None if ops is None else ops[function]
+        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but this PyTorch has no "
+                           f"torch.library.custom_op (2.4 or later is needed for gradients); call it without out= "
+                           f"and context=, or detach the inputs")
+    return None if ops is None else ops[function if out is None else function + "_out"]
 
 
 def _qkv_out(q, k, v, out, ndim, context):
@@ -156,18 +165,23 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
     from 0. sinks: float32 [heads], as for attention() (the rows of a sequence without keys give 0
-    and lse sinks[h]). On torch tensors it is differentiable as attention() is, sinks included.
+    and lse sinks[h]). On torch tensors it is differentiable as attention() is, sinks included;
+    a torch out= goes through ``selfattn::attention_varlen_out`` (in place, traced by torch.compile,
+    no autograd graph: inputs that require grad are refused with it, as with attention()).
     """
     _check_keywords(causal, "bhsd", path)
     op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-        result, lse = op(q, k, v, cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
-                         _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
-                         _float_or_none("scale", scale), path, *_window_sides(window),
-                         _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
-                         _float32_or_none("sinks", sinks, q))
+        options = (cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
+                   _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
+                   _float_or_none("scale", scale), path, *_window_sides(window), _float_or_none("softcap", softcap),
+                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
+        if out is None:
+            result, lse = op(q, k, v, *options)
+        else:
+            result, lse = out, op(q, k, v, out, *options, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,

@@ -17,7 +17,9 @@ rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
 
 These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
 On torch tensors append_kv, attention_with_kv_cache and merge_states go through custom ops (see
-_torch.py), so torch.compile traces a decode step whole.
+_torch.py; with out= the out variants attention_with_kv_cache_out and merge_states_out, which write
+the caller's out in place), so torch.compile traces a decode step whole, preallocated outputs
+included.
 """
 from __future__ import annotations
 
@@ -108,23 +110,29 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       0..4096; 0 lets the library choose
     - window, softcap, alibi_slopes, sinks: as for attention(), row i placed at lengths[b] - seq_q + i;
       bias: [batch or 1, heads or 1, seq_q, capacity], keys indexed by cache position
+    - out: an array shaped like q to write into and return, as for attention() (a torch out goes
+      through ``selfattn::attention_with_kv_cache_out``, in place, and torch.compile traces it)
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
       (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
-                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out)
     _check_num_splits(num_splits)
     op = None
-    if out is None and (bias is None or _arrays.is_torch(bias)):
-        op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context)
+    if bias is None or _arrays.is_torch(bias):
+        op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context, out)
     if op is not None:
         cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-        result, lse = op(q, k_cache, v_cache, *_cache_metadata(lengths, block_table, q), layout, causal,
-                         _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
-                         *_window_sides(window), _float_or_none("softcap", softcap),
-                         _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q),
-                         bool(validate_metadata))
+        options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
+                   *_window_sides(window), _float_or_none("softcap", softcap),
+                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q),
+                   bool(validate_metadata))
+        metadata = _cache_metadata(lengths, block_table, q)
+        if out is None:
+            result, lse = op(q, k_cache, v_cache, *metadata, *options)
+        else:
+            result, lse = out, op(q, k_cache, v_cache, *metadata, out, *options, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                     causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -164,15 +172,18 @@ def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = N
 
     - out_a, out_b: [batch, heads, seq, head_dim] (layout="bshd": [batch, seq, heads, head_dim]),
       one dtype; lse_a, lse_b: their float32 [batch, heads, seq] log-sum-exps (return_lse=True)
-    - out: where to write (out=out_a merges in place); a new array like out_a by default
+    - out: where to write (out=out_a merges in place); a new array like out_a by default (a torch
+      out goes through ``selfattn::merge_states_out``, in place, and torch.compile traces it)
     - returns (out, lse): lse the merged float32 [batch, heads, seq] (a row with both lse -inf
       gives 0 and -inf).
     """
     _check_keywords(None, layout, "auto")
-    _refuse_gradients("merge_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
-    op = _torch_kv_op("merge_states", (out_a, lse_a, out_b, lse_b), context) if out is None else None
+    _refuse_gradients("merge_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b, out=out)
+    op = _torch_kv_op("merge_states", (out_a, lse_a, out_b, lse_b), context, out)
     if op is not None:
-        return op(out_a, lse_a, out_b, lse_b, layout)
+        if out is None:
+            return op(out_a, lse_a, out_b, lse_b, layout)
+        return out, op(out_a, lse_a, out_b, lse_b, out, layout)
     return _merge_states(out_a, lse_a, out_b, lse_b, out=out, layout=layout, context=context)
 
 
@@ -230,14 +241,17 @@ def _check_num_splits(num_splits):
         raise InvalidArgument(f"num_splits expected an int from 0 (the library chooses) to 4096, got {num_splits!r}")
 
 
-def _torch_kv_op(function, tensors, context):
+def _torch_kv_op(function, tensors, context, out=None):
     """The custom op (see _torch.py) that a call on torch tensors goes through, so torch.compile
-    traces it; None for other arrays, with context= (the op has no such argument), or where this
-    PyTorch has no torch.library.custom_op."""
+    traces it: the op named `function`, or with out= (a torch tensor) its out variant, `function`_out.
+    None for other arrays (tensors, or out), with context= (no op takes it), or where this PyTorch
+    has no torch.library.custom_op."""
     if context is not None or not all(_arrays.is_torch(a) for a in tensors):
         return None
+    if out is not None and not _arrays.is_torch(out):
+        return None  # the direct call refuses an out of another framework, naming it
     ops = torch_ops()
-    return None if ops is None else ops[function]
+    return None if ops is None else ops[function if out is None else function + "_out"]
 
 
 def _cache_metadata(lengths, block_table, like):

@@ -1,9 +1,16 @@
 """PyTorch integration: attention(), attention_varlen(), append_kv(), attention_with_kv_cache() and
 merge_states() on torch tensors go through torch.library custom ops (``selfattn::attention`` and so on), each with
-a fake (meta) implementation, so torch.compile traces them without running them. The package
-imports this module at once (it installs ops() as _calls.torch_ops); torch itself is imported when
-ops() first runs: at the first call on torch tensors, or at the package's import where torch is
-already imported.
+a fake (meta) implementation, so torch.compile traces them without running them. With out= (a torch
+tensor) attention(), attention_varlen(), attention_with_kv_cache() and merge_states() go through
+their out variants instead (``selfattn::attention_out``, ``attention_varlen_out``,
+``attention_with_kv_cache_out``, ``merge_states_out``): each takes out as an argument it mutates
+(mutates_args=("out",)), writes the caller's tensor in place and returns lse (float32; an empty [0]
+without return_lse, so the library computes none; merge_states_out always returns it), never out
+itself (an op's output may not alias an input): the public functions return the caller's out.
+
+The package imports this module at once (it installs ops() as _calls.torch_ops); torch itself is
+imported when ops() first runs: at the first call on torch tensors, or at the package's import
+where torch is already imported.
 
 Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a
@@ -12,7 +19,9 @@ with fake implementations). The masks and score modifiers are the ops' arguments
 see them. out and lse are both differentiable (the library's backward takes dlse, the gradient of
 lse, through BackwardOptions::dlse). sinks train: when they require grad, the backward op returns
 their gradient too (BackwardOptions::dsinks, return_dsinks=True). None flows to alibi_slopes or bias
-(the public functions refuse those when they require grad).
+(the public functions refuse those when they require grad). The out variants have no autograd
+formula: the public functions refuse inputs that require grad with out= (NotAvailable), as they do
+for the KV-cache ops.
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
 alibi_slopes, bias, sinks."""
@@ -24,7 +33,8 @@ _failed = False
 
 def ops():
     """The registered custom ops by the public function they serve (attention, attention_varlen,
-    append_kv, attention_with_kv_cache, merge_states), or None where this PyTorch lacks torch.library.custom_op
+    append_kv, attention_with_kv_cache, merge_states; the out variants as attention_out and so on),
+    or None where this PyTorch lacks torch.library.custom_op
     (< 2.4)."""
     global _ops, _failed
     if _ops is None and not _failed:
@@ -62,6 +72,29 @@ def _register():
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+
+    # The out variants (see the module's doc): the caller's out is written in place and the op
+    # returns lse only (an op's output may not alias an input), or an empty float32 [0] without
+    # return_lse, so the library computes no lse (as the direct call did).
+    def lse_or_nothing(return_lse, like, shape):
+        return like.new_empty(shape if return_lse else (0,), dtype=torch.float32)
+
+    @torch.library.custom_op("selfattn::attention_out", mutates_args=("out",))
+    def attention_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: Optional[str], scale: Optional[float],
+                      path: str, key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
+                      softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                      sinks: Optional[Tensor], return_lse: bool) -> Tensor:
+        from ._forward import _attention
+        result = _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
+                            return_lse=return_lse, out=out, layout=layout, context=None,
+                            window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                            sinks=sinks)
+        return result[1] if return_lse else lse_or_nothing(False, q, None)
+
+    @attention_out.register_fake
+    def _(q, k, v, out, causal, scale, path, key_lengths, layout, *options):
+        heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
+        return lse_or_nothing(options[-1], q, (q.shape[0], heads, seq_q))
 
     # The backward ops return (dq, dk, dv, dsinks): dsinks float32 [heads] with return_dsinks (their
     # last argument, after sinks), else an empty [0] (an op's outputs are tensors, never None).
@@ -143,6 +176,23 @@ def _register():
     def _(q, k, v, *options):
         return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
+    @torch.library.custom_op("selfattn::attention_varlen_out", mutates_args=("out",))
+    def attention_varlen_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                             max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
+                             path: str, window_left: int, window_right: int, softcap: Optional[float],
+                             alibi_slopes: Optional[Tensor], bias: Optional[Tensor], sinks: Optional[Tensor],
+                             return_lse: bool) -> Tensor:
+        from ._forward import _attention_varlen
+        result = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                   max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
+                                   return_lse=return_lse, out=out, window=(window_left, window_right),
+                                   softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=None)
+        return result[1] if return_lse else lse_or_nothing(False, q, None)
+
+    @attention_varlen_out.register_fake
+    def _(q, k, v, out, *options):
+        return lse_or_nothing(options[-1], q, (q.shape[1], q.shape[0]))
+
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                                   dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -202,6 +252,29 @@ def _register():
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
 
+    @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
+    def attention_with_kv_cache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
+                                    block_table: Optional[Tensor], out: Tensor, layout: str, causal: Optional[str],
+                                    scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
+                                    rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
+                                    window_left: int, window_right: int, softcap: Optional[float],
+                                    alibi_slopes: Optional[Tensor], bias: Optional[Tensor], sinks: Optional[Tensor],
+                                    validate_metadata: bool, return_lse: bool) -> Tensor:
+        from ._kv_cache import _attention_with_kv_cache
+        result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
+                                          causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
+                                          rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                          rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+                                          window=(window_left, window_right), softcap=softcap,
+                                          alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                          validate_metadata=validate_metadata, context=None)
+        return result[1] if return_lse else lse_or_nothing(False, q, None)
+
+    @attention_with_kv_cache_out.register_fake
+    def _(q, k_cache, v_cache, lengths, block_table, out, layout, *options):
+        heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
+        return lse_or_nothing(options[-1], q, (q.shape[0], heads, seq_q))
+
     @torch.library.custom_op("selfattn::merge_states", mutates_args=())
     def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, layout: str) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _merge_states
@@ -211,5 +284,19 @@ def _register():
     def _(out_a, lse_a, out_b, lse_b, layout):
         return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
 
+    # merge_states always returns lse. out may be out_a (the merge in place that merge_states()
+    # documents); only out is declared mutated.
+    @torch.library.custom_op("selfattn::merge_states_out", mutates_args=("out",))
+    def merge_states_out(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
+                         layout: str) -> Tensor:
+        from ._kv_cache import _merge_states
+        return _merge_states(out_a, lse_a, out_b, lse_b, out=out, layout=layout, context=None)[1]
+
+    @merge_states_out.register_fake
+    def _(out_a, lse_a, out_b, lse_b, out, layout):
+        return lse_a.new_empty(lse_a.shape, dtype=torch.float32)
+
     return dict(attention=attention, attention_varlen=attention_varlen, append_kv=append_kv,
-                attention_with_kv_cache=attention_with_kv_cache, merge_states=merge_states)
+                attention_with_kv_cache=attention_with_kv_cache, merge_states=merge_states,
+                attention_out=attention_out, attention_varlen_out=attention_varlen_out,
+                attention_with_kv_cache_out=attention_with_kv_cache_out, merge_states_out=merge_states_out)

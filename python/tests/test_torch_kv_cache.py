@@ -1,10 +1,10 @@
 """The KV cache on torch tensors (CPU tensors run on the sim through DLPack): append_kv and
 attention_with_kv_cache against the float64 reference, with sinks too; a decode step compiled
-whole (fullgraph) as eager, and the decode op's fake implementation; the refusal of inputs that
-require grad (the decode calls have no backward). The NumPy side is test_kv_cache.py. Skipped
-without PyTorch (scripts/setup-deps installs it where it can). The tests marked device_check take
-a `torch_device` (conftest.py) and run on CUDA tensors too where there is a GPU:
-bench/device-check.sh runs those on a lent one."""
+whole (fullgraph) as eager, also with a preallocated out= (attention_with_kv_cache_out), and the
+decode op's fake implementation; the refusal of inputs that require grad (the decode calls have no
+backward). The NumPy side is test_kv_cache.py. Skipped without PyTorch (scripts/setup-deps
+installs it where it can). The tests marked device_check take a `torch_device` (conftest.py) and
+run on CUDA tensors too where there is a GPU: bench/device-check.sh runs those on a lent one."""
 import numpy as np
 import pytest
 
@@ -99,3 +99,31 @@ def test_kv_cache_passes_sinks_and_refuses_their_gradient():
     assert torch.equal(compiled[0], out) and torch.equal(compiled[1], lse)
     with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: sinks requires grad"):
         step(q, sinks.clone().requires_grad_())
+
+
+@pytest.mark.device_check
+def test_a_decode_step_with_a_preallocated_out_compiles_whole(torch_device):
+    # out= goes through attention_with_kv_cache_out: the caller's tensor is written (and returned)
+    # with the values of a call without out=, eagerly and in a step compiled with fullgraph=True.
+    g = torch.Generator().manual_seed(29)
+    k_cache, v_cache = (torch.randn(2, 2, 6, 8, generator=g).to(torch_device) for _ in range(2))
+    q = torch.randn(2, 4, 1, 8, generator=g).to(torch_device)
+    lengths = torch.tensor([3, 6], dtype=torch.int32, device=torch_device)
+    want, want_lse = selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, softcap=20.0, return_lse=True)
+    expected, _ = reference(host(q), host(k_cache), host(v_cache), "bottom_right", key_lengths=host(lengths),
+                            softcap=20.0)
+    assert relative_error(host(want), expected) <= TOLERANCE["float32"]
+
+    def step(q, out):
+        return selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, softcap=20.0, out=out, return_lse=True)
+
+    for run in (step, torch.compile(step, backend="eager", fullgraph=True)):
+        out = torch.full_like(q, float("nan"))
+        address = out.data_ptr()
+        result, lse = run(q, out)
+        assert result is out and out.data_ptr() == address and torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, softcap=20.0, out=out) is out
+    with pytest.raises(selfattn.InvalidArgument, match=r"attention_with_kv_cache: out.shape\[1\] expected 4"):
+        selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, out=torch.empty(2, 2, 1, 8, device=torch_device))
+    with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: out requires grad"):
+        selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, out=torch.empty_like(q).requires_grad_())

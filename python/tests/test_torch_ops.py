@@ -1,7 +1,8 @@
 """PyTorch integration on CPU tensors (they run on the sim through DLPack): torch tensors in and
 out (on the inputs' device, zero-copy views, bf16 and bshd, empty tensors), the torch.library
 custom ops and their fake implementations (FakeTensorMode, torch.library.opcheck), and
-torch.compile (merge_states included, and a compiled call as a fresh process's first). Autograd
+torch.compile (merge_states included, and a compiled call as a fresh process's first); out= through
+the out-variant ops (in place, compiled whole, refused when wrong). Autograd
 is in test_torch_autograd.py, the KV cache's ops in test_torch_kv_cache.py, trainable sinks in
 test_torch_sinks.py. Skipped without PyTorch (scripts/setup-deps installs it where it can). The
 tests marked device_check take a `torch_device` (conftest.py) and run on CUDA tensors too where
@@ -169,6 +170,133 @@ def test_merge_states_is_an_op(torch_device):
     want, want_lse = reference(host(q), host(torch.cat((k, k2), 2)), host(torch.cat((v, v2), 2)))
     assert relative_error(host(out), want) <= TOLERANCE["float32"]
     np.testing.assert_allclose(host(lse), want_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.device_check
+def test_out_writes_the_callers_tensor(torch_device):
+    # out= on torch tensors goes through the out-variant ops (attention_out and so on): the values
+    # of a call without out=, written into the caller's tensor (a bshd view into a larger buffer, the
+    # rest untouched), which is returned (with lse as without out=).
+    q, k, v = (t.transpose(1, 2) for t in tensors((2, 3, 9, 16), seed=25, device=torch_device))  # bshd
+    want, want_lse = selfattn.attention(q, k, v, layout="bshd", causal="bottom_right", softcap=8.0, return_lse=True)
+    buffer = torch.full((2, 9, 5, 16), float("nan"), device=torch_device)
+    out = buffer[:, :, 1:4]
+    for return_lse in (False, True):
+        out.fill_(float("nan"))
+        result = selfattn.attention(q, k, v, layout="bshd", causal="bottom_right", softcap=8.0, out=out,
+                                    return_lse=return_lse)
+        if return_lse:
+            result, lse = result
+            assert torch.equal(lse, want_lse)
+        assert result is out and out.data_ptr() == buffer[:, :, 1].data_ptr() and torch.equal(out, want)
+        assert torch.isnan(buffer[:, :, 0]).all() and torch.isnan(buffer[:, :, 4]).all()
+    assert relative_error(host(want.transpose(1, 2)), reference(*(host(a.transpose(1, 2)) for a in (q, k, v)),
+                                                                "bottom_right", softcap=8.0)[0]) <= TOLERANCE["float32"]
+
+    packed = [t[0] for t in (q, k, v)]  # [total = 9, heads, dim] views
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=torch_device)
+    want, want_lse = selfattn.attention_varlen(*packed, cu, cu, causal="top_left", return_lse=True)
+    out = torch.full_like(packed[0], float("nan"))
+    result, lse = selfattn.attention_varlen(*packed, cu, cu, causal="top_left", return_lse=True, out=out)
+    assert result is out and torch.equal(out, want) and torch.equal(lse, want_lse)
+
+    out_a, lse_a = selfattn.attention(q, k[:, :4], v[:, :4], layout="bshd", return_lse=True)
+    out_b, lse_b = selfattn.attention(q, k[:, 4:], v[:, 4:], layout="bshd", return_lse=True)
+    want, want_lse = selfattn.merge_states(out_a, lse_a, out_b, lse_b, layout="bshd")
+    address = out_a.data_ptr()
+    result, lse = selfattn.merge_states(out_a, lse_a, out_b, lse_b, layout="bshd", out=out_a)  # in place
+    assert result is out_a and out_a.data_ptr() == address and torch.equal(out_a, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.device_check
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_out_compiles_whole(torch_device, backend):
+    # A function that writes preallocated outputs traces with fullgraph=True (a call around the ops
+    # would break the graph), and the compiled function writes the caller's tensors as eager does;
+    # aot_eager functionalizes the ops' mutation of out and copies the result back.
+    if not hasattr(torch, "compile"):
+        pytest.skip("this PyTorch has no torch.compile")
+    q, k, v = tensors((1, 2, 5, 8), seed=26, device=torch_device)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=torch_device)
+
+    def f(q, k, v, out, lse_out, packed_out, merged):
+        _, lse = selfattn.attention(q, k, v, causal="top_left", out=out, return_lse=True)
+        lse_out.copy_(lse)
+        packed = (a[0].transpose(0, 1) for a in (q, k, v))  # [total = 5, heads, dim]
+        selfattn.attention_varlen(*packed, cu, cu, max_seqlen_q=3, max_seqlen_k=3, out=packed_out)
+        _, merged_lse = selfattn.merge_states(out, lse, out.flip(2), lse.flip(2), out=merged)
+        return out * 2, merged_lse
+
+    def buffers():
+        return (torch.zeros_like(q), torch.zeros(1, 2, 5, device=torch_device),
+                torch.zeros(5, 2, 8, device=torch_device), torch.zeros_like(q))
+
+    eager = buffers()
+    want, want_lse = f(q, k, v, *eager)
+    got_buffers = buffers()
+    addresses = [b.data_ptr() for b in got_buffers]
+    got, got_lse = torch.compile(f, backend=backend, fullgraph=True)(q, k, v, *got_buffers)
+    assert [b.data_ptr() for b in got_buffers] == addresses
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    for got_buffer, eager_buffer in zip(got_buffers, eager):
+        assert torch.equal(got_buffer, eager_buffer)
+    expected, expected_lse = reference(host(q), host(k), host(v), "top_left")
+    assert relative_error(host(got_buffers[0]), expected) <= TOLERANCE["float32"]
+    np.testing.assert_allclose(host(got_buffers[1]), expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_fake_implementations_of_the_out_ops():
+    # torch.library.opcheck on the out variants: the schema (out is declared mutated, nothing else
+    # is) and the fakes (lse, or an empty [0] without return_lse) against the real ops.
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("this PyTorch has no torch.library.opcheck")
+    g = torch.Generator().manual_seed(27)
+    q, k, v = (torch.randn(1, 5, 2, 8, generator=g) for _ in range(3))  # bshd
+    sinks = torch.tensor([0.5, -float("inf")])
+    utils = ("test_schema", "test_faketensor")
+    for return_lse in (False, True):
+        torch.library.opcheck(torch.ops.selfattn.attention_out.default,
+                              (q, k, v, torch.empty_like(q), "bottom_right", None, "auto", None, "bshd", 2, 0, 5.0,
+                               None, None, sinks, return_lse), test_utils=utils)
+        cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+        torch.library.opcheck(torch.ops.selfattn.attention_varlen_out.default,
+                              (q[0], k[0], v[0], torch.empty_like(q[0]), cu, cu, 3, 3, None, None, "auto", -1, -1,
+                               None, None, None, sinks, return_lse), test_utils=utils)
+        cache = torch.randn(1, 6, 2, 8, generator=g)
+        torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache_out.default,
+                              (q[:, :1], cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None,
+                               torch.empty_like(q[:, :1]), "bshd", "bottom_right", None, "auto", None, None, False, 0,
+                               -1, -1, None, None, None, sinks, False, return_lse), test_utils=utils)
+    _, lse = selfattn.attention(q, k, v, layout="bshd", return_lse=True)
+    torch.library.opcheck(torch.ops.selfattn.merge_states_out.default,
+                          (q, lse, k, lse.clone(), torch.empty_like(q), "bshd"), test_utils=utils)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake_q = torch.empty(2, 5, 4, 8)
+        lse = torch.ops.selfattn.attention_out(fake_q, fake_q, fake_q, torch.empty_like(fake_q), None, None, "auto",
+                                               None, "bshd", -1, -1, None, None, None, None, True)
+        assert lse.shape == (2, 4, 5) and lse.dtype == torch.float32
+
+
+def test_wrong_out_is_refused_naming_it():
+    # The out ops check out as the direct call did: its shape and dtype, its framework (a NumPy out
+    # takes the direct call, which names it), and an out that requires grad (written outside the graph).
+    q, k, v = tensors((1, 2, 3, 8), seed=28)
+    with pytest.raises(selfattn.InvalidArgument, match=r"attention: out.shape\[3\] \(head_dim\) expected 8"):
+        selfattn.attention(q, k, v, out=torch.empty(1, 2, 3, 7))
+    with pytest.raises(selfattn.InvalidArgument, match="attention: out.dtype expected f32"):
+        selfattn.attention(q, k, v, out=torch.empty(1, 2, 3, 8, dtype=torch.float16))
+    with pytest.raises(selfattn.InvalidArgument, match="out"):
+        selfattn.attention(q, k, v, out=np.empty((1, 2, 3, 8), np.float32))
+    with pytest.raises(selfattn.InvalidArgument, match=r"attention_varlen: out.shape\[0\]"):
+        selfattn.attention_varlen(q[0], k[0], v[0], [0, 2], [0, 2], out=torch.empty(3, 3, 8))
+    _, lse = selfattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(selfattn.InvalidArgument, match="merge_states: out.dtype"):
+        selfattn.merge_states(q, lse, k, lse, out=q.half())
+    with pytest.raises(selfattn.NotAvailable, match="attention: out requires grad, but out= and context= record no"):
+        selfattn.attention(q, k, v, out=torch.empty_like(q).requires_grad_())
+    with pytest.raises(selfattn.NotAvailable, match="merge_states: out requires grad"):
+        selfattn.merge_states(q, lse, k, lse, out=torch.empty_like(q).requires_grad_())
 
 
 def test_empty_torch_arrays_run():

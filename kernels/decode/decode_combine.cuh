@@ -9,9 +9,15 @@
 // (so a row with no key gets 0 and the sink's logit). One block
 // per row (striding over the rows when there are more than blocks), the splits summed in order
 // (deterministic).
+//
+// Each w_s is computed once per row, by one thread, into shared memory (kThreads splits at a
+// time), and every thread sums W and its columns' values from there: the same products, summed in
+// the same order, as computing w_s in every thread, without the 2 x kThreads exps per split and
+// row (the profiler's MUFU count made the launch MUFU-bound, above its own DRAM time, at 33 splits).
 #include <cmath>
 #include <cstdint>
 
+#include "../common/primitives.cuh"
 #include "../common/simt_tile.cuh"
 #include "kv_cache_params.h"
 
@@ -19,10 +25,14 @@ SELFATTN_KERNELS_BEGIN
 
 struct DecodeCombineTraits {
   static constexpr int kThreads = 128;
+  static constexpr int kMaxColumnsPerThread = 2;  // head_dim up to 256, the split-KV kernels' largest
+  static constexpr size_t kSmemBytes = kThreads * sizeof(float);  // one chunk of w_s
 };
 
 template <class T>
 __global__ void __launch_bounds__(DecodeCombineTraits::kThreads) decode_combine_kernel(const DecodeCombineParams p) {
+  constexpr int kThreads = DecodeCombineTraits::kThreads, kColumns = DecodeCombineTraits::kMaxColumnsPerThread;
+  float* weights = dynamic_smem<float>();
   // Grid-stride over rows: any number of rows with any grid.
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int i = int(row % p.seq_q), head = int((row / p.seq_q) % p.heads);
@@ -30,23 +40,37 @@ __global__ void __launch_bounds__(DecodeCombineTraits::kThreads) decode_combine_
     const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;  // ScoreMods::sinks, as head_sink
     float max_lse = sink;
     for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[int64_t(s) * p.rows + row]);
-    float sum = 0.0f, lse = -INFINITY;
-    if (max_lse != -INFINITY) {
-      sum = sink != -INFINITY ? expf(sink - max_lse) : 0.0f;
-      for (int s = 0; s < p.num_splits; ++s) sum += expf(p.partial_lse[int64_t(s) * p.rows + row] - max_lse);
-      lse = max_lse + logf(sum);
+    // No split and no sink with a key: every weight 0, out 0, lse -inf.
+    const bool any = max_lse != -INFINITY;
+    float sum = any && sink != -INFINITY ? expf(sink - max_lse) : 0.0f;
+    float value[kColumns] = {};
+    for (int chunk = 0; chunk < p.num_splits; chunk += kThreads) {
+      __syncthreads();  // the previous chunk's (or row's) weights are read
+      const int s = chunk + int(threadIdx.x);
+      if (s < p.num_splits) {
+        const float split_lse = p.partial_lse[int64_t(s) * p.rows + row];
+        // An empty split weighs 0 (its O is 0; exp(-inf - max) is 0 too, and NaN with max -inf).
+        weights[threadIdx.x] = any && split_lse != -INFINITY ? expf(split_lse - max_lse) : 0.0f;
+      }
+      __syncthreads();
+      const int count = p.num_splits - chunk < kThreads ? p.num_splits - chunk : kThreads;
+      for (int j = 0; j < count; ++j) {
+        const float w = weights[j];
+        sum += w;
+        if (w == 0.0f) continue;  // empty, or too far below the max to count: fmaf(0, O, v) == v
+        const float* o = p.partial_out + (int64_t(chunk + j) * p.rows + row) * p.head_dim;
+        for (int c = 0; c < kColumns; ++c) {
+          const int e = int(threadIdx.x) + c * kThreads;
+          if (e < p.head_dim) value[c] = fmaf(w, o[e], value[c]);
+        }
+      }
     }
     T* out = static_cast<T*>(p.out) + b * p.out_stride_batch + int64_t(head) * p.out_stride_head + int64_t(i) * p.out_stride_row;
-    for (int e = threadIdx.x; e < p.head_dim; e += blockDim.x) {
-      float value = 0.0f;
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float split_lse = p.partial_lse[int64_t(s) * p.rows + row];
-        if (split_lse == -INFINITY) continue;  // an empty split: its O is 0 and weighs nothing
-        value = fmaf(expf(split_lse - max_lse), p.partial_out[(int64_t(s) * p.rows + row) * p.head_dim + e], value);
-      }
-      out[e] = from_float<T>(sum > 0.0f ? value / sum : 0.0f);  // a row with no key (nor sink): 0
+    for (int c = 0; c < kColumns; ++c) {
+      const int e = int(threadIdx.x) + c * kThreads;
+      if (e < p.head_dim) out[e] = from_float<T>(sum > 0.0f ? value[c] / sum : 0.0f);  // a row with no key (nor sink): 0
     }
-    if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = lse;
+    if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = any ? max_lse + logf(sum) : -INFINITY;
   }
 }
 

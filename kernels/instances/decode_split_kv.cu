@@ -21,9 +21,14 @@ DecodeKernel split_kv_mma(const char* name) {
   return {make_kernel_ref<DecodeSplitKvParams, decode_split_kv_mma_kernel<T, D>>(name), Traits::kThreads,
           Traits::kRows, Traits::kSmemBytes, D};
 }
+// decode_combine holds kMaxColumnsPerThread of a row's columns per thread: every head_dim a
+// split-KV kernel takes.
+static_assert(DecodeCombineTraits::kThreads * DecodeCombineTraits::kMaxColumnsPerThread >= DecodeSplitKvTraits::kMaxHeadDim,
+              "decode_combine covers the SIMT kernel's head dims");
 template <class T>
 DecodeKernel combine(const char* name) {
-  return {make_kernel_ref<DecodeCombineParams, decode_combine_kernel<T>>(name), DecodeCombineTraits::kThreads, 1, 0, 0};
+  return {make_kernel_ref<DecodeCombineParams, decode_combine_kernel<T>>(name), DecodeCombineTraits::kThreads, 1,
+          DecodeCombineTraits::kSmemBytes, 0};
 }
 }  // namespace
 

@@ -20,8 +20,20 @@ namespace {
 // - MUFU: 16 results per SM per clock for the 32-bit reciprocal, reciprocal square root, base-2
 //   logarithm and exponential, sine and cosine (CUDA C++ Programming Guide, "Arithmetic
 //   Instructions" throughput table, compute capability 8.0 and 9.0: 4 per SM sub-partition).
+// - Global memory into (or out of) one SM: 128 bytes per clock, the return bandwidth of the unified
+//   L1 / shared-memory data path that every global load's data (an L1 hit, an L2 or DRAM sector, a
+//   cp.async source) passes through (NVIDIA's answer on the developer forum, "Unexpected shared
+//   memory bank conflict", forums.developer.nvidia.com/t/77228: "The return bandwidth of L1 and
+//   shared memory is 128 bytes/cycle", compute capability 7.x; the same 32 banks x 4 bytes as the
+//   shared-memory ceiling above, on the same SRAM since Volta). What an SM can draw from L2 is
+//   less (the A100 whitepaper gives the whole L2 5120 bytes per clock of read bandwidth, ~47 per
+//   SM with all 108 busy; no published per-SM L2-to-SM figure for Hopper was found), so this is an
+//   upper limit on the rate and the time it gives stays a lower bound. It shows a grid of too few
+//   blocks, whose SMs cannot take the bytes in as fast as DRAM sends them: on the H200, fewer
+//   than 4.3e12 / (128 x 1.98e9) ~ 17 busy SMs for a kernel that reads each byte once.
 constexpr double kSmemWavefrontsPerSmClock = 1.0;
 constexpr double kMufuPerSmClock = 16.0;
+constexpr double kGlobalBytesPerSmClock = 128.0;
 
 }  // namespace
 
@@ -42,6 +54,7 @@ const GpuCeilings& gpu_h200() {
       790e12,
       kSmemWavefrontsPerSmClock,
       kMufuPerSmClock,
+      kGlobalBytesPerSmClock,
   };
   return h200;
 }
@@ -59,6 +72,7 @@ const GpuCeilings& gpu_a100_sxm_80gb() {
       312e12,
       kSmemWavefrontsPerSmClock,
       kMufuPerSmClock,
+      kGlobalBytesPerSmClock,
   };
   return a100;
 }
@@ -73,13 +87,19 @@ const GpuCeilings* gpu_ceilings(const std::string& name) {
 
 SpeedOfLight estimate(const LaunchProfile& p, const GpuCeilings& gpu) {
   // A block runs on one SM, so a grid of fewer blocks than SMs has at most that many SMs' shared
-  // memory, MUFUs and tensor cores: the per-SM resources are shared by min(blocks, SMs) SMs (the
-  // busiest SM has at least the average of those). DRAM is the device's.
+  // memory, MUFUs, tensor cores and global-memory paths: the per-SM resources are shared by
+  // min(blocks, SMs) SMs (the busiest SM has at least the average of those). DRAM is the device's.
   const double sms = double(p.blocks == 0 ? gpu.sms : std::min<uint64_t>(p.blocks, gpu.sms));
   const double sm_share = sms / double(gpu.sms);
+  // sm_global: the sectors every request moves (a block re-reading a sector moves it again, an L1
+  // hit included), reads and writes each at the per-SM rate; the larger of the two, as the paths
+  // in and out are not known to share it.
+  const GlobalTraffic reads = p.reads(), writes = p.writes();
+  const double sm_global_bytes = 32.0 * double(std::max(reads.sectors, writes.sectors));
   SpeedOfLight s;
   s.resources = {
       {"dram", double(p.dram_bytes_lower_bound()) / gpu.dram_bytes_per_s},
+      {"sm_global", sm_global_bytes / (gpu.global_bytes_per_sm_clock * sms * gpu.clock_hz)},
       {"tensor", double(p.tensor_flops()) / (gpu.tensor_flops_per_s * sm_share)},
       {"shared", double(p.shared_wavefronts()) / (gpu.smem_wavefronts_per_sm_clock * sms * gpu.clock_hz)},
       {"mufu", double(p.mufu_ops()) / (gpu.mufu_ops_per_sm_clock * sms * gpu.clock_hz)},

@@ -246,6 +246,48 @@ TEST(SimProfile, SpeedOfLightWithFewerBlocksThanSms) {
   EXPECT_NEAR(s.lower_bound_seconds, 8e-6, 1e-12);
 }
 
+// The per-SM global-memory path (128 bytes per SM per clock): a grid of few blocks cannot pull
+// DRAM's bandwidth through its SMs. 8 blocks each reading 2 MB once (16 MB, 524288 sectors, each
+// distinct) and writing 4 KB.
+sim::LaunchProfile few_blocks_streaming(uint64_t blocks) {
+  sim::LaunchProfile p;
+  p.blocks = blocks;
+  sim::BufferTraffic cache;
+  cache.label = "cache";
+  cache.read.requests = 32768;
+  cache.read.sectors = 524288;
+  cache.read.distinct_sectors = 524288;
+  sim::BufferTraffic out;
+  out.label = "out";
+  out.write.sectors = 1024;
+  out.write.distinct_sectors = 1024;
+  p.global = {cache, out};
+  return p;
+}
+
+TEST(SimProfile, SpeedOfLightOfTheSmGlobalPath) {
+  // 8 blocks: 16 MB / (128 B x 8 SMs x 1.98e9) = 8.28 us, over DRAM's (16 MB + 32 KB) / 4.3e12 = 3.91 us.
+  const sim::SpeedOfLight few = sim::estimate(few_blocks_streaming(8), sim::gpu_h200());
+  EXPECT_NEAR(seconds_of(few, "sm_global"), 16777216.0 / (128.0 * 8 * 1.98e9), 1e-12);
+  EXPECT_NEAR(seconds_of(few, "dram"), (16777216.0 + 32768.0) / 4.3e12, 1e-12);
+  EXPECT_EQ(few.limiter, "sm_global");
+  // 264 blocks: 132 SMs share it, 16 MB / (128 x 132 x 1.98e9) = 0.50 us; DRAM is the bound.
+  const sim::SpeedOfLight full = sim::estimate(few_blocks_streaming(264), sim::gpu_h200());
+  EXPECT_NEAR(seconds_of(full, "sm_global"), 16777216.0 / (128.0 * 132 * 1.98e9), 1e-12);
+  EXPECT_EQ(full.limiter, "dram");
+  // The sectors each request moved count, not the distinct ones: every block re-reading the same
+  // 16 MB (8x the requests and sectors, the distinct sectors unchanged) moves 8x through the SMs.
+  sim::LaunchProfile reread = few_blocks_streaming(264);
+  reread.global[0].read.sectors *= 8;
+  const sim::SpeedOfLight r = sim::estimate(reread, sim::gpu_h200());
+  EXPECT_NEAR(seconds_of(r, "sm_global"), 8 * 16777216.0 / (128.0 * 132 * 1.98e9), 1e-12);  // 4.01 us
+  EXPECT_NEAR(seconds_of(r, "dram"), seconds_of(full, "dram"), 1e-15);
+  EXPECT_EQ(r.limiter, "sm_global");
+  // Writes take the larger of the two directions, not their sum: 1024 sectors written beside
+  // 524288 read leave the time the reads'.
+  EXPECT_NEAR(seconds_of(full, "sm_global"), 32.0 * 524288 / (128.0 * 132 * 1.98e9), 1e-12);
+}
+
 TEST(SimProfile, SpeedOfLightOnTheA100) {
   const sim::GpuCeilings* a100 = sim::gpu_ceilings("a100");
   ASSERT_NE(a100, nullptr);
@@ -255,6 +297,8 @@ TEST(SimProfile, SpeedOfLightOnTheA100) {
   EXPECT_NEAR(seconds_of(s, "tensor"), 790e6 / 312e12, 1e-12);
   EXPECT_NEAR(seconds_of(s, "shared"), 522720.0 / (108 * 1.41e9), 1e-12);
   EXPECT_NEAR(seconds_of(s, "mufu"), 4181760.0 / (16 * 108 * 1.41e9), 1e-12);
+  EXPECT_EQ(seconds_of(s, "sm_global"), 0.0);  // the hand profile counts distinct sectors only
+  EXPECT_EQ(a100->global_bytes_per_sm_clock, 128.0);
   EXPECT_EQ(s.limiter, "dram");
   EXPECT_EQ(sim::gpu_ceilings("H200"), &sim::gpu_h200());
   EXPECT_EQ(sim::gpu_ceilings("V100"), nullptr);

@@ -227,6 +227,7 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   kernels::LaunchShape combine_launch;
   combine_launch.grid = dim3(unsigned(std::min<int64_t>(params.rows, kMaxCombineBlocks)));
   combine_launch.block = dim3(unsigned(combine.threads));
+  combine_launch.dynamic_smem_bytes = combine.smem_bytes;
   state.device->launch(combine.kernel, combine_launch, &merge);
 }
 

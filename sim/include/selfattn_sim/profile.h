@@ -122,6 +122,10 @@ struct GpuCeilings {
   double tensor_flops_per_s;            // dense f16 / bf16 tensor-core FLOPs with f32 accumulation
   double smem_wavefronts_per_sm_clock;  // 1: 32 banks x 4 bytes per SM per clock
   double mufu_ops_per_sm_clock;         // 16: 4 per SM sub-partition
+  // Global-memory bytes one SM can take in (or send out) per clock: the L1TEX data path every load's
+  // data returns through, 128 bytes per clock. A grid of fewer blocks than SMs reaches at most that
+  // many SMs' worth of it, whatever DRAM could give.
+  double global_bytes_per_sm_clock = 128.0;
 };
 const GpuCeilings& gpu_h200();
 const GpuCeilings& gpu_a100_sxm_80gb();
@@ -129,7 +133,7 @@ const GpuCeilings& gpu_a100_sxm_80gb();
 const GpuCeilings* gpu_ceilings(const std::string& name);
 
 struct ResourceTime {
-  std::string resource;  // "dram", "tensor", "shared", "mufu"
+  std::string resource;  // "dram", "sm_global", "tensor", "shared", "mufu"
   double seconds = 0.0;
 };
 // A lower bound on the launch's time, not a measurement and not a prediction: each resource's

@@ -93,3 +93,58 @@ def test_a_circle_is_named():
     tree = ast.parse("def f():\n    from . import _torch, attention\n    from ._calls import torch_ops\n")
     assert imported_modules(tree, {PACKAGE, "selfattn._torch", "selfattn._calls"}) == \
         {PACKAGE, "selfattn._torch", "selfattn._calls"}
+
+
+INTEGRATIONS_DIR = PACKAGE_DIR / "integrations"
+
+
+def public_names():
+    """The names selfattn's root exports (its __all__), read from the source."""
+    tree = ast.parse((PACKAGE_DIR / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("selfattn/__init__.py has no __all__")
+
+
+def package_imports(tree, depth):
+    """(line, what) for each import of selfattn in `tree`, a module `depth` packages below the root
+    (relative imports resolved): "selfattn" for the root itself, "selfattn.X" for a module or name X
+    taken from it, "selfattn.X.Y..." for anything deeper."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if not (node.module or "").split(".")[0] == PACKAGE:
+                    continue
+                source = node.module
+            else:
+                if node.level > depth + 1:
+                    raise AssertionError(f"line {node.lineno}: an import from above the package")
+                base = [PACKAGE, "integrations"][:depth + 2 - node.level]
+                source = ".".join(base + ([node.module] if node.module else []))
+            found += [(node.lineno, f"{source}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == PACKAGE]
+    return found
+
+
+def test_integrations_use_the_public_api_only():
+    # The integration modules (selfattn.integrations.*) build on what a user of selfattn sees: the
+    # root package and the names in its __all__, never the private modules (whose functions
+    # change with the package), and no other integration module.
+    public = public_names()
+    paths = sorted(INTEGRATIONS_DIR.glob("*.py"))
+    assert paths, "no selfattn/integrations/*.py"
+    for path in paths:
+        for line, what in package_imports(ast.parse(path.read_text(), str(path)), 1):
+            parts = what.split(".")
+            ok = what == PACKAGE or (len(parts) == 2 and parts[1] in public)
+            assert ok, f"{path.name}:{line} imports {what}: integrations may import selfattn's public API only"
+
+
+def test_the_package_does_not_import_its_integrations():
+    # Importing selfattn stays free of the integrations (and of what they import, torch included).
+    for path in sorted(PACKAGE_DIR.glob("*.py")):
+        for line, what in package_imports(ast.parse(path.read_text(), str(path)), 0):
+            assert not what.startswith(f"{PACKAGE}.integrations"), f"{path.name}:{line} imports {what}"

@@ -18,7 +18,7 @@ from ._selfattn import Context, InvalidArgument, NotAvailable
 def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Optional[float] = None,
               path: str = "auto", key_lengths: Any = None, return_lse: bool = False, out: Any = None,
               layout: str = "bhsd", window: Optional[tuple] = None, softcap: Optional[float] = None,
-              alibi_slopes: Any = None, bias: Any = None, sinks: Any = None,
+              alibi_slopes: Any = None, bias: Any = None, sinks: Any = None, deterministic: bool = False,
               context: Optional[Context] = None) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
@@ -70,18 +70,24 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     (out= and context= record no autograd graph: inputs that require grad are refused then, with
     NotAvailable, and so is an out that requires grad); sinks train with q, k and v, alibi_slopes
     and bias get no gradient and must not require one.
+
+    deterministic: the mode of the backward that loss.backward() runs on torch tensors through the
+    custom op (see attention_backward's ``deterministic``: bitwise-identical gradients run to run; on
+    the fused path dQ then comes from a second kernel instead of atomics). The forward is
+    deterministic already, so it changes nothing else: a call without autograd (other arrays, out=,
+    context=) accepts it and computes the same out.
     """
     _check_keywords(causal, layout, path)
     op = _torch_op("attention", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-        options = (causal, _float_or_none("scale", scale), path, lengths, layout, *_window_sides(window),
-                   _float_or_none("softcap", softcap), _float32_or_none("alibi_slopes", alibi_slopes, q), bias,
-                   _float32_or_none("sinks", sinks, q))
-        if out is None:
-            result, lse = op(q, k, v, *options)
+        options = (causal, _float_or_none("scale", scale), path, lengths, layout)
+        mods = (*_window_sides(window), _float_or_none("softcap", softcap),
+                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
+        if out is None:  # deterministic goes to the backward op through the autograd formula
+            result, lse = op(q, k, v, *options, bool(deterministic), *mods)
         else:
-            result, lse = out, op(q, k, v, out, *options, bool(return_lse))
+            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
@@ -148,7 +154,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      causal: Optional[str] = None, scale: Optional[float] = None, path: str = "auto",
                      return_lse: bool = False, out: Any = None, window: Optional[tuple] = None,
                      softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                     sinks: Any = None, context: Optional[Context] = None) -> Any:
+                     sinks: Any = None, deterministic: bool = False, context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -160,7 +166,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
       pass them to avoid both).
     - returns out: [total_q, heads, head_dim], and with return_lse=True lse: float32 [heads, total_q].
 
-    causal, scale, path, out, window, softcap and context mean what they mean for attention(); the
+    causal, scale, path, out, window, softcap, deterministic and context mean what they mean for
+    attention() (deterministic: the backward's mode under loss.backward(), nothing else); the
     causal mask, the window and the scale apply within each sequence, rows and keys counted from
     the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
@@ -176,12 +183,13 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
         options = (cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
                    _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
-                   _float_or_none("scale", scale), path, *_window_sides(window), _float_or_none("softcap", softcap),
-                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
-        if out is None:
-            result, lse = op(q, k, v, *options)
+                   _float_or_none("scale", scale), path)
+        mods = (*_window_sides(window), _float_or_none("softcap", softcap),
+                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
+        if out is None:  # deterministic goes to the backward op through the autograd formula
+            result, lse = op(q, k, v, *options, bool(deterministic), *mods)
         else:
-            result, lse = out, op(q, k, v, out, *options, bool(return_lse))
+            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse))
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,

@@ -19,12 +19,17 @@ with fake implementations). The masks and score modifiers are the ops' arguments
 see them. out and lse are both differentiable (the library's backward takes dlse, the gradient of
 lse, through BackwardOptions::dlse). sinks train: when they require grad, the backward op returns
 their gradient too (BackwardOptions::dsinks, return_dsinks=True). None flows to alibi_slopes or bias
-(the public functions refuse those when they require grad). The out variants have no autograd
-formula: the public functions refuse inputs that require grad with out= (NotAvailable), as they do
-for the KV-cache ops.
+(the public functions refuse those when they require grad). The forward ops (not their out
+variants) take ``deterministic``, which their implementation ignores (the forward is deterministic
+already): it is saved with the other options and handed to the backward op, which passes it to the
+library's backward (BackwardOptions::deterministic: on the fused path dQ in a second kernel, not
+with atomics, so loss.backward() gives bitwise-identical gradients run to run). The out variants
+have no autograd formula: the public functions refuse inputs that require grad with out=
+(NotAvailable), as they do for the KV-cache ops.
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
-alibi_slopes, bias, sinks."""
+alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops
+(sinks stays the last option: the autograd formula gives it its gradient)."""
 from typing import Optional, Tuple
 
 _ops = None
@@ -58,17 +63,17 @@ def _register():
 
     @torch.library.custom_op("selfattn::attention", mutates_args=())
     def attention(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str], scale: Optional[float], path: str,
-                  key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
-                  softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                  key_lengths: Optional[Tensor], layout: str, deterministic: bool, window_left: int,
+                  window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                   sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        from ._forward import _attention
+        from ._forward import _attention  # deterministic is the backward's (the forward is deterministic already)
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
                           softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
 
     @attention.register_fake
-    def _(q, k, v, causal, scale, path, key_lengths, layout, window_left, window_right, softcap, alibi_slopes,
-          bias, sinks):
+    def _(q, k, v, causal, scale, path, key_lengths, layout, deterministic, window_left, window_right, softcap,
+          alibi_slopes, bias, sinks):
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
@@ -112,12 +117,14 @@ def _register():
     @torch.library.custom_op("selfattn::attention_backward", mutates_args=())
     def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                            dlse: Optional[Tensor], causal: Optional[str], scale: Optional[float], path: str,
-                           key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
-                           softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
-                           sinks: Optional[Tensor], return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                           key_lengths: Optional[Tensor], layout: str, deterministic: bool, window_left: int,
+                           window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
+                           bias: Optional[Tensor], sinks: Optional[Tensor],
+                           return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from ._backward import attention_backward as library_backward
         grads = library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
-                                 key_lengths=key_lengths, layout=layout, window=(window_left, window_right),
+                                 key_lengths=key_lengths, layout=layout, deterministic=deterministic,
+                                 window=(window_left, window_right),
                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                  dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
         return with_dsinks(grads, return_dsinks, q)
@@ -163,10 +170,10 @@ def _register():
     @torch.library.custom_op("selfattn::attention_varlen", mutates_args=())
     def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
-                         path: str, window_left: int, window_right: int, softcap: Optional[float],
-                         alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                         path: str, deterministic: bool, window_left: int, window_right: int,
+                         softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        from ._forward import _attention_varlen
+        from ._forward import _attention_varlen  # deterministic: as for attention, the backward's
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
@@ -197,14 +204,15 @@ def _register():
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                                   dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                                   max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str],
-                                  scale: Optional[float], path: str, window_left: int, window_right: int,
-                                  softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
-                                  sinks: Optional[Tensor],
+                                  scale: Optional[float], path: str, deterministic: bool, window_left: int,
+                                  window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
+                                  bias: Optional[Tensor], sinks: Optional[Tensor],
                                   return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from ._backward import attention_varlen_backward as library_varlen_backward
         grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-                                        scale=scale, path=path, window=(window_left, window_right), softcap=softcap,
+                                        scale=scale, path=path, deterministic=deterministic,
+                                        window=(window_left, window_right), softcap=softcap,
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                         dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
         return with_dsinks(grads, return_dsinks, q)

@@ -150,6 +150,44 @@ def test_func_deterministic_without_gradients_is_accepted():
     assert torch.equal(flash_attn_func(q, k, v, deterministic=True), flash_attn_func(q, k, v))
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["func", "varlen_func"])
+def test_deterministic_with_gradients_runs_the_deterministic_backward(varlen, monkeypatch):
+    # deterministic=True with gradients maps to selfattn's deterministic=: the library's backward
+    # is called with it (a spy on the calls the backward ops make), and two backward passes give
+    # the same bytes (float16, headdim 64) and the reference's gradients.
+    from selfattn import _backward
+    name = "attention_varlen_backward" if varlen else "attention_backward"
+    seen = []
+
+    def spy(*args, real=getattr(_backward, name), **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_backward, name, spy)
+    q, k, v = qkv(6, 1, 24, 40, dim=64, dtype="float16")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(torch.float16)
+    cu_q, cu_k = torch.tensor([0, 24], dtype=torch.int32), torch.tensor([0, 40], dtype=torch.int32)
+
+    def gradients(deterministic):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        if varlen:
+            out = flash_attn_varlen_func(*(x[0] for x in inputs), cu_q, cu_k, 24, 40, causal=True,
+                                         deterministic=deterministic)[None]
+        else:
+            out = flash_attn_func(*inputs, causal=True, deterministic=deterministic)
+        out.backward(dout)
+        return [x.grad for x in inputs]
+
+    first, second = gradients(True), gradients(True)
+    gradients(False)
+    assert seen == [True, True, False]
+    inputs = [x.double().requires_grad_() for x in (q, k, v)]
+    want = torch.autograd.grad(reference(*inputs, causal=True)[0], inputs, dout.double())
+    for a, b, expected in zip(first, second, want):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        assert_close(a, expected, "float16", per_row=False, factor=2)
+
+
 # --- flash_attn_varlen_func ---
 
 
@@ -310,6 +348,7 @@ def test_kvcache_rotary_where_positions_agree(interleaved, seqlen, causal, windo
 
 
 def test_refusals_are_runtime_errors_naming_the_argument():
+    # (deterministic=True with gradients is not among them: it maps to selfattn's deterministic=, tested above.)
     q, k, v = qkv(51, 1, 3, 3)
     cu = torch.tensor([0, 3], dtype=torch.int32)
     k_cache, v_cache = cache(52, 1, 8)
@@ -318,7 +357,6 @@ def test_refusals_are_runtime_errors_naming_the_argument():
     cases = [
         (lambda: flash_attn_func(q, k, v, dropout_p=0.1), "dropout_p"),
         (lambda: flash_attn_func(q, k, v, return_attn_probs=True), "return_attn_probs"),
-        (lambda: flash_attn_func(q.clone().requires_grad_(), k, v, deterministic=True), "deterministic"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, dropout_p=0.5), "dropout_p"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, return_attn_probs=True), "return_attn_probs"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, block_table=cu[None]), "block_table"),

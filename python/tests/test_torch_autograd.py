@@ -1,11 +1,13 @@
 """PyTorch autograd on CPU tensors (they run on the sim through DLPack): gradients through the
 torch.library custom op reach the library's backward, with every mask and score modifier and
 key_lengths, for attention and attention_varlen, through lse, and compiled (AOTAutograd) as eager;
+deterministic=True carried to the library's backward (bitwise-stable gradients on the fused path);
 self_attention trains as the same model on torch's SDPA; the refusal of inputs that require grad
 where no gradient would reach them. Trainable sinks are in test_torch_sinks.py. Skipped without
 PyTorch (scripts/setup-deps installs it where it can). The tests marked device_check take a
 `torch_device` (conftest.py) and run on CUDA tensors too where there is a GPU:
 bench/device-check.sh runs those on a lent one."""
+import numpy as np
 import pytest
 
 import selfattn
@@ -140,6 +142,99 @@ def test_autograd_of_varlen_with_modifiers(torch_device):
                                                   path="naive", window=(1, 1), softcap=4.0,
                                                   alibi_slopes=mods["alibi_slopes"]),
         small, eps=1e-2, atol=2e-3, rtol=2e-3)
+
+
+def bits(t):
+    """A float16/bfloat16 tensor's bytes as int16 (torch.equal on them compares bit for bit)."""
+    return t.detach().cpu().contiguous().view(torch.int16)
+
+
+@pytest.mark.device_check
+@pytest.mark.parametrize("dtype,dim", [("float16", 32), ("bfloat16", 64), ("float16", 128)])
+def test_deterministic_backward_is_bitwise_stable(torch_device, dtype, dim):
+    # attention(..., deterministic=True) on the fused path (f16/bf16, head_dim 32/64/128, GQA,
+    # causal): two loss.backward() give the same bytes, the bytes of
+    # selfattn.attention_backward(..., deterministic=True) on the same values (on a GPU too, where
+    # the default mode adds dQ with atomics), and the float64 reference's gradients to tolerance.
+    torch_dtype = getattr(torch, dtype)
+    q, dout = tensors((1, 4, 40, dim), torch_dtype, seed=21, device=torch_device)[:2]
+    k, v = tensors((1, 2, 70, dim), torch_dtype, seed=22, device=torch_device)[:2]
+    options = dict(causal="bottom_right", path="fused")
+
+    def gradients():
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        selfattn.attention(*inputs, deterministic=True, **options).backward(dout)
+        return [t.grad for t in inputs]
+
+    first, second = gradients(), gradients()
+    out, lse = selfattn.attention(q, k, v, return_lse=True, **options)
+    direct = selfattn.attention_backward(q, k, v, out, dout, lse, deterministic=True, **options)
+    want = reference_backward(*(host(t.float()) for t in (q, k, v, dout)), "bottom_right")
+    for a, b, c, expected in zip(first, second, direct, want):
+        assert a.dtype == torch_dtype and a.device == q.device
+        assert torch.equal(bits(a), bits(b)) and torch.equal(bits(a), bits(c))
+        assert relative_error(host(a.float()), expected, per_row=False) <= 2 * TOLERANCE[dtype]
+
+
+@pytest.mark.device_check
+def test_deterministic_varlen_backward_is_bitwise_stable(torch_device):
+    # attention_varlen(..., deterministic=True): packed sequences of 17 and 23 rows (keys 25 and
+    # 40), bfloat16, head_dim 64, fused: two loss.backward() give the bytes of
+    # attention_varlen_backward(..., deterministic=True), and the reference's gradients per sequence.
+    q, dout = (t[0].transpose(0, 1).contiguous() for t in tensors((1, 4, 40, 64), torch.bfloat16, seed=25,
+                                                                  device=torch_device)[:2])
+    k, v = (t[0].transpose(0, 1).contiguous() for t in tensors((1, 2, 65, 64), torch.bfloat16, seed=26,
+                                                               device=torch_device)[:2])
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=torch_device) for cu in ([0, 17, 40], [0, 25, 65]))
+    options = dict(causal="top_left", path="fused", max_seqlen_q=23, max_seqlen_k=40)
+
+    def gradients():
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        selfattn.attention_varlen(*inputs, cu_q, cu_k, deterministic=True, **options).backward(dout)
+        return [t.grad for t in inputs]
+
+    first, second = gradients(), gradients()
+    out, lse = selfattn.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **options)
+    direct = selfattn.attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, deterministic=True, **options)
+    for a, b, c in zip(first, second, direct):
+        assert torch.equal(bits(a), bits(b)) and torch.equal(bits(a), bits(c))
+
+    def bhsd(t):
+        return host(t.float()).transpose(1, 0, 2)[None]
+
+    for rows, keys in ((slice(0, 17), slice(0, 25)), (slice(17, 40), slice(25, 65))):
+        want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), "top_left")
+        for got, expected in zip((first[0][rows], first[1][keys], first[2][keys]), want):
+            assert relative_error(bhsd(got), expected, per_row=False) <= 2 * TOLERANCE["bfloat16"]
+
+
+def test_deterministic_reaches_the_library_backward(monkeypatch):
+    # The ops carry the flag from the forward call to the library's backward: a spy on the backward
+    # calls the backward ops make sees each value given (on the sim a dropped flag would still give
+    # stable bytes within one process, so the bitwise tests above cannot tell). Without autograd
+    # (NumPy arrays, out=) the flag is accepted and changes nothing: the forward is deterministic.
+    from selfattn import _backward
+    seen = []
+    for name in ("attention_backward", "attention_varlen_backward"):
+        def spy(*args, real=getattr(_backward, name), name=name, **kwargs):
+            seen.append((name, kwargs["deterministic"]))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(_backward, name, spy)
+    q, k, v = (t.requires_grad_() for t in tensors((1, 2, 5, 8), seed=24))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    packed = [t[0].transpose(0, 1) for t in (q, k, v)]
+    selfattn.attention(q, k, v).sum().backward()
+    selfattn.attention_varlen(*packed, cu, cu).sum().backward()
+    for deterministic in (False, True):
+        selfattn.attention(q, k, v, deterministic=deterministic).sum().backward()
+        selfattn.attention_varlen(*packed, cu, cu, deterministic=deterministic).sum().backward()
+    assert seen == [(name, flag) for flag in (False, False, True)
+                    for name in ("attention_backward", "attention_varlen_backward")]
+    arrays = [host(t) for t in (q, k, v)]
+    assert np.array_equal(selfattn.attention(*arrays, deterministic=True), selfattn.attention(*arrays))
+    with torch.no_grad():
+        out = torch.empty_like(q)
+        assert torch.equal(selfattn.attention(q, k, v, out=out, deterministic=True), selfattn.attention(q, k, v))
 
 
 def test_calls_without_a_gradient_refuse_inputs_that_require_one():

@@ -60,8 +60,8 @@ def test_fake_implementation_gives_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 5, 4, 8)
         k = v = torch.empty(2, 6, 2, 8)
-        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd", -1, -1, None, None, None,
-                                                None)
+        out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd", False, -1, -1, None, None,
+                                                None, None)
         assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
@@ -88,8 +88,8 @@ def test_fake_implementation_of_varlen_and_compile():
     with FakeTensorMode():
         q, k = torch.empty(9, 4, 8), torch.empty(11, 2, 8)
         cu = torch.empty(3, dtype=torch.int32)
-        out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", -1, -1, None, None,
-                                                        None, None)
+        out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", False, -1, -1,
+                                                        None, None, None, None)
         assert out.shape == q.shape and lse.shape == (4, 9) and lse.dtype == torch.float32
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(6, 2, 8, generator=g) for _ in range(3))
@@ -106,7 +106,8 @@ def test_fake_implementation_of_varlen_and_compile():
 def test_fake_implementations_match_the_real_ones(torch_device):
     # torch.library.opcheck compares each op's fake with its real implementation (shapes, dtypes,
     # devices and strides: both give contiguous outputs, also for transposed inputs) and checks the
-    # schema; with and without sinks, and the backward ops with and without dsinks.
+    # schema; with and without sinks, and the backward ops with and without dsinks, in both modes
+    # (deterministic, which the forward ops carry to the backward ones).
     if not hasattr(torch.library, "opcheck"):
         pytest.skip("this PyTorch has no torch.library.opcheck")
     g = torch.Generator().manual_seed(15)
@@ -116,23 +117,26 @@ def test_fake_implementations_match_the_real_ones(torch_device):
     utils = ("test_schema", "test_faketensor")
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention.default,
-                              (q, k, v, "bottom_right", None, "auto", None, "bhsd", 2, 0, 5.0, None, bias, with_sinks),
+                              (q, k, v, "bottom_right", None, "auto", None, "bhsd", with_sinks is None, 2, 0, 5.0, None,
+                               bias, with_sinks),
                               test_utils=utils)
     out, lse = selfattn.attention(q, k, v, return_lse=True, sinks=sinks)
     for with_sinks, return_dsinks in ((None, False), (sinks, False), (sinks, True)):
         torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
                               (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto",
-                               None, "bhsd", -1, -1, None, None, None, with_sinks, return_dsinks), test_utils=utils)
+                               None, "bhsd", return_dsinks, -1, -1, None, None, None, with_sinks, return_dsinks),
+                              test_utils=utils)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=torch_device)
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
-                              (*packed, cu, cu, 3, 3, None, None, "auto", -1, -1, None, None, None, with_sinks),
+                              (*packed, cu, cu, 3, 3, None, None, "auto", with_sinks is None, -1, -1, None, None, None,
+                               with_sinks),
                               test_utils=utils)
     out, lse = selfattn.attention_varlen(*packed, cu, cu, return_lse=True, sinks=sinks)
     torch.library.opcheck(torch.ops.selfattn.attention_varlen_backward.default,
                           (*packed, out, torch.randn_like(out), lse, None, cu, cu, 3, 3, "top_left", None, "auto",
-                           -1, -1, None, None, None, sinks, True), test_utils=utils)
+                           True, -1, -1, None, None, None, sinks, True), test_utils=utils)
     cache = torch.randn(1, 2, 6, 8, generator=g).to(torch_device)
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,

@@ -18,6 +18,9 @@ attention_with_kv_cache with layout="bshd", FlashAttention's [batch, seqlen, nhe
 - softcap=0.0: none; softcap > 0: softcap.
 - alibi_slopes: float32 [nheads] or [batch, nheads], -slope * |i + seqlen_k - seqlen_q - j|.
 - softmax_scale=None: 1 / sqrt(headdim).
+- deterministic (flash_attn_func, flash_attn_varlen_func): deterministic=, the mode of the library's
+  backward that loss.backward() runs (bitwise-identical gradients run to run; the fused path then
+  computes dQ in a second kernel instead of with atomics). The forward is deterministic either way.
 - num_splits: the library's num_splits (0: it chooses).
 
 Conventions FlashAttention's users rely on, kept here:
@@ -45,8 +48,6 @@ Refused, with a FlashAttnNotSupported naming the argument (none is silently igno
 
 - dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
-- deterministic=True when q, k or v requires grad: the torch ops cannot ask the library's backward
-  for its deterministic mode (without gradients it changes nothing: the forward is deterministic).
 - flash_attn_varlen_func's block_table (a paged KV cache in varlen calls).
 - cache_batch_idx and cache_leftpad in flash_attn_with_kvcache.
 - flash_attn_with_kvcache with rotary_cos/rotary_sin where FlashAttention places q's rows at other
@@ -153,7 +154,7 @@ def _scale(function, softmax_scale):
     return float(softmax_scale)
 
 
-def _refuse_training_options(function, dropout_p, deterministic, return_attn_probs, q, k, v):
+def _refuse_training_options(function, dropout_p, return_attn_probs):
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
         _invalid(function, f"dropout_p expected a probability in [0, 1), got {dropout_p!r}")
     if dropout_p > 0:
@@ -162,10 +163,6 @@ def _refuse_training_options(function, dropout_p, deterministic, return_attn_pro
     if return_attn_probs:
         _refuse(function, "return_attn_probs=True is not supported: selfattn never forms the attention "
                           "probabilities (S_dmask)")
-    if deterministic and torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                                         for x in (q, k, v)):
-        _refuse(function, "deterministic=True is not supported when q, k or v requires grad: selfattn's torch "
-                          "ops do not pass the deterministic mode to the library's backward")
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -174,10 +171,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q.
     Differentiable in q, k and v. See the module's doc for each argument and what is refused."""
     name = "flash_attn_func"
-    _refuse_training_options(name, dropout_p, deterministic, return_attn_probs, q, k, v)
+    _refuse_training_options(name, dropout_p, return_attn_probs)
     q, k, v = _tensor(name, "q", q, 4), _tensor(name, "k", k, 4), _tensor(name, "v", v, 4)
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
-                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes)
+                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
+                   deterministic=bool(deterministic))
     with _runtime_errors(name):
         return selfattn.attention(q, k, v, layout="bshd", **options)
 
@@ -190,7 +188,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
     like q; differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
-    _refuse_training_options(name, dropout_p, deterministic, return_attn_probs, q, k, v)
+    _refuse_training_options(name, dropout_p, return_attn_probs)
     if block_table is not None:
         _refuse(name, "block_table (a paged KV cache) is not supported in varlen calls; use flash_attn_with_kvcache "
                       "with block_table, or a packed k and v")
@@ -199,7 +197,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             _invalid(name, f"{label} expected an int >= 0, got {value!r}")
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
-                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes)
+                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
+                   deterministic=bool(deterministic))
     with _runtime_errors(name):
         return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
                                          max_seqlen_k=int(max_seqlen_k), **options)

@@ -120,6 +120,19 @@ TEST(KvCacheEdges, CombineHeadDimBeyondOnePassOfThreads) {
   }
 }
 
+// decode_combine weighs the splits kThreads at a time (one weight a thread, in shared memory):
+// split counts one below, at and one above a chunk and past two, most of the splits empty (the
+// cache holds fewer tiles than splits), so chunk boundaries fall among empty and full splits.
+TEST(KvCacheEdges, CombineSplitsAroundEachChunkOfWeights) {
+  Context ctx;
+  constexpr int kCombineThreads = kernels::DecodeCombineTraits::kThreads;
+  for (int splits : {kCombineThreads - 1, kCombineThreads, kCombineThreads + 1, 2 * kCombineThreads + 1}) {
+    AttendCase c = attend(cache_for(DType::f16, 2, 64, {3 * kSimtKeys + 7, 40}), 2, 1);
+    c.num_splits = splits;
+    EXPECT_TRUE(check_attend(ctx, c, Path::fused)) << splits << " splits";
+  }
+}
+
 // rotary_rows rotates q in groups of RotaryRowsTraits::kRowsPerBlock rows per block: new rows one
 // below, at and above a group, the longest sequence's last row at the tables' last row
 // (check_attend's tables end there).

@@ -8,7 +8,7 @@ namespace selfattn::kernels {
 enum class Element : uint8_t { f32, f16, bf16 };
 
 // Which keys a query row sees: the same three rules as selfattn::Causal (types.h), applied by
-// visible_keys() in causal_mask.cuh.
+// visible_key_range() in causal_mask.cuh.
 enum class CausalMask : uint8_t { none, top_left, bottom_right };
 
 // Which keys a query row sees beyond the causal mask, and what happens to its scores before the
@@ -54,7 +54,9 @@ struct GemmKeyRepairParams {
   int m, n, k, batch_count;
   int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
   float alpha;
-  const int32_t* key_length;  // this batch's entry of key_lengths
+  const int32_t* key_length;  // this batch's entry of key_lengths, or null
+  const int32_t* key_start;   // this batch's entry of key_start, or null (sequence_keys())
+  const int32_t* q_offset;    // this batch's entry of q_offset, or null
   int key_offset, row_begin, seq_q, seq_k;
   CausalMask causal;
   int window_left, window_right;  // -1: unbounded on that side

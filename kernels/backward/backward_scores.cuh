@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(BackwardScoresTraits::kThreads) backward_score
   const int query = p.row_begin + row;
   const KeyRange seen = visible_key_range(p.mask, batch, query, p.seq_k);
   const HeadScoreMods mods = head_score_mods(p.mods, batch, bh % p.heads);
-  const int aligned = aligned_row(query, p.mask.seq_q, key_length(p.mask.key_lengths, batch, p.seq_k), p.mask.causal);
+  const int aligned = aligned_key(query, sequence_keys(p.mask, batch, p.seq_k));
   const float lse = p.lse[int64_t(bh) * p.lse_pair_stride + query];
   const float d = p.d[int64_t(bh) * p.lse_pair_stride + query];
   const bool live = lse != -INFINITY;  // a row that saw no key keeps P = dS = 0

@@ -142,8 +142,10 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dkdv_kernel(const 
   };
 
   if (items > 0) {
-    flash_load_tile<Traits>(k_tile, k + key0 * f.k_stride_row, f.k_stride_row, BK, seq.k_len - key0);
-    flash_load_tile<Traits>(v_tile, v + key0 * f.v_stride_row, f.v_stride_row, BK, seq.k_len - key0);
+    flash_load_tile<Traits>(k_tile, k + key0 * f.k_stride_row, f.k_stride_row, BK, seq.keys.begin - key0,
+                            seq.k_len - key0);
+    flash_load_tile<Traits>(v_tile, v + key0 * f.v_stride_row, f.v_stride_row, BK, seq.keys.begin - key0,
+                            seq.k_len - key0);
     load_item(0, 0);
     cp_async_commit();
   }
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dkdv_kernel(const 
         const int row = row0 + col;
         // Recomputed per item rather than held in registers across the loop (a few integer ops).
         const KeyRange seen = needs_mask ? flash_visible_keys(f, seq, row) : KeyRange{0, 0};
-        const int aligned = aligned_row(row, seq.q_len, seq.k_len, f.causal);
+        const int aligned = aligned_key(row, seq.keys);
         SELFATTN_FLASH_UNROLL
         for (int half = 0; half < 2; ++half) {
           const int key = key0 + warp_key0 + group + 8 * half;

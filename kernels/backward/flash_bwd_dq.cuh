@@ -101,9 +101,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
     flash_load_tile<Traits>(do_tile, d_o + block_row0 * p.dout_stride_row, p.dout_stride_row, Traits::kBlockRows,
                             block_q_rows);
     flash_load_tile<Traits>(k_stages, k + first_key * f.k_stride_row, f.k_stride_row, Traits::kBlockKeys,
-                            seq.k_len - first_key);
+                            seq.keys.begin - first_key, seq.k_len - first_key);
     flash_load_tile<Traits>(v_stages, v + first_key * f.v_stride_row, f.v_stride_row, Traits::kBlockKeys,
-                            seq.k_len - first_key);
+                            seq.keys.begin - first_key, seq.k_len - first_key);
     cp_async_commit();
   }
 
@@ -132,9 +132,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
     if (tile + 1 < key_tiles) {
       const int next0 = key0 + Traits::kBlockKeys;
       flash_load_tile<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKVTileElems, k + next0 * f.k_stride_row,
-                              f.k_stride_row, Traits::kBlockKeys, seq.k_len - next0);
+                              f.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
       flash_load_tile<Traits>(v_stages + ((tile + 1) % 2) * Traits::kKVTileElems, v + next0 * f.v_stride_row,
-                              f.v_stride_row, Traits::kBlockKeys, seq.k_len - next0);
+                              f.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
       cp_async_commit();
       cp_async_wait<1>();  // this tile (and Q, dO) landed; the next one stays in flight
     } else {
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
     for (int half = 0; half < 2; ++half) {
       const int row = block_row0 + warp_row0 + group + 8 * half;
       const KeyRange seen = needs_mask ? flash_visible_keys(f, seq, row) : KeyRange{0, 0};
-      const int aligned = aligned_row(row, seq.q_len, seq.k_len, f.causal);
+      const int aligned = aligned_key(row, seq.keys);
       SELFATTN_FLASH_UNROLL
       for (int nt = 0; nt < NT; ++nt) {
         SELFATTN_FLASH_UNROLL

@@ -22,10 +22,15 @@ __host__ __device__ inline const T* head_rows(const HeadsView& view, int batch, 
   return static_cast<const T*>(view.data) + batch * view.stride_batch + head * view.stride_head;
 }
 
+// Batch `batch`'s keys and row alignment (causal_mask.cuh).
+__host__ __device__ inline SequenceKeys sequence_keys(const KeyMask& mask, int batch, int seq_k) {
+  return sequence_keys(mask.seq_q, key_length(mask.key_lengths, batch, seq_k), mask.causal, mask.key_start,
+                       mask.q_offset, batch);
+}
+
 // Keys [begin, end) that query row `row` (of the whole call) of batch `batch` sees.
 __host__ __device__ inline KeyRange visible_key_range(const KeyMask& mask, int batch, int row, int seq_k) {
-  return visible_key_range(row, mask.seq_q, key_length(mask.key_lengths, batch, seq_k), mask.causal,
-                           mask.window_left, mask.window_right);
+  return visible_key_range(row, sequence_keys(mask, batch, seq_k), mask.causal, mask.window_left, mask.window_right);
 }
 
 // Keys the chunk rows [row0, row0 + tile_rows) see at most: from the first row's begin to the last

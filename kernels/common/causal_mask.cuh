@@ -14,46 +14,78 @@ __host__ __device__ inline int key_length(const int32_t* key_lengths, int batch,
   return given < 0 ? 0 : (given < seq_k ? given : seq_k);
 }
 
-// Query `row` of a sequence with q_len queries and k_len keys sees keys [0, result):
-//   none          k_len
-//   top_left      min(k_len, row + 1)
-//   bottom_right  min(k_len, row + 1 + k_len - q_len), at least 0
-// Non-decreasing in row, so the last row of a tile bounds the keys any row of it sees.
-__host__ __device__ inline int visible_keys(int row, int q_len, int k_len, CausalMask causal) {
-  int visible = k_len;
-  if (causal == CausalMask::top_left) visible = row + 1;
-  if (causal == CausalMask::bottom_right) visible = row + 1 + (k_len - q_len);
-  if (visible < 0) visible = 0;
-  return visible < k_len ? visible : k_len;
+// Where one sequence's keys start and end, and which key position its row 0 is aligned with
+// (selfattn::Causal in types.h, AttentionOptions::key_start and q_offset in attention.h). Keys
+// [begin, end) exist (keys before begin are padding: key_start); key positions count from begin,
+// and row `row` is aligned with key index row0 + row:
+//   q_offset given  row0 = begin + q_offset                (the caller's absolute position of row 0)
+//   top_left        row0 = begin
+//   bottom_right    row0 = begin + (end - begin) - q_len   (and under none: the last row at the last key)
+struct SequenceKeys {
+  int begin, end;
+  int64_t row0;
+};
+
+// Device metadata, clamped: key_start into [0, end], q_offset into [0, 2^31 - 2^16] (the largest
+// size attention.h allows), so a wrong entry gives wrong rows but no key outside [0, end) and no
+// aligned position outside int (aligned_key).
+constexpr int32_t kMaxQueryOffset = 2147418112;  // 2^31 - 2^16
+__host__ __device__ inline SequenceKeys sequence_keys(int q_len, int end, CausalMask causal, const int32_t* key_start,
+                                                      const int32_t* q_offset, int batch) {
+  SequenceKeys keys{0, end, 0};
+  if (key_start != nullptr) {
+    const int32_t given = key_start[batch];
+    keys.begin = given < 0 ? 0 : (given < end ? given : end);
+  }
+  if (q_offset != nullptr) {
+    const int32_t given = q_offset[batch];
+    keys.row0 = int64_t(keys.begin) + (given < 0 ? 0 : (given < kMaxQueryOffset ? given : kMaxQueryOffset));
+  } else if (causal != CausalMask::top_left) {
+    keys.row0 = int64_t(end) - q_len;
+  } else {
+    keys.row0 = keys.begin;
+  }
+  return keys;
+}
+// A sequence with keys [0, k_len) and no offsets.
+__host__ __device__ inline SequenceKeys sequence_keys(int q_len, int k_len, CausalMask causal) {
+  return sequence_keys(q_len, k_len, causal, nullptr, nullptr, 0);
 }
 
-// The key position row `row` is aligned with (selfattn::Causal in types.h): row itself under
-// top_left, row + (k_len - q_len) under bottom_right and under none (so a window or ALiBi without a
-// causal mask is aligned at the last key, as FlashAttention does).
-__host__ __device__ inline int aligned_row(int row, int q_len, int k_len, CausalMask causal) {
-  return causal == CausalMask::top_left ? row : row + (k_len - q_len);
+// The key position row `row` is aligned with (the i' of the window and of ALiBi): row0 + row, at
+// most INT_MAX (only a q_offset past every key gets there), so `aligned - key` cannot overflow.
+__host__ __device__ inline int aligned_key(int row, const SequenceKeys& keys) {
+  const int64_t aligned = keys.row0 + row;
+  return aligned > INT32_MAX ? INT32_MAX : int(aligned);
 }
 
 // Keys [begin, end) that query `row` sees under the causal mask and the sliding window
-// (window_left, window_right; -1 unbounded): with i' = aligned_row(row),
-//   end   = min(visible_keys(row), i' + window_right + 1)
-//   begin = max(0, i' - window_left)
-// and begin >= end means none (normalised to begin == end, both in [0, k_len]). Both bounds are
-// non-decreasing in row, so the first and the last row of a tile bound the keys any row of it sees.
+// (window_left, window_right; -1 unbounded): with i' = aligned_key(row),
+//   end   = min(keys.end, i' + 1 under a causal mask, i' + window_right + 1)
+//   begin = max(keys.begin, i' - window_left)
+// and begin >= end means none (normalised to begin == end, both in [keys.begin, keys.end]). Both
+// bounds are non-decreasing in row, so the first and the last row of a tile bound the keys any row
+// of it sees.
 struct KeyRange {
   int begin, end;
   __host__ __device__ bool empty() const { return begin >= end; }
 };
+__host__ __device__ inline KeyRange visible_key_range(int row, const SequenceKeys& keys, CausalMask causal,
+                                                      int window_left, int window_right) {
+  // int64 sums: an aligned row near INT_MAX plus a wide window must not wrap.
+  const int64_t i = keys.row0 + row;
+  int64_t end = keys.end, begin = keys.begin;
+  if (causal != CausalMask::none && i + 1 < end) end = i + 1;
+  if (window_right >= 0 && i + window_right + 1 < end) end = i + window_right + 1;
+  if (window_left >= 0 && i - window_left > begin) begin = i - window_left;
+  if (end < keys.begin) end = keys.begin;
+  if (begin > end) begin = end;
+  return {int(begin), int(end)};
+}
+// The same for a sequence with keys [0, k_len) and no offsets.
 __host__ __device__ inline KeyRange visible_key_range(int row, int q_len, int k_len, CausalMask causal, int window_left,
                                                       int window_right) {
-  const int i = aligned_row(row, q_len, k_len, causal);
-  KeyRange range{0, visible_keys(row, q_len, k_len, causal)};
-  // int64 sums: an aligned row near INT_MAX plus a wide window must not wrap.
-  if (window_right >= 0 && int64_t(i) + window_right + 1 < range.end) range.end = int(int64_t(i) + window_right + 1);
-  if (window_left >= 0 && int64_t(i) - window_left > 0) range.begin = int(int64_t(i) - window_left);
-  if (range.end < 0) range.end = 0;
-  if (range.begin > range.end) range.begin = range.end;
-  return range;
+  return visible_key_range(row, sequence_keys(q_len, k_len, causal), causal, window_left, window_right);
 }
 
 SELFATTN_KERNELS_END

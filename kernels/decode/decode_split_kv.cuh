@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   const int row0 = row_block * Traits::kRows;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
 
-  const int length = kv_length(p.cache, b);
-  const KeyRange split_keys = decode_split_keys(p, length, split, N);
+  const SequenceKeys sequence = sequence_keys(p.seq_q, kv_length(p.cache, b), p.causal, p.key_start, p.q_offset, b);
+  const KeyRange split_keys = decode_split_keys(p, sequence, split, N);
   const int key_begin = split_keys.begin, key_end = split_keys.end;
 
   float* q_s = dynamic_smem<float>();
@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   float row_max[RW], row_sum[RW], acc[RW][C];
   for (int j = 0; j < RW; ++j) {
     const int g = row0 + j * Traits::kWarps + warp, i = g % p.seq_q;
-    visible[j] = g < group_rows ? visible_key_range(i, p.seq_q, length, p.causal, p.mods.window_left, p.mods.window_right)
+    visible[j] = g < group_rows ? visible_key_range(i, sequence, p.causal, p.mods.window_left, p.mods.window_right)
                                 : KeyRange{0, 0};
-    aligned[j] = aligned_row(i, p.seq_q, length, p.causal);
+    aligned[j] = aligned_key(i, sequence);
     head_mods[j] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (g < group_rows ? g / p.seq_q : 0));
     row_max[j] = -INFINITY;
     row_sum[j] = 0.0f;
@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   for (int key0 = key_begin; key0 < key_end; key0 += N) {
     if (threadIdx.x < N) {  // each key's page once per tile
       const int key = key0 + int(threadIdx.x);
-      const int page = key < key_end ? kv_page_of(p.cache, b, key) : -1;
+      // Keys before key_start are padding: never read (staged as zeros).
+      const int page = key >= sequence.begin && key < key_end ? kv_page_of(p.cache, b, key) : -1;
       k_rows[threadIdx.x] = page >= 0 ? kv_k_offset(p.cache, page, kv_head, key) : -1;
       v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;
     }

@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: rows g and g + 8, columns 2t, 2t + 1
 
-  const int length = kv_length(p.cache, b);
-  const KeyRange split_keys = decode_split_keys(p, length, split, N);
+  const SequenceKeys sequence = sequence_keys(p.seq_q, kv_length(p.cache, b), p.causal, p.key_start, p.q_offset, b);
+  const KeyRange split_keys = decode_split_keys(p, sequence, split, N);
   const int key_begin = split_keys.begin, key_end = split_keys.end;
 
   unsigned char* smem = dynamic_smem<unsigned char>();
@@ -98,10 +98,10 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + g + 8 * h;
     query_row[h] = row % p.seq_q;
-    visible[h] = row < group_rows ? visible_key_range(query_row[h], p.seq_q, length, p.causal, p.mods.window_left,
-                                                      p.mods.window_right)
-                                  : KeyRange{0, 0};
-    aligned[h] = aligned_row(query_row[h], p.seq_q, length, p.causal);
+    visible[h] = row < group_rows
+                     ? visible_key_range(query_row[h], sequence, p.causal, p.mods.window_left, p.mods.window_right)
+                     : KeyRange{0, 0};
+    aligned[h] = aligned_key(query_row[h], sequence);
     head_mods[h] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (row < group_rows ? row / p.seq_q : 0));
     row_max[h] = -INFINITY;
     row_sum[h] = 0.0f;
@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   for (int key0 = key_begin; key0 < key_end; key0 += N) {
     if (threadIdx.x < N) {
       const int key = key0 + int(threadIdx.x);
-      const int page = key < key_end ? kv_page_of(p.cache, b, key) : -1;
+      // Keys before key_start are padding: never read (staged as zeros).
+      const int page = key >= sequence.begin && key < key_end ? kv_page_of(p.cache, b, key) : -1;
       k_rows[threadIdx.x] = page >= 0 ? kv_k_offset(p.cache, page, kv_head, key) : -1;
       v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;
     }

@@ -106,8 +106,13 @@ struct DecodeSplitKvParams {
   float scale;           // softmax scale (the modifiers take scores in natural-log units)
   float scale_log2;      // softmax scale * log2(e)
   CausalMask causal;     // none or bottom_right, against each sequence's length
+  // [batch] or null each: keys before key_start[b] are padding; q_offset[b] is row 0's position
+  // counted from key_start (sequence_keys() in causal_mask.cuh).
+  const int32_t* key_start;
+  const int32_t* q_offset;
   // Window, softcap, ALiBi, bias (score_mods.cuh); the bias is [batch, heads, seq_q, capacity],
-  // rows the new query rows, keys cache positions. Rows are aligned bottom-right (aligned_row).
+  // rows the new query rows, keys cache positions. Rows are aligned bottom-right unless q_offset
+  // places them (aligned_key).
   ScoreMods mods;
   bool vector_loads;     // every K/V row starts on 16 bytes and head_dim fills 16-byte chunks
 };

@@ -69,16 +69,22 @@ template <> struct FlashFwdConfig<128> { using Traits = FlashFwdTraits<128, 4, 2
 template <> struct FlashFwdConfig<256> { using Traits = FlashFwdTraits<256, 4, 1, 32>; };
 
 // Copies `rows` rows of D elements (row stride `stride` in global memory) into a padded tile.
-// Rows at or past `valid_rows` are zero-filled without reading global memory.
+// Rows outside [valid_begin, valid_end) are zero-filled without reading global memory: past the
+// sequence, or before its key_start (padding that may hold anything: P V must see 0 there, not NaN).
 template <class Traits, class T>
-__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_rows) {
+__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
+                                                int valid_end) {
   constexpr int kChunks = Traits::kChunksPerRow;
   for (int i = threadIdx.x; i < rows * kChunks; i += Traits::kThreads) {
     const int row = i / kChunks, chunk = i % kChunks;
-    const bool valid = row < valid_rows;
+    const bool valid = row >= valid_begin && row < valid_end;
     const T* from = valid ? src + row * stride + chunk * 8 : src;  // src: any mapped address
     cp_async_cg(tile + row * Traits::kRowElems + chunk * 8, from, valid ? 16u : 0u);
   }
+}
+template <class Traits, class T>
+__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_rows) {
+  flash_load_tile<Traits>(tile, src, stride, rows, 0, valid_rows);
 }
 
 template <class T, class Traits>
@@ -118,9 +124,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
   if (key_tiles > 0) {
     flash_load_tile<Traits>(q_tile, q + block_row0 * p.q_stride_row, p.q_stride_row, Traits::kBlockRows, block_q_rows);
     flash_load_tile<Traits>(k_stages, k + first_key * p.k_stride_row, p.k_stride_row, Traits::kBlockKeys,
-                            seq.k_len - first_key);
+                            seq.keys.begin - first_key, seq.k_len - first_key);
     flash_load_tile<Traits>(v_stages, v + first_key * p.v_stride_row, p.v_stride_row, Traits::kBlockKeys,
-                            seq.k_len - first_key);
+                            seq.keys.begin - first_key, seq.k_len - first_key);
     cp_async_commit();
   }
 
@@ -144,9 +150,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
     if (tile + 1 < key_tiles) {
       const int next0 = key0 + Traits::kBlockKeys;
       flash_load_tile<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKVTileElems, k + next0 * p.k_stride_row,
-                              p.k_stride_row, Traits::kBlockKeys, seq.k_len - next0);
+                              p.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
       flash_load_tile<Traits>(v_stages + ((tile + 1) % 2) * Traits::kKVTileElems, v + next0 * p.v_stride_row,
-                              p.v_stride_row, Traits::kBlockKeys, seq.k_len - next0);
+                              p.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
       cp_async_commit();
       cp_async_wait<1>();  // this tile (and Q) landed; the next one stays in flight
     } else {

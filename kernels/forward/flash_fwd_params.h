@@ -29,6 +29,9 @@ struct FlashFwdParams {
   int64_t lse_stride_batch, lse_stride_head;
 
   const int32_t* key_lengths;   // [batch] or null: batch b sees keys [0, clamp(key_lengths[b], 0, seq_k))
+  // [batch] or null each (AttentionOptions::key_start, q_offset; sequence_keys() in causal_mask.cuh).
+  const int32_t* key_start;
+  const int32_t* q_offset;
   const int32_t* cu_seqlens_q;  // [batch + 1] or null (padded batch)
   const int32_t* cu_seqlens_k;  // [batch + 1]; set exactly when cu_seqlens_q is
 

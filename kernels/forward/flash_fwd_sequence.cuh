@@ -28,7 +28,8 @@ struct FlashSequence {
   int64_t q_row_start;  // first row of this sequence in q/out/lse (varlen packing), else 0
   int64_t k_row_start;
   int q_len;
-  int k_len;
+  int k_len;  // keys [0, k_len) of the sequence's rows exist; those before keys.begin are padding
+  SequenceKeys keys;
 };
 
 __host__ __device__ inline int32_t flash_clamp_row(int32_t row, int32_t low, int32_t high) {
@@ -53,12 +54,13 @@ __host__ __device__ inline FlashSequence flash_sequence(const FlashFwdParams& p,
     s.q_len = p.seq_q;
     s.k_len = key_length(p.key_lengths, batch, p.seq_k);
   }
+  s.keys = sequence_keys(s.q_len, s.k_len, p.causal, p.key_start, p.q_offset, batch);
   return s;
 }
 
-// Keys [begin, end) that row `row` of the sequence sees (causal mask, key length, window).
+// Keys [begin, end) that row `row` of the sequence sees (causal mask, key start and length, window).
 __host__ __device__ inline KeyRange flash_visible_keys(const FlashFwdParams& p, const FlashSequence& seq, int row) {
-  return visible_key_range(row, seq.q_len, seq.k_len, p.causal, p.mods.window_left, p.mods.window_right);
+  return visible_key_range(row, seq.keys, p.causal, p.mods.window_left, p.mods.window_right);
 }
 
 // The keys a block of query rows [row0, row0 + rows) works on: tiles of tile_keys from first_tile

@@ -99,16 +99,17 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
     for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
   }
 
+  // Keys before the sequence's key_start and past its length stage as 0: padding may hold anything.
   for (int key0 = block_keys.first_tile * N; key0 < key_end; key0 += N) {
     __syncthreads();  // the previous tile's K and V are no longer read
     for (int i = threadIdx.x; i < N * q_cols; i += Traits::kThreads) {
       const int key = key0 + i / q_cols, col = i % q_cols;
       k_tile[(i / q_cols) * k_stride + col] =
-          key < seq.k_len && col < d ? flash_simt_load(k, key * p.k_stride_row + col) : 0.0f;
+          key >= seq.keys.begin && key < seq.k_len && col < d ? flash_simt_load(k, key * p.k_stride_row + col) : 0.0f;
     }
     for (int i = threadIdx.x; i < N * d; i += Traits::kThreads) {
       const int key = key0 + i / d, col = i % d;
-      v_tile[i] = key < seq.k_len ? flash_simt_load(v, key * p.v_stride_row + col) : 0.0f;
+      v_tile[i] = key >= seq.keys.begin && key < seq.k_len ? flash_simt_load(v, key * p.v_stride_row + col) : 0.0f;
     }
     __syncthreads();
 
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
         // The head's slope and bias are looked up here, not held across the loop: registers stay
         // as without modifiers (168 per thread, 3 blocks per SM).
         const HeadScoreMods mods = head_score_mods(p.mods, batch, head);
-        const int aligned = aligned_row(row, seq.q_len, seq.k_len, p.causal);
+        const int aligned = aligned_key(row, seq.keys);
         s = modified_score(p.mods, mods, score[r] * p.scale, row, aligned, key) * kLog2e;
       } else {
         s = score[r] * p.scale_log2;

@@ -36,7 +36,7 @@ __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, cons
                                                    bool needs_mask, float* row_frag, FlashRowState& state) {
   // Recomputed per tile rather than held in registers across the loop (a few integer ops).
   const KeyRange seen = needs_mask ? flash_visible_keys(p, seq, row) : KeyRange{0, 0};
-  const int aligned = aligned_row(row, seq.q_len, seq.k_len, p.causal);
+  const int aligned = aligned_key(row, seq.keys);
   float tile_max = -INFINITY;
   SELFATTN_FLASH_UNROLL
   for (int t = 0; t < KeyTiles8; ++t) {

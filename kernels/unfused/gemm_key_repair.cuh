@@ -37,7 +37,8 @@ __device__ inline void gemm_repair_store(void* base, Element element, int64_t in
 // One thread per element of C (a grid-stride loop), row fastest: neighbouring threads read
 // neighbouring elements of C.
 __global__ void gemm_key_repair_kernel(const GemmKeyRepairParams p) {
-  const int length = key_length(p.key_length, 0, p.seq_k);
+  const SequenceKeys sequence =
+      sequence_keys(p.seq_q, key_length(p.key_length, 0, p.seq_k), p.causal, p.key_start, p.q_offset, 0);
   const int64_t per_problem = int64_t(p.m) * p.n;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < per_problem * p.batch_count; e += stride) {
@@ -46,8 +47,7 @@ __global__ void gemm_key_repair_kernel(const GemmKeyRepairParams p) {
     const int64_t c_index = problem * p.stride_c + row + col * p.ldc;
     if (isfinite(gemm_repair_load(p.c, p.c_element, c_index))) continue;
     // The keys query row row_begin + col sees, as op(A)'s rows [begin, end).
-    const KeyRange keys = visible_key_range(p.row_begin + int(col), p.seq_q, length, p.causal, p.window_left,
-                                            p.window_right);
+    const KeyRange keys = visible_key_range(p.row_begin + int(col), sequence, p.causal, p.window_left, p.window_right);
     const int begin = keys.begin > p.key_offset ? keys.begin - p.key_offset : 0;
     const int end = keys.end - p.key_offset < p.k ? keys.end - p.key_offset : p.k;
     float sum = 0.0f;

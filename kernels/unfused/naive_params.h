@@ -24,6 +24,8 @@ struct HeadsView {
 // Q K^T and P V use it to skip key tiles that no row of a tile sees.
 struct KeyMask {
   const int32_t* key_lengths;  // [batch] or null
+  const int32_t* key_start;    // [batch] or null: keys before it are padding (sequence_keys())
+  const int32_t* q_offset;     // [batch] or null: row 0's position, counted from key_start
   CausalMask causal;
   int seq_q;                   // of the whole call (rows are chunk-relative + row_begin)
   int window_left, window_right;  // sliding window (ScoreMods); -1 unbounded

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
   const int query = p.row_begin + row;
   const KeyRange seen = visible_key_range(p.mask, batch, query, p.seq_k);
   const HeadScoreMods mods = head_score_mods(p.mods, batch, bh % p.heads);
-  const int aligned = aligned_row(query, p.mask.seq_q, key_length(p.mask.key_lengths, batch, p.seq_k), p.mask.causal);
+  const int aligned = aligned_key(query, sequence_keys(p.mask, batch, p.seq_k));
   // The score the softmax takes for a visible key.
   const auto score = [&](float s_value, int key) {
     const float scaled = s_value * p.scale;

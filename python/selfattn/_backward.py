@@ -16,13 +16,13 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
                        scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None,
                        layout: str = "bhsd", deterministic: bool = False, grad_dtype: Optional[str] = None,
                        window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
-                       bias: Any = None, sinks: Any = None, dlse: Any = None, return_dsinks: bool = False,
-                       context: Optional[Context] = None) -> tuple:
+                       bias: Any = None, sinks: Any = None, key_start: Any = None, q_offset: Any = None,
+                       dlse: Any = None, return_dsinks: bool = False, context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout, or
     (dq, dk, dv, dsinks) with ``return_dsinks=True``.
 
     - q, k, v, and the keyword arguments causal, scale, path, key_lengths, layout, window,
-      softcap, alibi_slopes, bias and sinks: exactly as the forward call took them (no gradient is
+      softcap, alibi_slopes, bias, sinks, key_start and q_offset: exactly as the forward call took them (no gradient is
       computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [batch, heads, seq_q] log-sum-exp
       (``attention(..., return_lse=True)``)
@@ -43,7 +43,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     as_bhsd = _arrays.layout_view(layout)
     dsinks = _dsinks_output(arrays, as_bhsd(q).shape[1], sinks, return_dsinks)
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     views = [arrays.dl(as_bhsd(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
     with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, layout_axes(layout))):
@@ -90,14 +90,15 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
                               scale: Optional[float] = None, path: str = "auto", deterministic: bool = False,
                               grad_dtype: Optional[str] = None, window: Optional[tuple] = None,
                               softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                              sinks: Any = None, dlse: Any = None, return_dsinks: bool = False,
-                              context: Optional[Context] = None) -> tuple:
+                              sinks: Any = None, key_start: Any = None, q_offset: Any = None, dlse: Any = None,
+                              return_dsinks: bool = False, context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout,
     or (dq, dk, dv, dsinks) with ``return_dsinks=True``.
 
     - q, k, v, cu_seqlens_q, cu_seqlens_k and the keyword arguments max_seqlen_q, max_seqlen_k,
-      causal, scale, path, window, softcap, alibi_slopes, bias and sinks: exactly as the forward call
-      took them (packed [total, heads, head_dim]; no gradient is computed for bias or alibi_slopes)
+      causal, scale, path, window, softcap, alibi_slopes, bias, sinks, key_start and q_offset:
+      exactly as the forward call took them (packed [total, heads, head_dim]; no gradient is
+      computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [heads, total_q] log-sum-exp
       (``attention_varlen(..., return_lse=True)``)
     - dout: d(loss)/d(out), shaped and typed like out; dlse: d(loss)/d(lse), as for attention_backward
@@ -113,7 +114,7 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     dsinks = _dsinks_output(arrays, q.shape[1], sinks, return_dsinks)
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     views = [arrays.dl(_packed(arrays[name])) for name in ("q", "k", "v", "out", "dout")]
     grad_views = [arrays.dl(_packed(arrays[name])) for name in ("dq", "dk", "dv")]
     max_q = _max_seqlen("attention_varlen_backward", max_seqlen_q, cu_q, "q", q)

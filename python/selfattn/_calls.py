@@ -70,17 +70,25 @@ def _torch_requiring_grad(named):
     return [name for name, a in named.items() if isinstance(a, torch.Tensor) and a.requires_grad]
 
 
-def _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="q"):
+def _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="q", key_start=None, q_offset=None):
     """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
-    bias, sinks. bias joins `arrays` (the framework, device and bfloat16 handling of the data);
-    alibi_slopes and sinks are converted to float32 where arrays[like] lives (sinks join `arrays`
-    then, detached: their gradient, if any, comes from the backward's dsinks); the library checks
-    the values (window sides >= -1, softcap > 0, bias dtype and shape), the binding the shapes of
-    alibi_slopes and sinks."""
+    bias, sinks, key_start, q_offset. bias joins `arrays` (the framework, device and bfloat16
+    handling of the data); alibi_slopes and sinks are converted to float32 where arrays[like] lives
+    (sinks join `arrays` then, detached: their gradient, if any, comes from the backward's dsinks),
+    key_start and q_offset to int32 (as key_lengths is); the library checks the values (window
+    sides >= -1, softcap > 0, bias dtype and shape), the binding the shapes of alibi_slopes, sinks,
+    key_start and q_offset."""
     arrays.add_input("bias", bias, 4)
     arrays.add_input("sinks", _float32_or_none("sinks", sinks, arrays[like]), 1)
     return (*_window_sides(window), _float_or_none("softcap", softcap),
-            _float32_or_none("alibi_slopes", alibi_slopes, arrays[like]), arrays.dl(arrays["bias"]), arrays["sinks"])
+            _float32_or_none("alibi_slopes", alibi_slopes, arrays[like]), arrays.dl(arrays["bias"]), arrays["sinks"],
+            _int32_or_none("key_start", key_start, arrays[like]), _int32_or_none("q_offset", q_offset, arrays[like]))
+
+
+def _int32_or_none(name, values, like):
+    """values (None, an int32 array, or any sequence of integers: key_lengths, key_start, q_offset)
+    as int32 where `like` lives, as _arrays.int32_vector converts them."""
+    return None if values is None else _arrays.int32_vector(name, values, like=like)
 
 
 def _float32_or_none(name, values, like):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _max_seqlen, _packed,
-                     _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _max_seqlen,
+                     _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
 from ._messages import BHSD, PACKED, ROWS, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -18,8 +18,8 @@ from ._selfattn import Context, InvalidArgument, NotAvailable
 def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Optional[float] = None,
               path: str = "auto", key_lengths: Any = None, return_lse: bool = False, out: Any = None,
               layout: str = "bhsd", window: Optional[tuple] = None, softcap: Optional[float] = None,
-              alibi_slopes: Any = None, bias: Any = None, sinks: Any = None, deterministic: bool = False,
-              context: Optional[Context] = None) -> Any:
+              alibi_slopes: Any = None, bias: Any = None, sinks: Any = None, key_start: Any = None,
+              q_offset: Any = None, deterministic: bool = False, context: Optional[Context] = None) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
     Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
@@ -65,6 +65,16 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
       (e^(sinks[h]) + sum_j e^(s_ij)), so a row's weights sum to less than 1. A row that sees no
       key gives 0 and lse sinks[h]; -inf is a head without a sink. Their gradient:
       attention_backward(..., return_dsinks=True).
+    - key_start: int32 [batch] (any integer sequence is converted): batch b's keys before
+      key_start[b] are padding (left padding, FlashAttention's cache_leftpad), never seen or read,
+      so they may hold anything; key positions count from it (the causal alignments, the window and
+      ALiBi treat key key_start[b] as the first). With key_lengths the keys are [key_start[b], n_b).
+    - q_offset: int32 [batch]: the position of query row 0 among batch b's keys, counted from
+      key_start[b] (or 0): row i sits at i' = q_offset[b] + i, whatever the lengths, so under either
+      causal alignment it sees the keys at positions <= i', and the window and ALiBi measure from
+      there (a static cache: every slot handed over, the new rows at the positions they hold).
+      Out-of-range values are clamped (key_start to [0, n_b], q_offset to >= 0); the fused kernels
+      skip the key tiles either rules out. The bias stays indexed by the key's row in k.
 
     With torch tensors that need gradients (``loss.backward()``), call it without out= and context=
     (out= and context= record no autograd graph: inputs that require grad are refused then, with
@@ -83,7 +93,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
         options = (causal, _float_or_none("scale", scale), path, lengths, layout)
         mods = (*_window_sides(window), _float_or_none("softcap", softcap),
-                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
+                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, *_positions(key_start, q_offset, q),
+                _float32_or_none("sinks", sinks, q))
         if out is None:  # deterministic goes to the backward op through the autograd formula
             result, lse = op(q, k, v, *options, bool(deterministic), *mods)
         else:
@@ -91,7 +102,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
         return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
-                      softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
+                      softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                      q_offset=q_offset)
+
+
+def _positions(key_start, q_offset, like):
+    """key_start and q_offset as the custom ops take them: None, or int32 tensors where `like` is."""
+    return _int32_or_none("key_start", key_start, like), _int32_or_none("q_offset", q_offset, like)
 
 
 def _torch_op(function, inputs, out, context):
@@ -133,7 +150,7 @@ def _qkv_out(q, k, v, out, ndim, context):
 
 
 def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context, window=None,
-               softcap=None, alibi_slopes=None, bias=None, sinks=None):
+               softcap=None, alibi_slopes=None, bias=None, sinks=None, key_start=None, q_offset=None):
     """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 4, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -141,7 +158,7 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), layout_axes(layout))):
         _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
@@ -154,7 +171,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      causal: Optional[str] = None, scale: Optional[float] = None, path: str = "auto",
                      return_lse: bool = False, out: Any = None, window: Optional[tuple] = None,
                      softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                     sinks: Any = None, deterministic: bool = False, context: Optional[Context] = None) -> Any:
+                     sinks: Any = None, key_start: Any = None, q_offset: Any = None, deterministic: bool = False,
+                     context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -172,7 +190,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     the sequence's first. alibi_slopes: float32 [heads] or [batch, heads] (one row per sequence).
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
     from 0. sinks: float32 [heads], as for attention() (the rows of a sequence without keys give 0
-    and lse sinks[h]). On torch tensors it is differentiable as attention() is, sinks included;
+    and lse sinks[h]). key_start, q_offset: int32 [batch], one entry per sequence, counted within
+    it, as for attention(). On torch tensors it is differentiable as attention() is, sinks included;
     a torch out= goes through ``selfattn::attention_varlen_out`` (in place, traced by torch.compile,
     no autograd graph: inputs that require grad are refused with it, as with attention()).
     """
@@ -185,7 +204,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                    _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
                    _float_or_none("scale", scale), path)
         mods = (*_window_sides(window), _float_or_none("softcap", softcap),
-                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q))
+                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, *_positions(key_start, q_offset, q),
+                _float32_or_none("sinks", sinks, q))
         if out is None:  # deterministic goes to the backward op through the autograd formula
             result, lse = op(q, k, v, *options, bool(deterministic), *mods)
         else:
@@ -193,11 +213,13 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
-                             softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context)
+                             softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context,
+                             key_start=key_start, q_offset=q_offset)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,
-                      return_lse, out, window, softcap, alibi_slopes, bias, sinks, context):
+                      return_lse, out, window, softcap, alibi_slopes, bias, sinks, context, key_start=None,
+                      q_offset=None):
     """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -205,7 +227,7 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
     lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
 
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     views = [arrays.dl(_packed(a)) for a in (q, k, v, arrays["out"])]
     max_q = _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q)
     max_k = _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k)
@@ -218,7 +240,8 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
 def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = None, causal: Optional[str] = None,
                    scale: Optional[float] = None, path: str = "auto", key_lengths: Any = None, out: Any = None,
                    window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
-                   bias: Any = None, sinks: Any = None, context: Optional[Context] = None) -> Any:
+                   bias: Any = None, sinks: Any = None, key_start: Any = None, q_offset: Any = None,
+                   context: Optional[Context] = None) -> Any:
     """Self-attention from token embeddings: ``Q = x wq``, ``K = x wk``, ``V = x wv``, split into
     heads, attention per head, then optionally the output projection ``wo``.
 
@@ -229,8 +252,8 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     - returns out: [batch, heads, seq, head_dim] without wo; [batch, seq, d_out] with wo.
 
     The projections accumulate in float32 into the context's workspace. causal, scale, path,
-    key_lengths, window, softcap, alibi_slopes, bias, sinks and context mean what they mean for
-    attention() (alibi_slopes [heads] or [batch, heads]; bias [batch or 1, heads or 1, seq, seq];
+    key_lengths, window, softcap, alibi_slopes, bias, sinks, key_start, q_offset and context mean
+    what they mean for attention() (alibi_slopes [heads] or [batch, heads]; bias [batch or 1, heads or 1, seq, seq];
     sinks [heads]).
 
     Torch tensors that require grad (x, a weight or sinks) are projected with torch's matmul
@@ -252,7 +275,8 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
                                f"autograd graph; call it without them, or detach the inputs")
         return _self_attention_with_autograd(x, wq, wk, wv, heads, wo, causal=causal, scale=scale, path=path,
                                              key_lengths=key_lengths, window=window, softcap=softcap,
-                                             alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
+                                             alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                                             q_offset=q_offset)
     arrays = _arrays.Arguments(dict(x=x, wq=wq, wk=wk, wv=wv, wo=wo), ndim=None)
     x, wq = arrays["x"], arrays["wq"]
     for name, ndim in (("x", 3), ("wq", 2), ("wk", 2), ("wv", 2), ("wo", 2)):
@@ -269,7 +293,8 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     arrays.expect_ndim("out", 3 if wo is not None else 4)
     out_view = arrays["out"][:, None] if wo is not None else arrays["out"]  # [batch, 1, seq, d_out] with wo
     lengths = _arrays.int32_vector("key_lengths", key_lengths, like=x) if key_lengths is not None else None
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="x")
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="x", key_start=key_start,
+                       q_offset=q_offset)
     wo_view = arrays.dl(arrays["wo"]) if wo is not None else None
     # q, k and v in the library's messages are the call's own projections, already in its order.
     with in_caller_terms({"x": ROWS, "out": ROWS if wo is not None else BHSD}):

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _score_mods,
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _score_mods,
                      _torch_requiring_grad, _window_sides, torch_ops)
 from ._messages import in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
@@ -95,8 +95,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                             out: Any = None, rotary_cos: Any = None, rotary_sin: Any = None,
                             rotary_interleaved: bool = False, num_splits: int = 0, window: Optional[tuple] = None,
                             softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                            sinks: Any = None, validate_metadata: bool = False,
-                            context: Optional[Context] = None) -> Any:
+                            sinks: Any = None, key_start: Any = None, q_offset: Any = None,
+                            validate_metadata: bool = False, context: Optional[Context] = None) -> Any:
     """Attention of the new query rows of each sequence to its cached tokens (append them first).
 
     - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
@@ -110,6 +110,11 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       0..4096; 0 lets the library choose
     - window, softcap, alibi_slopes, sinks: as for attention(), row i placed at lengths[b] - seq_q + i;
       bias: [batch or 1, heads or 1, seq_q, capacity], keys indexed by cache position
+    - key_start: int32 [batch]: sequence b's cache tokens before key_start[b] are padding (left
+      padding, FlashAttention's cache_leftpad), never read; positions count from it
+    - q_offset: int32 [batch]: new row 0's position counted from key_start[b], instead of
+      lengths[b] - key_start[b] - seq_q: row i sees the tokens at positions <= q_offset[b] + i, and
+      the window and ALiBi measure from there (neither moves the rotary positions)
     - out: an array shaped like q to write into and return, as for attention() (a torch out goes
       through ``selfattn::attention_with_kv_cache_out``, in place, and torch.compile traces it)
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
@@ -126,7 +131,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
         cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
         options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
                    *_window_sides(window), _float_or_none("softcap", softcap),
-                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _float32_or_none("sinks", sinks, q),
+                   _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _int32_or_none("key_start", key_start, q),
+                   _int32_or_none("q_offset", q_offset, q), _float32_or_none("sinks", sinks, q),
                    bool(validate_metadata))
         metadata = _cache_metadata(lengths, block_table, q)
         if out is None:
@@ -139,12 +145,13 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                                     rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                     rotary_interleaved=rotary_interleaved, num_splits=num_splits, window=window,
                                     softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
-                                    validate_metadata=validate_metadata, context=context)
+                                    validate_metadata=validate_metadata, context=context, key_start=key_start,
+                                    q_offset=q_offset)
 
 
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
-                             alibi_slopes, bias, sinks, validate_metadata, context):
+                             alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
@@ -155,7 +162,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     metadata = _cache_metadata(lengths, block_table, q)
     cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks)
+    mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     with _cache_terms(("q", "out"), layout, block_table):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,

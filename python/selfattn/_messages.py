@@ -27,6 +27,8 @@ _PYTHON_NAMES = {
     "options.scale": "scale",
     "options.causal": "causal",
     "options.key_lengths": "key_lengths",
+    "options.key_start": "key_start",
+    "options.q_offset": "q_offset",
     "options.lse": "lse",
     "options.window_left": "window[0]",
     "options.window_right": "window[1]",

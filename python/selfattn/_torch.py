@@ -65,15 +65,17 @@ def _register():
     def attention(q: Tensor, k: Tensor, v: Tensor, causal: Optional[str], scale: Optional[float], path: str,
                   key_lengths: Optional[Tensor], layout: str, deterministic: bool, window_left: int,
                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                  key_start: Optional[Tensor], q_offset: Optional[Tensor],
                   sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention  # deterministic is the backward's (the forward is deterministic already)
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
-                          softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
+                          softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                          q_offset=q_offset)
 
     @attention.register_fake
     def _(q, k, v, causal, scale, path, key_lengths, layout, deterministic, window_left, window_right, softcap,
-          alibi_slopes, bias, sinks):
+          alibi_slopes, bias, key_start, q_offset, sinks):
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
@@ -88,12 +90,13 @@ def _register():
     def attention_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: Optional[str], scale: Optional[float],
                       path: str, key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
                       softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                      key_start: Optional[Tensor], q_offset: Optional[Tensor],
                       sinks: Optional[Tensor], return_lse: bool) -> Tensor:
         from ._forward import _attention
         result = _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                             return_lse=return_lse, out=out, layout=layout, context=None,
                             window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
-                            sinks=sinks)
+                            sinks=sinks, key_start=key_start, q_offset=q_offset)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_out.register_fake
@@ -119,13 +122,15 @@ def _register():
                            dlse: Optional[Tensor], causal: Optional[str], scale: Optional[float], path: str,
                            key_lengths: Optional[Tensor], layout: str, deterministic: bool, window_left: int,
                            window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
-                           bias: Optional[Tensor], sinks: Optional[Tensor],
+                           bias: Optional[Tensor], key_start: Optional[Tensor], q_offset: Optional[Tensor],
+                           sinks: Optional[Tensor],
                            return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from ._backward import attention_backward as library_backward
         grads = library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
                                  key_lengths=key_lengths, layout=layout, deterministic=deterministic,
                                  window=(window_left, window_right),
                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                 key_start=key_start, q_offset=q_offset,
                                  dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
         return with_dsinks(grads, return_dsinks, q)
 
@@ -134,7 +139,8 @@ def _register():
         return fake_gradients(q, k, v, *options[-2:])
 
     # Both ops save the same: q, k, v, out, lse, and the other inputs as options for the backward.
-    # The tensors among the options (key_lengths, cu_seqlens, alibi_slopes, bias, sinks) are saved
+    # The tensors among the options (key_lengths, cu_seqlens, alibi_slopes, bias, key_start,
+    # q_offset, sinks) are saved
     # too, so changing one in place before backward() raises as torch does.
     def setup_context(ctx, inputs, output):
         q, k, v, *options = inputs
@@ -172,12 +178,14 @@ def _register():
                          max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
                          path: str, deterministic: bool, window_left: int, window_right: int,
                          softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                         key_start: Optional[Tensor], q_offset: Optional[Tensor],
                          sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention_varlen  # deterministic: as for attention, the backward's
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
-                                 alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=None)
+                                 alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                                 q_offset=q_offset, context=None)
 
     @attention_varlen.register_fake
     def _(q, k, v, *options):
@@ -187,13 +195,15 @@ def _register():
     def attention_varlen_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                              max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
                              path: str, window_left: int, window_right: int, softcap: Optional[float],
-                             alibi_slopes: Optional[Tensor], bias: Optional[Tensor], sinks: Optional[Tensor],
+                             alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
+                             q_offset: Optional[Tensor], sinks: Optional[Tensor],
                              return_lse: bool) -> Tensor:
         from ._forward import _attention_varlen
         result = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
                                    return_lse=return_lse, out=out, window=(window_left, window_right),
-                                   softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=None)
+                                   softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                   key_start=key_start, q_offset=q_offset, context=None)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_varlen_out.register_fake
@@ -206,14 +216,16 @@ def _register():
                                   max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str],
                                   scale: Optional[float], path: str, deterministic: bool, window_left: int,
                                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
-                                  bias: Optional[Tensor], sinks: Optional[Tensor],
+                                  bias: Optional[Tensor], key_start: Optional[Tensor], q_offset: Optional[Tensor],
+                                  sinks: Optional[Tensor],
                                   return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from ._backward import attention_varlen_backward as library_varlen_backward
         grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                         scale=scale, path=path, deterministic=deterministic,
                                         window=(window_left, window_right), softcap=softcap,
-                                        alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                        alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                                        q_offset=q_offset,
                                         dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
         return with_dsinks(grads, return_dsinks, q)
 
@@ -244,7 +256,8 @@ def _register():
                                 scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
                                 rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
                                 window_left: int, window_right: int, softcap: Optional[float],
-                                alibi_slopes: Optional[Tensor], bias: Optional[Tensor], sinks: Optional[Tensor],
+                                alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
+                                q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                 validate_metadata: bool) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _attention_with_kv_cache
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
@@ -252,7 +265,8 @@ def _register():
                                         rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                         rotary_interleaved=rotary_interleaved, num_splits=num_splits,
                                         window=(window_left, window_right), softcap=softcap,
-                                        alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                        alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                                        q_offset=q_offset,
                                         validate_metadata=validate_metadata, context=None)
 
     @attention_with_kv_cache.register_fake
@@ -266,7 +280,8 @@ def _register():
                                     scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
                                     rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
                                     window_left: int, window_right: int, softcap: Optional[float],
-                                    alibi_slopes: Optional[Tensor], bias: Optional[Tensor], sinks: Optional[Tensor],
+                                    alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
+                                    key_start: Optional[Tensor], q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                     validate_metadata: bool, return_lse: bool) -> Tensor:
         from ._kv_cache import _attention_with_kv_cache
         result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
@@ -274,7 +289,8 @@ def _register():
                                           rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                           rotary_interleaved=rotary_interleaved, num_splits=num_splits,
                                           window=(window_left, window_right), softcap=softcap,
-                                          alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
+                                          alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
+                                          q_offset=q_offset,
                                           validate_metadata=validate_metadata, context=None)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 

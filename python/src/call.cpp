@@ -245,7 +245,8 @@ CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray&
 }
 
 ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
-                     const std::optional<InArray>& sinks, int64_t batch, int64_t heads, bool bf16_as_uint16) {
+                     const std::optional<InArray>& sinks, const std::optional<InArray>& key_start,
+                     const std::optional<InArray>& q_offset, int64_t batch, int64_t heads, bool bf16_as_uint16) {
   const Arg* alibi = alibi_slopes ? &call.add(Arg("alibi_slopes", *alibi_slopes, false, Holds::vector)) : nullptr;
   if (alibi) {
     expect_contiguous_float32(*alibi, alibi_slopes->dtype());
@@ -259,7 +260,11 @@ ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, con
   const Arg* abias = bias ? &call.add(Arg("bias", *bias, false, data_kind(bf16_as_uint16))) : nullptr;
   const Arg* asinks = sinks ? &call.add(Arg("sinks", *sinks, false, Holds::vector)) : nullptr;
   if (asinks) expect_lse(*asinks, sinks->dtype(), {heads}, "heads");
-  return {alibi, abias, asinks};
+  const Arg* astart = key_start ? &call.add(Arg("key_start", *key_start, false, Holds::vector)) : nullptr;
+  if (astart) expect_int32_vector(*astart, key_start->dtype(), batch, "batch");
+  const Arg* aoffset = q_offset ? &call.add(Arg("q_offset", *q_offset, false, Holds::vector)) : nullptr;
+  if (aoffset) expect_int32_vector(*aoffset, q_offset->dtype(), batch, "batch");
+  return {alibi, abias, asinks, astart, aoffset};
 }
 
 void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
@@ -269,6 +274,8 @@ void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
   }
   if (mods.bias) options.bias = tensor_view(*mods.bias);
   if (mods.sinks) options.sinks = static_cast<const float*>(mods.sinks->data);
+  if (mods.key_start) options.key_start = static_cast<const int32_t*>(mods.key_start->data);
+  if (mods.q_offset) options.q_offset = static_cast<const int32_t*>(mods.q_offset->data);
 }
 
 }  // namespace selfattn_python

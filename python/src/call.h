@@ -224,14 +224,18 @@ CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray&
 // The arrays of the score modifiers, each optional: ALiBi slopes (fp32 [heads] or [batch, heads],
 // read from a bare pointer, so their shape is checked here), the bias (a 4-D view in q's dtype or
 // fp32; the library checks its dtype, shape and strides) and the attention sinks (fp32 [heads]
-// contiguous, from a bare pointer too).
+// contiguous, from a bare pointer too), and the per-sequence key starts and query offsets (int32
+// [batch] each: `batch` is the number of sequences of a varlen call).
 struct ModArgs {
   const Arg* alibi_slopes;
   const Arg* bias;
   const Arg* sinks;
+  const Arg* key_start;
+  const Arg* q_offset;
 };
 ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
-                     const std::optional<InArray>& sinks, int64_t batch, int64_t heads, bool bf16_as_uint16);
+                     const std::optional<InArray>& sinks, const std::optional<InArray>& key_start,
+                     const std::optional<InArray>& q_offset, int64_t batch, int64_t heads, bool bf16_as_uint16);
 
 // After staging (the data pointers are the device's from here on, valid until run_call returns).
 void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods);

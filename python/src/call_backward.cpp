@@ -39,9 +39,9 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
                         OutArray dq, OutArray dk, OutArray dv, std::optional<std::string> causal,
                         std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                         int window_left, int window_right, std::optional<float> softcap,
-                        std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                        std::optional<InArray> sinks, bool deterministic, std::optional<InArray> dlse,
-                        std::optional<OutArray> dsinks, bool bf16_as_uint16) {
+                        std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
+                        std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
+                        std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -53,8 +53,8 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   const std::vector<int64_t> lse_shape = {q_shape.batch(), q_shape.heads(), q_shape.seq()};
   expect_lse(a.lse, lse.dtype(), lse_shape, "batch, heads, seq_q");
   const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
-  const ModArgs mods =
-      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
+                                    q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_backward_options(backward, extras);
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
@@ -74,7 +74,8 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                std::optional<std::string> causal, std::optional<float> scale, std::string path,
                                int window_left, int window_right, std::optional<float> softcap,
                                std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                               std::optional<InArray> sinks, bool deterministic, std::optional<InArray> dlse,
+                               std::optional<InArray> sinks, std::optional<InArray> key_start,
+                               std::optional<InArray> q_offset, bool deterministic, std::optional<InArray> dlse,
                                std::optional<OutArray> dsinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
@@ -86,7 +87,8 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   const std::vector<int64_t> lse_shape = {q_shape.heads(), q_shape.seq()};
   expect_lse(a.lse, lse.dtype(), lse_shape, "heads, total_q");
   const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, cu.batch, q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_backward_options(backward, extras);
     set_mod_options(options, mods);

@@ -19,15 +19,15 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-               bool bf16_as_uint16) {
+               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
-  const ModArgs mods =
-      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
+                                    q_shape.heads(), bf16_as_uint16);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
   run_call(context, call, [&] {
@@ -42,7 +42,8 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                       std::optional<float> scale, std::string path, std::optional<OutArray> lse, int window_left,
                       int window_right, std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                      std::optional<InArray> bias, std::optional<InArray> sinks, bool bf16_as_uint16) {
+                      std::optional<InArray> bias, std::optional<InArray> sinks, std::optional<InArray> key_start,
+                      std::optional<InArray> q_offset, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
@@ -50,7 +51,8 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, cu.batch, q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods =
+      add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, cu.batch, q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
@@ -64,7 +66,8 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
                     std::optional<float> softcap, std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                    std::optional<InArray> sinks, bool bf16_as_uint16) {
+                    std::optional<InArray> sinks, std::optional<InArray> key_start, std::optional<InArray> q_offset,
+                    bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
@@ -76,7 +79,8 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
   const Arg* awo = wo ? &call.add(Arg("wo", *wo, false, data)) : nullptr;
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax).batch(), "batch");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, tensor_view(ax).batch(), heads, bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, tensor_view(ax).batch(),
+                                    heads, bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     set_mod_options(options, mods);

@@ -106,7 +106,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin,
                              bool rotary_interleaved, int num_splits, int window_left, int window_right,
                              std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                             std::optional<InArray> bias, std::optional<InArray> sinks, bool validate_metadata,
+                             std::optional<InArray> bias, std::optional<InArray> sinks,
+                             std::optional<InArray> key_start, std::optional<InArray> q_offset, bool validate_metadata,
                              bool bf16_as_uint16) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
   selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
@@ -120,11 +121,13 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(aq);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
-  const ModArgs mods =
-      add_mod_args(call, alibi_slopes, bias, sinks, q_shape.batch(), q_shape.heads(), bf16_as_uint16);
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
+                                    q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(parsed, mods);
     selfattn::KvAttentionOptions options;
+    options.key_start = parsed.key_start;
+    options.q_offset = parsed.q_offset;
     options.path = parsed.path;
     options.causal = parsed.causal;
     options.scale = parsed.scale;

@@ -38,11 +38,22 @@ def visible(row, seq_q, len_k, causal):
     return max(0, min(n, len_k))
 
 
-def visible_range(row, seq_q, len_k, causal, window=None):
+def visible_range(row, seq_q, len_k, causal, window=None, key_start=None, q_offset=None):
     """Keys [begin, end) query `row` sees (causal mask, then the sliding window), and its aligned
-    position i' (selfattn/attention.h: i under top_left, i + len_k - seq_q otherwise)."""
-    aligned = row if causal == "top_left" else row + len_k - seq_q
-    begin, end = 0, visible(row, seq_q, len_k, causal)
+    position i' (selfattn/attention.h: i under top_left, i + len_k - seq_q otherwise). With a
+    key_start (left padding: keys before it are not seen, positions count from it) and a q_offset
+    (row 0's position counted from the start), i' = start + q_offset + i, or start + i under
+    top_left; a causal mask of either alignment then ends the keys at i' + 1."""
+    if key_start is None and q_offset is None:
+        aligned = row if causal == "top_left" else row + len_k - seq_q
+        begin, end = 0, visible(row, seq_q, len_k, causal)
+    else:
+        start = min(max(int(key_start or 0), 0), len_k)
+        if q_offset is not None:
+            aligned = start + max(int(q_offset), 0) + row
+        else:
+            aligned = start + row if causal == "top_left" else len_k - seq_q + row
+        begin, end = start, len_k if causal is None else min(len_k, aligned + 1)
     if window is not None:
         left, right = window
         if right >= 0:
@@ -57,9 +68,11 @@ class Mods:
     float64 per (batch, head, row): which keys a row sees, their modified scores, and the head's
     sink logit."""
 
-    def __init__(self, shape, causal=None, window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None):
+    def __init__(self, shape, causal=None, window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None,
+                 key_start=None, q_offset=None):
         self.batch, self.heads, self.seq_q, self.seq_k = shape
         self.causal, self.window, self.softcap = causal, window, softcap
+        self.key_start, self.q_offset = key_start, q_offset  # [batch] each, or None
         self.slopes = None if alibi_slopes is None else \
             np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (self.batch, self.heads))
         self.bias = None if bias is None else np.broadcast_to(np.asarray(bias, dtype=np.float64), shape)
@@ -72,7 +85,9 @@ class Mods:
     def scores(self, raw_scores, b, h, i, len_k):
         """(keys, s, ds/draw) for row i: the visible keys (a range), their scores after softcap,
         ALiBi and bias (in that order), and the softcap's derivative (the backward's factor)."""
-        begin, end, aligned = visible_range(i, self.seq_q, len_k, self.causal, self.window)
+        begin, end, aligned = visible_range(i, self.seq_q, len_k, self.causal, self.window,
+                                            None if self.key_start is None else self.key_start[b],
+                                            None if self.q_offset is None else self.q_offset[b])
         keys = np.arange(begin, end)
         raw = raw_scores(keys)
         s, factor = raw, np.ones_like(raw)
@@ -185,6 +200,9 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
                         for name, value in mods.items() if name != "bias"}
         if "bias" in mods:
             per_sequence["bias"] = mods["bias"][b:b + 1, :, :lengths_q[b], :lengths_k[b]]
+        for name in ("key_start", "q_offset"):  # one entry per sequence
+            if name in mods:
+                per_sequence[name] = [mods[name][b]]
         want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), causal,
                                   **per_sequence)
         for got, expected in zip((dq[rows], dk[keys], dv[keys]), want):

@@ -22,7 +22,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
-              key_lengths=None):
+              key_lengths=None, key_starts=None):
     """float64 (out [b, sq, h, d], lse [b, h, sq]) in FlashAttention's terms, differentiable."""
     q, k, v = (x.double() for x in (q, k, v))
     batch, seq_q, heads, dim = q.shape
@@ -38,6 +38,8 @@ def reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, alibi_sl
     for b in range(batch):
         aligned = rows + lengths[b] - seq_q
         see = cols < lengths[b]
+        if key_starts is not None:
+            see = see & (cols >= int(key_starts[b]))  # left padding (cache_leftpad)
         if causal:
             see = see & (cols <= aligned)
         if window_size[0] >= 0:
@@ -260,6 +262,23 @@ def test_kvcache_appends_then_attends(dtype, seqlen_new, causal):
         assert torch.isposinf(lse[0]).all() and torch.equal(out[0], torch.zeros_like(out[0]))  # no key: +inf, 0
 
 
+@pytest.mark.parametrize("causal, window_size", [(True, (-1, -1)), (False, (-1, -1)), (True, (4, 0))])
+def test_kvcache_cache_leftpad(causal, window_size):
+    # Slots before cache_leftpad[b] are padding (NaN here, never read); new tokens go at cache_seqlens[b].
+    k_cache, v_cache = cache(35, 3, 20)
+    leftpad = torch.tensor([6, 0, 13], dtype=torch.int32)
+    for b, n in enumerate(leftpad.tolist()):
+        k_cache[b, :n], v_cache[b, :n] = math.nan, math.nan
+    seqlens = torch.tensor([11, 4, 13], dtype=torch.int32)  # sequence 2: its first token is the new one
+    q, k, v = qkv(36, 3, 2, 2)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_leftpad=leftpad,
+                                       causal=causal, window_size=window_size, return_softmax_lse=True)
+    want, want_lse = reference(q, k_cache.nan_to_num(), v_cache.nan_to_num(), causal=causal,
+                               window_size=window_size, key_lengths=seqlens + 2, key_starts=leftpad)
+    assert_close(out, want, "float32")
+    assert_lse(lse, want_lse)
+
+
 @pytest.mark.parametrize("options", [dict(window_size=(3, 0)), dict(softcap=4.0), dict(softmax_scale=0.2),
                                      dict(alibi_slopes=[0.5, 0.25, 0.125, 0.0625]), dict(num_splits=3)], ids=str)
 def test_kvcache_options_mapped(options):
@@ -362,8 +381,8 @@ def test_refusals_are_runtime_errors_naming_the_argument():
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, block_table=cu[None]), "block_table"),
         (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=seqlens * 0),
          "cache_batch_idx"),
-        (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_leftpad=seqlens * 0),
-         "cache_leftpad"),
+        (lambda: flash_attn_with_kvcache(q.detach(), k_cache, v_cache, k, v, cos, sin, seqlens, causal=True,
+                                         cache_leftpad=seqlens * 0), "cache_leftpad"),
         # Not causal, 3 rows: FlashAttention rotates them all at cache_seqlens.
         (lambda: flash_attn_with_kvcache(q.detach(), k_cache, v_cache, k, v, cos, sin, seqlens), "rotary_cos"),
         # Causal, but 3 query rows over 1 new token: the rows' positions differ.

@@ -61,7 +61,7 @@ def test_fake_implementation_gives_shapes():
         q = torch.empty(2, 5, 4, 8)
         k = v = torch.empty(2, 6, 2, 8)
         out, lse = torch.ops.selfattn.attention(q, k, v, None, None, "auto", None, "bshd", False, -1, -1, None, None,
-                                                None, None)
+                                                None, None, None, None)
         assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
@@ -89,7 +89,7 @@ def test_fake_implementation_of_varlen_and_compile():
         q, k = torch.empty(9, 4, 8), torch.empty(11, 2, 8)
         cu = torch.empty(3, dtype=torch.int32)
         out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", False, -1, -1,
-                                                        None, None, None, None)
+                                                        None, None, None, None, None, None)
         assert out.shape == q.shape and lse.shape == (4, 9) and lse.dtype == torch.float32
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(6, 2, 8, generator=g) for _ in range(3))
@@ -115,34 +115,38 @@ def test_fake_implementations_match_the_real_ones(torch_device):
     bias = torch.randn(1, 2, 5, 5, generator=g).to(torch_device)
     sinks = torch.tensor([0.5, -float("inf")], device=torch_device)
     utils = ("test_schema", "test_faketensor")
+    # key_start and q_offset (int32 [batch]) ride along in the calls without sinks.
+    starts = torch.tensor([1], dtype=torch.int32, device=torch_device)
     for with_sinks in (None, sinks):
+        positions = (starts, starts + 1) if with_sinks is None else (None, None)
         torch.library.opcheck(torch.ops.selfattn.attention.default,
                               (q, k, v, "bottom_right", None, "auto", None, "bhsd", with_sinks is None, 2, 0, 5.0, None,
-                               bias, with_sinks),
+                               bias, *positions, with_sinks),
                               test_utils=utils)
     out, lse = selfattn.attention(q, k, v, return_lse=True, sinks=sinks)
     for with_sinks, return_dsinks in ((None, False), (sinks, False), (sinks, True)):
         torch.library.opcheck(torch.ops.selfattn.attention_backward.default,
                               (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, None, "auto",
-                               None, "bhsd", return_dsinks, -1, -1, None, None, None, with_sinks, return_dsinks),
+                               None, "bhsd", return_dsinks, -1, -1, None, None, None, starts, None, with_sinks,
+                               return_dsinks),
                               test_utils=utils)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=torch_device)
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
                               (*packed, cu, cu, 3, 3, None, None, "auto", with_sinks is None, -1, -1, None, None, None,
-                               with_sinks),
+                               None, cu[1:] - 1, with_sinks),
                               test_utils=utils)
     out, lse = selfattn.attention_varlen(*packed, cu, cu, return_lse=True, sinks=sinks)
     torch.library.opcheck(torch.ops.selfattn.attention_varlen_backward.default,
                           (*packed, out, torch.randn_like(out), lse, None, cu, cu, 3, 3, "top_left", None, "auto",
-                           True, -1, -1, None, None, None, sinks, True), test_utils=utils)
+                           True, -1, -1, None, None, None, cu[:2], None, sinks, True), test_utils=utils)
     cache = torch.randn(1, 2, 6, 8, generator=g).to(torch_device)
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
                               (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32, device=torch_device),
                                None, "bhsd", "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None,
-                               None, with_sinks, False), test_utils=utils)
+                               None, starts, starts, with_sinks, False), test_utils=utils)
 
 
 def test_compile_as_the_first_call_in_a_fresh_process():
@@ -261,16 +265,16 @@ def test_fake_implementations_of_the_out_ops():
     for return_lse in (False, True):
         torch.library.opcheck(torch.ops.selfattn.attention_out.default,
                               (q, k, v, torch.empty_like(q), "bottom_right", None, "auto", None, "bshd", 2, 0, 5.0,
-                               None, None, sinks, return_lse), test_utils=utils)
+                               None, None, None, None, sinks, return_lse), test_utils=utils)
         cu = torch.tensor([0, 2, 5], dtype=torch.int32)
         torch.library.opcheck(torch.ops.selfattn.attention_varlen_out.default,
                               (q[0], k[0], v[0], torch.empty_like(q[0]), cu, cu, 3, 3, None, None, "auto", -1, -1,
-                               None, None, None, sinks, return_lse), test_utils=utils)
+                               None, None, None, None, None, sinks, return_lse), test_utils=utils)
         cache = torch.randn(1, 6, 2, 8, generator=g)
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache_out.default,
                               (q[:, :1], cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None,
                                torch.empty_like(q[:, :1]), "bshd", "bottom_right", None, "auto", None, None, False, 0,
-                               -1, -1, None, None, None, sinks, False, return_lse), test_utils=utils)
+                               -1, -1, None, None, None, None, None, sinks, False, return_lse), test_utils=utils)
     _, lse = selfattn.attention(q, k, v, layout="bshd", return_lse=True)
     torch.library.opcheck(torch.ops.selfattn.merge_states_out.default,
                           (q, lse, k, lse.clone(), torch.empty_like(q), "bshd"), test_utils=utils)
@@ -278,7 +282,7 @@ def test_fake_implementations_of_the_out_ops():
     with FakeTensorMode():
         fake_q = torch.empty(2, 5, 4, 8)
         lse = torch.ops.selfattn.attention_out(fake_q, fake_q, fake_q, torch.empty_like(fake_q), None, None, "auto",
-                                               None, "bshd", -1, -1, None, None, None, None, True)
+                                               None, "bshd", -1, -1, None, None, None, None, None, None, True)
         assert lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 

@@ -12,6 +12,7 @@
 //     (the named exception: 4 bytes per lane from the mma fragments, see expect_forward_traffic);
 //   - both: every query tile reads K and V once and no more (sectors read = query tiles x K/V
 //     bytes), and the DRAM floor is within 1.1x of Q + K + V + O + LSE.
+// The tiles key_start and q_offset rule out are skipped (KeyStartAndQueryOffsetSkipTiles).
 // SELFATTN_TEST_PROFILE=1 prints the profiles.
 #include <gtest/gtest.h>
 
@@ -42,7 +43,9 @@ struct ForwardShape {
 const ForwardShape kShapes[] = {{1, 2, 256, 256, 64}, {1, 2, 256, 256, 128}};
 
 // One fused attention() of `shape` (dense BHSD bf16 tensors, LSE on), profiled; its one launch.
-sim::LaunchProfile profile_forward(Context& ctx, const ForwardShape& s, const char* expected_kernel) {
+// `options` adds masks (its path and lse are set here).
+sim::LaunchProfile profile_forward(Context& ctx, const ForwardShape& s, const char* expected_kernel,
+                                   AttentionOptions options = {}) {
   std::mt19937_64 rng(testing::input_seed(s.name()));
   const size_t q_elems = size_t(s.batch) * s.heads * s.seq_q * s.head_dim;
   const size_t kv_elems = size_t(s.batch) * s.heads * s.seq_k * s.head_dim;
@@ -51,7 +54,6 @@ sim::LaunchProfile profile_forward(Context& ctx, const ForwardShape& s, const ch
   DeviceBuffer<unsigned char> v = testing::random_device_values(ctx, DType::bf16, kv_elems, rng, "v");
   DeviceBuffer<unsigned char> out(ctx, q_elems * 2, "out");
   DeviceBuffer<float> lse(ctx, size_t(s.batch) * s.heads * s.seq_q, "lse");
-  AttentionOptions options;
   options.path = Path::fused;
   options.lse = lse.data();
   const auto view = [&](const DeviceBuffer<unsigned char>& b, int seq) {
@@ -127,6 +129,42 @@ TEST(FusedForwardAccessPattern, HopperKernel) {
       EXPECT_EQ(site.bank_conflicts(), 0u) << s.name() << " " << site.location << "\n" << sim::format_profile(p);
     }
     expect_forward_traffic(p, s);
+  }
+}
+
+// The tiles key_start and q_offset rule out are never read (AttentionOptions): K and V's distinct
+// bytes are those of the keys a row sees, up to one key tile (<= 128 keys) of rounding. key_start
+// runs the mma.sync kernel (the Hopper one takes no key_start), q_offset with a causal mask the
+// Hopper kernel.
+TEST(FusedForwardAccessPattern, KeyStartAndQueryOffsetSkipTiles) {
+  Context ctx;
+  ASSERT_TRUE(ctx.uses_hopper_kernels());
+  const ForwardShape s{1, 2, 64, 1024, 64};
+  const uint64_t key_bytes = uint64_t(s.heads) * s.head_dim * 2;  // one key of every head, of K or V
+  const int32_t start = 700, offset = 200;
+  DeviceBuffer<int32_t> start_buffer(ctx, 1, "key_start"), offset_buffer(ctx, 1, "q_offset");
+  start_buffer.copy_from_host(&start, 1);
+  offset_buffer.copy_from_host(&offset, 1);
+  struct Case {
+    const char* kernel;
+    bool key_start, q_offset;
+    int first_key, end_key;  // the keys some row sees
+  };
+  for (const Case& c : {Case{"flash_fwd_kernel", true, false, start, s.seq_k},
+                        Case{"flash_fwd_hopper_kernel", false, true, 0, offset + s.seq_q},
+                        Case{"flash_fwd_kernel", true, true, start, start + offset + s.seq_q}}) {
+    AttentionOptions options;
+    options.causal = Causal::bottom_right;
+    if (c.key_start) options.key_start = start_buffer.data();
+    if (c.q_offset) options.q_offset = offset_buffer.data();
+    const sim::LaunchProfile p = profile_forward(ctx, s, c.kernel, options);
+    const uint64_t seen = uint64_t(c.end_key - c.first_key) * key_bytes;
+    for (const char* label : {"k", "v"}) {
+      const uint64_t read = traffic_of(p, label).read.distinct_sectors * 32;
+      EXPECT_GE(read, seen) << c.kernel << " " << label << "\n" << sim::format_profile(p);
+      EXPECT_LE(read, seen + 2 * 128 * key_bytes) << c.kernel << " " << label << ": read keys no row sees\n"
+                                                  << sim::format_profile(p);
+    }
   }
 }
 

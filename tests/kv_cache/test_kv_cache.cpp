@@ -48,6 +48,47 @@ TEST(KvCacheAttention, ContiguousAnyLayoutEveryPath) {
     for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
 }
 
+// Left padding (key_start: NaN rows before it, never read) and query rows placed by q_offset
+// (a static cache: lengths cover every slot, the rows at the positions they hold), alone and
+// together, every path; paged and contiguous; starts inside a page, on a page boundary and at the
+// length; with a window, ALiBi and a bias on the split-KV kernels with 1 and 3 splits.
+TEST(KvCacheAttention, LeftPaddingAndQueryOffsetEveryPath) {
+  Context ctx;
+  std::vector<AttendCase> cases;
+  CacheSpec left_padded = paged(DType::f16, 3, 2, 64, 16, 5, {70, 37, 16});
+  left_padded.key_start = {20, 0, 16};
+  cases.push_back(attend(left_padded, 4, 3));
+  AttendCase placed = attend(left_padded, 4, 3);
+  placed.q_offset = {40, 30, 0};
+  cases.push_back(placed);
+  CacheSpec contiguous_padded = contiguous(DType::f32, 2, 1, 32, 45, {45, 12}, true);
+  contiguous_padded.key_start = {44, 3};
+  AttendCase none_placed = attend(contiguous_padded, 2, 2, Causal::none);
+  none_placed.q_offset = {0, 5};
+  cases.push_back(none_placed);
+  AttendCase static_cache = attend(paged(DType::bf16, 2, 1, 128, 16, 4, {64, 64}, false), 2, 5);
+  static_cache.q_offset = {10, 59};
+  cases.push_back(static_cache);
+  for (const AttendCase& c : cases)
+    for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+
+  testing::ScoreModsCase mods;
+  mods.window_left = 30;
+  mods.alibi = testing::AlibiSlopes::heads;
+  mods.bias = testing::BiasLayout::full;
+  mods.masked_key_period = 6;
+  for (DType dtype : {DType::f16, DType::f32})
+    for (int splits : {1, 3}) {
+      CacheSpec spec = paged(dtype, 2, 1, 64, 16, 13, {200, 113});
+      spec.key_start = {37, 100};
+      AttendCase c = attend(spec, 4, 7);
+      c.q_offset = {150, 6};
+      c.mods = mods;
+      c.num_splits = splits;
+      EXPECT_TRUE(check_attend(ctx, c, Path::fused));
+    }
+}
+
 // Pages shared between sequences (a common first page) and appearing in any order.
 TEST(KvCacheAttention, SharedPrefixPages) {
   Context ctx;

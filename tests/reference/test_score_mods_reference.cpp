@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/common/causal_mask.cuh"
 #include "selfattn/error.h"
 #include "selfattn/reference.h"
 
@@ -68,6 +69,80 @@ TEST(VisibleKeyRange, WindowAroundTheAlignedRow) {
           previous = range;
         }
       }
+}
+
+// key_start and q_offset (AttentionOptions): 3 rows over keys [0, 8) of 10 (a key length of 8).
+TEST(RowKeys, KeyStartAndQueryOffsetByHand) {
+  Problem p = problem(3, 10);
+  p.key_lengths = {8};
+  p.key_start = {2};
+  // Keys [2, 8): 6 keys, positions counted from key 2. bottom_right: row i at key 8 - 3 + i.
+  p.causal = Causal::bottom_right;
+  expect_range(row_keys(p, 0, 0).keys, 2, 6);
+  EXPECT_EQ(row_keys(p, 0, 0).aligned, 5);
+  // top_left: row i at key 2 + i; none: every key from the start.
+  p.causal = Causal::top_left;
+  expect_range(row_keys(p, 0, 1).keys, 2, 4);
+  EXPECT_EQ(row_keys(p, 0, 1).aligned, 3);
+  p.causal = Causal::none;
+  expect_range(row_keys(p, 0, 0).keys, 2, 8);
+  // q_offset 4: row i at key 2 + 4 + i under either alignment; row 1 at key 7 sees keys 2..7.
+  p.q_offset = {4};
+  for (Causal causal : {Causal::top_left, Causal::bottom_right}) {
+    p.causal = causal;
+    expect_range(row_keys(p, 0, 0).keys, 2, 7);
+    expect_range(row_keys(p, 0, 1).keys, 2, 8);
+  }
+  // With a window (1, 0): row 0 at key 6 sees keys 5..6; without a causal mask (1, 1): 5..7.
+  p.window_left = 1, p.window_right = 0;
+  expect_range(row_keys(p, 0, 0).keys, 5, 7);
+  p.causal = Causal::none;
+  p.window_right = 1;
+  expect_range(row_keys(p, 0, 0).keys, 5, 8);
+  EXPECT_EQ(row_keys(p, 0, 2).aligned, 8);
+  // Clamped: a negative start is 0, one past the length leaves no key; a negative offset is 0.
+  p = problem(3, 10);
+  p.key_start = {-3};
+  p.q_offset = {-5};
+  p.causal = Causal::bottom_right;
+  expect_range(row_keys(p, 0, 1).keys, 0, 2);
+  p.key_start = {20};
+  expect_range(row_keys(p, 0, 2).keys, 10, 10);
+}
+
+// The kernels' twin (kernels/common/causal_mask.cuh) agrees with the reference on every small case:
+// each causal mode, key lengths 0..9, starts and offsets in and out of range (and absent), windows.
+TEST(RowKeys, TheKernelsTwinAgrees) {
+  const kernels::CausalMask masks[] = {kernels::CausalMask::none, kernels::CausalMask::top_left,
+                                       kernels::CausalMask::bottom_right};
+  const Causal causals[] = {Causal::none, Causal::top_left, Causal::bottom_right};
+  const int32_t kAbsent = -1000;
+  for (int c = 0; c < 3; ++c)
+    for (int seq_q = 1; seq_q <= 4; ++seq_q)
+      for (int length = 0; length <= 9; ++length)
+        for (int32_t start = kAbsent; start <= 11; start += (start == kAbsent ? 999 : 3))
+          for (int32_t offset = kAbsent; offset <= 12; offset += (offset == kAbsent ? 998 : 5))
+            for (int left : {-1, 0, 2})
+              for (int right : {-1, 0, 3}) {
+                Problem p = problem(seq_q, 9);
+                p.causal = causals[c];
+                p.key_lengths = {length};
+                if (start != kAbsent) p.key_start = {start};
+                if (offset != kAbsent) p.q_offset = {offset};
+                p.window_left = left, p.window_right = right;
+                const kernels::SequenceKeys keys =
+                    kernels::sequence_keys(seq_q, length, masks[c], start != kAbsent ? &start : nullptr,
+                                           offset != kAbsent ? &offset : nullptr, 0);
+                for (int row = 0; row < seq_q; ++row) {
+                  const RowKeys want = row_keys(p, 0, row);
+                  const kernels::KeyRange got = kernels::visible_key_range(row, keys, masks[c], left, right);
+                  ASSERT_EQ(got.begin, want.keys.begin) << c << " " << seq_q << " " << length << " " << start << " "
+                                                        << offset << " " << left << " " << right << " row " << row;
+                  ASSERT_EQ(got.end, want.keys.end) << c << " " << seq_q << " " << length << " " << start << " "
+                                                    << offset << " " << left << " " << right << " row " << row;
+                  ASSERT_EQ(kernels::aligned_key(row, keys), want.aligned) << "row " << row;
+                }
+              }
 }
 
 TEST(ReferenceScoreMods, WindowAveragesTheKeysItSees) {

@@ -52,7 +52,6 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
   std::vector<float> x(size_t(p.seq_k)), probs(size_t(p.seq_k));
   std::vector<double> magnitude(size_t(p.seq_k));  // a_j = scale * sum_e |q_e k_je|, plus what the modifiers add
   for (int b = 0; b < p.batch; ++b) {
-    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[b]), 0, p.seq_k);
     for (int h = 0; h < p.heads; ++h) {
       const size_t kv = size_t(b) * p.kv_heads + size_t(h / group);
       const double* k_head = k.data() + kv * p.seq_k * d;
@@ -65,9 +64,9 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         // The keys the mask rule leaves (causal and window), then the score modifiers in fp32 as the
         // kernels apply them (kernels/common/score_mods.cuh): softcap, ALiBi, bias. A key the bias masks
         // (-inf) gets probability 0; a row with no key left is 0 and -inf exactly (scale 0).
-        const reference::KeyRange keys =
-            reference::visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
-        const int aligned = reference::aligned_row(i, p.seq_q, len_k, p.causal);
+        const reference::RowKeys row_keys = reference::row_keys(p, b, i);
+        const reference::KeyRange keys = row_keys.keys;
+        const int64_t aligned = row_keys.aligned;
         if (!std::isfinite(exact.lse[row])) continue;  // no key, no sink: 0 and -inf exactly
 
         float max_score = -INFINITY;

@@ -27,6 +27,14 @@ std::string AttentionCase::name() const {
     for (size_t i = 0; i < key_lengths.size(); ++i) s << (i ? "," : "") << key_lengths[i];
     s << "]";
   }
+  const auto print = [&s](const char* label, const std::vector<int32_t>& values) {
+    if (values.empty()) return;
+    s << " " << label << "=[";
+    for (size_t i = 0; i < values.size(); ++i) s << (i ? "," : "") << values[i];
+    s << "]";
+  };
+  print("key_start", key_start);
+  print("q_offset", q_offset);
   s << " " << to_string(layout) << (strides == Strides::shared ? " shared_strides" : "") << (with_lse ? " lse" : "")
     << " " << selfattn::to_string(path);
   if (scale) s << " scale=" << *scale;
@@ -179,7 +187,7 @@ using namespace harness;
   lse_buffer.fill_bytes(0xFF);
   const TensorView out = out_tensor.view;
 
-  DeviceBuffer<int32_t> key_lengths;
+  DeviceBuffer<int32_t> key_lengths, key_start, q_offset;
   AttentionOptions options;
   options.path = c.path;
   options.causal = c.causal;
@@ -188,6 +196,16 @@ using namespace harness;
     key_lengths = DeviceBuffer<int32_t>(ctx, c.key_lengths.size(), "test key_lengths");
     key_lengths.copy_from_host(c.key_lengths);
     options.key_lengths = key_lengths.data();
+  }
+  if (!c.key_start.empty()) {
+    key_start = DeviceBuffer<int32_t>(ctx, c.key_start.size(), "test key_start");
+    key_start.copy_from_host(c.key_start);
+    options.key_start = key_start.data();
+  }
+  if (!c.q_offset.empty()) {
+    q_offset = DeviceBuffer<int32_t>(ctx, c.q_offset.size(), "test q_offset");
+    q_offset.copy_from_host(c.q_offset);
+    options.q_offset = q_offset.data();
   }
   if (c.with_lse) options.lse = lse_buffer.data();
   ScoreModsData mods;
@@ -213,6 +231,8 @@ using namespace harness;
   problem.causal = c.causal;
   problem.scale = c.scale ? double(*c.scale) : 0.0;
   problem.key_lengths = c.key_lengths;
+  problem.key_start = c.key_start;
+  problem.q_offset = c.q_offset;
   if (c.mods.any()) mods.apply(c.mods, problem);
   AttentionArithmetic arithmetic;
   arithmetic.dtype = c.dtype;

@@ -50,6 +50,9 @@ struct AttentionCase {
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
   Causal causal = Causal::none;
   std::vector<int32_t> key_lengths;  // empty: no key_lengths argument; else [batch]
+  // Empty: no argument; else [batch] (AttentionOptions::key_start, q_offset). K/V rows before a
+  // key_start are NaN on the device, as rows past a key length are.
+  std::vector<int32_t> key_start = {}, q_offset = {};
   // q's layout; with Strides::distinct (the default) k, v and out each get their own, derived from
   // it and row_gap (tensor_layout in tensor_layouts.h); with Strides::shared all four take it.
   Layout layout = Layout::bhsd;
@@ -118,7 +121,8 @@ void print_report(const std::string& name, const Measured& measured);
 // attention_backward() with NaN in every K and V row past the key lengths (as check_attention
 // poisons them: an unused cache's rows), against the same call with those rows finite, for a few
 // cases on `path` (GQA, both layouts, every causal mode, gradients in the input dtype and f32, key
-// lengths full, partial, 0): the padding is no input of the gradients, so both give the same dq,
+// lengths full, partial, 0; left padding: key_start, with and without q_offset): the padding is
+// no input of the gradients, so both give the same dq,
 // dk and dv - within `tolerance` x the largest |element| of that gradient (0: equal, as on the sim)
 // - all finite, and dk/dv rows past the key lengths exactly 0. out and the LSE come from the
 // finite inputs.
@@ -141,6 +145,8 @@ struct VarlenCase {
   int misalign = 0;  // as AttentionCase::misalign
   Strides strides = Strides::distinct;
   int unowned_q_rows = 0, unowned_k_rows = 0;
+  // Empty, or one entry per sequence (AttentionOptions::key_start, q_offset, counted within it).
+  std::vector<int32_t> key_start = {}, q_offset = {};
   std::string name() const;
 };
 

@@ -128,6 +128,10 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   if (c.dlse) dlse_b.copy_from_host(dlse_f.data(), dlse_f.size());
   DeviceBuffer<int32_t> lengths(ctx, std::max<size_t>(c.key_lengths.size(), 1)), cuq(ctx, cu_q.size()), cuk(ctx, cu_k.size());
   if (!c.key_lengths.empty()) lengths.copy_from_host(c.key_lengths.data(), c.key_lengths.size());
+  DeviceBuffer<int32_t> key_start(ctx, std::max<size_t>(c.key_start.size(), 1)),
+      q_offset(ctx, std::max<size_t>(c.q_offset.size(), 1));
+  if (!c.key_start.empty()) key_start.copy_from_host(c.key_start.data(), c.key_start.size());
+  if (!c.q_offset.empty()) q_offset.copy_from_host(c.q_offset.data(), c.q_offset.size());
   cuq.copy_from_host(cu_q.data(), cu_q.size());
   cuk.copy_from_host(cu_k.data(), cu_k.size());
   std::vector<double> slopes;
@@ -161,6 +165,8 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   options.path = Path::naive;
   options.causal = c.causal;
   options.key_lengths = c.key_lengths.empty() ? nullptr : lengths.data();
+  options.key_start = c.key_start.empty() ? nullptr : key_start.data();
+  options.q_offset = c.q_offset.empty() ? nullptr : q_offset.data();
   options.window_left = c.window_left;
   options.window_right = c.window_right;
   if (c.softcap > 0) options.softcap = c.softcap;
@@ -238,6 +244,8 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     p.seq_q = varlen ? c.varlen_q[b] : c.seq_q;
     p.seq_k = varlen ? c.varlen_k[b] : c.seq_k;
     if (!varlen) p.key_lengths = c.key_lengths;
+    if (!c.key_start.empty()) p.key_start = varlen ? std::vector<int32_t>{c.key_start[size_t(b)]} : c.key_start;
+    if (!c.q_offset.empty()) p.q_offset = varlen ? std::vector<int32_t>{c.q_offset[size_t(b)]} : c.q_offset;
     // Gathers rows [r0, r0 + n) of each (batch, head) of a logical [vb, heads, rows, d] array.
     const auto rows_of = [&](const std::vector<double>& x, int heads, int rows, int r0, int n) {
       std::vector<double> out;

@@ -17,6 +17,8 @@ struct Case {
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
   Causal causal = Causal::none;
   std::vector<int32_t> key_lengths;  // [batch] or empty
+  // [batch] (varlen: one per sequence) or empty: AttentionOptions::key_start, q_offset.
+  std::vector<int32_t> key_start = {}, q_offset = {};
   int window_left = -1, window_right = -1;
   float softcap = 0;
   bool alibi = false;        // [heads] slopes

@@ -19,6 +19,7 @@ struct Dense {
   std::vector<double> q, k, v, dout, bias;  // bias [batch, heads, seq_q, seq_k] or empty
   std::vector<double> slopes;               // [heads] or empty
   std::vector<int32_t> key_lengths;
+  std::vector<int32_t> key_start, q_offset;  // [batch] or empty
   std::vector<double> dlse;                 // [batch, heads, seq_q] or empty
   std::vector<double> sinks;                // [heads] or empty
 };
@@ -45,6 +46,8 @@ inline reference::Problem problem_of(const Dense& p, const Case& c, double scale
   problem.causal = c.causal;
   problem.scale = scale;
   problem.key_lengths = p.key_lengths;
+  problem.key_start = p.key_start;
+  problem.q_offset = p.q_offset;
   problem.window_left = c.window_left;
   problem.window_right = c.window_right;
   problem.softcap = c.softcap;
@@ -65,13 +68,12 @@ inline Expected reference_gradients(const Dense& p, const Case& c, double scale)
   e.dq_zero.assign(size_t(p.batch) * p.heads * p.seq_q, 1);
   e.dkv_zero.assign(size_t(p.batch) * p.kv_heads * p.seq_k, 1);
   const int hpk = p.heads / p.kv_heads;
+  const reference::Problem problem = problem_of(p, c, scale);
   for (int b = 0; b < p.batch; ++b) {
-    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp<int>(p.key_lengths[b], 0, p.seq_k);
     for (int h = 0; h < p.heads; ++h)
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
-        const reference::KeyRange range =
-            reference::visible_key_range(i, p.seq_q, len_k, c.causal, c.window_left, c.window_right);
+        const reference::KeyRange range = reference::row_keys(problem, b, i).keys;
         for (int j = range.begin; j < range.end; ++j) {
           if (!p.bias.empty() && p.bias[row * p.seq_k + j] == -INFINITY) continue;
           e.dq_zero[row] = 0;

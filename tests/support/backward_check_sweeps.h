@@ -93,6 +93,24 @@ inline std::vector<Case> sweep(Path path) {
     all.sinks = true;
     all.grad_f32 = dtype != DType::f32;
     add(all);
+    Case offsets = c;
+    offsets.name = "key_start_q_offset_alibi_window_lengths";  // left padding and rows placed by q_offset
+    offsets.batch = 3;
+    offsets.causal = Causal::bottom_right;
+    offsets.key_lengths = {45, 30, 45};
+    offsets.key_start = {12, 0, 45};  // batch 2: the start at the length leaves no key
+    offsets.q_offset = {0, 20, 3};
+    offsets.window_left = 15;
+    offsets.alibi = true;
+    add(offsets);
+    Case varlen_offsets = c;
+    varlen_offsets.name = "key_start_q_offset_varlen";
+    varlen_offsets.varlen_q = {9, 4};
+    varlen_offsets.varlen_k = {40, 17};
+    varlen_offsets.causal = Causal::top_left;
+    varlen_offsets.key_start = {25, 2};
+    varlen_offsets.q_offset = {5, 20};
+    add(varlen_offsets);
   }
   return cases;
 }
@@ -223,6 +241,25 @@ inline std::vector<Case> fused_sweep() {
   c.sinks = true;
   c.dlse = true;
   add(c, "sinks_gqa_lengths_d64_dlse");
+  c = Case{};
+  c.dtype = DType::f16;
+  c.batch = 3, c.heads = 2, c.kv_heads = 1, c.seq_q = 40, c.seq_k = 150, c.head_dim = 64;
+  c.causal = Causal::bottom_right;
+  c.key_lengths = {150, 120, 90};
+  c.key_start = {70, 0, 89};  // past one key tile, none, one key left
+  c.q_offset = {30, 60, 0};
+  c.window_left = 50;
+  c.grad_f32 = true;
+  add(c, "key_start_q_offset_window_gqa_d64");
+  c = Case{};
+  c.dtype = DType::bf16;
+  c.heads = 2, c.kv_heads = 2, c.head_dim = 128;
+  c.varlen_q = {20, 3};
+  c.varlen_k = {100, 64};
+  c.causal = Causal::top_left;
+  c.key_start = {65, 10};
+  c.q_offset = {0, 50};
+  add(c, "key_start_q_offset_varlen_d128");
   return cases;
 }
 

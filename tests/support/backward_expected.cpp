@@ -27,16 +27,15 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
   std::vector<double> a(size_t(p.seq_k));
 
   for (int b = 0; b < p.batch; ++b) {
-    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[b]), 0, p.seq_k);
     for (int h = 0; h < p.heads; ++h) {
       const size_t kv_row0 = (size_t(b) * p.kv_heads + h / group) * p.seq_k;
       const double slope = reference::alibi_slope(p, b, h);
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         if (!std::isfinite(lse[row])) continue;  // no key: the kernels write 0
-        const reference::KeyRange keys =
-            reference::visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
-        const int aligned = reference::aligned_row(i, p.seq_q, len_k, p.causal);
+        const reference::RowKeys row_keys = reference::row_keys(p, b, i);
+        const reference::KeyRange keys = row_keys.keys;
+        const int64_t aligned = row_keys.aligned;
         const double* q_row = &q[row * d];
         const double* do_row = &dout[row * d];
         float D = 0;

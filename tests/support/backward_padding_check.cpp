@@ -1,5 +1,5 @@
 // check_backward_ignores_key_padding (attention_harness.h): the backward's gradients with NaN in the
-// key rows past the key lengths against those with finite values there.
+// key rows past the key lengths (and before a key_start) against those with finite values there.
 #include "attention_harness.h"
 
 #include <algorithm>
@@ -41,6 +41,16 @@ namespace {
   options.path = c.path;
   options.causal = c.causal;
   options.key_lengths = key_lengths.data();
+  DeviceBuffer<int32_t> key_start(ctx, std::max<size_t>(c.key_start.size(), 1), "test key_start");
+  DeviceBuffer<int32_t> q_offset(ctx, std::max<size_t>(c.q_offset.size(), 1), "test q_offset");
+  if (!c.key_start.empty()) {
+    key_start.copy_from_host(c.key_start);
+    options.key_start = key_start.data();
+  }
+  if (!c.q_offset.empty()) {
+    q_offset.copy_from_host(c.q_offset);
+    options.q_offset = q_offset.data();
+  }
   options.lse = lse.data();
   AttentionCase gradient_case = c;
   if (grad_f32) gradient_case.dtype = DType::f32;
@@ -85,7 +95,8 @@ namespace {
       const size_t row = i / size_t(c.head_dim);
       const int b = int(row / (size_t(heads) * rows)), r = int(row % size_t(rows));
       const double x = got[size_t(which)][i], expected = want[size_t(which)][i];
-      const bool padding = !query && r >= std::clamp(c.key_lengths[size_t(b)], 0, c.seq_k);
+      const bool padding = !query && (r >= std::clamp(c.key_lengths[size_t(b)], 0, c.seq_k) ||
+                                      (!c.key_start.empty() && r < c.key_start[size_t(b)]));
       const bool wrong = !std::isfinite(x) || (padding ? x != 0.0 : std::abs(x - expected) > tolerance * largest);
       if (wrong)
         return ::testing::AssertionFailure()
@@ -103,10 +114,20 @@ namespace {
 ::testing::AssertionResult check_backward_ignores_key_padding(Context& ctx, Path path, double tolerance) {
   // GQA and not, both layouts, every causal mode, gradients in the input dtype and in f32, key
   // lengths full, partial and 0.
+  // Left padding too: key_start (NaN before it) with a q_offset, and key_start alone.
+  AttentionCase left_padded =
+      make_case(DType::f16, 2, 2, 1, 5, 70, 64, Causal::bottom_right, Layout::bhsd, true, {70, 45}, path);
+  left_padded.key_start = {37, 3};
+  left_padded.q_offset = {20, 41};
+  AttentionCase left_padded_f32 =
+      make_case(DType::f32, 2, 2, 2, 7, 30, 16, Causal::none, Layout::bshd, true, {30, 30}, path);
+  left_padded_f32.key_start = {29, 11};
   const std::pair<AttentionCase, bool> cases[] = {
       {make_case(DType::f32, 3, 4, 2, 9, 21, 16, Causal::none, Layout::bhsd, true, {21, 8, 0}, path), false},
       {make_case(DType::f16, 2, 2, 1, 13, 40, 32, Causal::bottom_right, Layout::bshd, true, {17, 40}, path), false},
       {make_case(DType::bf16, 2, 3, 3, 6, 33, 64, Causal::top_left, Layout::bhsd, true, {0, 5}, path), true},
+      {left_padded, false},
+      {left_padded_f32, true},
   };
   for (const auto& [c, grad_f32] : cases)
     if (::testing::AssertionResult verdict = check_backward_padding_case(ctx, c, grad_f32, tolerance); !verdict)

@@ -60,7 +60,9 @@ Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads,
           // Keys past a batch's key length are padding nobody may use: NaN on the device (what
           // an inference engine's unused cache rows may hold), so a kernel that multiplies a zero
           // probability by such a row's V, or lets it into a score, fails.
+          // Keys before a key_start are padding too (left padding).
           const bool padding = (padded_rows && !c.key_lengths.empty() && s >= std::max(c.key_lengths[size_t(b)], 0)) ||
+                               (padded_rows && !c.key_start.empty() && s < c.key_start[size_t(b)]) ||
                                s >= seq - unowned_rows;
           if (s >= seq - unowned_rows) op.logical[i] = 0;
           store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), padding ? NAN : value);

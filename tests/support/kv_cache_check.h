@@ -74,6 +74,9 @@ struct CacheSpec {
   bool shared_first_page = false;  // every sequence's first page is sequence 0's (a common prefix)
   bool poison_unused = true;       // rows no sequence's length covers hold NaN (else random values)
   std::vector<int32_t> lengths;
+  // Empty, or [batch]: each sequence's left padding (KvAttentionOptions::key_start); rows before it
+  // hold NaN like unused rows.
+  std::vector<int32_t> key_start;
 
   std::string name() const {
     std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
@@ -130,7 +133,7 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   // Which pool rows hold tokens.
   std::vector<char> live(size_t(im.num_pages) * im.page_size, 0);
   for (int b = 0; b < spec.batch; ++b)
-    for (int t = 0; t < im.length(b); ++t) {
+    for (int t = spec.key_start.empty() ? 0 : std::max(spec.key_start[size_t(b)], 0); t < im.length(b); ++t) {
       const int page = im.page_of(b, t);
       if (page >= 0) live[size_t(page) * im.page_size + size_t(t % im.page_size)] = 1;
     }
@@ -237,11 +240,19 @@ struct AttendCase {
   Layout q_layout = kQueryLayout, out_layout = kOutLayout;
   // Window, softcap, ALiBi, bias; the bias is [batch, heads, seq_q, capacity].
   testing::ScoreModsCase mods;
+  std::vector<int32_t> q_offset;  // empty, or [batch] (KvAttentionOptions::q_offset)
 
   std::string name() const {
     std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
     if (num_splits) s += " splits" + std::to_string(num_splits);
+    for (const auto& [label, values] :
+         {std::pair<const char*, const std::vector<int32_t>&>{" key_start", cache.key_start},
+          {" q_offset", q_offset}}) {
+      if (values.empty()) continue;
+      s += label;
+      for (size_t i = 0; i < values.size(); ++i) s += (i ? "," : "=") + std::to_string(values[i]);
+    }
     s += " q " + q_layout.name() + " out " + out_layout.name();
     return s + mods.name();
   }
@@ -362,6 +373,18 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
   if (rotary) options.rotary = rotary->view;
   reference::Problem problem = problem_of(c);
   problem.seq_k = int(cache.image.capacity());  // the key extent of the bias
+  DeviceBuffer<int32_t> key_start(ctx, std::max<size_t>(c.cache.key_start.size(), 1), "test key_start");
+  DeviceBuffer<int32_t> q_offset(ctx, std::max<size_t>(c.q_offset.size(), 1), "test q_offset");
+  if (!c.cache.key_start.empty()) {
+    key_start.copy_from_host(c.cache.key_start);
+    options.key_start = key_start.data();
+    problem.key_start = c.cache.key_start;
+  }
+  if (!c.q_offset.empty()) {
+    q_offset.copy_from_host(c.q_offset);
+    options.q_offset = q_offset.data();
+    problem.q_offset = c.q_offset;
+  }
   testing::ScoreModsData mods;
   if (c.mods.any()) {
     mods = testing::make_score_mods(ctx, c.mods, dtype, batch, c.heads, c.seq_q, problem.seq_k, rng);

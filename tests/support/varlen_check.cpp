@@ -24,6 +24,14 @@ std::string VarlenCase::name() const {
     << selfattn::to_string(path);
   if (misalign) s << " misalign=" << misalign;
   if (unowned_q_rows || unowned_k_rows) s << " unowned=" << unowned_q_rows << "/" << unowned_k_rows;
+  const auto print = [&s](const char* label, const std::vector<int32_t>& values) {
+    if (values.empty()) return;
+    s << " " << label << "=[";
+    for (size_t i = 0; i < values.size(); ++i) s << (i ? "," : "") << values[i];
+    s << "]";
+  };
+  print("key_start", key_start);
+  print("q_offset", q_offset);
   return s.str();
 }
 
@@ -69,6 +77,17 @@ std::string VarlenCase::name() const {
   options.path = c.path;
   options.causal = c.causal;
   if (c.with_lse) options.lse = lse_buffer.data();
+  DeviceBuffer<int32_t> key_start, q_offset;
+  if (!c.key_start.empty()) {
+    key_start = DeviceBuffer<int32_t>(ctx, c.key_start.size(), "test key_start");
+    key_start.copy_from_host(c.key_start);
+    options.key_start = key_start.data();
+  }
+  if (!c.q_offset.empty()) {
+    q_offset = DeviceBuffer<int32_t>(ctx, c.q_offset.size(), "test q_offset");
+    q_offset.copy_from_host(c.q_offset);
+    options.q_offset = q_offset.data();
+  }
   const int max_q = batch ? *std::max_element(c.seq_q.begin(), c.seq_q.end()) : 0;
   const int max_k = batch ? *std::max_element(c.seq_k.begin(), c.seq_k.end()) : 0;
   ScoreModsData mods;
@@ -128,6 +147,8 @@ std::string VarlenCase::name() const {
     problem.seq_k = c.seq_k[b];
     problem.head_dim = d;
     problem.causal = c.causal;
+    if (!c.key_start.empty()) problem.key_start = {c.key_start[size_t(b)]};
+    if (!c.q_offset.empty()) problem.q_offset = {c.q_offset[size_t(b)]};
     if (mods_case.any()) mods.apply_sequence(mods_case, problem, b, c.seq_q[b], c.seq_k[b]);
     const AttentionExpected part =
         expected_attention(problem, slice(q, c.heads, total_q, cu_q[b], c.seq_q[b]),

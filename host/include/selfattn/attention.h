@@ -15,6 +15,18 @@ struct AttentionOptions {
   // Device memory, int32 [batch]: batch b uses keys [0, key_lengths[b]) only (padding). Values are
   // clamped to [0, seq_k]. A length of 0 gives output rows of 0 and LSE -inf.
   const int32_t* key_lengths = nullptr;
+  // Device memory, int32 [batch] each (varlen: one entry per sequence, counted within it), null: off.
+  // key_start[b]: batch b's keys before key_start[b] are padding (left padding; FlashAttention's
+  // cache_leftpad): never seen and never read, so they may hold anything. Key positions count from
+  // it: with it, the causal alignments and the window treat key key_start[b] as the sequence's first.
+  // q_offset[b]: the position of query row 0 among the keys, counted from key_start[b]: row i sits at
+  // i' = q_offset[b] + i, which then places the causal mask (row i sees keys at positions <= i'
+  // under top_left or bottom_right alike), the window and ALiBi, whatever the lengths (a static
+  // cache: every slot handed over, the new rows at the positions they hold). Device data, clamped:
+  // key_start to [0, the batch's key length], q_offset to [0, 2^31 - 2^16]. With key_lengths, batch
+  // b's keys are [key_start[b], key_lengths[b]). The fused kernels skip whole key tiles both rule out.
+  const int32_t* key_start = nullptr;
+  const int32_t* q_offset = nullptr;
   // Device memory, fp32 [batch, heads, seq_q] contiguous: log(sum_j exp(s_j)) per row over the
   // scores s_j the softmax takes (natural log), -inf for a row that sees no key. Not written when null.
   float* lse = nullptr;
@@ -27,8 +39,10 @@ struct AttentionOptions {
   // over the keys the causal mask, key lengths and the sliding window leave visible. i' is row i
   // aligned as the causal mask in force aligns it (types.h): i' = i under top_left, i + (len_k -
   // seq_q) under bottom_right AND under none (a window or ALiBi without a causal mask is aligned at
-  // the last key, FlashAttention's convention). A row left with no key, or whose every visible key
-  // the bias masks, outputs 0 and LSE -inf (with a sink: sink[h], below). A modified score at or
+  // the last key, FlashAttention's convention); q_offset (above) sets it instead, and key_start
+  // moves the first key (positions count from it; the bias is still indexed by the key's row j).
+  // A row left with no key, or whose every visible key the bias masks, outputs 0 and LSE -inf
+  // (with a sink: sink[h], below). A modified score at or
   // below -1e38 masks its key as -inf does (so a mask written as -FLT_MAX, torch.finfo(dtype).min,
   // masks on every path, also a row of nothing else), and one above 1e38 is clamped to 1e38: the
   // fused kernels scale scores by log2(e), past which fp32 overflows (reference::limit_score).

@@ -115,6 +115,14 @@ struct KvAttentionOptions {
   Causal causal = Causal::bottom_right;
   std::optional<float> scale;  // default 1/sqrt(head_dim)
   float* lse = nullptr;        // device fp32 [batch, heads, seq_q], natural log; -inf for a row without keys
+  // Device int32 [batch] each, or null: as AttentionOptions::key_start and q_offset (attention.h).
+  // key_start[b]: cache tokens before it are padding (left padding, FlashAttention's cache_leftpad),
+  // never read; positions count from it. q_offset[b]: the position of new row 0 counted from
+  // key_start[b], replacing the default lengths[b] - key_start[b] - seq_q: row i then sees the tokens
+  // at positions <= q_offset[b] + i (bottom_right), and the window and ALiBi measure from there.
+  // Neither moves the rotary positions below.
+  const int32_t* key_start = nullptr;
+  const int32_t* q_offset = nullptr;
   // Applied to q (at positions lengths[b] - seq_q + i) before attending; the cache is read as it is.
   std::optional<Rotary> rotary;
   // Fused path only: the key range of each (sequence, kv head) is split over this many blocks

@@ -14,6 +14,8 @@ struct Problem {
   Causal causal = Causal::none;
   double scale = 0;                  // 0: 1/sqrt(head_dim)
   std::vector<int32_t> key_lengths;  // empty, or [batch]
+  std::vector<int32_t> key_start;    // empty, or [batch] (AttentionOptions::key_start)
+  std::vector<int32_t> q_offset;     // empty, or [batch] (AttentionOptions::q_offset)
   // Masks and score modifiers, as AttentionOptions (attention.h) defines them.
   int window_left = -1, window_right = -1;  // -1: unbounded
   double softcap = 0;                       // 0: none
@@ -73,6 +75,19 @@ struct KeyRange {
   int begin = 0, end = 0;
 };
 KeyRange visible_key_range(int row, int seq_q, int len_k, Causal causal, int window_left, int window_right);
+
+// Row `row` of batch `batch` of a problem, with every rule that places it (key lengths, key_start,
+// q_offset, the causal mask, the window): the keys it sees and the key position it is aligned with
+// (ALiBi's i'). Without key_start and q_offset: visible_key_range() and aligned_row() over the
+// batch's length. With them (attention.h): its keys are [start, length), where start is key_start
+// clamped to [0, length]; i' = start + q_offset + row (q_offset clamped to [0, 2^31 - 2^16]), or,
+// without q_offset, start + row (top_left) or length - seq_q + row; a causal mask ends the range at
+// i' + 1 and the window bounds it as before, never below start.
+struct RowKeys {
+  KeyRange keys;
+  int64_t aligned = 0;
+};
+RowKeys row_keys(const Problem& problem, int batch, int row);
 
 // ---- KV cache semantics (selfattn/kv_cache.h) ----
 

@@ -28,7 +28,8 @@ const char* to_string(Path path);
 // A row that sees no key outputs 0 (and LSE -inf).
 // The sliding window and ALiBi (AttentionOptions) measure distances from row i's aligned key
 // position i': i under top_left; i + (len_k - seq_q) under bottom_right and under none (none
-// aligns at the last key, as FlashAttention's windows do). reference::visible_key_range() and
+// aligns at the last key, as FlashAttention's windows do). AttentionOptions::key_start and q_offset
+// (attention.h) move the first key and place row 0 explicitly. reference::row_keys() and
 // kernels/common/causal_mask.cuh state the whole rule.
 enum class Causal : uint8_t { none, top_left, bottom_right };
 const char* to_string(Causal causal);

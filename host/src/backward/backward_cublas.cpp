@@ -212,11 +212,12 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
     if (span_keys == 0) zero_chunk_rows(*ctx.device, slices.dq, call.heads, chunk);  // no row sees a key: dq = 0
     for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
-      // With key lengths, one GEMM per batch at most: its sums stop at the keys each row sees under that
-      // batch's length.
+      // With per-batch keys (lengths, starts, offsets), one GEMM per batch at most: its sums stop at
+      // the keys each row sees under that batch's metadata (gemm_over_visible_keys).
       const int batch = pair / call.heads, count = chunk.pairs - done;
       const int left_in_batch = (batch + 1) * call.heads - pair;
-      const PairRun run = run_from(call, slices, pair, call.key_lengths ? std::min(count, left_in_batch) : count, 1);
+      const PairRun run =
+          run_from(call, slices, pair, call.per_batch_keys() ? std::min(count, left_in_batch) : count, 1);
       const PairOffsets first = offsets_of(call, slices, pair);
       GemmBatch g;
       g.trans_a = false;

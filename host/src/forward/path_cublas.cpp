@@ -150,11 +150,11 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
     if (span_keys == 0) zero_chunk_rows(*ctx.device, call.out, call.heads, chunk);  // no row of it sees a key
     for (int done = 0; done < chunk.pairs && span_keys > 0;) {
       const int pair = chunk.pair_begin + done;
-      // With key lengths, one GEMM per batch at most: its sums stop at the keys each row sees under that
-      // batch's length.
+      // With per-batch keys (lengths, starts, offsets), one GEMM per batch at most: its sums stop at
+      // the keys each row sees under that batch's metadata (gemm_over_visible_keys).
       const int batch = pair / call.heads, count = chunk.pairs - done;
       const int left_in_batch = (batch + 1) * call.heads - pair;
-      const PairRun run = run_from(call, pair, call.key_lengths ? std::min(count, left_in_batch) : count);
+      const PairRun run = run_from(call, pair, call.per_batch_keys() ? std::min(count, left_in_batch) : count);
       const PairOffsets first = offsets_of(call, pair);
       const int64_t out_row0 = first.out + int64_t(chunk.row_begin) * call.out.strides[2];
 

@@ -99,6 +99,9 @@ bool use_tensor_cores(const AttentionCall& call) {
 // the call is one the kernel takes.
 HopperInstanceFn hopper_instance(const ContextState& ctx, const AttentionCall& call) {
   if (!hopper_kernels_usable(ctx) || !use_tensor_cores(call)) return nullptr;
+  // Its TMA pipeline zeroes V rows only past the sequence's end (the last tile); rows before a
+  // key_start would need the same in the first tile. Such calls run the mma.sync kernel instead.
+  if (call.key_start != nullptr) return nullptr;
   for (const HopperEntry& entry : kHopperInstances)
     if (entry.dtype == call.dtype && entry.head_dim == call.head_dim)
       return ctx.device->backend() == Backend::sim ? entry.sim : entry.cuda;
@@ -195,6 +198,8 @@ kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call) {
   p.lse_stride_batch = varlen ? 0 : int64_t(call.heads) * call.seq_q;
   p.lse_stride_head = varlen ? call.q.seq() : call.seq_q;
   p.key_lengths = call.key_lengths;
+  p.key_start = call.key_start;
+  p.q_offset = call.q_offset;
   p.cu_seqlens_q = call.cu_seqlens_q;
   p.cu_seqlens_k = call.cu_seqlens_k;
   p.seq_q = call.seq_q;

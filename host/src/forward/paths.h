@@ -23,6 +23,8 @@ struct AttentionCall {
   Causal causal = Causal::none;
   float scale = 1.0f;
   const int32_t* key_lengths = nullptr;   // device, [batch] or null
+  const int32_t* key_start = nullptr;     // device, [batch] or null (AttentionOptions::key_start)
+  const int32_t* q_offset = nullptr;      // device, [batch] or null
   float* lse = nullptr;                   // device, [batch, heads, seq_q] (varlen: [heads, total_q]) or null
   const int32_t* cu_seqlens_q = nullptr;  // device, [batch + 1]; varlen only
   const int32_t* cu_seqlens_k = nullptr;
@@ -36,6 +38,8 @@ struct AttentionCall {
   std::optional<TensorView> bias;
   const float* sinks = nullptr;  // device, [heads] or null
   bool varlen() const { return cu_seqlens_q != nullptr; }
+  // Whether which keys a row sees depends on per-batch device data (lengths, starts, offsets).
+  bool per_batch_keys() const { return key_lengths != nullptr || key_start != nullptr || q_offset != nullptr; }
 };
 
 // Each returns nullptr when supported, else a reason ("head_dim 7 needs the naive or cublas path").

@@ -82,6 +82,8 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
       padded.bias->shape[0] = 1;
     }
     if (call.alibi_slopes) padded.alibi_slopes = call.alibi_slopes + b * call.alibi_stride_batch;
+    if (call.key_start) padded.key_start = call.key_start + b;
+    if (call.q_offset) padded.q_offset = call.q_offset + b;
     calls.push_back({padded, total_q, b, q0, k0});
   }
   return calls;
@@ -90,12 +92,15 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
 }  // namespace
 
 kernels::KeyMask key_mask(const AttentionCall& call) {
-  return {call.key_lengths, causal_mask_of(call.causal), call.seq_q, call.window_left, call.window_right};
+  return {call.key_lengths, call.key_start,   call.q_offset,    causal_mask_of(call.causal),
+          call.seq_q,       call.window_left, call.window_right};
 }
 
 kernels::KeyRange chunk_key_span(const AttentionCall& call, const Chunk& chunk) {
   const kernels::CausalMask causal = causal_mask_of(call.causal);
   if (chunk.rows == 0) return {0, 0};
+  // Device metadata that moves the rows' keys: only the kernels know them.
+  if (call.key_start != nullptr || call.q_offset != nullptr) return {0, call.seq_k};
   if (call.key_lengths != nullptr && causal != kernels::CausalMask::top_left) return {0, call.seq_k};
   // top_left aligns row i with key i whatever the length; a shorter length only lowers `end`.
   const kernels::KeyRange first = kernels::visible_key_range(chunk.row_begin, call.seq_q, call.seq_k, causal,
@@ -109,15 +114,19 @@ void gemm_over_visible_keys(ContextState& ctx, const GemmBatch& g, const Attenti
                             int row_begin, int key_offset) {
   ctx.device->gemm_strided_batched(g);
   const int64_t elements = int64_t(g.m) * g.n * g.batch_count;
-  if (call.key_lengths == nullptr || elements == 0) return;
+  // Keys past a length or before a key_start may hold anything (NaN): the GEMM's sums over them
+  // are redone over the keys each row sees.
+  if ((call.key_lengths == nullptr && call.key_start == nullptr) || elements == 0) return;
   if (g.beta != 0.0f) throw BackendError("gemm_over_visible_keys: needs beta == 0");
   const kernels::KernelRef repair = SELFATTN_KERNEL_FOR(ctx.device->backend(), gemm_key_repair_kernel_ref());
   if (!repair) throw NotAvailable("attention: no gemm_key_repair kernel for this backend");
   const kernels::GemmKeyRepairParams params{g.a, g.b, g.c, element_of(g.a_type), element_of(g.c_type), g.trans_a,
                                             g.trans_b, g.m, g.n, g.k, g.batch_count, g.lda, g.ldb, g.ldc,
                                             g.stride_a, g.stride_b, g.stride_c, g.alpha,
-                                            call.key_lengths + batch, key_offset, row_begin, call.seq_q,
-                                            call.seq_k, causal_mask_of(call.causal), call.window_left,
+                                            call.key_lengths ? call.key_lengths + batch : nullptr,
+                                            call.key_start ? call.key_start + batch : nullptr,
+                                            call.q_offset ? call.q_offset + batch : nullptr, key_offset, row_begin,
+                                            call.seq_q, call.seq_k, causal_mask_of(call.causal), call.window_left,
                                             call.window_right};
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 65535;  // the grid-stride loop covers the rest

@@ -173,8 +173,9 @@ size_t partial_bytes(int splits, const TensorView& q) {
 }
 
 void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
-                  const CacheShape& shape, const TensorView& out, float* lse, float scale, Causal causal,
+                  const CacheShape& shape, const TensorView& out, const KvAttentionOptions& options, float scale,
                   const kernels::ScoreMods& mods, int splits, unsigned char* work) {
+  float* lse = options.lse;
   kernels::DecodeSplitKvParams params{};
   params.cache = pages_view(cache, shape);
   params.q = q.data;
@@ -200,7 +201,9 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   params.scale = scale;
   params.scale_log2 = float(double(scale) * 1.4426950408889634);
   params.mods = mods;
-  params.causal = detail::causal_mask_of(causal);
+  params.causal = detail::causal_mask_of(options.causal);
+  params.key_start = options.key_start;
+  params.q_offset = options.q_offset;
   params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);
   kernels::LaunchShape launch;
   launch.grid = dim3(unsigned(int64_t(splits) * params.row_blocks), unsigned(shape.kv_heads), unsigned(shape.batch));
@@ -309,8 +312,8 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
     const TensorView q_used = rotated_q_at(workspace);
     if (options.rotary) rotate_query(state, q, q_used, cache.lengths, *options.rotary);
     const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
-    run_split_kv(state, split_kernel, q_used, cache, shape, out, options.lse, scale, options.causal,
-                 detail::score_mods_of(score_mods), splits, workspace + q_bytes);
+    run_split_kv(state, split_kernel, q_used, cache, shape, out, options, scale, detail::score_mods_of(score_mods),
+                 splits, workspace + q_bytes);
     return;
   }
 

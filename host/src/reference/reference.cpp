@@ -48,6 +48,28 @@ KeyRange visible_key_range(int row, int seq_q, int len_k, Causal causal, int win
   return {int(begin), int(end)};
 }
 
+RowKeys row_keys(const Problem& p, int batch, int row) {
+  const int length = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[batch]), 0, p.seq_k);
+  if (p.key_start.empty() && p.q_offset.empty()) {
+    return {visible_key_range(row, p.seq_q, length, p.causal, p.window_left, p.window_right),
+            aligned_row(row, p.seq_q, length, p.causal)};
+  }
+  const int64_t start = p.key_start.empty() ? 0 : std::clamp(int64_t(p.key_start[batch]), int64_t(0), int64_t(length));
+  int64_t aligned;
+  if (!p.q_offset.empty()) {
+    aligned = start + std::clamp(int64_t(p.q_offset[batch]), int64_t(0), int64_t(2147418112)) + row;
+  } else {
+    aligned = p.causal == Causal::top_left ? start + row : int64_t(length) - p.seq_q + row;
+  }
+  int64_t begin = start, end = length;
+  if (p.causal != Causal::none) end = std::min(end, aligned + 1);
+  if (p.window_right >= 0) end = std::min(end, aligned + p.window_right + 1);
+  if (p.window_left >= 0) begin = std::max(begin, aligned - p.window_left);
+  end = std::max(end, start);
+  begin = std::min(begin, end);
+  return {{int(begin), int(end)}, aligned};
+}
+
 namespace {
 
 void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size) {
@@ -101,7 +123,6 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
   std::vector<double> scores(size_t(p.seq_k));
 
   for (int b = 0; b < p.batch; ++b) {
-    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[b]), 0, p.seq_k);
     for (int h = 0; h < p.heads; ++h) {
       const int kv_h = h / group;
       const double* k_head = k.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
@@ -110,8 +131,9 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;
-        const KeyRange keys = visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
-        const int aligned = aligned_row(i, p.seq_q, len_k, p.causal);
+        const RowKeys row_keys_i = row_keys(p, b, i);
+        const KeyRange keys = row_keys_i.keys;
+        const double aligned = double(row_keys_i.aligned);
 
         // The scores of the visible keys, after the modifiers (attention.h): softcap, ALiBi, bias.
         double max_score = -std::numeric_limits<double>::infinity();
@@ -120,7 +142,7 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
           for (size_t e = 0; e < d; ++e) dot += q_row[e] * k_head[size_t(j) * d + e];
           double s = scale * dot;
           if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
-          s -= slope * std::abs(double(aligned) - double(j));
+          s -= slope * std::abs(aligned - double(j));
           if (!p.bias.empty()) s += p.bias[row * p.seq_k + j];
           scores[j] = s = limit_score(s);
           max_score = std::max(max_score, s);
@@ -226,6 +248,8 @@ Problem kv_sequence_problem(const Problem& problem, int b, int length) {
   one.batch = 1;
   one.seq_k = length;
   one.key_lengths.clear();
+  if (!problem.key_start.empty()) one.key_start = {problem.key_start[size_t(b)]};
+  if (!problem.q_offset.empty()) one.q_offset = {problem.q_offset[size_t(b)]};
   const size_t heads = size_t(problem.heads);
   if (problem.alibi_slopes.size() == size_t(problem.batch) * heads && problem.batch > 1) {
     one.alibi_slopes.assign(problem.alibi_slopes.begin() + long(b * heads), problem.alibi_slopes.begin() + long((b + 1) * heads));

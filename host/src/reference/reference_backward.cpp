@@ -45,7 +45,6 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
   std::vector<double> x(size_t(p.seq_k)), tanh_r(size_t(p.seq_k)), dp(size_t(p.seq_k));
 
   for (int b = 0; b < p.batch; ++b) {
-    const int len_k = p.key_lengths.empty() ? p.seq_k : std::clamp(int(p.key_lengths[b]), 0, p.seq_k);
     for (int h = 0; h < p.heads; ++h) {
       const size_t kv_offset = (size_t(b) * p.kv_heads + h / group) * p.seq_k * d;
       const double slope = alibi_slope(p, b, h);
@@ -53,8 +52,9 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;
         const double* do_row = dout.data() + row * d;
-        const KeyRange keys = visible_key_range(i, p.seq_q, len_k, p.causal, p.window_left, p.window_right);
-        const int aligned = aligned_row(i, p.seq_q, len_k, p.causal);
+        const RowKeys row_keys_i = row_keys(p, b, i);
+        const KeyRange keys = row_keys_i.keys;
+        const double aligned = double(row_keys_i.aligned);
 
         // The forward's probabilities for this row (as reference::attention computes them).
         double max_x = -std::numeric_limits<double>::infinity();
@@ -67,7 +67,7 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
             tanh_r[j] = std::tanh(s / p.softcap);
             s = p.softcap * tanh_r[j];
           }
-          s -= slope * std::abs(double(aligned) - double(j));
+          s -= slope * std::abs(aligned - double(j));
           if (!p.bias.empty()) s += p.bias[row * p.seq_k + j];
           x[j] = s = limit_score(s);  // the clamp's own derivative is taken as 1, as the kernels do
           max_x = std::max(max_x, s);

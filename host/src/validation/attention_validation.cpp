@@ -101,17 +101,26 @@ void check_lse(const char* function, const AttentionOptions& options, int64_t ro
   if (check_out_overlap) expect_disjoint(function, "options.lse", lse, "out", byte_range(out));
 }
 
-// key_lengths is read while out and lse are written: it must not lie in either.
+// key_lengths, key_start and q_offset are read while out and lse are written: none may lie in either.
+void check_batch_metadata(const char* function, const char* name, const int32_t* values,
+                          const AttentionOptions& options, int64_t batch, int64_t lse_rows, const TensorView& out,
+                          bool check_out_overlap) {
+  if (values == nullptr) return;
+  expect_aligned(function, name, values, alignof(int32_t));
+  const ByteRange range = byte_range(values, size_t(batch) * sizeof(int32_t));
+  if (check_out_overlap) expect_disjoint(function, name, range, "out", byte_range(out));
+  if (options.lse) {
+    expect_disjoint(function, name, range, "options.lse", byte_range(options.lse, size_t(lse_rows) * sizeof(float)));
+  }
+}
 void check_key_lengths(const char* function, const AttentionOptions& options, int64_t batch, int64_t lse_rows,
                        const TensorView& out, bool check_out_overlap) {
-  if (options.key_lengths == nullptr) return;
-  expect_aligned(function, "options.key_lengths", options.key_lengths, alignof(int32_t));
-  const ByteRange lengths = byte_range(options.key_lengths, size_t(batch) * sizeof(int32_t));
-  if (check_out_overlap) expect_disjoint(function, "options.key_lengths", lengths, "out", byte_range(out));
-  if (options.lse) {
-    expect_disjoint(function, "options.key_lengths", lengths, "options.lse",
-                    byte_range(options.lse, size_t(lse_rows) * sizeof(float)));
-  }
+  check_batch_metadata(function, "options.key_lengths", options.key_lengths, options, batch, lse_rows, out,
+                       check_out_overlap);
+  check_batch_metadata(function, "options.key_start", options.key_start, options, batch, lse_rows, out,
+                       check_out_overlap);
+  check_batch_metadata(function, "options.q_offset", options.q_offset, options, batch, lse_rows, out,
+                       check_out_overlap);
 }
 
 AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -131,6 +140,8 @@ AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorVi
   call.causal = options.causal;
   call.scale = scale;
   call.key_lengths = options.key_lengths;
+  call.key_start = options.key_start;
+  call.q_offset = options.q_offset;
   call.lse = options.lse;
   return call;
 }
@@ -326,6 +337,8 @@ std::string describe(const AttentionCall& call) {
                      std::to_string(call.head_dim);
   if (call.causal != Causal::none) text += std::string(" causal=") + to_string(call.causal);
   if (call.key_lengths) text += " key_lengths";
+  if (call.key_start) text += " key_start";
+  if (call.q_offset) text += " q_offset";
   if (call.lse) text += " lse";
   if (call.window_left >= 0 || call.window_right >= 0) {
     text += " window=" + std::to_string(call.window_left) + "," + std::to_string(call.window_right);
@@ -381,6 +394,7 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
     fail(function, "options.key_lengths expected null (varlen sequences carry their own lengths in cu_seqlens_k), got a pointer");
   }
   check_lse(function, options, q.heads() * q.seq(), q, k, v, out, true);
+  check_key_lengths(function, options, batch, q.heads() * q.seq(), out, true);
   // The offsets are read while out and lse are written: they must not lie in either.
   const ByteRange lse_range = byte_range(options.lse, size_t(q.heads() * q.seq()) * sizeof(float));
   for (const auto& [name, offsets] : {std::pair<const char*, const int32_t*>{"cu_seqlens_q", cu_seqlens_q},

@@ -99,6 +99,8 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
       {"lse", byte_range(lse, size_t(rows) * sizeof(float))},
       {"backward.dlse", byte_range(backward.dlse, size_t(rows) * sizeof(float))},
       {"options.key_lengths", byte_range(options.key_lengths, size_t(f.batch) * sizeof(int32_t))},
+      {"options.key_start", byte_range(options.key_start, size_t(f.batch) * sizeof(int32_t))},
+      {"options.q_offset", byte_range(options.q_offset, size_t(f.batch) * sizeof(int32_t))},
       {"options.alibi_slopes", byte_range(options.alibi_slopes, size_t(options.alibi_slopes_count) * sizeof(float))},
       {"options.bias", f.bias ? byte_range(*f.bias) : ByteRange{}},
       {"options.sinks", byte_range(f.sinks, size_t(f.heads) * sizeof(float))},

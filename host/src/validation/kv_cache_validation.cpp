@@ -169,6 +169,8 @@ AttentionOptions attention_options_of(const KvAttentionOptions& options, const K
   converted.causal = options.causal;
   converted.scale = options.scale;
   converted.key_lengths = cache.lengths;
+  converted.key_start = options.key_start;
+  converted.q_offset = options.q_offset;
   converted.lse = options.lse;
   converted.window_left = options.window_left;
   converted.window_right = options.window_right;
@@ -243,6 +245,18 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
     }
     check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse);
+  }
+  // Read by the kernels while out and lse are written.
+  for (const auto& [name, values] : {std::pair<const char*, const int32_t*>{"options.key_start", options.key_start},
+                                     {"options.q_offset", options.q_offset}}) {
+    if (values == nullptr) continue;
+    expect_aligned(function, name, values, alignof(int32_t));
+    const ByteRange range = int_range(values, shape.batch);
+    expect_disjoint(function, name, range, "out", out_range);
+    if (options.lse != nullptr) {
+      expect_disjoint(function, name, range, "options.lse",
+                      byte_range(options.lse, size_t(q.batch() * q.heads() * q.seq()) * sizeof(float)));
+    }
   }
   check_score_mods(function, attention_options_of(options, cache), q.batch(), q.heads(), q.seq(), shape.capacity, q, out,
                    q.batch() * q.heads() * q.seq(), true, score_mods, "capacity");

@@ -49,7 +49,8 @@ Refused, with a FlashAttnNotSupported naming the argument (none is silently igno
 - dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
 - flash_attn_varlen_func's block_table (a paged KV cache in varlen calls).
-- cache_batch_idx and cache_leftpad in flash_attn_with_kvcache.
+- cache_batch_idx in flash_attn_with_kvcache, and cache_leftpad together with rotary_cos (FlashAttention
+  counts the rotary positions from the left padding, selfattn's append_kv from slot 0).
 - flash_attn_with_kvcache with rotary_cos/rotary_sin where FlashAttention places q's rows at other
   positions than selfattn does: FlashAttention rotates q's row i at cache_seqlens + i when the call
   is causal or local and every row at cache_seqlens otherwise; selfattn rotates row i at
@@ -219,14 +220,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (int32 [batch, max_blocks_per_seq]) a pool of pages [num_blocks, page_block_size, nheads_k,
     headdim] (FlashAttention's paged layout, selfattn's bshd pool; any page size).
     cache_seqlens: an int, or int32 [batch]; left as it is (the caller advances it).
+    cache_leftpad: int32 [batch]: sequence b's tokens start at cache_leftpad[b] (slots before it are
+    padding, never read; selfattn's key_start).
     Returns out shaped like q, and with return_softmax_lse=True (out, softmax_lse float32 [batch,
     nheads, seqlen_q], +inf for a row without keys). No backward. See the module's doc."""
     name = "flash_attn_with_kvcache"
     if cache_batch_idx is not None:
         _refuse(name, "cache_batch_idx is not supported: selfattn reads cache row b for batch b; index the cache "
                       "(k_cache[idx]) yourself, or use block_table to map sequences onto a shared pool")
-    if cache_leftpad is not None:
-        _refuse(name, "cache_leftpad is not supported: selfattn's cache holds each sequence from position 0")
+    if cache_leftpad is not None and rotary_cos is not None:
+        _refuse(name, "cache_leftpad with rotary_cos is not supported: FlashAttention rotates at positions counted "
+                      "from the left padding, selfattn's append_kv from the cache's slot 0; rotate q and k yourself")
     q = _tensor(name, "q", q, 4)
     k_cache, v_cache = _tensor(name, "k_cache", k_cache, 4), _tensor(name, "v_cache", v_cache, 4)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -277,7 +281,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q, k_cache, v_cache, lengths, block_table=block_table, layout="bshd",
             causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
             return_lse=bool(return_softmax_lse), num_splits=num_splits, window=window,
-            softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes, **rotary)
+            softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes, key_start=cache_leftpad, **rotary)
     if not return_softmax_lse:
         return result
     out, lse = result

@@ -31,6 +31,7 @@ const char* name(DType dtype) {
     case DType::f32: return "fp32";
     case DType::f16: return "fp16";
     case DType::bf16: return "bf16";
+    case DType::b8: return "b8";
   }
   return "?";
 }

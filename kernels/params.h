@@ -7,6 +7,10 @@ namespace selfattn::kernels {
 
 enum class Element : uint8_t { f32, f16, bf16 };
 
+// A bias's elements: the tensors' types, or b8 (booleans: nonzero may attend, 0 masks the key,
+// as an additive 0 / -inf; selfattn::DType::b8).
+enum class BiasElement : uint8_t { f32, f16, bf16, b8 };
+
 // Which keys a query row sees: the same three rules as selfattn::Causal (types.h), applied by
 // visible_key_range() in causal_mask.cuh.
 enum class CausalMask : uint8_t { none, top_left, bottom_right };
@@ -20,7 +24,7 @@ struct ScoreMods {
   const float* alibi_slopes;      // [batch, heads] or [heads] (alibi_stride_batch 0); null: off
   int64_t alibi_stride_batch;
   const void* bias;               // additive bias, element (b, h, row, key) at the strides below; null: off
-  Element bias_element;
+  BiasElement bias_element;
   int64_t bias_stride_batch, bias_stride_head, bias_stride_row, bias_stride_key;  // 0 broadcasts
   int bias_rows, bias_keys;       // extent of the bias: rows or keys outside it are masked, never read
   // True when softcap, ALiBi or bias change score values (the window only masks). Kernels test it

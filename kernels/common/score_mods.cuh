@@ -42,17 +42,19 @@ __host__ __device__ inline HeadScoreMods head_score_mods(const ScoreMods& m, int
   if (m.alibi_slopes != nullptr) h.slope = m.alibi_slopes[batch * m.alibi_stride_batch + head];
   if (m.bias != nullptr) {
     const int64_t offset = batch * m.bias_stride_batch + head * m.bias_stride_head;
-    const int element_bytes = m.bias_element == Element::f32 ? 4 : 2;
+    const int element_bytes = m.bias_element == BiasElement::f32 ? 4 : m.bias_element == BiasElement::b8 ? 1 : 2;
     h.bias = static_cast<const unsigned char*>(m.bias) + offset * element_bytes;
   }
   return h;
 }
 
-__device__ inline float load_bias(Element element, const void* bias, int64_t offset) {
+// A boolean bias reads as the additive mask it stands for: 0 where true, -inf where false.
+__device__ inline float load_bias(BiasElement element, const void* bias, int64_t offset) {
   switch (element) {
-    case Element::f16: return __half2float(static_cast<const __half*>(bias)[offset]);
-    case Element::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[offset]);
-    case Element::f32: break;
+    case BiasElement::f16: return __half2float(static_cast<const __half*>(bias)[offset]);
+    case BiasElement::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[offset]);
+    case BiasElement::b8: return static_cast<const unsigned char*>(bias)[offset] != 0 ? 0.0f : -INFINITY;
+    case BiasElement::f32: break;
   }
   return static_cast<const float*>(bias)[offset];
 }

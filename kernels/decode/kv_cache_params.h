@@ -22,6 +22,7 @@ struct KvPagesView {
   const int32_t* block_table;  // device, or null (contiguous)
   int max_pages_per_seq;       // 1 when contiguous
   const int32_t* lengths;      // device [batch]
+  const int32_t* batch_index;  // contiguous: device [batch], sequence b's row; null: row b
   int batch;
 };
 

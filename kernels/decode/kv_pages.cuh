@@ -18,10 +18,13 @@ __device__ inline int kv_length(const KvPagesView& c, int b) {
 }
 
 // The page holding token t of sequence b, or -1 when t is outside [0, capacity) or the block
-// table names a page outside [0, num_pages).
+// table (contiguous: the batch index) names a page outside [0, num_pages).
 __device__ inline int kv_page_of(const KvPagesView& c, int b, int t) {
   if (t < 0 || t >= kv_capacity(c)) return -1;
-  if (c.block_table == nullptr) return b < c.num_pages ? b : -1;
+  if (c.block_table == nullptr) {
+    const int row = c.batch_index != nullptr ? c.batch_index[b] : b;
+    return row >= 0 && row < c.num_pages ? row : -1;
+  }
   const int page = c.block_table[int64_t(b) * c.max_pages_per_seq + t / c.page_size];
   return (page >= 0 && page < c.num_pages) ? page : -1;
 }

@@ -29,6 +29,7 @@ struct FlashFwdParams {
   int64_t lse_stride_batch, lse_stride_head;
 
   const int32_t* key_lengths;   // [batch] or null: batch b sees keys [0, clamp(key_lengths[b], 0, seq_k))
+                                // (varlen: of its own keys, seqused_k)
   // [batch] or null each (AttentionOptions::key_start, q_offset; sequence_keys() in causal_mask.cuh).
   const int32_t* key_start;
   const int32_t* q_offset;

@@ -47,7 +47,9 @@ __host__ __device__ inline FlashSequence flash_sequence(const FlashFwdParams& p,
     s.q_row_start = q_begin;
     s.q_len = flash_clamp_row(p.cu_seqlens_q[batch + 1], q_begin, p.total_q) - q_begin;
     s.k_row_start = k_begin;
-    s.k_len = flash_clamp_row(p.cu_seqlens_k[batch + 1], k_begin, p.total_k) - k_begin;
+    // key_lengths (FlashAttention's seqused_k): the keys a sequence uses among its rows.
+    const int32_t k_rows = flash_clamp_row(p.cu_seqlens_k[batch + 1], k_begin, p.total_k) - k_begin;
+    s.k_len = key_length(p.key_lengths, batch, k_rows);
   } else {
     s.q_row_start = 0;
     s.k_row_start = 0;

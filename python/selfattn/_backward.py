@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
-from ._calls import _check_keywords, _context_for, _float_or_none, _max_seqlen, _packed, _score_mods
+from ._calls import _check_keywords, _context_for, _float_or_none, _int32_or_none, _max_seqlen, _packed, _score_mods
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument
 
@@ -90,14 +90,15 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
                               scale: Optional[float] = None, path: str = "auto", deterministic: bool = False,
                               grad_dtype: Optional[str] = None, window: Optional[tuple] = None,
                               softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                              sinks: Any = None, key_start: Any = None, q_offset: Any = None, dlse: Any = None,
-                              return_dsinks: bool = False, context: Optional[Context] = None) -> tuple:
+                              sinks: Any = None, key_start: Any = None, q_offset: Any = None, key_lengths: Any = None,
+                              dlse: Any = None, return_dsinks: bool = False,
+                              context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout,
     or (dq, dk, dv, dsinks) with ``return_dsinks=True``.
 
     - q, k, v, cu_seqlens_q, cu_seqlens_k and the keyword arguments max_seqlen_q, max_seqlen_k,
-      causal, scale, path, window, softcap, alibi_slopes, bias, sinks, key_start and q_offset:
-      exactly as the forward call took them (packed [total, heads, head_dim]; no gradient is
+      causal, scale, path, window, softcap, alibi_slopes, bias, sinks, key_start, q_offset and
+      key_lengths: exactly as the forward call took them (packed [total, heads, head_dim]; no gradient is
       computed for bias or alibi_slopes)
     - out: the forward's output; lse: its float32 [heads, total_q] log-sum-exp
       (``attention_varlen(..., return_lse=True)``)
@@ -121,6 +122,7 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     max_k = _max_seqlen("attention_varlen_backward", max_seqlen_k, cu_k, "k", arrays["k"])
     with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, PACKED)):
         _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k, max_q, max_k, causal,
-                                            _float_or_none("scale", scale), path, *mods, bool(deterministic),
+                                            _float_or_none("scale", scale), path,
+                                            _int32_or_none("key_lengths", key_lengths, q), *mods, bool(deterministic),
                                             arrays["dlse"], dsinks, arrays.bf16_as_uint16)
     return (*grads, dsinks) if return_dsinks else tuple(grads)

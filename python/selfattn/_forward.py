@@ -57,8 +57,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     - alibi_slopes: float32 [heads] or [batch, heads] (host arrays: any sequence of numbers is
       converted): s -= slope * abs(i' - j).
     - bias: [batch or 1, heads or 1, seq_q, seq_k], float32 or q's dtype, added to s; -inf masks a
-      key (a row whose every key is masked gives 0 and lse -inf). Always in that [batch, heads,
-      q, k] order, whatever `layout` is; an extent of 1 or a stride of 0 broadcasts.
+      key; or bool (SDPA's attn_mask: True may attend, False masks), read as bytes by the kernels,
+      no float copy (a row whose every key is masked gives 0 and lse -inf). Always in that [batch,
+      heads, q, k] order, whatever `layout` is; an extent of 1 or a stride of 0 broadcasts.
     - sinks: float32 [heads] (host arrays: any sequence of numbers is converted), attention sinks
       (gpt-oss): one logit per query head that joins every row's softmax as one more key whose
       value is 0, taken as it is (not scaled or modified): out_i = sum_j e^(s_ij) v_j /
@@ -171,8 +172,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      causal: Optional[str] = None, scale: Optional[float] = None, path: str = "auto",
                      return_lse: bool = False, out: Any = None, window: Optional[tuple] = None,
                      softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
-                     sinks: Any = None, key_start: Any = None, q_offset: Any = None, deterministic: bool = False,
-                     context: Optional[Context] = None) -> Any:
+                     sinks: Any = None, key_start: Any = None, q_offset: Any = None, key_lengths: Any = None,
+                     deterministic: bool = False, context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -191,9 +192,11 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     bias: [batch or 1, heads or 1, max_seqlen_q, max_seqlen_k], sequence b's rows and keys counted
     from 0. sinks: float32 [heads], as for attention() (the rows of a sequence without keys give 0
     and lse sinks[h]). key_start, q_offset: int32 [batch], one entry per sequence, counted within
-    it, as for attention(). On torch tensors it is differentiable as attention() is, sinks included;
-    a torch out= goes through ``selfattn::attention_varlen_out`` (in place, traced by torch.compile,
-    no autograd graph: inputs that require grad are refused with it, as with attention()).
+    it, as for attention(). key_lengths: int32 [batch]: sequence b uses its first key_lengths[b]
+    keys only (FlashAttention's seqused_k: a batch packed with room to grow, say). On torch
+    tensors it is differentiable as attention() is, sinks included; a torch out= goes through
+    ``selfattn::attention_varlen_out`` (in place, traced by torch.compile, no autograd graph:
+    inputs that require grad are refused with it, as with attention()).
     """
     _check_keywords(causal, "bhsd", path)
     op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias, sinks), out, context)
@@ -202,7 +205,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
         options = (cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
                    _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
-                   _float_or_none("scale", scale), path)
+                   _float_or_none("scale", scale), path, _int32_or_none("key_lengths", key_lengths, q))
         mods = (*_window_sides(window), _float_or_none("softcap", softcap),
                 _float32_or_none("alibi_slopes", alibi_slopes, q), bias, *_positions(key_start, q_offset, q),
                 _float32_or_none("sinks", sinks, q))
@@ -214,12 +217,12 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
                              softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context,
-                             key_start=key_start, q_offset=q_offset)
+                             key_start=key_start, q_offset=q_offset, key_lengths=key_lengths)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,
                       return_lse, out, window, softcap, alibi_slopes, bias, sinks, context, key_start=None,
-                      q_offset=None):
+                      q_offset=None, key_lengths=None):
     """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -233,7 +236,8 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     max_k = _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k)
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), PACKED)):
         _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, max_q, max_k, causal, _float_or_none("scale", scale),
-                                   path, lse, *mods, arrays.bf16_as_uint16)
+                                   path, _int32_or_none("key_lengths", key_lengths, q), lse, *mods,
+                                   arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 

@@ -7,9 +7,11 @@ The cache is either contiguous, k_cache and v_cache [batch, kv_heads, capacity, 
 (layout="bhsd") or [batch, capacity, kv_heads, head_dim] (layout="bshd"), or a pool of pages,
 [num_pages, kv_heads, page_size, head_dim] or [num_pages, page_size, kv_heads, head_dim], with
 block_table (int32 [batch, max_pages_per_seq]) mapping sequence b's token t to page
-block_table[b, t // page_size], row t % page_size. lengths (int32 [batch]) holds each sequence's
-number of valid tokens. Wrong lengths or page indices give wrong numbers, never an access outside
-the arrays given (validate_metadata=True checks them first, reading them back to the host).
+block_table[b, t // page_size], row t % page_size. A contiguous cache may have more rows than
+sequences: batch_index (int32 [batch], FlashAttention's cache_batch_idx) names sequence b's row.
+lengths (int32 [batch]) holds each sequence's number of valid tokens. Wrong lengths, page indices
+or rows give wrong numbers, never an access outside the arrays given (validate_metadata=True checks
+them first, reading them back to the host).
 
 Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, float32 [max_position,
 rotary_dim / 2]: the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
@@ -35,14 +37,16 @@ from ._selfattn import Context, InvalidArgument, NotAvailable
 
 
 def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, *, block_table: Any = None,
-              layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None, rotary_interleaved: bool = False,
-              return_lengths: bool = False, validate_metadata: bool = False,
+              batch_index: Any = None, layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None,
+              rotary_interleaved: bool = False, return_lengths: bool = False, validate_metadata: bool = False,
               context: Optional[Context] = None) -> Any:
     """Writes token t of k_new and v_new at position lengths[b] + t of sequence b, in place, across
     page boundaries; lengths itself is not changed.
 
     - k_cache, v_cache: the cache (see the module's doc), written in place
     - lengths: int32 [batch] (any integer sequence is converted)
+    - batch_index: int32 [batch], a contiguous cache's row of each sequence (None: row b); a row
+      outside the cache drops the sequence's tokens
     - k_new, v_new: [batch, kv_heads, seq_new, head_dim] (layout="bshd": [batch, seq_new, kv_heads,
       head_dim]), the cache's dtype and head_dim; they must not overlap the cache
     - rotary_cos, rotary_sin: rotate k_new on the way in (v is never rotated), token t of sequence b
@@ -58,16 +62,17 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
         cos, sin = _rotary_tables(rotary_cos, rotary_sin, k_new)
-        updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new), k_new, v_new, layout, cos, sin,
-                     bool(rotary_interleaved), bool(validate_metadata))
+        updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
+                     layout, cos, sin, bool(rotary_interleaved), bool(validate_metadata))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-                      return_lengths=return_lengths, validate_metadata=validate_metadata, context=context)
+                      return_lengths=return_lengths, validate_metadata=validate_metadata, context=context,
+                      batch_index=batch_index)
 
 
 def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, rotary_cos, rotary_sin,
-               rotary_interleaved, return_lengths, validate_metadata, context):
+               rotary_interleaved, return_lengths, validate_metadata, context, batch_index=None):
     """append_kv() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=4)
     arrays.add_output("k_cache", k_cache)
@@ -76,7 +81,7 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     arrays.expect_ndim("v_cache", 4)
     like = arrays["k_new"]
     ctx = _context_for(like, context)
-    metadata = _cache_metadata(lengths, block_table, like)
+    metadata = _cache_metadata(lengths, block_table, like, batch_index)
     cos, sin = _rotary_tables(rotary_cos, rotary_sin, like)
     updated = None
     if return_lengths:
@@ -90,7 +95,7 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
 
 
 def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *, block_table: Any = None,
-                            layout: str = "bhsd", causal: Optional[str] = "bottom_right",
+                            batch_index: Any = None, layout: str = "bhsd", causal: Optional[str] = "bottom_right",
                             scale: Optional[float] = None, path: str = "auto", return_lse: bool = False,
                             out: Any = None, rotary_cos: Any = None, rotary_sin: Any = None,
                             rotary_interleaved: bool = False, num_splits: int = 0, window: Optional[tuple] = None,
@@ -101,7 +106,7 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
 
     - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
       cache's dtype; heads a multiple of the cache's kv_heads
-    - k_cache, v_cache, lengths, block_table: the cache (see the module's doc), read only
+    - k_cache, v_cache, lengths, block_table, batch_index: the cache (see the module's doc), read only
     - causal: "bottom_right" (row i of sequence b sees cache tokens j <= lengths[b] - seq_q + i, its
       own position) or None (every cached token); "top_left" has no meaning against a cache
     - rotary_cos, rotary_sin: rotate q, row i at position lengths[b] - seq_q + i (the cache is read as
@@ -134,7 +139,7 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                    _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _int32_or_none("key_start", key_start, q),
                    _int32_or_none("q_offset", q_offset, q), _float32_or_none("sinks", sinks, q),
                    bool(validate_metadata))
-        metadata = _cache_metadata(lengths, block_table, q)
+        metadata = _cache_metadata(lengths, block_table, q, batch_index)
         if out is None:
             result, lse = op(q, k_cache, v_cache, *metadata, *options)
         else:
@@ -146,12 +151,13 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                                     rotary_interleaved=rotary_interleaved, num_splits=num_splits, window=window,
                                     softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                     validate_metadata=validate_metadata, context=context, key_start=key_start,
-                                    q_offset=q_offset)
+                                    q_offset=q_offset, batch_index=batch_index)
 
 
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
-                             alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None):
+                             alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None,
+                             batch_index=None):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
@@ -160,7 +166,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     as_bhsd = _arrays.layout_view(layout)
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
-    metadata = _cache_metadata(lengths, block_table, q)
+    metadata = _cache_metadata(lengths, block_table, q, batch_index)
     cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     with _cache_terms(("q", "out"), layout, block_table):
@@ -261,10 +267,11 @@ def _torch_kv_op(function, tensors, context, out=None):
     return None if ops is None else ops[function if out is None else function + "_out"]
 
 
-def _cache_metadata(lengths, block_table, like):
-    """lengths, block_table as the compiled functions take them (int32, where `like` lives)."""
+def _cache_metadata(lengths, block_table, like, batch_index=None):
+    """lengths, block_table, batch_index as the compiled functions take them (int32, where `like` lives)."""
     table = _arrays.int32_vector("block_table", block_table, like=like) if block_table is not None else None
-    return _arrays.int32_vector("lengths", lengths, like=like), table
+    return (_arrays.int32_vector("lengths", lengths, like=like), table,
+            _int32_or_none("batch_index", batch_index, like))
 
 
 def _rotary_tables(cos, sin, like):

@@ -176,13 +176,15 @@ def _register():
     @torch.library.custom_op("selfattn::attention_varlen", mutates_args=())
     def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
-                         path: str, deterministic: bool, window_left: int, window_right: int,
+                         path: str, key_lengths: Optional[Tensor], deterministic: bool, window_left: int,
+                         window_right: int,
                          softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          key_start: Optional[Tensor], q_offset: Optional[Tensor],
                          sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention_varlen  # deterministic: as for attention, the backward's
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                 max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path, return_lse=True,
+                                 max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
+                                 key_lengths=key_lengths, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
                                  alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                  q_offset=q_offset, context=None)
@@ -194,13 +196,15 @@ def _register():
     @torch.library.custom_op("selfattn::attention_varlen_out", mutates_args=("out",))
     def attention_varlen_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                              max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str], scale: Optional[float],
-                             path: str, window_left: int, window_right: int, softcap: Optional[float],
+                             path: str, key_lengths: Optional[Tensor], window_left: int, window_right: int,
+                             softcap: Optional[float],
                              alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                              q_offset: Optional[Tensor], sinks: Optional[Tensor],
                              return_lse: bool) -> Tensor:
         from ._forward import _attention_varlen
         result = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
+                                   key_lengths=key_lengths,
                                    return_lse=return_lse, out=out, window=(window_left, window_right),
                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                    key_start=key_start, q_offset=q_offset, context=None)
@@ -214,7 +218,8 @@ def _register():
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                                   dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                                   max_seqlen_q: int, max_seqlen_k: int, causal: Optional[str],
-                                  scale: Optional[float], path: str, deterministic: bool, window_left: int,
+                                  scale: Optional[float], path: str, key_lengths: Optional[Tensor],
+                                  deterministic: bool, window_left: int,
                                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
                                   bias: Optional[Tensor], key_start: Optional[Tensor], q_offset: Optional[Tensor],
                                   sinks: Optional[Tensor],
@@ -222,7 +227,7 @@ def _register():
         from ._backward import attention_varlen_backward as library_varlen_backward
         grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-                                        scale=scale, path=path, deterministic=deterministic,
+                                        scale=scale, path=path, key_lengths=key_lengths, deterministic=deterministic,
                                         window=(window_left, window_right), softcap=softcap,
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                         q_offset=q_offset,
@@ -238,13 +243,15 @@ def _register():
     # --- the KV cache: no autograd (the public functions refuse tensors that require grad) ---
 
     @torch.library.custom_op("selfattn::append_kv", mutates_args=("k_cache", "v_cache"))
-    def append_kv(k_cache: Tensor, v_cache: Tensor, lengths: Tensor, block_table: Optional[Tensor], k_new: Tensor,
-                  v_new: Tensor, layout: str, rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
-                  rotary_interleaved: bool, validate_metadata: bool) -> Tensor:
+    def append_kv(k_cache: Tensor, v_cache: Tensor, lengths: Tensor, block_table: Optional[Tensor],
+                  batch_index: Optional[Tensor], k_new: Tensor, v_new: Tensor, layout: str,
+                  rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
+                  validate_metadata: bool) -> Tensor:
         from ._kv_cache import _append_kv
         return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-                          return_lengths=True, validate_metadata=validate_metadata, context=None)
+                          return_lengths=True, validate_metadata=validate_metadata, context=None,
+                          batch_index=batch_index)
 
     @append_kv.register_fake
     def _(k_cache, v_cache, lengths, *options):
@@ -252,7 +259,8 @@ def _register():
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache", mutates_args=())
     def attention_with_kv_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
-                                block_table: Optional[Tensor], layout: str, causal: Optional[str],
+                                block_table: Optional[Tensor], batch_index: Optional[Tensor], layout: str,
+                                causal: Optional[str],
                                 scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
                                 rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
                                 window_left: int, window_right: int, softcap: Optional[float],
@@ -266,17 +274,18 @@ def _register():
                                         rotary_interleaved=rotary_interleaved, num_splits=num_splits,
                                         window=(window_left, window_right), softcap=softcap,
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                                        q_offset=q_offset,
-                                        validate_metadata=validate_metadata, context=None)
+                                        q_offset=q_offset, validate_metadata=validate_metadata, context=None,
+                                        batch_index=batch_index)
 
     @attention_with_kv_cache.register_fake
-    def _(q, k_cache, v_cache, lengths, block_table, layout, *options):
+    def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options):
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
     def attention_with_kv_cache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
-                                    block_table: Optional[Tensor], out: Tensor, layout: str, causal: Optional[str],
+                                    block_table: Optional[Tensor], batch_index: Optional[Tensor], out: Tensor,
+                                    layout: str, causal: Optional[str],
                                     scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
                                     rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
                                     window_left: int, window_right: int, softcap: Optional[float],
@@ -291,11 +300,12 @@ def _register():
                                           window=(window_left, window_right), softcap=softcap,
                                           alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                           q_offset=q_offset,
-                                          validate_metadata=validate_metadata, context=None)
+                                          validate_metadata=validate_metadata, context=None,
+                                          batch_index=batch_index)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_with_kv_cache_out.register_fake
-    def _(q, k_cache, v_cache, lengths, block_table, out, layout, *options):
+    def _(q, k_cache, v_cache, lengths, block_table, batch_index, out, layout, *options):
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return lse_or_nothing(options[-1], q, (q.shape[0], heads, seq_q))
 

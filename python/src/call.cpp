@@ -35,13 +35,17 @@ std::string dtype_name(nb::dlpack::dtype dt) {
 
 selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf16_as_uint16) {
   using code = nb::dlpack::dtype_code;
+  const bool is_bias = std::string(name) == "bias";
   if (dt.lanes == 1) {
     if (dt.code == uint8_t(code::Float) && dt.bits == 32) return selfattn::DType::f32;
     if (dt.code == uint8_t(code::Float) && dt.bits == 16) return selfattn::DType::f16;
     if (dt.code == uint8_t(code::Bfloat) && dt.bits == 16) return selfattn::DType::bf16;
     if (bf16_as_uint16 && dt.code == uint8_t(code::UInt) && dt.bits == 16) return selfattn::DType::bf16;
+    // Only a bias may be boolean (a mask, read by the kernels as bytes).
+    if (is_bias && dt.code == uint8_t(code::Bool) && dt.bits == 8) return selfattn::DType::b8;
   }
-  invalid(std::string(name) + ".dtype expected float32, float16 or bfloat16, got " + dtype_name(dt));
+  invalid(std::string(name) + ".dtype expected float32, float16" + (is_bias ? ", bfloat16 or bool" : " or bfloat16") +
+          ", got " + dtype_name(dt));
 }
 
 void SimStaging::stage(selfattn::Context& ctx, std::vector<Arg*>& args) {

@@ -255,13 +255,15 @@ void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExt
 // added by the caller, written or not), lengths (int32 [batch]) and, for a paged pool,
 // block_table (int32 [batch, max_pages_per_seq], row-major: the library reads it from a bare
 // pointer, so its layout is checked here). batch is block_table's rows, else k's batch extent.
+// batch_index (contiguous only, int32 [batch]): sequence b's row of the cache.
 struct KvCacheArgs {
   const Arg &k, &v, &lengths;
   const Arg* block_table;
+  const Arg* batch_index;
   int64_t batch, max_pages_per_seq;
 };
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
-                         const std::optional<InArray>& block_table);
+                         const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index);
 // After staging.
 selfattn::KvCache kv_cache(const KvCacheArgs& cache);
 

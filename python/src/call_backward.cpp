@@ -72,11 +72,11 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                InArray lse, OutArray dq, OutArray dk, OutArray dv, InArray cu_seqlens_q,
                                InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
                                std::optional<std::string> causal, std::optional<float> scale, std::string path,
-                               int window_left, int window_right, std::optional<float> softcap,
-                               std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                               std::optional<InArray> sinks, std::optional<InArray> key_start,
-                               std::optional<InArray> q_offset, bool deterministic, std::optional<InArray> dlse,
-                               std::optional<OutArray> dsinks, bool bf16_as_uint16) {
+                               std::optional<InArray> key_lengths, int window_left, int window_right,
+                               std::optional<float> softcap, std::optional<InArray> alibi_slopes,
+                               std::optional<InArray> bias, std::optional<InArray> sinks,
+                               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
+                               std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -89,8 +89,11 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
   const ModArgs mods =
       add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, cu.batch, q_shape.heads(), bf16_as_uint16);
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), cu.batch, "batch");
   run_call(context, call, [&] {
     set_backward_options(backward, extras);
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     set_mod_options(options, mods);
     selfattn::attention_varlen_backward(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v),
                                         tensor_view(a.out), tensor_view(a.dout),

@@ -40,10 +40,10 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
 
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
-                      std::optional<float> scale, std::string path, std::optional<OutArray> lse, int window_left,
-                      int window_right, std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                      std::optional<InArray> bias, std::optional<InArray> sinks, std::optional<InArray> key_start,
-                      std::optional<InArray> q_offset, bool bf16_as_uint16) {
+                      std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+                      std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
+                      std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
+                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
@@ -53,7 +53,10 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
   const ModArgs mods =
       add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, cu.batch, q_shape.heads(), bf16_as_uint16);
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), cu.batch, "batch");
   run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
     selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),

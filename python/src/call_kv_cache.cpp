@@ -11,7 +11,7 @@
 namespace selfattn_python {
 
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
-                         const std::optional<InArray>& block_table) {
+                         const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index) {
   const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
   const Arg* table = block_table ? &call.add(Arg("block_table", *block_table, false, Holds::vector)) : nullptr;
   int64_t batch = k.ndim == 4 ? k.shape[0] : 0, max_pages = 0;
@@ -32,13 +32,29 @@ KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& 
       invalid("block_table's extents expected to fit int32, got " + shape_text(*table));
     }
   }
-  expect_int32_vector(alengths, lengths.dtype(), batch, table ? "batch: block_table's rows" : "batch");
-  return {k, v, alengths, table, batch, max_pages};
+  const Arg* index = batch_index ? &call.add(Arg("batch_index", *batch_index, false, Holds::vector)) : nullptr;
+  if (index) {
+    if (table) invalid("batch_index expected None with a block_table (the table maps sequences to pages)");
+    batch = index->ndim == 1 ? index->shape[0] : -1;  // one row per sequence, whatever the cache holds
+    expect_int32_vector(*index, batch_index->dtype(), batch, "batch");
+  }
+  expect_int32_vector(alengths, lengths.dtype(), batch,
+                      table   ? "batch: block_table's rows"
+                      : index ? "batch: batch_index's entries"
+                              : "batch");
+  return {k, v, alengths, table, index, batch, max_pages};
 }
 
 selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
   const auto* lengths = static_cast<const int32_t*>(cache.lengths.data);
-  if (!cache.block_table) return selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
+  if (!cache.block_table) {
+    selfattn::KvCache contiguous = selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
+    if (cache.batch_index) {
+      contiguous.batch_index = static_cast<const int32_t*>(cache.batch_index->data);
+      contiguous.batch = int(cache.batch);
+    }
+    return contiguous;
+  }
   return selfattn::KvCache::paged_pool(tensor_view(cache.k), tensor_view(cache.v),
                                        static_cast<const int32_t*>(cache.block_table->data), int(cache.batch),
                                        int(cache.max_pages_per_seq), lengths);
@@ -78,13 +94,14 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
 // The KV cache (selfattn/kv_cache.h). k_cache and v_cache are the cache or the page pool as
 // [batch or num_pages, kv_heads, capacity or page_size, head_dim] views; append_kv writes them.
 void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
-               std::optional<InArray> block_table, InArray k_new, InArray v_new, std::optional<InArray> rotary_cos,
-               std::optional<InArray> rotary_sin, bool rotary_interleaved, std::optional<OutArray> updated_lengths,
-               bool validate_metadata, bool bf16_as_uint16) {
+               std::optional<InArray> block_table, std::optional<InArray> batch_index, InArray k_new, InArray v_new,
+               std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
+               std::optional<OutArray> updated_lengths, bool validate_metadata, bool bf16_as_uint16) {
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
-  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data)),
-                                         call.add(Arg("v_cache", v_cache, true, data)), lengths, block_table);
+  const KvCacheArgs cache =
+      add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data)), call.add(Arg("v_cache", v_cache, true, data)),
+                   lengths, block_table, batch_index);
   const Arg& ak = call.add(Arg("k_new", k_new, false, data));
   const Arg& av = call.add(Arg("v_new", v_new, false, data));
   const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
@@ -101,21 +118,22 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
 }
 
 void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
-                             std::optional<InArray> block_table, OutArray out, std::optional<std::string> causal,
-                             std::optional<float> scale, std::string path, std::optional<OutArray> lse,
-                             std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin,
-                             bool rotary_interleaved, int num_splits, int window_left, int window_right,
-                             std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                             std::optional<InArray> bias, std::optional<InArray> sinks,
-                             std::optional<InArray> key_start, std::optional<InArray> q_offset, bool validate_metadata,
-                             bool bf16_as_uint16) {
+                             std::optional<InArray> block_table, std::optional<InArray> batch_index, OutArray out,
+                             std::optional<std::string> causal, std::optional<float> scale, std::string path,
+                             std::optional<OutArray> lse, std::optional<InArray> rotary_cos,
+                             std::optional<InArray> rotary_sin, bool rotary_interleaved, int num_splits,
+                             int window_left, int window_right, std::optional<float> softcap,
+                             std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                             std::optional<InArray> sinks, std::optional<InArray> key_start,
+                             std::optional<InArray> q_offset, bool validate_metadata, bool bf16_as_uint16) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
   selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
   const Arg& aq = call.add(Arg("q", q, false, data));
-  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data)),
-                                         call.add(Arg("v_cache", v_cache, false, data)), lengths, block_table);
+  const KvCacheArgs cache =
+      add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data)), call.add(Arg("v_cache", v_cache, false, data)),
+                   lengths, block_table, batch_index);
   const Arg& aout = call.add(Arg("out", out, true, data));
   const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;

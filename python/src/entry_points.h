@@ -18,10 +18,10 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16);
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
-                      std::optional<float> scale, std::string path, std::optional<OutArray> lse, int window_left,
-                      int window_right, std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                      std::optional<InArray> bias, std::optional<InArray> sinks, std::optional<InArray> key_start,
-                      std::optional<InArray> q_offset, bool bf16_as_uint16);
+                      std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+                      std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
+                      std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
+                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16);
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
@@ -41,26 +41,26 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                InArray lse, OutArray dq, OutArray dk, OutArray dv, InArray cu_seqlens_q,
                                InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
                                std::optional<std::string> causal, std::optional<float> scale, std::string path,
-                               int window_left, int window_right, std::optional<float> softcap,
-                               std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                               std::optional<InArray> sinks, std::optional<InArray> key_start,
-                               std::optional<InArray> q_offset, bool deterministic, std::optional<InArray> dlse,
-                               std::optional<OutArray> dsinks, bool bf16_as_uint16);
+                               std::optional<InArray> key_lengths, int window_left, int window_right,
+                               std::optional<float> softcap, std::optional<InArray> alibi_slopes,
+                               std::optional<InArray> bias, std::optional<InArray> sinks,
+                               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
+                               std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16);
 
 // call_kv_cache.cpp
 void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
-               std::optional<InArray> block_table, InArray k_new, InArray v_new, std::optional<InArray> rotary_cos,
-               std::optional<InArray> rotary_sin, bool rotary_interleaved, std::optional<OutArray> updated_lengths,
-               bool validate_metadata, bool bf16_as_uint16);
+               std::optional<InArray> block_table, std::optional<InArray> batch_index, InArray k_new, InArray v_new,
+               std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
+               std::optional<OutArray> updated_lengths, bool validate_metadata, bool bf16_as_uint16);
 void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
-                             std::optional<InArray> block_table, OutArray out, std::optional<std::string> causal,
-                             std::optional<float> scale, std::string path, std::optional<OutArray> lse,
-                             std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin,
-                             bool rotary_interleaved, int num_splits, int window_left, int window_right,
-                             std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                             std::optional<InArray> bias, std::optional<InArray> sinks,
-                             std::optional<InArray> key_start, std::optional<InArray> q_offset, bool validate_metadata,
-                             bool bf16_as_uint16);
+                             std::optional<InArray> block_table, std::optional<InArray> batch_index, OutArray out,
+                             std::optional<std::string> causal, std::optional<float> scale, std::string path,
+                             std::optional<OutArray> lse, std::optional<InArray> rotary_cos,
+                             std::optional<InArray> rotary_sin, bool rotary_interleaved, int num_splits,
+                             int window_left, int window_right, std::optional<float> softcap,
+                             std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                             std::optional<InArray> sinks, std::optional<InArray> key_start,
+                             std::optional<InArray> q_offset, bool validate_metadata, bool bf16_as_uint16);
 void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray out_b, InArray lse_b, OutArray out,
                   std::optional<OutArray> lse_out, bool bf16_as_uint16);
 void cu_seqlens_from_lengths(BoundContext& context, InArray lengths, OutArray cu_seqlens);

@@ -200,7 +200,7 @@ def check_varlen_backward(rng, dtype, lengths_q, lengths_k, heads=4, kv_heads=2,
                         for name, value in mods.items() if name != "bias"}
         if "bias" in mods:
             per_sequence["bias"] = mods["bias"][b:b + 1, :, :lengths_q[b], :lengths_k[b]]
-        for name in ("key_start", "q_offset"):  # one entry per sequence
+        for name in ("key_start", "q_offset", "key_lengths"):  # one entry per sequence
             if name in mods:
                 per_sequence[name] = [mods[name][b]]
         want = reference_backward(bhsd(q[rows]), bhsd(k[keys]), bhsd(v[keys]), bhsd(dout[rows]), causal,

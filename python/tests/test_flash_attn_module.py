@@ -279,6 +279,21 @@ def test_kvcache_cache_leftpad(causal, window_size):
     assert_lse(lse, want_lse)
 
 
+def test_kvcache_cache_batch_idx():
+    # Sequence b appends to and reads row cache_batch_idx[b] of a cache with more rows than q's batch.
+    k_cache, v_cache = cache(37, 4, 10)
+    before_k = k_cache.clone()
+    rows = torch.tensor([3, 0], dtype=torch.int32)
+    seqlens = torch.tensor([5, 2], dtype=torch.int32)
+    q, k, v = qkv(38, 2, 1, 1)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=rows, causal=True)
+    for b, (row, n) in enumerate(zip(rows.tolist(), seqlens.tolist())):
+        before_k[row, n] = k[b, 0]
+    assert torch.equal(k_cache, before_k)  # rows 1 and 2 untouched
+    want, _ = reference(q, k_cache[rows.long()], v_cache[rows.long()], causal=True, key_lengths=seqlens + 1)
+    assert_close(out, want, "float32")
+
+
 @pytest.mark.parametrize("options", [dict(window_size=(3, 0)), dict(softcap=4.0), dict(softmax_scale=0.2),
                                      dict(alibi_slopes=[0.5, 0.25, 0.125, 0.0625]), dict(num_splits=3)], ids=str)
 def test_kvcache_options_mapped(options):
@@ -379,8 +394,8 @@ def test_refusals_are_runtime_errors_naming_the_argument():
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, dropout_p=0.5), "dropout_p"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, return_attn_probs=True), "return_attn_probs"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, block_table=cu[None]), "block_table"),
-        (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=seqlens * 0),
-         "cache_batch_idx"),
+        (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=seqlens * 0,
+                                         block_table=seqlens[None] * 0), "cache_batch_idx"),
         (lambda: flash_attn_with_kvcache(q.detach(), k_cache, v_cache, k, v, cos, sin, seqlens, causal=True,
                                          cache_leftpad=seqlens * 0), "cache_leftpad"),
         # Not causal, 3 rows: FlashAttention rotates them all at cache_seqlens.

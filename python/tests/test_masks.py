@@ -234,9 +234,11 @@ def test_bias_checked(rng):
     q, k, v = arrays(rng)  # [2, 2, 5, 8]
     with pytest.raises(selfattn.InvalidArgument, match=r"bias expected 4 dimensions, got 3 \(shape \(2, 5, 5\)\)"):
         selfattn.attention(q, k, v, bias=np.zeros((2, 5, 5), np.float32))
-    with pytest.raises(selfattn.InvalidArgument, match="bias.dtype expected float32, float16 or bfloat16, got float64"):
+    with pytest.raises(selfattn.InvalidArgument,
+                       match="bias.dtype expected float32, float16, bfloat16 or bool, got float64"):
         selfattn.attention(q, k, v, bias=np.zeros((2, 2, 5, 5)))
-    with pytest.raises(selfattn.InvalidArgument, match=r"attention: bias.dtype expected f32 or q.dtype \(f32\), got f16"):
+    with pytest.raises(selfattn.InvalidArgument,
+                       match=r"attention: bias.dtype expected f32, b8 \(a boolean mask\) or q.dtype \(f32\), got f16"):
         selfattn.attention(q, k, v, bias=np.zeros((2, 2, 5, 5), np.float16))
     with pytest.raises(selfattn.InvalidArgument, match=r"attention: bias.shape\[3\] \(seq_k\) expected 5 or 1"):
         selfattn.attention(q, k, v, bias=np.zeros((2, 2, 5, 4), np.float32))
@@ -263,3 +265,32 @@ def test_varlen_modifiers_checked(rng):
         selfattn.attention_varlen(q, k, v, cu, cu, bias=np.zeros((2, 2, 4, 3), np.float32))
     with pytest.raises(selfattn.InvalidArgument, match="window expected"):
         selfattn.attention_varlen(q, k, v, cu, cu, window=[1])
+
+
+@pytest.mark.parametrize("path", ["naive", "cublas", "fused"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_boolean_bias_is_read_as_a_mask(rng, path, dtype):
+    # bias of dtype bool, as SDPA's attn_mask: True may attend, False masks; read by the kernels as
+    # bytes. Broadcast over heads, a row with every key False (0 and lse -inf), causal on top.
+    batch, heads, seq_q, seq_k = 2, 4, 7, 113
+    q = random(rng, (batch, heads, seq_q, 32), dtype)
+    k, v = (random(rng, (batch, 2, seq_k, 32), dtype) for _ in range(2))
+    allowed = rng.uniform(size=(batch, 1, seq_q, seq_k)) < 0.8
+    allowed[1, 0, 3] = False
+    out, lse = selfattn.attention(q, k, v, causal="bottom_right", bias=allowed, path=path, return_lse=True)
+    additive = np.where(allowed, 0.0, -np.inf)
+    check(out, lse, *reference(q, k, v, "bottom_right", bias=additive), dtype)
+    assert np.all(out[1, :, 3] == 0) and np.all(lse[1, :, 3] == -np.inf)
+
+
+def test_boolean_bias_from_torch():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 5, 16, generator=g) for _ in range(3))
+    allowed = torch.rand(1, 1, 5, 5, generator=g) < 0.7
+    allowed[..., 0] = True  # every row sees key 0
+    out = selfattn.attention(q, k, v, bias=allowed)
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, -float("inf"))
+    want, _ = reference(q.numpy(), k.numpy(), v.numpy(), bias=additive.numpy())
+    assert relative_error(out.numpy(), want) <= TOLERANCE["float32"]
+    assert torch.equal(selfattn.attention(q, k, v, bias=additive), out)  # the same mask either way

@@ -51,6 +51,11 @@ def test_static_cache_rows_placed_by_q_offset(rng):
 
 
 def test_varlen_forward_and_backward(rng):
+    # key_lengths: the keys each sequence uses of its own (FlashAttention's seqused_k).
+    check_varlen_backward(rng, "float32", [5, 1, 4], [12, 7, 10], causal="bottom_right", path="naive",
+                          key_lengths=[9, 7, 0])
+    check_varlen_backward(rng, "float16", [5, 1, 4], [12, 7, 10], dim=32, causal="top_left", path="fused",
+                          key_lengths=[12, 3, 6], key_start=[2, 0, 0])
     mods = dict(key_start=[3, 0, 9], q_offset=[4, 1, 0], window=(6, -1))
     check_varlen_backward(rng, "float16", [5, 1, 4], [12, 7, 10], dim=32, causal="top_left", path="fused", **mods)
     check_varlen_backward(rng, "float32", [5, 1, 4], [12, 7, 10], causal="bottom_right", path="naive", **mods)

@@ -88,7 +88,7 @@ def test_fake_implementation_of_varlen_and_compile():
     with FakeTensorMode():
         q, k = torch.empty(9, 4, 8), torch.empty(11, 2, 8)
         cu = torch.empty(3, dtype=torch.int32)
-        out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", False, -1, -1,
+        out, lse = torch.ops.selfattn.attention_varlen(q, k, k, cu, cu, 5, 6, None, None, "auto", None, False, -1, -1,
                                                         None, None, None, None, None, None)
         assert out.shape == q.shape and lse.shape == (4, 9) and lse.dtype == torch.float32
     g = torch.Generator().manual_seed(11)
@@ -134,18 +134,19 @@ def test_fake_implementations_match_the_real_ones(torch_device):
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_varlen.default,
-                              (*packed, cu, cu, 3, 3, None, None, "auto", with_sinks is None, -1, -1, None, None, None,
-                               None, cu[1:] - 1, with_sinks),
+                              (*packed, cu, cu, 3, 3, None, None, "auto", cu[1:], with_sinks is None, -1, -1, None,
+                               None, None, None, cu[1:] - 1, with_sinks),
                               test_utils=utils)
     out, lse = selfattn.attention_varlen(*packed, cu, cu, return_lse=True, sinks=sinks)
     torch.library.opcheck(torch.ops.selfattn.attention_varlen_backward.default,
-                          (*packed, out, torch.randn_like(out), lse, None, cu, cu, 3, 3, "top_left", None, "auto",
+                          (*packed, out, torch.randn_like(out), lse, None, cu, cu, 3, 3, "top_left", None, "auto", None,
                            True, -1, -1, None, None, None, cu[:2], None, sinks, True), test_utils=utils)
     cache = torch.randn(1, 2, 6, 8, generator=g).to(torch_device)
     for with_sinks in (None, sinks):
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
                               (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32, device=torch_device),
-                               None, "bhsd", "bottom_right", None, "auto", None, None, False, 0, -1, -1, None, None,
+                               None, None, "bhsd", "bottom_right", None, "auto", None, None, False, 0, -1, -1, None,
+                               None,
                                None, starts, starts, with_sinks, False), test_utils=utils)
 
 
@@ -268,12 +269,13 @@ def test_fake_implementations_of_the_out_ops():
                                None, None, None, None, sinks, return_lse), test_utils=utils)
         cu = torch.tensor([0, 2, 5], dtype=torch.int32)
         torch.library.opcheck(torch.ops.selfattn.attention_varlen_out.default,
-                              (q[0], k[0], v[0], torch.empty_like(q[0]), cu, cu, 3, 3, None, None, "auto", -1, -1,
+                              (q[0], k[0], v[0], torch.empty_like(q[0]), cu, cu, 3, 3, None, None, "auto", None, -1, -1,
                                None, None, None, None, None, sinks, return_lse), test_utils=utils)
         cache = torch.randn(1, 6, 2, 8, generator=g)
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache_out.default,
                               (q[:, :1], cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None,
-                               torch.empty_like(q[:, :1]), "bshd", "bottom_right", None, "auto", None, None, False, 0,
+                               torch.tensor([0], dtype=torch.int32), torch.empty_like(q[:, :1]), "bshd",
+                               "bottom_right", None, "auto", None, None, False, 0,
                                -1, -1, None, None, None, None, None, sinks, False, return_lse), test_utils=utils)
     _, lse = selfattn.attention(q, k, v, layout="bshd", return_lse=True)
     torch.library.opcheck(torch.ops.selfattn.merge_states_out.default,

@@ -92,6 +92,37 @@ TEST_P(ScoreMods, BiasLayoutsAndMasks) {
   testing::expect_all_pass(ctx, cases);
 }
 
+// A boolean bias (DType::b8: 1 may attend, 0 masks, as SDPA's attn_mask), read by the kernels as
+// bytes: every layout, masked rows and columns, each causal mode, GQA, ALiBi and a window beside
+// it, and varlen; the fused tensor-core kernels (f16/bf16, head dims 64 and 128) and the SIMT one.
+TEST_P(ScoreMods, BooleanBias) {
+  Context ctx;
+  std::vector<AttentionCase> cases;
+  const BiasLayout layouts[] = {BiasLayout::full, BiasLayout::heads, BiasLayout::batch, BiasLayout::keys,
+                                BiasLayout::stride0};
+  const DType dtypes[] = {DType::f16, DType::bf16, DType::f32};
+  const Causal causals[] = {none, top_left, bottom_right};
+  for (int i = 0; i < 5; ++i) {
+    ScoreModsCase mask;
+    mask.bias = layouts[i];
+    mask.bias_bool = true;
+    mask.masked_row_period = i % 2 == 0 ? 4 : 0;
+    mask.masked_key_period = 3 + i;
+    if (i == 3) mask.alibi = testing::AlibiSlopes::heads;
+    if (i == 4) mask.window_left = 20;
+    cases.push_back(with(make(dtypes[i % 3], 2, 4, 2, 40 + 17 * i, 90 - 11 * i, i % 3 == 2 ? 16 : (i % 2 ? 128 : 64),
+                              causals[i % 3]),
+                         mask));
+  }
+  testing::expect_all_pass(ctx, cases);
+  ScoreModsCase mask;
+  mask.bias = BiasLayout::full;
+  mask.bias_bool = true;
+  mask.masked_key_period = 4;
+  testing::VarlenCase varlen = make_varlen(DType::bf16, 2, 1, 64);
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen, mask)) << varlen.name();
+}
+
 // A bias that masks every key of every row: all outputs 0, every LSE -inf, no NaN.
 TEST_P(ScoreMods, BiasMasksEverything) {
   Context ctx;

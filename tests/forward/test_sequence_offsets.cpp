@@ -97,6 +97,12 @@ TEST_P(SequenceOffsets, Varlen) {
     EXPECT_TRUE(testing::check_attention_varlen(ctx, c)) << c.name();
     c.q_offset.clear();
     EXPECT_TRUE(testing::check_attention_varlen(ctx, c, window(12, 2))) << c.name();
+    // key_lengths per sequence (seqused_k): the keys each uses of its own (NaN past them).
+    c.key_lengths = {50, 12, 70, 0};
+    EXPECT_TRUE(testing::check_attention_varlen(ctx, c)) << c.name();
+    c.key_start.clear();
+    c.key_lengths = {1, 0, 30, 5};
+    EXPECT_TRUE(testing::check_attention_varlen(ctx, c)) << c.name();
   }
 }
 

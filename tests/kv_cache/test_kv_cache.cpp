@@ -90,6 +90,29 @@ TEST(KvCacheAttention, LeftPaddingAndQueryOffsetEveryPath) {
 }
 
 // Pages shared between sequences (a common first page) and appearing in any order.
+// A batch index on a contiguous cache (KvCache::batch_index): two sequences read one row, a row
+// outside the cache reads as no token, every path.
+TEST(KvCacheAttention, BatchIndexEveryPath) {
+  Context ctx;
+  CacheSpec spec = contiguous(DType::bf16, 4, 2, 64, 33, {33, 10, 0, 21}, true);
+  spec.batch_index = {2, 2, 0, 5};
+  spec.cache_rows = 3;
+  for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, attend(spec, 4, 3), path));
+  // validate_metadata names a row outside the cache.
+  std::mt19937_64 rng = rng_for("batch index metadata");
+  TestCache cache = make_cache(ctx, spec, rng);
+  Tensor q = random_tensor(ctx, DType::bf16, 4, 4, 3, 64, rng, kQueryLayout);
+  Output out = poisoned_output(ctx, DType::bf16, 4, 4, 3, 64, kOutLayout);
+  KvAttentionOptions options;
+  options.validate_metadata = true;
+  try {
+    attention_with_kv_cache(ctx, q.view, cache.view, out.view, options);
+    ADD_FAILURE() << "a batch index outside the cache passed validate_metadata";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cache.batch_index[3] expected a row in [0, 3)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(KvCacheAttention, SharedPrefixPages) {
   Context ctx;
   AttendCase c = attend(paged(DType::f16, 3, 2, 64, 16, 3, {16, 20, 40}), 4, 7);
@@ -143,7 +166,8 @@ testing::ScoreModsCase window_mods(int left, int right) {
 
 // Each modifier alone, then all at once, on a paged f16 cache (GQA 2, 3 new rows), a contiguous
 // f32 one and a paged bf16 one in the token-major pool layout; lengths 0, short, full. The bias has
-// -inf columns and, with 3 rows and period 3, a fully masked last row (output 0, LSE -inf).
+// -inf columns and, with 3 rows and period 3, a fully masked last row (output 0, LSE -inf); once
+// more as a boolean mask.
 TEST(KvCacheScoreMods, EachAloneAndCombinedEveryPath) {
   Context ctx;
   std::vector<testing::ScoreModsCase> mods;
@@ -161,6 +185,9 @@ TEST(KvCacheScoreMods, EachAloneAndCombinedEveryPath) {
   bias.masked_key_period = 5;
   bias.masked_row_period = 3;
   mods.push_back(bias);
+  testing::ScoreModsCase mask = bias;  // the same masked columns and row as booleans
+  mask.bias_bool = true;
+  mods.push_back(mask);
   testing::ScoreModsCase all = window_mods(20, 0);
   all.softcap = 8.0f;
   all.alibi = testing::AlibiSlopes::batch_heads;

@@ -125,6 +125,23 @@ TEST(KvCacheAppend, AcrossPageBoundariesThenAttend) {
                                        Path::fused));
 }
 
+// A contiguous cache with a batch index (FlashAttention's cache_batch_idx): sequence b appends to
+// and reads row batch_index[b] of a cache with more rows than sequences; a row outside the cache
+// drops its tokens and reads as no token, every other row untouched.
+TEST(KvCacheAppend, BatchIndexMapsSequencesToRows) {
+  Context ctx;
+  CacheSpec spec = contiguous(DType::f16, 3, 2, 64, 20, {3, 0, 7}, true);
+  spec.batch_index = {4, 0, 2};
+  spec.cache_rows = 5;
+  for (Path path : {Path::fused, Path::naive}) {
+    EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 5, std::nullopt, path));
+  }
+  spec = contiguous(DType::f32, 3, 1, 32, 9, {2, 4, 1}, false);
+  spec.batch_index = {1, 7, -1};  // two rows outside the cache's 3
+  spec.cache_rows = 3;
+  EXPECT_TRUE(check_append_then_attend(ctx, spec, 2, 3, std::nullopt, Path::cublas));
+}
+
 TEST(KvCacheAppend, RotaryOnKeysAndQueries) {
   Context ctx;
   EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f16, 2, 2, 64, 16, 2, {14, 3}), 4, 7,

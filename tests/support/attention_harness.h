@@ -147,6 +147,9 @@ struct VarlenCase {
   int unowned_q_rows = 0, unowned_k_rows = 0;
   // Empty, or one entry per sequence (AttentionOptions::key_start, q_offset, counted within it).
   std::vector<int32_t> key_start = {}, q_offset = {};
+  // Empty, or one entry per sequence: the keys it uses (options.key_lengths, FlashAttention's
+  // seqused_k); its key rows past them hold NaN, as rows before a key_start do.
+  std::vector<int32_t> key_lengths = {};
   std::string name() const;
 };
 

@@ -147,13 +147,17 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   if (c.bias) {
     std::uniform_real_distribution<double> unit(0.0, 1.0);
     bias_f.resize(size_t(batch) * c.heads * max_q * max_k);
-    for (float& x : bias_f) x = unit(rng) < 0.1 ? -INFINITY : float(normal(rng));
+    for (float& x : bias_f) x = unit(rng) < 0.1 ? -INFINITY : c.bias_bool ? 0.0f : float(normal(rng));
     // Row 0 of (batch 0, head 0): every key masked, so it sees no key at all.
     for (int j = 0; j < max_k; ++j) bias_f[j] = -INFINITY;
     bias.assign(bias_f.begin(), bias_f.end());
   }
   DeviceBuffer<float> bias_b(ctx, std::max<size_t>(bias_f.size(), 1));
   if (c.bias) bias_b.copy_from_host(bias_f.data(), bias_f.size());
+  std::vector<uint8_t> bias_bytes(bias_f.size());  // as a boolean mask: 1 may attend
+  for (size_t i = 0; i < bias_f.size(); ++i) bias_bytes[i] = bias_f[i] == -INFINITY ? 0 : 1;
+  DeviceBuffer<uint8_t> bias_bool(ctx, std::max<size_t>(bias_bytes.size(), 1));
+  if (c.bias_bool) bias_bool.copy_from_host(bias_bytes.data(), bias_bytes.size());
   std::vector<float> sinks_f;
   std::normal_distribution<double> sink_logit(std::log(double(std::max(max_k, 1))), 1.5);
   for (int h = 0; c.sinks && h < c.heads; ++h) sinks_f.push_back(h % 3 == 2 ? -INFINITY : float(sink_logit(rng)));
@@ -174,7 +178,10 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     options.alibi_slopes = slopes_b.data();
     options.alibi_slopes_count = c.heads;
   }
-  if (c.bias) options.bias = TensorView::bhsd(bias_b.data(), DType::f32, batch, c.heads, max_q, max_k);
+  if (c.bias) {
+    options.bias = c.bias_bool ? TensorView::bhsd(bias_bool.data(), DType::b8, batch, c.heads, max_q, max_k)
+                               : TensorView::bhsd(bias_b.data(), DType::f32, batch, c.heads, max_q, max_k);
+  }
   if (c.sinks) options.sinks = sinks_b.data();
   options.lse = lse.data();
   if (varlen) attention_varlen(ctx, qv, kv, vv, ov, cuq.data(), cuk.data(), batch, max_q, max_k, options);
@@ -243,7 +250,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     p.batch = varlen ? 1 : batch;
     p.seq_q = varlen ? c.varlen_q[b] : c.seq_q;
     p.seq_k = varlen ? c.varlen_k[b] : c.seq_k;
-    if (!varlen) p.key_lengths = c.key_lengths;
+    if (!c.key_lengths.empty()) p.key_lengths = varlen ? std::vector<int32_t>{c.key_lengths[size_t(b)]} : c.key_lengths;
     if (!c.key_start.empty()) p.key_start = varlen ? std::vector<int32_t>{c.key_start[size_t(b)]} : c.key_start;
     if (!c.q_offset.empty()) p.q_offset = varlen ? std::vector<int32_t>{c.q_offset[size_t(b)]} : c.q_offset;
     // Gathers rows [r0, r0 + n) of each (batch, head) of a logical [vb, heads, rows, d] array.

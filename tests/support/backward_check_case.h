@@ -16,13 +16,14 @@ struct Case {
   bool grad_f32 = false;  // gradients in f32 (else in the input dtype)
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
   Causal causal = Causal::none;
-  std::vector<int32_t> key_lengths;  // [batch] or empty
+  std::vector<int32_t> key_lengths;  // [batch] (varlen: one per sequence, seqused_k) or empty
   // [batch] (varlen: one per sequence) or empty: AttentionOptions::key_start, q_offset.
   std::vector<int32_t> key_start = {}, q_offset = {};
   int window_left = -1, window_right = -1;
   float softcap = 0;
   bool alibi = false;        // [heads] slopes
   bool bias = false;         // dense fp32 [batch, heads, seq_q, seq_k], ~10% -inf and one fully masked row
+  bool bias_bool = false;    // with bias: the same mask as booleans (DType::b8), every other entry 0
   bool bshd = false;         // q in BSHD (else BHSD); the others as `strides` says
   // distinct: each tensor its own layout and row gap, derived from q's (testing::tensor_layout);
   // shared: all in q's layout with row_gap (the layout every tensor shared before).

@@ -72,6 +72,10 @@ inline std::vector<Case> sweep(Path path) {
     b.name = "bias";
     b.bias = true;
     add(b);
+    b.name = "bias_bool_causal";
+    b.bias_bool = true;
+    b.causal = Causal::top_left;
+    add(b);
     Case sinks = c;
     sinks.name = "sinks_gqa_lengths_dlse";  // batch 0 sees no key: its rows are the sinks' alone
     sinks.batch = 2, sinks.heads = 3, sinks.kv_heads = 1;
@@ -110,6 +114,9 @@ inline std::vector<Case> sweep(Path path) {
     varlen_offsets.causal = Causal::top_left;
     varlen_offsets.key_start = {25, 2};
     varlen_offsets.q_offset = {5, 20};
+    add(varlen_offsets);
+    varlen_offsets.name = "key_lengths_varlen";  // seqused_k: each sequence uses its first keys
+    varlen_offsets.key_lengths = {33, 9};
     add(varlen_offsets);
   }
   return cases;
@@ -243,6 +250,12 @@ inline std::vector<Case> fused_sweep() {
   add(c, "sinks_gqa_lengths_d64_dlse");
   c = Case{};
   c.dtype = DType::f16;
+  c.heads = 2, c.kv_heads = 1, c.seq_q = 40, c.seq_k = 70, c.head_dim = 64;
+  c.causal = Causal::bottom_right;
+  c.bias = c.bias_bool = true;  // a boolean mask, read as bytes
+  add(c, "bias_bool_gqa_d64");
+  c = Case{};
+  c.dtype = DType::f16;
   c.batch = 3, c.heads = 2, c.kv_heads = 1, c.seq_q = 40, c.seq_k = 150, c.head_dim = 64;
   c.causal = Causal::bottom_right;
   c.key_lengths = {150, 120, 90};
@@ -260,6 +273,8 @@ inline std::vector<Case> fused_sweep() {
   c.key_start = {65, 10};
   c.q_offset = {0, 50};
   add(c, "key_start_q_offset_varlen_d128");
+  c.key_lengths = {90, 64};
+  add(c, "key_lengths_key_start_varlen_d128");
   return cases;
 }
 

@@ -2,6 +2,7 @@
 // dtype, rounding to a dtype) and random device values, declared in attention_harness.h.
 #include "attention_harness.h"
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -32,6 +33,7 @@ void store_element(void* bytes, DType dtype, size_t index, float value) {
     case DType::f32: static_cast<float*>(bytes)[index] = value; return;
     case DType::f16: static_cast<uint16_t*>(bytes)[index] = float_to_half_bits(value); return;
     case DType::bf16: static_cast<uint16_t*>(bytes)[index] = float_to_bf16_bits(value); return;
+    case DType::b8: static_cast<uint8_t*>(bytes)[index] = value == -INFINITY ? 0 : 1; return;  // a mask
   }
 }
 
@@ -40,6 +42,7 @@ float load_element(const void* bytes, DType dtype, size_t index) {
     case DType::f32: return static_cast<const float*>(bytes)[index];
     case DType::f16: return half_bits_to_float(static_cast<const uint16_t*>(bytes)[index]);
     case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(bytes)[index]);
+    case DType::b8: return static_cast<const uint8_t*>(bytes)[index] != 0 ? 0.0f : -INFINITY;
   }
   return 0;
 }
@@ -49,6 +52,7 @@ float round_to(DType dtype, float value) {
     case DType::f32: return value;
     case DType::f16: return half_bits_to_float(float_to_half_bits(value));
     case DType::bf16: return bf16_bits_to_float(float_to_bf16_bits(value));
+    case DType::b8: return value == -INFINITY ? value : 0.0f;  // what a mask byte stands for
   }
   return value;
 }

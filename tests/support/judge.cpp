@@ -10,6 +10,7 @@ double unit_roundoff(DType dtype) {
     case DType::f32: return std::ldexp(1.0, -24);
     case DType::f16: return std::ldexp(1.0, -11);
     case DType::bf16: return std::ldexp(1.0, -8);
+    case DType::b8: return 0;  // a mask is exact
   }
   return 0;
 }

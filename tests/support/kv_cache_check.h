@@ -77,13 +77,23 @@ struct CacheSpec {
   // Empty, or [batch]: each sequence's left padding (KvAttentionOptions::key_start); rows before it
   // hold NaN like unused rows.
   std::vector<int32_t> key_start;
+  // Contiguous only, empty or [batch]: sequence b's row of a cache of cache_rows rows
+  // (KvCache::batch_index; rows outside [0, cache_rows) read as no token).
+  std::vector<int32_t> batch_index;
+  int cache_rows = 0;
 
   std::string name() const {
     std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
                     (paged ? "x" + std::to_string(max_pages_per_seq) : "") + " k " + k_layout.name() + " v " + v_layout.name() +
                     " kv" + std::to_string(kv_heads) + " d" + std::to_string(head_dim) + " len=[";
     for (int32_t n : lengths) s += std::to_string(n) + ",";
-    return s + "]" + (shared_first_page ? " shared" : "");
+    s += "]";
+    if (!batch_index.empty()) {
+      s += " rows" + std::to_string(cache_rows) + "=[";
+      for (int32_t r : batch_index) s += std::to_string(r) + ",";
+      s += "]";
+    }
+    return s + (shared_first_page ? " shared" : "");
   }
 };
 
@@ -93,7 +103,7 @@ struct TestCache {
   CacheSpec spec;
   reference::KvCacheImage image;
   DeviceBuffer<unsigned char> k, v;
-  DeviceBuffer<int32_t> block_table, lengths;
+  DeviceBuffer<int32_t> block_table, lengths, batch_index;
   KvCache view;
 
   size_t pool_elements() const { return size_t(image.num_pages) * image.kv_heads * image.page_size * image.head_dim; }
@@ -112,8 +122,10 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   im.head_dim = spec.head_dim;
   im.page_size = spec.page_size;
   im.max_pages_per_seq = spec.paged ? spec.max_pages_per_seq : 1;
-  im.num_pages = spec.paged ? spec.batch * spec.max_pages_per_seq + spec.extra_pages : spec.batch;
+  im.num_pages = spec.paged ? spec.batch * spec.max_pages_per_seq + spec.extra_pages
+                             : (spec.batch_index.empty() ? spec.batch : spec.cache_rows);
   im.lengths = spec.lengths;
+  im.batch_index = spec.batch_index;
   if (spec.paged) {
     // Pages in shuffled order; with a shared prefix, every sequence's page 0 is sequence 0's.
     std::vector<int32_t> pages(size_t(im.num_pages));
@@ -169,6 +181,12 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
                                  im.max_pages_per_seq, c.lengths.data());
   } else {
     c.view = KvCache::contiguous(make_view(0, c.k.data()), make_view(1, c.v.data()), c.lengths.data());
+    if (!spec.batch_index.empty()) {
+      c.batch_index = DeviceBuffer<int32_t>(ctx, spec.batch_index.size(), "cache batch_index");
+      c.batch_index.copy_from_host(spec.batch_index);
+      c.view.batch_index = c.batch_index.data();
+      c.view.batch = spec.batch;
+    }
   }
   return c;
 }

@@ -32,7 +32,7 @@ std::string ScoreModsCase::name() const {
   if (softcap) s << " softcap=" << *softcap;
   if (alibi != AlibiSlopes::none) s << " alibi=" << (alibi == AlibiSlopes::heads ? "heads" : "batch_heads");
   if (bias != BiasLayout::none) {
-    s << " bias=" << to_string(bias) << (bias_in_input_dtype ? "/input" : "/f32");
+    s << " bias=" << to_string(bias) << (bias_bool ? "/bool" : bias_in_input_dtype ? "/input" : "/f32");
     if (masked_row_period || masked_key_period)
       s << (mask_with_lowest ? " lowest=rows" : " -inf=rows") << masked_row_period << ",keys" << masked_key_period;
     if (bias_batch_gap) s << " bias_batch_gap=" << bias_batch_gap;
@@ -63,7 +63,7 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
   }
 
   if (c.bias != BiasLayout::none) {
-    const DType bias_type = c.bias_in_input_dtype ? dtype : DType::f32;
+    const DType bias_type = c.bias_bool ? DType::b8 : c.bias_in_input_dtype ? dtype : DType::f32;
     const bool per_batch = c.bias == BiasLayout::full || c.bias == BiasLayout::batch;
     const bool per_head = c.bias == BiasLayout::full || c.bias == BiasLayout::heads;
     const int stored_batch = per_batch ? batch : 1, stored_heads = per_head ? heads : 1;
@@ -85,7 +85,7 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
     const float lowest = bias_type == DType::f16    ? -65504.0f
                          : bias_type == DType::bf16 ? -3.3895313892515355e38f
                                                     : std::numeric_limits<float>::lowest();
-    const float masked_value = c.mask_with_lowest ? lowest : minus_inf;
+    const float masked_value = c.mask_with_lowest && !c.bias_bool ? lowest : minus_inf;
     std::vector<float> stored(elements, 0.0f);
     for (int b = 0; b < stored_batch; ++b)
       for (int h = 0; h < stored_heads; ++h)
@@ -94,7 +94,7 @@ ScoreModsData make_score_mods(Context& ctx, const ScoreModsCase& c, DType dtype,
             const bool masked = (c.masked_row_period > 0 && r % c.masked_row_period == c.masked_row_period - 1) ||
                                 (c.masked_key_period > 0 && k % c.masked_key_period == 1);
             const size_t at = ((size_t(b) * stored_heads + h) * seq_q + r) * size_t(row_stride) + k;
-            stored[at] = masked ? masked_value : round_to(bias_type, normal(rng));
+            stored[at] = masked ? masked_value : c.bias_bool ? 0.0f : round_to(bias_type, normal(rng));
             store_element(host.data(), bias_type, at, stored[at]);
           }
     // Batch by batch: with a gap, only the blocks are written.

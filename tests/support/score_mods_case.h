@@ -30,6 +30,9 @@ struct ScoreModsCase {
   AlibiSlopes alibi = AlibiSlopes::none;
   BiasLayout bias = BiasLayout::none;
   bool bias_in_input_dtype = false;  // else fp32
+  // A boolean mask (DType::b8: 1 where a key may be seen, 0 where it is masked) instead of values:
+  // the masked entries below, every other entry 0.
+  bool bias_bool = false;
   // -inf entries of the bias: query rows r with r % masked_row_period == masked_row_period - 1
   // entirely (rows that see no key), keys k with k % masked_key_period == 1 (columns). 0: none.
   int masked_row_period = 0, masked_key_period = 0;

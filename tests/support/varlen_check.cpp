@@ -32,6 +32,7 @@ std::string VarlenCase::name() const {
   };
   print("key_start", key_start);
   print("q_offset", q_offset);
+  print("key_lengths", key_lengths);
   return s.str();
 }
 
@@ -64,6 +65,20 @@ std::string VarlenCase::name() const {
                            c.unowned_k_rows);
   Operand v = make_operand(ctx, packed, Role::v, c.kv_heads, total_k, rng, "test v", Keys::random, false,
                            c.unowned_k_rows);
+  // Key rows a sequence does not use (before its key_start, past its key length) hold NaN on the device.
+  for (Operand* op : {&k, &v}) {
+    std::vector<unsigned char> bytes = download(op->tensor, 1);
+    for (int b = 0; b < batch; ++b)
+      for (int r = 0; r < c.seq_k[b]; ++r) {
+        const bool before = !c.key_start.empty() && r < c.key_start[size_t(b)];
+        const bool past = !c.key_lengths.empty() && r >= c.key_lengths[size_t(b)];
+        if (!before && !past) continue;
+        for (int h = 0; h < c.kv_heads; ++h)
+          for (int e = 0; e < c.head_dim; ++e)
+            store_element(bytes.data(), c.dtype, host_index(op->tensor, 0, h, cu_k[b] + r, e), NAN);
+      }
+    upload(op->tensor, bytes, 1);
+  }
   DeviceTensor out_tensor = make_tensor(ctx, packed, Role::out, c.heads, total_q, "test out");
   upload(out_tensor, std::vector<unsigned char>(out_tensor.batch_bytes, 0xFF), 1);
   const size_t lse_count = size_t(c.heads) * total_q;
@@ -77,7 +92,12 @@ std::string VarlenCase::name() const {
   options.path = c.path;
   options.causal = c.causal;
   if (c.with_lse) options.lse = lse_buffer.data();
-  DeviceBuffer<int32_t> key_start, q_offset;
+  DeviceBuffer<int32_t> key_start, q_offset, key_lengths;
+  if (!c.key_lengths.empty()) {
+    key_lengths = DeviceBuffer<int32_t>(ctx, c.key_lengths.size(), "test key_lengths");
+    key_lengths.copy_from_host(c.key_lengths);
+    options.key_lengths = key_lengths.data();
+  }
   if (!c.key_start.empty()) {
     key_start = DeviceBuffer<int32_t>(ctx, c.key_start.size(), "test key_start");
     key_start.copy_from_host(c.key_start);
@@ -148,6 +168,7 @@ std::string VarlenCase::name() const {
     problem.head_dim = d;
     problem.causal = c.causal;
     if (!c.key_start.empty()) problem.key_start = {c.key_start[size_t(b)]};
+    if (!c.key_lengths.empty()) problem.key_lengths = {c.key_lengths[size_t(b)]};
     if (!c.q_offset.empty()) problem.q_offset = {c.q_offset[size_t(b)]};
     if (mods_case.any()) mods.apply_sequence(mods_case, problem, b, c.seq_q[b], c.seq_k[b]);
     const AttentionExpected part =

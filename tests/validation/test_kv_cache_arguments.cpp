@@ -128,6 +128,12 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
       {"cache.block_table[1][0] expected a page in [0, 8)",
        [&](Call& c) { c.cache.block_table = f.bad_table.data(); c.attend.validate_metadata = true; }},
       {"cache.batch expected 8 (cache.k.shape[0], a contiguous cache)", [](Call& c) { c.cache.block_table = nullptr; }},
+      {"cache.batch_index expected null with a block table",
+       [&](Call& c) { c.cache.batch_index = f.bad_lengths.data(); }},
+      {"options.key_start expected not to overlap out",
+       [](Call& c) { c.attend.key_start = static_cast<const int32_t*>(c.out.data); }},
+      {"options.q_offset expected 4-byte alignment",
+       [&](Call& c) { c.attend.q_offset = misaligned(f.bad_lengths.data()); }},
       // Masks and score modifiers: the rule of attention() (attention_validation.cpp), the bias's
       // key extent the capacity (48).
       {"options.window_left expected -1 (unbounded) or >= 0, got -2", [](Call& c) { c.attend.window_left = -2; }},
@@ -141,7 +147,7 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
        [&](Call& c) { c.attend.bias = TensorView::bhsd(f.bias.data(), DType::f32, 2, 4, 3, 47); }},
       {"options.bias.shape[2] (seq_q) expected 3",
        [&](Call& c) { c.attend.bias = TensorView::bhsd(f.bias.data(), DType::f32, 2, 4, 2, 48); }},
-      {"options.bias.dtype expected f32 or q.dtype",
+      {"options.bias.dtype expected f32, b8 (a boolean mask) or q.dtype",
        [&](Call& c) { c.attend.bias = TensorView::bhsd(f.bias.data(), DType::bf16, 2, 4, 3, 48); }},
       {"options.bias expected not to overlap out",
        [](Call& c) { c.attend.bias = TensorView::bhsd(c.out.data, DType::f16, 1, 1, 3, 48); }},

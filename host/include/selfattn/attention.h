@@ -60,11 +60,12 @@ struct AttentionOptions {
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_count = 0;
   // Additive bias: a device view [batch, heads, seq_q, seq_k] (varlen: [batch, heads, max_seqlen_q,
-  // max_seqlen_k], sequence b's rows and keys counted from 0) in fp32 or q's dtype. A dimension of
-  // extent 1 broadcasts, and so does any stride of 0: [1, heads, q, k], [batch, 1, q, k] and
-  // [1, 1, q, k] (or the full shape with stride 0) are views of one copy. Entries are finite or -inf
-  // (a mask: a boolean mask is a bias of 0 where allowed and -inf where not). Any strides >= 0;
-  // 64-bit offsets. Must not overlap out or lse.
+  // max_seqlen_k], sequence b's rows and keys counted from 0) in fp32, q's dtype, or b8: a boolean
+  // mask (SDPA's attn_mask), read by the kernels as bytes, nonzero where a key may be seen (adds 0),
+  // 0 where not (-inf). A dimension of extent 1 broadcasts, and so does any stride of 0:
+  // [1, heads, q, k], [batch, 1, q, k] and [1, 1, q, k] (or the full shape with stride 0) are views
+  // of one copy. Entries are finite or -inf. Any strides >= 0; 64-bit offsets. Must not overlap out
+  // or lse.
   std::optional<TensorView> bias;
   // Attention sinks (gpt-oss; StreamingLLM's learned variant): device fp32 [heads], one logit per
   // query head that joins every row's softmax as one more key whose value row is 0, taken as it is
@@ -99,7 +100,9 @@ void attention(Context& ctx, const TensorView& q, const TensorView& k, const Ten
 // [1, heads, total_q, head_dim], k and v [1, kv_heads, total_k, head_dim]; sequence b owns query
 // rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
 // cu_seqlens_* are device int32 arrays of batch+1 entries starting at 0; max_seqlen_* bound the
-// per-sequence lengths. options.key_lengths must be null; options.lse, when set, is [heads, total_q].
+// per-sequence lengths. options.key_lengths, when set, holds one entry per sequence: sequence b
+// uses its first key_lengths[b] keys only (FlashAttention's seqused_k; clamped to its keys), as do
+// key_start and q_offset, counted within it. options.lse, when set, is [heads, total_q].
 // max_seqlen_k = 0 (or total_k = 0) says no sequence has a key: out is zeroed and lse set to -inf
 // without cu_seqlens being read; max_seqlen_q = 0 says no sequence has a query row: nothing is written.
 // The naive and cublas paths read cu_seqlens back to the host (synchronizing the stream) and check

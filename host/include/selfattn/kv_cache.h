@@ -46,9 +46,14 @@ namespace selfattn {
 struct KvCache {
   TensorView k, v;                       // contiguous: [batch, kv_heads, capacity, d]; paged: the page pool
   const int32_t* block_table = nullptr;  // device [batch, max_pages_per_seq]; null: contiguous cache
-  int batch = 0;                         // sequences (contiguous: must equal k.batch())
+  int batch = 0;                         // sequences (contiguous: k.batch(), unless batch_index maps them)
   int max_pages_per_seq = 0;             // paged only
   const int32_t* lengths = nullptr;      // device [batch]: valid tokens per sequence
+  // Contiguous only, device int32 [batch] or null: sequence b's tokens are the cache's row
+  // batch_index[b] (FlashAttention's cache_batch_idx), so `batch` may differ from k.batch() and a
+  // row may serve several sequences' reads. A row outside [0, k.batch()) reads as no token (zeros)
+  // and is never written; append_kv with two sequences on one row writes it in no set order.
+  const int32_t* batch_index = nullptr;
 
   bool paged() const { return block_table != nullptr; }
   // Tokens one sequence can hold: k.seq() (contiguous) or max_pages_per_seq * page_size (paged); at
@@ -145,8 +150,9 @@ struct KvAttentionOptions {
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_count = 0;
   // Additive bias: a device view [batch, heads, seq_q, capacity] (keys indexed by cache position,
-  // so the same view serves every step while lengths grow), fp32 or q's dtype, a dimension of
-  // extent 1 or stride 0 broadcasts, -inf masks a key. Must not overlap out or lse.
+  // so the same view serves every step while lengths grow), fp32, q's dtype or b8 (a boolean mask,
+  // as AttentionOptions::bias), a dimension of extent 1 or stride 0 broadcasts, -inf masks a key.
+  // Must not overlap out or lse.
   std::optional<TensorView> bias;
   // Attention sinks: device fp32 [heads] logits, as AttentionOptions::sinks; a row that sees no
   // cache token (length 0) outputs 0 and LSE sink[h].

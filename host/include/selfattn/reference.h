@@ -99,6 +99,7 @@ struct KvCacheImage {
   std::vector<double> k, v;          // [num_pages, kv_heads, page_size, head_dim]
   std::vector<int32_t> block_table;  // [batch, max_pages_per_seq]; empty: sequence b is page b
   std::vector<int32_t> lengths;      // [batch]
+  std::vector<int32_t> batch_index;  // contiguous: [batch], sequence b's page (row); empty: page b
 
   int capacity() const { return page_size * max_pages_per_seq; }
   // Sequence b's length clamped to [0, capacity] (what the kernels use).

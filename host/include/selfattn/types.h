@@ -4,7 +4,9 @@
 
 namespace selfattn {
 
-enum class DType : uint8_t { f32, f16, bf16 };
+// b8: booleans, one byte each (0: false, anything else: true); only a bias takes them (a mask:
+// AttentionOptions::bias). q, k, v and the outputs are f32, f16 or bf16.
+enum class DType : uint8_t { f32, f16, bf16, b8 };
 size_t dtype_size(DType dtype);
 const char* to_string(DType dtype);
 

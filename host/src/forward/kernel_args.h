@@ -12,8 +12,19 @@ inline kernels::Element element_of(DType dtype) {
     case DType::f32: return kernels::Element::f32;
     case DType::f16: return kernels::Element::f16;
     case DType::bf16: return kernels::Element::bf16;
+    case DType::b8: break;  // only a bias: bias_element_of
   }
   return kernels::Element::f32;
+}
+
+inline kernels::BiasElement bias_element_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return kernels::BiasElement::f32;
+    case DType::f16: return kernels::BiasElement::f16;
+    case DType::bf16: return kernels::BiasElement::bf16;
+    case DType::b8: return kernels::BiasElement::b8;
+  }
+  return kernels::BiasElement::f32;
 }
 
 inline kernels::CausalMask causal_mask_of(Causal causal) {
@@ -36,7 +47,7 @@ inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
   if (call.bias) {
     const TensorView& bias = *call.bias;
     mods.bias = bias.data;
-    mods.bias_element = element_of(bias.dtype);
+    mods.bias_element = bias_element_of(bias.dtype);
     mods.bias_stride_batch = bias.strides[0];
     mods.bias_stride_head = bias.strides[1];
     mods.bias_stride_row = bias.strides[2];

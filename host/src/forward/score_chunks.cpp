@@ -82,6 +82,7 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
       padded.bias->shape[0] = 1;
     }
     if (call.alibi_slopes) padded.alibi_slopes = call.alibi_slopes + b * call.alibi_stride_batch;
+    if (call.key_lengths) padded.key_lengths = call.key_lengths + b;  // seqused_k
     if (call.key_start) padded.key_start = call.key_start + b;
     if (call.q_offset) padded.q_offset = call.q_offset + b;
     calls.push_back({padded, total_q, b, q0, k0});

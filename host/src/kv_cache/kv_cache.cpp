@@ -55,6 +55,7 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
   view.block_table = cache.block_table;
   view.max_pages_per_seq = shape.max_pages_per_seq;
   view.lengths = cache.lengths;
+  view.batch_index = cache.batch_index;
   view.batch = shape.batch;
   return view;
 }

@@ -179,7 +179,10 @@ int KvCacheImage::length(int b) const { return std::clamp(int(lengths[size_t(b)]
 
 int KvCacheImage::page_of(int b, int t) const {
   if (t < 0 || t >= capacity()) return -1;
-  if (block_table.empty()) return b < num_pages ? b : -1;
+  if (block_table.empty()) {
+    const int row = batch_index.empty() ? b : batch_index[size_t(b)];
+    return row >= 0 && row < num_pages ? row : -1;
+  }
   const int page = block_table[size_t(b) * max_pages_per_seq + size_t(t / page_size)];
   return page >= 0 && page < num_pages ? page : -1;
 }

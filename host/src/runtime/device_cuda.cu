@@ -40,6 +40,7 @@ cudaDataType_t cuda_type(DType dtype) {
     case DType::f32: return CUDA_R_32F;
     case DType::f16: return CUDA_R_16F;
     case DType::bf16: return CUDA_R_16BF;
+    case DType::b8: break;  // never a GEMM operand
   }
   throw InvalidArgument("gemm dtype: expected f32, f16 or bf16");
 }

@@ -12,8 +12,9 @@ size_t dtype_size(DType dtype) {
     case DType::f32: return 4;
     case DType::f16: return 2;
     case DType::bf16: return 2;
+    case DType::b8: return 1;
   }
-  throw InvalidArgument("dtype: expected f32, f16 or bf16, got value " + std::to_string(int(dtype)));
+  throw InvalidArgument("dtype: expected f32, f16, bf16 or b8, got value " + std::to_string(int(dtype)));
 }
 
 const char* to_string(DType dtype) {
@@ -21,6 +22,7 @@ const char* to_string(DType dtype) {
     case DType::f32: return "f32";
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
+    case DType::b8: return "b8";
   }
   return "unknown dtype";
 }

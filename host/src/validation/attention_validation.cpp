@@ -197,9 +197,10 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
 
   if (options.bias) {
     TensorView bias = *options.bias;
-    if (bias.dtype != DType::f32 && bias.dtype != q.dtype) {
+    if (bias.dtype != DType::f32 && bias.dtype != DType::b8 && bias.dtype != q.dtype) {
       const bool known = bias.dtype == DType::f16 || bias.dtype == DType::bf16;
-      fail(function, std::string("options.bias.dtype expected f32 or q.dtype (") + to_string(q.dtype) + "), got " +
+      fail(function, std::string("options.bias.dtype expected f32, b8 (a boolean mask) or q.dtype (") +
+                         to_string(q.dtype) + "), got " +
                          (known ? std::string(to_string(bias.dtype)) : "value " + std::to_string(int(bias.dtype))));
     }
     const std::array<const char*, 4> bias_dims{"batch", "heads", "seq_q", seq_k_name};
@@ -253,7 +254,8 @@ void expect_disjoint(const char* function, const char* name, const ByteRange& ra
 
 void check_view(const char* function, const char* name, const TensorView& view) {
   if (view.dtype != DType::f32 && view.dtype != DType::f16 && view.dtype != DType::bf16) {
-    fail(function, std::string(name) + ".dtype expected f32, f16 or bf16, got value " + std::to_string(int(view.dtype)));
+    fail(function, std::string(name) + ".dtype expected f32, f16 or bf16, got " +
+                       (view.dtype == DType::b8 ? std::string("b8") : "value " + std::to_string(int(view.dtype))));
   }
   for (int i = 0; i < 4; ++i) {
     if (view.shape[i] < 0) fail(function, dim(name, i) + " expected >= 0, got " + std::to_string(view.shape[i]));
@@ -390,9 +392,6 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
   if (batch > 0 && cu_seqlens_k == nullptr) fail(function, "cu_seqlens_k expected non-null (batch > 0), got null");
   expect_aligned(function, "cu_seqlens_q", cu_seqlens_q, alignof(int32_t));
   expect_aligned(function, "cu_seqlens_k", cu_seqlens_k, alignof(int32_t));
-  if (options.key_lengths != nullptr) {
-    fail(function, "options.key_lengths expected null (varlen sequences carry their own lengths in cu_seqlens_k), got a pointer");
-  }
   check_lse(function, options, q.heads() * q.seq(), q, k, v, out, true);
   check_key_lengths(function, options, batch, q.heads() * q.seq(), out, true);
   // The offsets are read while out and lse are written: they must not lie in either.

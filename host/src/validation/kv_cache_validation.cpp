@@ -62,11 +62,17 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
   shape.num_pages = int(cache.k.batch());
   shape.page_size = int(cache.k.seq());
   if (cache.paged()) {
+    if (cache.batch_index != nullptr) {
+      fail(function, "cache.batch_index expected null with a block table (the table maps sequences to pages), got a "
+                     "pointer");
+    }
     if (cache.max_pages_per_seq < 1) fail(function, "cache.max_pages_per_seq expected >= 1, got " + str(cache.max_pages_per_seq));
     if (shape.page_size < 1) fail(function, "cache.k.shape[2] (page_size) expected >= 1, got " + str(shape.page_size));
     shape.max_pages_per_seq = cache.max_pages_per_seq;
   } else {
-    expect_equal(function, "cache.batch", cache.k.batch(), "cache.k.shape[0], a contiguous cache", cache.batch);
+    if (cache.batch_index == nullptr) {
+      expect_equal(function, "cache.batch", cache.k.batch(), "cache.k.shape[0], a contiguous cache", cache.batch);
+    }
     if (cache.max_pages_per_seq != 0 && cache.max_pages_per_seq != 1) {
       fail(function, "cache.max_pages_per_seq expected 0 or 1 (contiguous cache: block_table is null), got " +
                          str(cache.max_pages_per_seq));
@@ -81,6 +87,12 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
   if (shape.batch > 0 && cache.lengths == nullptr) fail(function, "cache.lengths expected non-null, got null");
   expect_aligned(function, "cache.lengths", cache.lengths, alignof(int32_t));
   if (cache.paged()) expect_aligned(function, "cache.block_table", cache.block_table, alignof(int32_t));
+  expect_aligned(function, "cache.batch_index", cache.batch_index, alignof(int32_t));
+  if (shape.batch > 0 && cache.batch_index != nullptr) {
+    const ByteRange index = int_range(cache.batch_index, shape.batch);
+    expect_disjoint(function, "cache.batch_index", index, "cache.k", byte_range(cache.k));
+    expect_disjoint(function, "cache.batch_index", index, "cache.v", byte_range(cache.v));
+  }
   const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
   expect_disjoint(function, "cache.v", v, "cache.k", k);
   const ByteRange lengths = int_range(cache.lengths, shape.batch);
@@ -149,6 +161,8 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
     expect_aligned(function, "options.updated_lengths", options.updated_lengths, alignof(int32_t));
     const ByteRange updated = int_range(options.updated_lengths, shape.batch);
     expect_disjoint(function, "options.updated_lengths", updated, "cache.lengths", int_range(cache.lengths, shape.batch));
+    expect_disjoint(function, "options.updated_lengths", updated, "cache.batch_index",
+                    int_range(cache.batch_index, cache.batch_index ? shape.batch : 0));
     expect_disjoint(function, "options.updated_lengths", updated, "cache.k", k);
     expect_disjoint(function, "options.updated_lengths", updated, "cache.v", v);
     // Written while other blocks read the new tokens and the rotary tables.
@@ -227,6 +241,8 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   expect_disjoint(function, "out", out_range, "cache.k", byte_range(cache.k));
   expect_disjoint(function, "out", out_range, "cache.v", byte_range(cache.v));
   expect_disjoint(function, "out", out_range, "cache.lengths", int_range(cache.lengths, shape.batch));
+  expect_disjoint(function, "out", out_range, "cache.batch_index",
+                  int_range(cache.batch_index, cache.batch_index ? shape.batch : 0));
   if (cache.paged()) {
     expect_disjoint(function, "out", out_range, "cache.block_table",
                     int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
@@ -240,6 +256,8 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
     expect_disjoint(function, "options.lse", lse, "cache.k", byte_range(cache.k));
     expect_disjoint(function, "options.lse", lse, "cache.v", byte_range(cache.v));
     expect_disjoint(function, "options.lse", lse, "cache.lengths", int_range(cache.lengths, shape.batch));
+    expect_disjoint(function, "options.lse", lse, "cache.batch_index",
+                    int_range(cache.batch_index, cache.batch_index ? shape.batch : 0));
     if (cache.paged()) {
       expect_disjoint(function, "options.lse", lse, "cache.block_table",
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
@@ -319,7 +337,11 @@ void check_metadata(const char* function, ContextState& ctx, const KvCache& cach
   if (shape.batch == 0) return;
   std::vector<int32_t> lengths(size_t(shape.batch));
   ctx.device->copy(lengths.data(), cache.lengths, lengths.size() * sizeof(int32_t), /*async=*/false);
-  std::vector<int32_t> table;
+  std::vector<int32_t> table, rows;
+  if (cache.batch_index != nullptr) {
+    rows.resize(size_t(shape.batch));
+    ctx.device->copy(rows.data(), cache.batch_index, rows.size() * sizeof(int32_t), /*async=*/false);
+  }
   if (cache.paged()) {
     table.resize(size_t(shape.batch) * size_t(shape.max_pages_per_seq));
     ctx.device->copy(table.data(), cache.block_table, table.size() * sizeof(int32_t), /*async=*/false);
@@ -332,6 +354,10 @@ void check_metadata(const char* function, ContextState& ctx, const KvCache& cach
       fail(function, entry + " expected <= " + str(int64_t(shape.capacity) - extra_tokens) + " (capacity " +
                          str(shape.capacity) + (extra_tokens ? " - seq_new " + str(extra_tokens) : std::string()) +
                          "), got " + str(length));
+    }
+    if (!rows.empty() && (rows[size_t(b)] < 0 || rows[size_t(b)] >= shape.num_pages)) {
+      fail(function, "cache.batch_index[" + str(b) + "] expected a row in [0, " + str(shape.num_pages) +
+                         ") (cache.k.shape[0]), got " + str(rows[size_t(b)]));
     }
     if (!cache.paged()) continue;
     const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;

@@ -49,8 +49,9 @@ Refused, with a FlashAttnNotSupported naming the argument (none is silently igno
 - dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
 - flash_attn_varlen_func's block_table (a paged KV cache in varlen calls).
-- cache_batch_idx in flash_attn_with_kvcache, and cache_leftpad together with rotary_cos (FlashAttention
-  counts the rotary positions from the left padding, selfattn's append_kv from slot 0).
+- cache_batch_idx with block_table (FlashAttention refuses it too), and cache_leftpad together with
+  rotary_cos (FlashAttention counts the rotary positions from the left padding, selfattn's append_kv
+  from slot 0).
 - flash_attn_with_kvcache with rotary_cos/rotary_sin where FlashAttention places q's rows at other
   positions than selfattn does: FlashAttention rotates q's row i at cache_seqlens + i when the call
   is causal or local and every row at cache_seqlens otherwise; selfattn rotates row i at
@@ -222,12 +223,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens: an int, or int32 [batch]; left as it is (the caller advances it).
     cache_leftpad: int32 [batch]: sequence b's tokens start at cache_leftpad[b] (slots before it are
     padding, never read; selfattn's key_start).
+    cache_batch_idx: int32 [batch]: sequence b's row of a contiguous k_cache and v_cache, which may
+    have more rows than q's batch (selfattn's batch_index).
     Returns out shaped like q, and with return_softmax_lse=True (out, softmax_lse float32 [batch,
     nheads, seqlen_q], +inf for a row without keys). No backward. See the module's doc."""
     name = "flash_attn_with_kvcache"
-    if cache_batch_idx is not None:
-        _refuse(name, "cache_batch_idx is not supported: selfattn reads cache row b for batch b; index the cache "
-                      "(k_cache[idx]) yourself, or use block_table to map sequences onto a shared pool")
+    if cache_batch_idx is not None and block_table is not None:
+        _refuse(name, "cache_batch_idx with block_table is not supported: the block table maps sequences to pages")
     if cache_leftpad is not None and rotary_cos is not None:
         _refuse(name, "cache_leftpad with rotary_cos is not supported: FlashAttention rotates at positions counted "
                       "from the left padding, selfattn's append_kv from the cache's slot 0; rotate q and k yourself")
@@ -249,6 +251,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
             _invalid(name, "block_table expected an int32 tensor [batch, max_blocks_per_seq]")
         capacity = block_table.shape[1] * k_cache.shape[1]
+    elif cache_batch_idx is not None:
+        capacity = k_cache.shape[1]  # sequence b is the cache's row cache_batch_idx[b] (selfattn's batch_index)
     else:
         if k_cache.shape[0] < batch or v_cache.shape[0] < batch:
             _invalid(name, f"k_cache and v_cache expected at least q's batch ({batch}) rows, got "
@@ -275,10 +279,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary = dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=bool(rotary_interleaved))
     with _runtime_errors(name):
         if k is not None:
-            lengths = selfattn.append_kv(k_cache, v_cache, lengths, k, v, block_table=block_table, layout="bshd",
-                                         return_lengths=True, **rotary)
+            lengths = selfattn.append_kv(k_cache, v_cache, lengths, k, v, block_table=block_table,
+                                         batch_index=cache_batch_idx, layout="bshd", return_lengths=True, **rotary)
         result = selfattn.attention_with_kv_cache(
-            q, k_cache, v_cache, lengths, block_table=block_table, layout="bshd",
+            q, k_cache, v_cache, lengths, block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
             causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
             return_lse=bool(return_softmax_lse), num_splits=num_splits, window=window,
             softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes, key_start=cache_leftpad, **rotary)

@@ -13,7 +13,6 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this PyTorch has no torch.distributed with gloo", allow_module_level=True)
 
-import selfattn  # noqa: E402
 from distributed_support import attention_job, generator, judge, same_as_single_device, spawn  # noqa: E402
 
 RING_2 = [
@@ -106,7 +105,35 @@ def test_a_rank_failing_mid_ring_ends_the_others_by_the_timeout(two_ranks):
     assert 4 <= waiting["seconds"] <= 60, waiting
 
 
-def test_the_op_is_registered_for_torch_compile():
-    import selfattn.distributed  # noqa: F401  (registers the ops at import)
-    assert hasattr(torch.ops.selfattn, "ring_attention") and hasattr(torch.ops.selfattn, "ring_attention_backward")
-    assert hasattr(torch.ops.selfattn, "ulysses_all_to_all") and selfattn.attention is not None
+@pytest.fixture
+def group_of_one(tmp_path):
+    """A gloo group of this process alone (world size 1), its name as the ops take it."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield dist.group.WORLD.group_name
+    dist.destroy_process_group()
+
+
+def test_the_ops_pass_opcheck(group_of_one):
+    # Registered at the import of selfattn.distributed (where torch.compile finds them); their schemas,
+    # fake implementations and autograd registrations as torch.library.opcheck checks them, on a
+    # group of one rank (dense bhsd under zigzag with padding, packed documents; with sinks).
+    import selfattn.distributed  # noqa: F401
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("this PyTorch has no torch.library.opcheck")
+    g = generator("opcheck")
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    sinks = torch.tensor([0.5, -float("inf")])
+    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
+    ring, backward = torch.ops.selfattn.ring_attention.default, torch.ops.selfattn.ring_attention_backward.default
+    options = (group_of_one, "bhsd", "zigzag", 7, "top_left", None, 3, 0, None, "auto", False)
+    torch.library.opcheck(ring, (q, k, v, None, *options, sinks), test_utils=utils)
+    out, lse = ring(q, k, v, None, *options, sinks)
+    torch.library.opcheck(backward, (q, k, v, out, torch.randn_like(out), lse, torch.randn_like(lse), None, *options,
+                                     sinks, True), test_utils=utils[:2])
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, heads, dim], strided
+    torch.library.opcheck(ring, (*packed, cu, group_of_one, "bhsd", "contiguous", -1, None, 0.5, -1, -1, 2.0, "auto",
+                                 True, None), test_utils=utils)
+    moves = torch.ops.selfattn.ulysses_all_to_all.default
+    torch.library.opcheck(moves, ([q, k], group_of_one, [2, 2], [1, 1], True, "q,k", "causal=None"),
+                          test_utils=utils)

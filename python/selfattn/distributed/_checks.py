@@ -101,6 +101,8 @@ def ring_setting(function, world, q, k, v, sinks, offsets, layout, sharding, seq
                        f"({world} x {local_len} = {total}), got {seq_len}")
     if causal not in CAUSAL:
         raise _invalid(f"{function}: causal expected None, 'top_left' or 'bottom_right', got {causal!r}")
+    if min(window) < -1:
+        raise _invalid(f"{function}: window expected sides >= -1 (-1: unbounded on that side), got {window}")
     if softcap is not None and not softcap > 0:
         raise _invalid(f"{function}: softcap expected a number > 0 or None, got {softcap!r}")
     if sinks is not None and tuple(sinks.shape) != (heads,):

@@ -63,14 +63,15 @@ def ulysses_attention(q: Any, k: Any, v: Any, *, group: Any = None, sharding: st
 
     # Every row of the sequence, in the ranks' order: put it in the global order, cut the padding.
     total = q.shape[seq_dim]
-    order = torch.cat([positions(total, world, r, sharding) for r in range(world)]).to(q.device)
     if sharding == "zigzag" and (total // world) % 2:
         raise selfattn.InvalidArgument(f"ulysses_attention: q.shape[{seq_dim}] (this rank's rows) expected an even "
                                        f"number under sharding='zigzag', got {total // world}")
     real = offsets[-1] if packed else (total if seq_len is None else int(seq_len))
     if not 0 <= real <= total:
-        raise selfattn.InvalidArgument(f"ulysses_attention: seq_len expected at most the group's rows ({total}), got "
-                                       f"{real}")
+        given = "cu_seqlens[-1]" if packed else "seq_len"
+        raise selfattn.InvalidArgument(f"ulysses_attention: {given} expected at most the group's rows ({total}), "
+                                       f"got {real}")
+    order = torch.cat([positions(total, world, r, sharding) for r in range(world)]).to(q.device)
     if sharding == "zigzag":
         q, k, v = (t.index_select(seq_dim, torch.argsort(order)) for t in (q, k, v))
     q, k, v = (t.narrow(seq_dim, 0, real) for t in (q, k, v))

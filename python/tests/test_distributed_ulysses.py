@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this PyTorch has no torch.distributed with gloo", allow_module_level=True)
+pytest.importorskip("selfattn.distributed")  # it needs torch.library.custom_op (PyTorch 2.4)
 
 from distributed_support import (attention_job, generator, judge, same_as_single_device,  # noqa: E402
                                   single_device_model, spawn)

@@ -15,11 +15,17 @@ does not import this package. It uses selfattn's public API only, and selfattn._
 here (tests/test_import_graph.py): importing this package registers the custom ops, selfattn's own
 and its own, so that torch.compile finds them registered (a traced call cannot register an op).
 """
-from .. import _torch as _package_ops
-from ._ops import ops as _ops
-from ._ring import ring_attention
-from ._sharding import gather, padded_length, positions, shard, unshard
-from ._ulysses import ulysses_attention
+import torch as _torch_module
+
+if not hasattr(_torch_module.library, "custom_op"):
+    raise ImportError(f"selfattn.distributed needs PyTorch 2.4 or later (torch.library.custom_op), found "
+                      f"{_torch_module.__version__}")
+
+from .. import _torch as _package_ops  # noqa: E402
+from ._ops import ops as _ops  # noqa: E402
+from ._ring import ring_attention  # noqa: E402
+from ._sharding import gather, padded_length, positions, shard, unshard  # noqa: E402
+from ._ulysses import ulysses_attention  # noqa: E402
 
 _package_ops.ops()
 _ops()

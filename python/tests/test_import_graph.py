@@ -107,8 +107,9 @@ def public_names():
     raise AssertionError("selfattn/__init__.py has no __all__")
 
 
-def package_imports(tree, depth):
+def package_imports(tree, depth, subpackage="integrations"):
     """(line, what) for each import of selfattn in `tree`, a module `depth` packages below the root
+    (in `subpackage` when depth is 1)
     (relative imports resolved): "selfattn" for the root itself, "selfattn.X" for a module or name X
     taken from it, "selfattn.X.Y..." for anything deeper."""
     found = []
@@ -121,7 +122,7 @@ def package_imports(tree, depth):
             else:
                 if node.level > depth + 1:
                     raise AssertionError(f"line {node.lineno}: an import from above the package")
-                base = [PACKAGE, "integrations"][:depth + 2 - node.level]
+                base = [PACKAGE, subpackage][:depth + 2 - node.level]
                 source = ".".join(base + ([node.module] if node.module else []))
             found += [(node.lineno, f"{source}.{alias.name}") for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -144,7 +145,48 @@ def test_integrations_use_the_public_api_only():
 
 
 def test_the_package_does_not_import_its_integrations():
-    # Importing selfattn stays free of the integrations (and of what they import, torch included).
+    # Importing selfattn stays free of the integrations and of selfattn.distributed (and of what
+    # they import, torch and torch.distributed included).
     for path in sorted(PACKAGE_DIR.glob("*.py")):
         for line, what in package_imports(ast.parse(path.read_text(), str(path)), 0):
-            assert not what.startswith(f"{PACKAGE}.integrations"), f"{path.name}:{line} imports {what}"
+            for subpackage in ("integrations", "distributed"):
+                assert not what.startswith(f"{PACKAGE}.{subpackage}"), f"{path.name}:{line} imports {what}"
+
+
+DISTRIBUTED_DIR = PACKAGE_DIR / "distributed"
+# The one private name selfattn.distributed takes from the root: the package's op registration,
+# called once at its import (a torch.compile'd call cannot register the ops itself).
+DISTRIBUTED_PRIVATE = {f"{PACKAGE}._torch"}
+
+
+def distributed_graph():
+    """{module of selfattn.distributed: its modules that it imports}, and every import it makes of
+    the rest of selfattn, as (file, line, what)."""
+    paths = sorted(DISTRIBUTED_DIR.glob("*.py"))
+    modules = {f"{PACKAGE}.distributed.{p.stem}" for p in paths if p.stem != "__init__"}
+    graph, outside = {}, []
+    for path in paths:
+        name = f"{PACKAGE}.distributed" + ("" if path.stem == "__init__" else f".{path.stem}")
+        graph[name] = set()
+        for line, what in package_imports(ast.parse(path.read_text(), str(path)), 1, "distributed"):
+            own = [m for m in modules if what == m or what.startswith(m + ".")]
+            if own:
+                graph[name].add(own[0])
+            elif not what.startswith(f"{PACKAGE}.distributed."):
+                outside.append((path.name, line, what))
+    return graph, outside
+
+
+def test_distributed_uses_the_public_api_and_no_circle():
+    # selfattn.distributed builds on what a user of selfattn sees (the root and its __all__), as the
+    # integrations do, but for DISTRIBUTED_PRIVATE; its own modules import one another without a
+    # circle (lazy imports inside functions count, as above).
+    public = public_names()
+    graph, outside = distributed_graph()
+    assert len(graph) >= 5 and outside, "selfattn/distributed/*.py not found, or no import of selfattn read"
+    for name, line, what in outside:
+        parts = what.split(".")
+        ok = what == PACKAGE or (len(parts) == 2 and parts[1] in public) or what in DISTRIBUTED_PRIVATE
+        assert ok, f"distributed/{name}:{line} imports {what}: selfattn's public API only (and {DISTRIBUTED_PRIVATE})"
+    circles = cycles(graph)
+    assert not circles, "selfattn.distributed's modules import one another in a circle: " + "; ".join(circles)

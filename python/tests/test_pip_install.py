@@ -1,4 +1,5 @@
-"""`pip install .` into a fresh virtual environment, then import selfattn there, run a call, and find the integrations installed.
+"""`pip install .` into a fresh virtual environment, then import selfattn there, run a call, and find the integrations
+and selfattn.distributed installed.
 
 To stay within a few minutes on two cores it reuses the library this build already compiled:
 `cmake --install BUILD --component library` into a temporary prefix, then `pip install .` with
@@ -49,6 +50,7 @@ def test_pip_install_into_fresh_venv(tmp_path):
              "assert np.allclose(out, 1), out; "
              "assert os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), '_selfattn.pyi')); "
              "assert os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), 'integrations', 'flash_attn.py')); "
+             "assert os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), 'distributed', '_ring.py')); "
              "print(selfattn.__version__, selfattn.__file__)")
     printed = run([python, "-c", check], cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     version, location = printed.split()

@@ -10,7 +10,7 @@ it adds ALiBi into its mask, which therefore always reaches selfattn as a bias).
   eager's softmax runs in float32, where float64's mask value is -inf, so a pad token's row is NaN
   and the next layer carries the NaN into every row.)
 - Greedy generate() gives eager's tokens: a left-padded batch, a batch without padding (decoding
-  past the sliding window), a static cache.
+  past the sliding window), a static cache. torch.compile(fullgraph=True) traces a model whole.
 - The two mask forms (None: selfattn's causal mask and window; else a float32 bias equal to
   transformers' own mask) and what each layer's call passes to selfattn.attention.
 - Refusals, registration, and that importing the adapter imports no transformers.
@@ -147,6 +147,21 @@ def test_greedy_generation_with_a_static_cache_matches_eager(family, prompt, pad
     options = dict(attention_mask=mask[:, :prompt], max_new_tokens=5, do_sample=False, pad_token_id=0,
                    cache_implementation="static")
     assert torch.equal(ours.generate(ids[:, :prompt], **options), eager.generate(ids[:, :prompt], **options))
+
+
+def test_the_model_compiles_into_one_graph_with_either_mask_form(calls, seed):
+    # torch.compile(fullgraph=True) traces the mask function and both forms of the layers' calls
+    # (backend="eager": the graph is traced and run as it is, no code generated, to stay quick).
+    _, ours, _ = build("mistral")
+    ids, mask = batch(PADS)
+    compiled = torch.compile(ours, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        for padding in (None, mask):
+            want = ours(ids, attention_mask=padding).logits
+            calls.clear()
+            got = compiled(ids, attention_mask=padding).logits
+            assert torch.equal(got, want)
+            assert all(("bias" in call) == (padding is not None) for call in calls) and calls
 
 
 # --- the mask function ---

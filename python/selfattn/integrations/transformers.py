@@ -24,9 +24,10 @@ The mask function decides, once per forward pass and mask type, which of two for
   padding, offsets, packed sequences and or/and mask functions all mean what they mean there) and
   passed to every layer as selfattn's ``bias`` with no causal mask or window on top. That covers
   left padding, static caches (q_offset a tensor, kv_length the cache's capacity: the bias hides
-  the slots not written yet), masks under torch.compile (no mask values are read there) and every
-  non-causal (bidirectional) mask. Telling the two apart reads the 2D padding mask once per forward
-  pass and mask type (on a GPU that waits for it, as transformers' sdpa path does).
+  the slots not written yet), a padding mask under torch.compile (its values are not read there)
+  and every non-causal (bidirectional) mask. Telling the two apart reads the 2D padding mask, where
+  there is one, once per forward pass and mask type (on a GPU that waits for it, as transformers'
+  sdpa path does).
 
 Current limitation: selfattn has no boolean mask, key offset or per-sequence query offset yet, so a
 padded batch or a static cache costs a bias of batch * q_length * kv_length float32 per forward
@@ -109,8 +110,8 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
 def _plain_causal(q_length, kv_length, q_offset, kv_offset, padding, local_size, config):
     """Whether the mask is causal="bottom_right" (with the layer's sliding window) over the keys
     the layer gets: see the module's doc."""
-    if torch.compiler.is_compiling() or isinstance(q_offset, torch.Tensor):
-        return False  # reading a mask or a static cache's offset would break the graph, or wait for the GPU
+    if isinstance(q_offset, torch.Tensor):
+        return False  # a static cache's: reading it would break a compiled graph, or wait for the GPU
     if q_offset + q_length != kv_offset + kv_length:
         return False  # the queries do not end at the last key (a static cache's capacity, for one)
     if local_size is not None:
@@ -122,6 +123,8 @@ def _plain_causal(q_length, kv_length, q_offset, kv_offset, padding, local_size,
             return False
     if padding is None:
         return True
+    if torch.compiler.is_compiling():
+        return False  # reading the padding mask's values would break the graph
     keys = padding[:, kv_offset:kv_offset + kv_length]
     return keys.shape[-1] == kv_length and bool(keys.all())
 

@@ -8,7 +8,7 @@ it adds ALiBi into its mask, which therefore always reaches selfattn as a bias).
   TOLERANCE, gradients by whole tensors as in the other torch tests), against eager attention in
   float64 on each sequence alone, with and without a left-padded row. (Not on the padded batch:
   eager's softmax runs in float32, where float64's mask value is -inf, so a pad token's row is NaN
-  and the next layer carries the NaN into every row.)
+  and the next layer carries the NaN into every row.) Sequences packed in one row, likewise.
 - Greedy generate() gives eager's tokens: a left-padded batch, a batch without padding (decoding
   past the sliding window), a static cache. torch.compile(fullgraph=True) traces a model whole.
 - The two mask forms (None: selfattn's causal mask and window; else a float32 bias equal to
@@ -119,6 +119,20 @@ def test_logits_and_gradients_match_eager_in_float64(family, padded, seed):
     assert any("sinks" in n for n in names) == (family == "gpt_oss")
     for name, got, want in zip(names, grads, want_grads):
         assert relative_error(got.double().numpy(), want.numpy(), per_row=False) <= 2 * TOLERANCE["float32"], name
+
+
+def test_packed_sequences_match_each_sequence_alone(seed):
+    # Sequences packed in one row (position_ids restarting at 0, no cache: how flattening collators
+    # train) reach selfattn as transformers' packed mask, a bias.
+    _, ours, reference = build("mistral")
+    ids, _ = batch((0,))
+    starts = (0, 5, LENGTH)
+    positions = torch.cat([torch.arange(end - start) for start, end in zip(starts, starts[1:])])[None]
+    with torch.no_grad():
+        logits = ours(ids, position_ids=positions, use_cache=False).logits[0]
+        for start, end in zip(starts, starts[1:]):
+            want = reference(ids[:, start:end], use_cache=False).logits[0]
+            assert relative_error(logits[start:end].double().numpy(), want.numpy()) <= TOLERANCE["float32"]
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "left_padded"])

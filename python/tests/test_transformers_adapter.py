@@ -332,6 +332,8 @@ def test_refusals(seed):
         adapter.attention_forward(Layer(), q, k, v, None, position_bias=torch.zeros(1, 4, 5, 5))
     with pytest.raises(selfattn.NotAvailable, match="attention_mask of type object"):
         adapter.attention_forward(Layer(), q, k, v, object())
+    with pytest.raises(selfattn.NotAvailable, match="cu_seq_lens_q without a mask"):
+        adapter.attention_forward(Layer(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 2, 5], dtype=torch.int32))
     with pytest.raises(selfattn.InvalidArgument, match="name expected a non-empty str"):
         adapter.register("")
 

@@ -55,8 +55,10 @@ formed: the second value returned is None, as with sdpa and flash attention.
 Refused, never ignored: dropout > 0 (``selfattn.NotAvailable``: the models pass
 ``config.attention_dropout`` while training, and selfattn has no attention dropout; set it to
 0.0), position_bias (NotAvailable: T5-style learned biases, and selfattn computes no gradient for a
-bias), a mask that is not a tensor (NotAvailable: flex attention's BlockMask), and a value head_dim
-other than the query's (selfattn.InvalidArgument from selfattn.attention).
+bias), a mask that is not a tensor (NotAvailable: flex attention's BlockMask), sequence boundaries
+``cu_seq_lens_q`` with no mask (NotAvailable: continuous batching and paged caches; packed
+sequences work through their mask, built when the call has position_ids and no cache), and a value
+head_dim other than the query's (selfattn.InvalidArgument from selfattn.attention).
 """
 from __future__ import annotations
 
@@ -150,6 +152,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if position_bias is not None:
         raise NotAvailable(f"{name}: position_bias is not supported: selfattn computes no gradient for a bias")
     options = dict(scale=scaling, softcap=softcap, sinks=None if s_aux is None else s_aux.float())
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:
+        # Sequence boundaries that only flash attention reads (continuous batching, or a flattening
+        # collator's kwargs while a cache kept transformers from building the packed mask): the
+        # causal mask alone would let the sequences see one another.
+        raise NotAvailable(f"{name}: cu_seq_lens_q without a mask is not supported (continuous batching, paged "
+                           f"caches); for packed sequences pass position_ids and use_cache=False, and transformers "
+                           f"builds their mask")
     if attention_mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         options["causal"] = "bottom_right" if causal else None

@@ -49,7 +49,8 @@ def test_pip_install_into_fresh_venv(tmp_path):
              "q = np.ones((1, 2, 3, 8), np.float32); out = selfattn.attention(q, q, q); "
              "assert np.allclose(out, 1), out; "
              "assert os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), '_selfattn.pyi')); "
-             "assert os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), 'integrations', 'flash_attn.py')); "
+             "assert all(os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), 'integrations', f)) "
+             "for f in ('flash_attn.py', 'transformers.py')); "
              "assert os.path.exists(os.path.join(os.path.dirname(selfattn.__file__), 'distributed', '_ring.py')); "
              "print(selfattn.__version__, selfattn.__file__)")
     printed = run([python, "-c", check], cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})

@@ -11,7 +11,7 @@ it adds ALiBi into its mask, which therefore always reaches selfattn as a bias).
   and the next layer carries the NaN into every row.) Sequences packed in one row, likewise.
 - Greedy generate() gives eager's tokens: a left-padded batch, a batch without padding (decoding
   past the sliding window), a static cache. torch.compile(fullgraph=True) traces a model whole.
-- The two mask forms (None: selfattn's causal mask and window; else a float32 bias equal to
+- The two mask forms (None: selfattn's causal mask and window; else a boolean bias equal to
   transformers' own mask) and what each layer's call passes to selfattn.attention.
 - Refusals, registration, and that importing the adapter imports no transformers.
 
@@ -182,9 +182,8 @@ def test_the_model_compiles_into_one_graph_with_either_mask_form(calls, seed):
 
 
 def transformers_bias(**sizes):
-    """transformers' own boolean mask for these sizes, as 0 / -inf."""
-    seen = sdpa_mask(allow_is_causal_skip=False, **sizes)
-    return torch.where(seen, 0.0, float("-inf"))
+    """transformers' own boolean mask for these sizes (True: seen), what selfattn takes as a bias."""
+    return sdpa_mask(allow_is_causal_skip=False, **sizes)
 
 
 @pytest.mark.parametrize("sizes", [
@@ -223,9 +222,9 @@ def test_mask_is_transformers_own_as_a_bias_elsewhere(case):
         sizes.update(mask_function=bidirectional_mask_function)
         extra.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=True)
     bias = adapter.attention_mask(**sizes, **extra)
-    assert bias.dtype == torch.float32
+    assert bias.dtype == torch.bool  # read by the kernels as bytes, no float copy
     assert torch.equal(bias, transformers_bias(**sizes))
-    assert case == "bidirectional" or bool(torch.isneginf(bias).any())
+    assert case == "bidirectional" or not bool(bias.all())
 
 
 def test_sliding_window_mask_is_none_only_for_the_configs_window():
@@ -265,12 +264,12 @@ def test_each_layer_passes_its_window_softcap_and_kv_heads(calls, padded, seed):
         assert call["q"].shape == (2, LENGTH, 4, 8) and call["k"].shape == call["v"].shape == (2, LENGTH, 2, 8)
         if padded:  # everything in the bias (one per mask type, built once per forward pass)
             assert "causal" not in call and "window" not in call
-            assert call["bias"].shape == (2, 1, LENGTH, LENGTH) and call["bias"].dtype == torch.float32
+            assert call["bias"].shape == (2, 1, LENGTH, LENGTH) and call["bias"].dtype == torch.bool
         else:
             assert "bias" not in call and call["causal"] == "bottom_right"
             assert call.get("window") == ((WINDOW - 1, 0) if layer == 0 else None)
     if padded:  # the sliding layer's bias hides more keys than the full layer's
-        assert torch.isneginf(calls[0]["bias"]).sum() > torch.isneginf(calls[1]["bias"]).sum()
+        assert (~calls[0]["bias"]).sum() > (~calls[1]["bias"]).sum()
 
 
 def test_sinks_and_decoding_without_a_bias(calls, seed):

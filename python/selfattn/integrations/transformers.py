@@ -19,21 +19,22 @@ The mask function decides, once per forward pass and mask type, which of two for
   as transformers' sliding masks have it). No bias is read, so the fused kernel skips the tiles the
   masks hide. That the layer's ``sliding_window`` argument matches the mask type is the model's
   contract, the same one transformers' flash-attention path relies on.
-- Otherwise a float32 bias ``[batch, 1, q_length, kv_length]``, 0 where transformers' mask lets a
-  query see a key and -inf elsewhere, built once from transformers' own mask (``sdpa_mask``, so
+- Otherwise transformers' own boolean mask ``[batch, 1, q_length, kv_length]`` (True where a query
+  sees a key), built once (``sdpa_mask``, so
   padding, offsets, packed sequences and or/and mask functions all mean what they mean there) and
-  passed to every layer as selfattn's ``bias`` with no causal mask or window on top. That covers
+  passed to every layer as selfattn's ``bias`` with no causal mask or window on top: the kernels
+  read it as bytes (selfattn's boolean bias), no float copy. That covers
   left padding, static caches (q_offset a tensor, kv_length the cache's capacity: the bias hides
   the slots not written yet), a padding mask under torch.compile (its values are not read there)
   and every non-causal (bidirectional) mask. Telling the two apart reads the 2D padding mask, where
   there is one, once per forward pass and mask type (on a GPU that waits for it, as transformers'
   sdpa path does).
 
-Current limitation: selfattn has no boolean mask, key offset or per-sequence query offset yet, so a
-padded batch or a static cache costs a bias of batch * q_length * kv_length float32 per forward
-pass, and its tiles are all read. A 4D mask the caller passes in (transformers hands it over
-unchanged) is used as it is when it is float32 or q's dtype (additive), converted once per layer
-call when it is boolean (True: the key is seen) or another float dtype.
+A padded batch or a static cache still costs a mask of batch * q_length * kv_length bytes per
+forward pass whose tiles are all read (selfattn's key_start and q_offset would let the kernels skip
+them, but transformers hands over a mask, not the offsets behind it). A 4D mask the caller passes
+in (transformers hands it over unchanged) is used as it is when it is boolean, float32 or q's dtype
+(additive), converted once per layer call when it is another float dtype.
 
 What attention_forward maps (the arguments transformers' models pass):
 
@@ -62,7 +63,6 @@ head_dim other than the query's (selfattn.InvalidArgument from selfattn.attentio
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -96,17 +96,16 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
                    attention_mask=None, allow_is_causal_skip=True, local_size=None, config=None, **kwargs):
     """transformers' mask function for this implementation (AttentionMaskInterface's signature):
     None where attention_forward's own causal mask and window give the mask exactly, else the
-    float32 bias [batch_size, 1, q_length, kv_length] (0 seen, -inf hidden). See the module's doc."""
+    boolean mask [batch_size, 1, q_length, kv_length] (True: seen). See the module's doc."""
     if allow_is_causal_skip and _plain_causal(q_length, kv_length, q_offset, kv_offset, attention_mask, local_size,
                                               config):
         return None
     from transformers.masking_utils import causal_mask_function, sdpa_mask
     kwargs.pop("allow_is_bidirectional_skip", None)  # a skipped bidirectional mask would read as causal
-    seen = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
                      attention_mask=attention_mask, allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
                      local_size=local_size, config=config, **kwargs)
-    return _bias_from_seen(seen)
 
 
 def _plain_causal(q_length, kv_length, q_offset, kv_offset, padding, local_size, config):
@@ -129,12 +128,6 @@ def _plain_causal(q_length, kv_length, q_offset, kv_offset, padding, local_size,
         return False  # reading the padding mask's values would break the graph
     keys = padding[:, kv_offset:kv_offset + kv_length]
     return keys.shape[-1] == kv_length and bool(keys.all())
-
-
-def _bias_from_seen(seen):
-    """A boolean mask (True: seen) as selfattn's additive float32 bias (0 or -inf)."""
-    zero = torch.zeros((), dtype=torch.float32, device=seen.device)
-    return torch.where(seen, zero, -math.inf)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
@@ -174,12 +167,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
 
 def _as_bias(name, mask, dtype):
-    """A 4D mask as selfattn's bias: as it is when float32 or q's dtype, converted otherwise."""
+    """A 4D mask as selfattn's bias: as it is when boolean, float32 or q's dtype, converted otherwise."""
     if not isinstance(mask, torch.Tensor):
         raise NotAvailable(f"{name}: attention_mask of type {type(mask).__name__} is not supported; a 4D torch "
                            f"tensor (boolean, or additive float) or None is")
-    if mask.dtype == torch.bool:
-        return _bias_from_seen(mask)
-    if mask.dtype in (torch.float32, dtype):
+    if mask.dtype in (torch.bool, torch.float32, dtype):
         return mask
     return mask.float()

@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(con
     const int page = kv_page_of(p.cache, b, position);
     if (page < 0) continue;
     const T* k_row = k_new + int64_t(t) * p.new_stride_row_k;
-    const float k_value = rotary_element(p.rotary, position, e, [&](int j) { return to_float(k_row[j]); });
+    const float k_value =
+        rotary_element(p.rotary, rotary_position(p.rotary, b, start, t), e, [&](int j) { return to_float(k_row[j]); });
     k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<T>(k_value);
     v_cache[kv_v_offset(p.cache, page, head, position) + e] = v_new[int64_t(t) * p.new_stride_row_v + e];
   }

@@ -33,6 +33,10 @@ struct RotaryTables {
   int max_position;
   int rotary_dim;
   bool interleaved;
+  // [batch] or null: row (token) s of sequence b at positions[b] + position_step * s, instead of
+  // the call's own default (rotary_position()).
+  const int32_t* positions;
+  int position_step;
 };
 
 // kv_append: token t of k_new/v_new ([batch, kv_heads, seq_new, d]) goes to position
@@ -66,7 +70,7 @@ struct RotaryRowsParams {
   int64_t in_stride_batch, in_stride_head, in_stride_row;
   int64_t out_stride_batch, out_stride_head, out_stride_row;
   int seq, head_dim;
-  const int32_t* lengths;  // device [batch]
+  const int32_t* lengths;  // device [batch], or null: positions from position_offset alone
   int position_offset;
   RotaryTables rotary;
 };

@@ -7,6 +7,14 @@
 
 SELFATTN_KERNELS_BEGIN
 
+// The position row (token) s of sequence b is rotated at: the caller's positions when given
+// (selfattn::Rotary::positions and position_step), else `default_row0 + s`. 64-bit: any length or
+// position plus the row; rotary_element clamps it to the table.
+__device__ inline int64_t rotary_position(const RotaryTables& r, int b, int64_t default_row0, int s) {
+  if (r.positions == nullptr) return default_row0 + s;
+  return int64_t(r.positions[b]) + int64_t(r.position_step) * s;
+}
+
 template <class Load>
 __device__ inline float rotary_element(const RotaryTables& r, int64_t position, int e, Load load) {
   if (r.cos == nullptr || e >= r.rotary_dim) return load(e);

@@ -39,12 +39,12 @@ from . import _torch
 from ._backward import attention_backward, attention_varlen_backward
 from ._calls import default_context, install_torch_ops
 from ._forward import attention, attention_varlen, self_attention
-from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states
+from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states, rotary_embedding
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
 __all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "self_attention",
-           "append_kv", "attention_with_kv_cache", "merge_states", "cu_seqlens_from_lengths",
+           "append_kv", "attention_with_kv_cache", "merge_states", "cu_seqlens_from_lengths", "rotary_embedding",
            "Context", "default_context", "backends", "paths", "version",
            "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError", "__version__"]
 

@@ -38,7 +38,8 @@ from ._selfattn import Context, InvalidArgument, NotAvailable
 
 def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, *, block_table: Any = None,
               batch_index: Any = None, layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None,
-              rotary_interleaved: bool = False, return_lengths: bool = False, validate_metadata: bool = False,
+              rotary_interleaved: bool = False, rotary_positions: Any = None, rotary_position_step: int = 1,
+              return_lengths: bool = False, validate_metadata: bool = False,
               context: Optional[Context] = None) -> Any:
     """Writes token t of k_new and v_new at position lengths[b] + t of sequence b, in place, across
     page boundaries; lengths itself is not changed.
@@ -50,7 +51,9 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     - k_new, v_new: [batch, kv_heads, seq_new, head_dim] (layout="bshd": [batch, seq_new, kv_heads,
       head_dim]), the cache's dtype and head_dim; they must not overlap the cache
     - rotary_cos, rotary_sin: rotate k_new on the way in (v is never rotated), token t of sequence b
-      at position lengths[b] + t
+      at position lengths[b] + t, or with rotary_positions (int32 [batch]) at rotary_positions[b] +
+      rotary_position_step * t (step 1, or 0: every token at rotary_positions[b]; left padding:
+      positions counted from the first real token, lengths[b] - key_start[b])
     - returns None, or with return_lengths=True a new int32 [batch] array of
       min(lengths[b] + seq_new, capacity): the lengths for the next attention call.
 
@@ -61,18 +64,21 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
                       rotary_sin=rotary_sin)
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
-        cos, sin = _rotary_tables(rotary_cos, rotary_sin, k_new)
+        cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
         updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
-                     layout, cos, sin, bool(rotary_interleaved), bool(validate_metadata))
+                     layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
+                     bool(validate_metadata))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                       return_lengths=return_lengths, validate_metadata=validate_metadata, context=context,
-                      batch_index=batch_index)
+                      batch_index=batch_index, rotary_positions=rotary_positions,
+                      rotary_position_step=rotary_position_step)
 
 
 def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, rotary_cos, rotary_sin,
-               rotary_interleaved, return_lengths, validate_metadata, context, batch_index=None):
+               rotary_interleaved, return_lengths, validate_metadata, context, batch_index=None,
+               rotary_positions=None, rotary_position_step=1):
     """append_kv() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=4)
     arrays.add_output("k_cache", k_cache)
@@ -82,7 +88,7 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     like = arrays["k_new"]
     ctx = _context_for(like, context)
     metadata = _cache_metadata(lengths, block_table, like, batch_index)
-    cos, sin = _rotary_tables(rotary_cos, rotary_sin, like)
+    cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, like, rotary_positions)
     updated = None
     if return_lengths:
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
@@ -90,7 +96,8 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     with _cache_terms(("k_new", "v_new"), layout, block_table):
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
                             *metadata, arrays.dl(as_bhsd(arrays["k_new"])), arrays.dl(as_bhsd(arrays["v_new"])), cos,
-                            sin, bool(rotary_interleaved), updated, bool(validate_metadata), arrays.bf16_as_uint16)
+                            sin, bool(rotary_interleaved), positions, _step(rotary_position_step), updated,
+                            bool(validate_metadata), arrays.bf16_as_uint16)
     return updated
 
 
@@ -98,7 +105,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                             batch_index: Any = None, layout: str = "bhsd", causal: Optional[str] = "bottom_right",
                             scale: Optional[float] = None, path: str = "auto", return_lse: bool = False,
                             out: Any = None, rotary_cos: Any = None, rotary_sin: Any = None,
-                            rotary_interleaved: bool = False, num_splits: int = 0, window: Optional[tuple] = None,
+                            rotary_interleaved: bool = False, rotary_positions: Any = None,
+                            rotary_position_step: int = 1, num_splits: int = 0, window: Optional[tuple] = None,
                             softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                             sinks: Any = None, key_start: Any = None, q_offset: Any = None,
                             validate_metadata: bool = False, context: Optional[Context] = None) -> Any:
@@ -110,7 +118,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     - causal: "bottom_right" (row i of sequence b sees cache tokens j <= lengths[b] - seq_q + i, its
       own position) or None (every cached token); "top_left" has no meaning against a cache
     - rotary_cos, rotary_sin: rotate q, row i at position lengths[b] - seq_q + i (the cache is read as
-      it is)
+      it is), or with rotary_positions (int32 [batch]) at rotary_positions[b] + rotary_position_step * i
+      (0: every row at rotary_positions[b], FlashAttention's q without a causal mask or window)
     - num_splits: the fused path's split of each sequence's keys over blocks (flash-decoding),
       0..4096; 0 lets the library choose
     - window, softcap, alibi_slopes, sinks: as for attention(), row i placed at lengths[b] - seq_q + i;
@@ -133,8 +142,9 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     if bias is None or _arrays.is_torch(bias):
         op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context, out)
     if op is not None:
-        cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
-        options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), num_splits,
+        cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
+        options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), positions,
+                   _step(rotary_position_step), num_splits,
                    *_window_sides(window), _float_or_none("softcap", softcap),
                    _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _int32_or_none("key_start", key_start, q),
                    _int32_or_none("q_offset", q_offset, q), _float32_or_none("sinks", sinks, q),
@@ -148,7 +158,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                     causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
                                     rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                                    rotary_interleaved=rotary_interleaved, num_splits=num_splits, window=window,
+                                    rotary_interleaved=rotary_interleaved, rotary_positions=rotary_positions,
+                                    rotary_position_step=rotary_position_step, num_splits=num_splits, window=window,
                                     softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                     validate_metadata=validate_metadata, context=context, key_start=key_start,
                                     q_offset=q_offset, batch_index=batch_index)
@@ -157,7 +168,7 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
                              alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None,
-                             batch_index=None):
+                             batch_index=None, rotary_positions=None, rotary_position_step=1):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
     arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
@@ -167,15 +178,42 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
     metadata = _cache_metadata(lengths, block_table, q, batch_index)
-    cos, sin = _rotary_tables(rotary_cos, rotary_sin, q)
+    cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     with _cache_terms(("q", "out"), layout, block_table):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                                           arrays.dl(as_bhsd(arrays["out"])), causal, _float_or_none("scale", scale),
-                                          path, lse, cos, sin, bool(rotary_interleaved), num_splits, *mods,
+                                          path, lse, cos, sin, bool(rotary_interleaved), positions,
+                                          _step(rotary_position_step), num_splits, *mods,
                                           bool(validate_metadata), arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
+
+
+def rotary_embedding(x: Any, rotary_cos: Any, rotary_sin: Any, *, positions: Any = None, position_step: int = 1,
+                     interleaved: bool = False, layout: str = "bhsd", out: Any = None,
+                     context: Optional[Context] = None) -> Any:
+    """Rotary position embedding on its own (a model that rotates q and k itself): out = x with the
+    first rotary_dim elements of each row rotated (the module's doc says how), row s of batch b at
+    positions[b] + position_step * s (positions int32 [batch]; None: at s).
+
+    - x: [batch, heads, seq, head_dim] (layout="bshd": [batch, seq, heads, head_dim]), float32,
+      float16 or bfloat16; rotary_cos, rotary_sin: float32 [max_position, rotary_dim / 2]
+    - out: an array shaped like x to write into (it must not overlap x), else a new one; returned.
+    No autograd: torch tensors that require grad are refused (NotAvailable)."""
+    _check_keywords(None, layout, "auto")
+    _refuse_gradients("rotary_embedding", x=x, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out)
+    arrays = _arrays.Arguments(dict(x=x), ndim=4)
+    x = arrays["x"]
+    ctx, out = _context_and_out(arrays, "x", out, context)
+    cos, sin, rows = _rotary_tables(rotary_cos, rotary_sin, x, positions)
+    if cos is None:
+        raise InvalidArgument("rotary_cos and rotary_sin expected arrays, got None")
+    as_bhsd = _arrays.layout_view(layout)
+    with in_caller_terms(dict.fromkeys(("x", "out"), layout_axes(layout))):
+        _selfattn.rotary_embedding(ctx, arrays.dl(as_bhsd(x)), arrays.dl(as_bhsd(arrays["out"])), cos, sin,
+                                   bool(interleaved), rows, _step(position_step), arrays.bf16_as_uint16)
+    return out
 
 
 def merge_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, *, out: Any = None, layout: str = "bhsd",
@@ -274,12 +312,23 @@ def _cache_metadata(lengths, block_table, like, batch_index=None):
             _int32_or_none("batch_index", batch_index, like))
 
 
-def _rotary_tables(cos, sin, like):
+def _rotary_tables(cos, sin, like, positions=None):
+    """rotary_cos, rotary_sin (float32) and rotary_positions (int32 [batch]) where `like` lives."""
     if (cos is None) != (sin is None):
         raise InvalidArgument("rotary_cos and rotary_sin expected both or neither")
     if cos is None:
-        return None, None
-    return _arrays.float32_array("rotary_cos", cos, like=like), _arrays.float32_array("rotary_sin", sin, like=like)
+        if positions is not None:
+            raise InvalidArgument("rotary_positions expected None without rotary_cos and rotary_sin")
+        return None, None, None
+    return (_arrays.float32_array("rotary_cos", cos, like=like), _arrays.float32_array("rotary_sin", sin, like=like),
+            _int32_or_none("rotary_positions", positions, like))
+
+
+def _step(position_step):
+    """rotary_position_step as the library takes it: 1 (consecutive positions) or 0 (one per sequence)."""
+    if isinstance(position_step, bool) or position_step not in (0, 1):
+        raise InvalidArgument(f"rotary_position_step expected 0 or 1, got {position_step!r}")
+    return int(position_step)
 
 
 def _refuse_gradients(function, **named):

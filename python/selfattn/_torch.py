@@ -246,12 +246,13 @@ def _register():
     def append_kv(k_cache: Tensor, v_cache: Tensor, lengths: Tensor, block_table: Optional[Tensor],
                   batch_index: Optional[Tensor], k_new: Tensor, v_new: Tensor, layout: str,
                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
-                  validate_metadata: bool) -> Tensor:
+                  rotary_positions: Optional[Tensor], rotary_position_step: int, validate_metadata: bool) -> Tensor:
         from ._kv_cache import _append_kv
         return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                           return_lengths=True, validate_metadata=validate_metadata, context=None,
-                          batch_index=batch_index)
+                          batch_index=batch_index, rotary_positions=rotary_positions,
+                          rotary_position_step=rotary_position_step)
 
     @append_kv.register_fake
     def _(k_cache, v_cache, lengths, *options):
@@ -260,9 +261,9 @@ def _register():
     @torch.library.custom_op("selfattn::attention_with_kv_cache", mutates_args=())
     def attention_with_kv_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
                                 block_table: Optional[Tensor], batch_index: Optional[Tensor], layout: str,
-                                causal: Optional[str],
-                                scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
-                                rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
+                                causal: Optional[str], scale: Optional[float], path: str,
+                                rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
+                                rotary_positions: Optional[Tensor], rotary_position_step: int, num_splits: int,
                                 window_left: int, window_right: int, softcap: Optional[float],
                                 alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                                 q_offset: Optional[Tensor], sinks: Optional[Tensor],
@@ -271,7 +272,8 @@ def _register():
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                         causal=causal, scale=scale, path=path, return_lse=True, out=None,
                                         rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                                        rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+                                        rotary_interleaved=rotary_interleaved, rotary_positions=rotary_positions,
+                                        rotary_position_step=rotary_position_step, num_splits=num_splits,
                                         window=(window_left, window_right), softcap=softcap,
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                         q_offset=q_offset, validate_metadata=validate_metadata, context=None,
@@ -285,9 +287,10 @@ def _register():
     @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
     def attention_with_kv_cache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
                                     block_table: Optional[Tensor], batch_index: Optional[Tensor], out: Tensor,
-                                    layout: str, causal: Optional[str],
-                                    scale: Optional[float], path: str, rotary_cos: Optional[Tensor],
-                                    rotary_sin: Optional[Tensor], rotary_interleaved: bool, num_splits: int,
+                                    layout: str, causal: Optional[str], scale: Optional[float], path: str,
+                                    rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                                    rotary_interleaved: bool, rotary_positions: Optional[Tensor],
+                                    rotary_position_step: int, num_splits: int,
                                     window_left: int, window_right: int, softcap: Optional[float],
                                     alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                                     key_start: Optional[Tensor], q_offset: Optional[Tensor], sinks: Optional[Tensor],
@@ -296,11 +299,11 @@ def _register():
         result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                           causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
                                           rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                                          rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+                                          rotary_interleaved=rotary_interleaved, rotary_positions=rotary_positions,
+                                          rotary_position_step=rotary_position_step, num_splits=num_splits,
                                           window=(window_left, window_right), softcap=softcap,
                                           alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                                          q_offset=q_offset,
-                                          validate_metadata=validate_metadata, context=None,
+                                          q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                           batch_index=batch_index)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 

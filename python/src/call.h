@@ -268,13 +268,16 @@ KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& 
 selfattn::KvCache kv_cache(const KvCacheArgs& cache);
 
 // Rotary tables: cos and sin, fp32 [max_position, rotary_dim / 2] contiguous each (read from bare
-// pointers, so their shapes are checked here), both or neither.
+// pointers, so their shapes are checked here), both or neither; positions (int32 [batch]) and the
+// step as selfattn::Rotary takes them.
 struct RotaryArgs {
   const Arg *cos, *sin;
   bool interleaved;
+  const Arg* positions;
+  int position_step;
 };
 RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
-                      bool interleaved);
+                      bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch);
 // After staging; nullopt without tables.
 std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables);
 

@@ -61,9 +61,10 @@ selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
 }
 
 RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
-                      bool interleaved) {
+                      bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch) {
   if (bool(cos) != bool(sin)) invalid("rotary_cos and rotary_sin expected both or neither");
-  if (!cos) return {nullptr, nullptr, interleaved};
+  if (positions && !cos) invalid("rotary_positions expected None without rotary_cos and rotary_sin");
+  if (!cos) return {nullptr, nullptr, interleaved, nullptr, position_step};
   const Arg& acos = call.add(Arg("rotary_cos", *cos, false, Holds::vector));
   const Arg& asin = call.add(Arg("rotary_sin", *sin, false, Holds::vector));
   expect_contiguous_float32(acos, cos->dtype());
@@ -77,7 +78,9 @@ RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::
   if (asin.shape != acos.shape) {
     invalid("rotary_sin expected rotary_cos's shape " + shape_text(acos) + ", got " + shape_text(asin));
   }
-  return {&acos, &asin, interleaved};
+  const Arg* apositions = positions ? &call.add(Arg("rotary_positions", *positions, false, Holds::vector)) : nullptr;
+  if (apositions) expect_int32_vector(*apositions, positions->dtype(), batch, "batch");
+  return {&acos, &asin, interleaved, apositions, position_step};
 }
 
 std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
@@ -88,6 +91,8 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
   r.max_position = int(tables.cos->shape[0]);
   r.rotary_dim = int(tables.cos->shape[1] * 2);
   r.interleaved = tables.interleaved;
+  r.positions = tables.positions ? static_cast<const int32_t*>(tables.positions->data) : nullptr;
+  r.position_step = tables.position_step;
   return r;
 }
 
@@ -96,6 +101,7 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
 void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
                std::optional<InArray> block_table, std::optional<InArray> batch_index, InArray k_new, InArray v_new,
                std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
+               std::optional<InArray> rotary_positions, int rotary_position_step,
                std::optional<OutArray> updated_lengths, bool validate_metadata, bool bf16_as_uint16) {
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
@@ -104,7 +110,8 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
                    lengths, block_table, batch_index);
   const Arg& ak = call.add(Arg("k_new", k_new, false, data));
   const Arg& av = call.add(Arg("v_new", v_new, false, data));
-  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
+  const RotaryArgs tables =
+      add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
   const Arg* aupdated =
       updated_lengths ? &call.add(Arg("updated_lengths", *updated_lengths, true, Holds::vector)) : nullptr;
   if (aupdated) expect_int32_vector(*aupdated, updated_lengths->dtype(), cache.batch, "batch");
@@ -121,7 +128,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              std::optional<InArray> block_table, std::optional<InArray> batch_index, OutArray out,
                              std::optional<std::string> causal, std::optional<float> scale, std::string path,
                              std::optional<OutArray> lse, std::optional<InArray> rotary_cos,
-                             std::optional<InArray> rotary_sin, bool rotary_interleaved, int num_splits,
+                             std::optional<InArray> rotary_sin, bool rotary_interleaved,
+                             std::optional<InArray> rotary_positions, int rotary_position_step, int num_splits,
                              int window_left, int window_right, std::optional<float> softcap,
                              std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
                              std::optional<InArray> sinks, std::optional<InArray> key_start,
@@ -135,7 +143,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
       add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data)), call.add(Arg("v_cache", v_cache, false, data)),
                    lengths, block_table, batch_index);
   const Arg& aout = call.add(Arg("out", out, true, data));
-  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved);
+  const RotaryArgs tables =
+      add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(aq);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
@@ -165,6 +174,19 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
 }
 
 // lse_a, lse_b and lse_out: fp32 [batch, heads, seq] contiguous, as the library reads them.
+void rotary_embedding(BoundContext& context, InArray x, OutArray out, InArray rotary_cos, InArray rotary_sin,
+                      bool rotary_interleaved, std::optional<InArray> rotary_positions, int rotary_position_step,
+                      bool bf16_as_uint16) {
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& ax = call.add(Arg("x", x, false, data));
+  const Arg& aout = call.add(Arg("out", out, true, data));
+  const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions,
+                                       rotary_position_step, ax.ndim == 4 ? ax.shape[0] : 0);
+  run_call(context, call,
+           [&] { selfattn::rotary_embedding(call.ctx(), tensor_view(ax), tensor_view(aout), *rotary(tables)); });
+}
+
 void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray out_b, InArray lse_b, OutArray out,
                   std::optional<OutArray> lse_out, bool bf16_as_uint16) {
   const Holds data = data_kind(bf16_as_uint16);

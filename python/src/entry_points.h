@@ -51,16 +51,21 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
 void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
                std::optional<InArray> block_table, std::optional<InArray> batch_index, InArray k_new, InArray v_new,
                std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
+               std::optional<InArray> rotary_positions, int rotary_position_step,
                std::optional<OutArray> updated_lengths, bool validate_metadata, bool bf16_as_uint16);
 void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
                              std::optional<InArray> block_table, std::optional<InArray> batch_index, OutArray out,
                              std::optional<std::string> causal, std::optional<float> scale, std::string path,
                              std::optional<OutArray> lse, std::optional<InArray> rotary_cos,
-                             std::optional<InArray> rotary_sin, bool rotary_interleaved, int num_splits,
+                             std::optional<InArray> rotary_sin, bool rotary_interleaved,
+                             std::optional<InArray> rotary_positions, int rotary_position_step, int num_splits,
                              int window_left, int window_right, std::optional<float> softcap,
                              std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
                              std::optional<InArray> sinks, std::optional<InArray> key_start,
                              std::optional<InArray> q_offset, bool validate_metadata, bool bf16_as_uint16);
+void rotary_embedding(BoundContext& context, InArray x, OutArray out, InArray rotary_cos, InArray rotary_sin,
+                      bool rotary_interleaved, std::optional<InArray> rotary_positions, int rotary_position_step,
+                      bool bf16_as_uint16);
 void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray out_b, InArray lse_b, OutArray out,
                   std::optional<OutArray> lse_out, bool bf16_as_uint16);
 void cu_seqlens_from_lengths(BoundContext& context, InArray lengths, OutArray cu_seqlens);

@@ -119,17 +119,23 @@ NB_MODULE(_selfattn, m) {
   m.def("append_kv", &append_kv, nb::arg("context"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("lengths"),
         nb::arg("block_table").none(), nb::arg("batch_index").none(), nb::arg("k_new"), nb::arg("v_new"),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
-        nb::arg("updated_lengths").none(), nb::arg("validate_metadata"), nb::arg("bf16_as_uint16"),
+        nb::arg("rotary_positions").none(), nb::arg("rotary_position_step"), nb::arg("updated_lengths").none(),
+        nb::arg("validate_metadata"), nb::arg("bf16_as_uint16"),
         "Low level: every array as a [batch or pages, kv_heads, seq, head_dim] view. Use selfattn.append_kv().");
   m.def("attention_with_kv_cache", &attention_with_kv_cache, nb::arg("context"), nb::arg("q"), nb::arg("k_cache"),
         nb::arg("v_cache"), nb::arg("lengths"), nb::arg("block_table").none(), nb::arg("batch_index").none(),
         nb::arg("out"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("lse").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
-        nb::arg("num_splits"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(),
-        nb::arg("q_offset").none(), nb::arg("validate_metadata"), nb::arg("bf16_as_uint16"),
+        nb::arg("rotary_positions").none(), nb::arg("rotary_position_step"), nb::arg("num_splits"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
+        nb::arg("validate_metadata"), nb::arg("bf16_as_uint16"),
         "Low level: q, out and the cache as [batch or pages, heads, seq, head_dim] views. Use "
         "selfattn.attention_with_kv_cache().");
+  m.def("rotary_embedding", &rotary_embedding, nb::arg("context"), nb::arg("x"), nb::arg("out"), nb::arg("rotary_cos"),
+        nb::arg("rotary_sin"), nb::arg("rotary_interleaved"), nb::arg("rotary_positions").none(),
+        nb::arg("rotary_position_step"), nb::arg("bf16_as_uint16"),
+        "Low level: x, out as [batch, heads, seq, head_dim] views. Use selfattn.rotary_embedding().");
   m.def("merge_states", &merge_states, nb::arg("context"), nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"),
         nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(), nb::arg("bf16_as_uint16"),
         "Low level: the outs as [batch, heads, seq, head_dim] views. Use selfattn.merge_states().");

@@ -356,25 +356,34 @@ def rotate(x, cos, sin, positions, interleaved):
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
-@pytest.mark.parametrize("seqlen,causal,window_size", [(3, True, (-1, -1)), (1, False, (-1, -1)),
-                                                       (2, False, (4, 0))])
-def test_kvcache_rotary_where_positions_agree(interleaved, seqlen, causal, window_size):
+@pytest.mark.parametrize("seqlen_q,seqlen_new,causal,window_size,leftpad", [
+    (3, 3, True, (-1, -1), False), (1, 1, False, (-1, -1), False), (2, 2, False, (4, 0), False),
+    (3, 3, False, (-1, -1), False),   # not causal or local: FlashAttention rotates every q row at cache_seqlens
+    (3, 1, True, (-1, -1), False),    # 3 rows over 1 new token: q's rows at cache_seqlens + i
+    (2, 2, True, (-1, -1), True)])    # left padding: positions counted from the first real token
+def test_kvcache_rotary_at_flash_attentions_positions(interleaved, seqlen_q, seqlen_new, causal, window_size, leftpad):
     k_cache, v_cache = cache(39, 2, 16)
-    before_k = k_cache.clone()
     g = torch.Generator().manual_seed(40)
     angles = torch.arange(16)[:, None] * torch.rand(1, 8, generator=g)  # rotary_dim 16 of 32
     cos, sin = torch.cos(angles), torch.sin(angles)
-    q, k, v = qkv(41, 2, seqlen, seqlen)
+    q, k, v = qkv(41, 2, seqlen_q, seqlen_new)
     seqlens = torch.tensor([4, 10], dtype=torch.int32)
+    pads = torch.tensor([3, 1] if leftpad else [0, 0], dtype=torch.int32)
+    before_k = k_cache.clone()
     out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, seqlens, causal=causal,
-                                  window_size=window_size, rotary_interleaved=interleaved)
-    positions = seqlens[:, None].long() + torch.arange(seqlen)[None, :]  # FlashAttention's, both q and k
-    k_rotated = rotate(k, cos, sin, positions, interleaved)
+                                  window_size=window_size, rotary_interleaved=interleaved,
+                                  cache_leftpad=pads if leftpad else None)
+    first = (seqlens - pads)[:, None].long()
+    k_positions = first + torch.arange(seqlen_new)[None, :]
+    rows_own_position = causal or window_size != (-1, -1)
+    q_positions = first + (torch.arange(seqlen_q)[None, :] if rows_own_position else 0 * torch.arange(seqlen_q))
+    k_rotated = rotate(k, cos, sin, k_positions, interleaved)
     for b, n in enumerate(seqlens.tolist()):
-        before_k[b, n:n + seqlen] = k_rotated[b].float()
+        before_k[b, n:n + seqlen_new] = k_rotated[b].float()
     assert_close(k_cache, before_k.double(), "float32")
-    want, _ = reference(rotate(q, cos, sin, positions, interleaved), k_cache, v_cache, causal=causal,
-                        window_size=window_size, key_lengths=seqlens + seqlen)
+    want, _ = reference(rotate(q, cos, sin, q_positions, interleaved), k_cache, v_cache, causal=causal,
+                        window_size=window_size, key_lengths=seqlens + seqlen_new,
+                        key_starts=pads if leftpad else None)
     assert_close(out, want, "float32")
 
 
@@ -387,7 +396,6 @@ def test_refusals_are_runtime_errors_naming_the_argument():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     k_cache, v_cache = cache(52, 1, 8)
     seqlens = torch.tensor([2], dtype=torch.int32)
-    cos = sin = torch.ones(16, 8)
     cases = [
         (lambda: flash_attn_func(q, k, v, dropout_p=0.1), "dropout_p"),
         (lambda: flash_attn_func(q, k, v, return_attn_probs=True), "return_attn_probs"),
@@ -396,13 +404,6 @@ def test_refusals_are_runtime_errors_naming_the_argument():
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, block_table=cu[None]), "block_table"),
         (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=seqlens * 0,
                                          block_table=seqlens[None] * 0), "cache_batch_idx"),
-        (lambda: flash_attn_with_kvcache(q.detach(), k_cache, v_cache, k, v, cos, sin, seqlens, causal=True,
-                                         cache_leftpad=seqlens * 0), "cache_leftpad"),
-        # Not causal, 3 rows: FlashAttention rotates them all at cache_seqlens.
-        (lambda: flash_attn_with_kvcache(q.detach(), k_cache, v_cache, k, v, cos, sin, seqlens), "rotary_cos"),
-        # Causal, but 3 query rows over 1 new token: the rows' positions differ.
-        (lambda: flash_attn_with_kvcache(q.detach(), k_cache, v_cache, k[:, :1], v[:, :1], cos, sin, seqlens,
-                                         causal=True), "rotary_cos"),
     ]
     for call, argument in cases:
         with pytest.raises(FlashAttnNotSupported, match=argument) as caught:

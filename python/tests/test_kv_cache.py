@@ -146,6 +146,39 @@ def test_rotary_embedding(rng, interleaved):
         assert relative_error(out, want) <= TOLERANCE["float32"], path
 
 
+@pytest.mark.parametrize("step", [1, 0])
+def test_rotary_at_the_callers_positions(rng, step):
+    # rotary_positions: k_new's token t at positions[b] + t; q's row i at positions[b] + step * i;
+    # rotary_embedding() rotating the same rows on its own agrees with both.
+    batch, heads, capacity, dim, rotary_dim, seq_new = 2, 2, 10, 16, 8, 3
+    cos, sin = rotary_tables(rng, 16, rotary_dim)
+    k_cache, v_cache = (random(rng, (batch, heads, capacity, dim), "float32") for _ in range(2))
+    lengths, positions = np.array([2, 7], np.int32), np.array([0, 5], np.int32)  # left padding 2 in each
+    k_new, v_new = (random(rng, (batch, heads, seq_new, dim), "float32") for _ in range(2))
+    updated = selfattn.append_kv(k_cache, v_cache, lengths, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                 rotary_positions=positions, return_lengths=True)
+    alone = selfattn.rotary_embedding(k_new, cos, sin, positions=positions)
+    for b in range(batch):
+        want_k = rope(k_new[b], positions[b] + np.arange(seq_new), cos, sin, False)
+        np.testing.assert_allclose(k_cache[b, :, lengths[b]:lengths[b] + seq_new], want_k, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(alone[b], want_k, rtol=1e-6, atol=1e-6)
+    q = random(rng, (batch, heads, seq_new, dim), "float32")
+    rows = lambda b: positions[b] + step * np.arange(seq_new)
+    rotated_q = np.stack([rope(q[b], rows(b), cos, sin, False) for b in range(batch)])
+    want, _ = reference(rotated_q, k_cache, v_cache, "bottom_right", key_lengths=updated)
+    for path in paths():
+        out = selfattn.attention_with_kv_cache(q, k_cache, v_cache, updated, rotary_cos=cos, rotary_sin=sin,
+                                               rotary_positions=positions, rotary_position_step=step, path=path)
+        assert relative_error(out, want) <= TOLERANCE["float32"], path
+    bshd = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # the standalone call in the other layout
+    q_alone = selfattn.rotary_embedding(bshd, cos, sin, positions=positions, position_step=step, layout="bshd")
+    np.testing.assert_allclose(q_alone.transpose(0, 2, 1, 3), rotated_q, rtol=1e-6, atol=1e-6)
+    with pytest.raises(selfattn.InvalidArgument, match="rotary_position_step expected 0 or 1"):
+        selfattn.rotary_embedding(q, cos, sin, position_step=2)
+    with pytest.raises(selfattn.InvalidArgument, match="out expected not to overlap x"):
+        selfattn.rotary_embedding(q, cos, sin, out=q)
+
+
 @pytest.mark.parametrize("causal", [None, "bottom_right"])
 def test_modifiers_and_splits(rng, causal):
     # Window, softcap, per-batch ALiBi and a bias over cache positions (masking one key of one

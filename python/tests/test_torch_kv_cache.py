@@ -64,9 +64,8 @@ def test_a_decode_step_compiles_whole(torch_device):
         pool = torch.empty(9, 2, 4, 16)
         cu = torch.empty(3, dtype=torch.int32)
         out, lse = torch.ops.selfattn.attention_with_kv_cache(fake_q, pool, pool, cu, None, None, "bhsd",
-                                                              "bottom_right", None, "auto", None, None, False, 0, -1,
-                                                              -1, None, None,
-                                                              None, None, None, None, False)
+                                                              "bottom_right", None, "auto", None, None, False, None, 1,
+                                                              0, -1, -1, None, None, None, None, None, None, False)
         assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)
 
 

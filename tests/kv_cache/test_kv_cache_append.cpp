@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -20,8 +21,11 @@ using namespace kv_test;
 
 // append_kv writes exactly the new tokens' rows (checked element by element against the reference,
 // every other byte of the pool unchanged), across page boundaries, and attention then sees them.
+// With rotary `positions` ([batch], Rotary::positions), token t of sequence b is rotated at
+// positions[b] + t on the way in, and q's row i at positions[b] + q_step * i.
 ::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,
-                                                    std::optional<std::pair<int, bool>> rotary_spec, Path path) {
+                                                    std::optional<std::pair<int, bool>> rotary_spec, Path path,
+                                                    const std::vector<int32_t>& positions = {}, int q_step = 1) {
   AttendCase c = attend(spec, heads, seq_new);
   c.rotary = rotary_spec;
   const std::string name = "append " + c.name() + " new" + std::to_string(seq_new);
@@ -30,6 +34,12 @@ using namespace kv_test;
   std::optional<TestRotary> rotary;
   if (rotary_spec) {
     rotary = make_rotary(ctx, rotary_rows_for(cache.image, seq_new), rotary_spec->first, rotary_spec->second, rng);
+  }
+  DeviceBuffer<int32_t> rotary_positions(ctx, std::max<size_t>(positions.size(), 1), "rotary positions");
+  if (rotary && !positions.empty()) {
+    rotary_positions.copy_from_host(positions);
+    rotary->view.positions = rotary_positions.data();
+    rotary->table.positions = positions;
   }
   Tensor k_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng, kNewKeysLayout);
   Tensor v_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng, kNewValuesLayout);
@@ -107,6 +117,7 @@ using namespace kv_test;
   cache.image.v = download_pool(cache, 1);
   cache.image.lengths = new_lengths;
   cache.view.lengths = updated.data();
+  if (rotary && !positions.empty()) rotary->view.position_step = rotary->table.position_step = q_step;
   return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
 }
 
@@ -155,6 +166,16 @@ TEST(KvCacheAppend, RotaryOnKeysAndQueries) {
 // kv_append writes KvAppendTraits::kRowsPerBlock new tokens per block: seq_new one below, at and
 // one above a block's rows, the new tokens ending in the last page (one sequence exactly at the
 // capacity, one a token past it: that token dropped), K rotated up to the tables' last row.
+// Rotary at the caller's positions (Rotary::positions): new tokens at positions[b] + t (left
+// padding: counted from the first real token), q's rows at positions[b] + i, or all at positions[b]
+// (position_step 0, FlashAttention's q when a call is neither causal nor local).
+TEST(KvCacheAppend, RotaryAtTheCallersPositions) {
+  Context ctx;
+  const CacheSpec spec = paged(DType::f16, 3, 2, 64, 16, 3, {9, 0, 20});
+  EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 3, std::pair{64, false}, Path::fused, {3, 0, 15}, 1));
+  EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 3, std::pair{32, true}, Path::naive, {5, 2, 0}, 0));
+}
+
 TEST(KvCacheAppend, NewTokensAroundEachBlock) {
   Context ctx;
   constexpr int kRows = kernels::KvAppendTraits::kRowsPerBlock;
@@ -180,6 +201,71 @@ TEST(KvCacheAppend, TokensWithoutElementsStillAdvanceUpdatedLengths) {
     options.updated_lengths = updated.data();
     append_kv(ctx, KvCache::contiguous(cache_k, cache_k, lengths.data()), k_new, k_new, options);
     EXPECT_EQ(updated.to_host(), (std::vector<int32_t>{8, 16})) << "kv_heads " << kv_heads << ", head_dim " << head_dim;
+  }
+}
+
+// rotary_embedding on its own: every element against the reference's rotation (rounded once to
+// the dtype), at positions[b] + step * s or at s; both pair layouts, rotary_dim below head_dim
+// (the rest copied exactly), each tensor its own layout; then the checks.
+TEST(RotaryEmbedding, AgainstTheReference) {
+  Context ctx;
+  struct Case {
+    DType dtype;
+    int batch, heads, seq, d, rotary_dim;
+    bool interleaved;
+    std::vector<int32_t> positions;
+    int step;
+  };
+  for (const Case& c :
+       {Case{DType::f16, 2, 3, 7, 64, 64, false, {}, 1}, Case{DType::bf16, 3, 2, 5, 32, 16, true, {4, 0, 30}, 1},
+        Case{DType::f32, 2, 1, 6, 8, 6, false, {2, 9}, 0}}) {
+    std::mt19937_64 rng = rng_for("rotary_embedding " + std::to_string(int(c.dtype)));
+    const Tensor x = random_tensor(ctx, c.dtype, c.batch, c.heads, c.seq, c.d, rng, kQueryLayout);
+    const Output out = poisoned_output(ctx, c.dtype, c.batch, c.heads, c.seq, c.d, kOutLayout);
+    TestRotary rotary = make_rotary(ctx, 40, c.rotary_dim, c.interleaved, rng);
+    DeviceBuffer<int32_t> positions(ctx, std::max<size_t>(c.positions.size(), 1), "positions");
+    if (!c.positions.empty()) {
+      positions.copy_from_host(c.positions);
+      rotary.view.positions = positions.data();
+      rotary.table.positions = c.positions;
+    }
+    rotary.view.position_step = rotary.table.position_step = c.step;
+    rotary_embedding(ctx, x.view, out.view, rotary.view);
+    ctx.synchronize();
+    std::vector<float> got;
+    ASSERT_TRUE(download_output("rotary_embedding out", out.device, out.view, got));
+    std::vector<double> want = x.values;
+    testing::Expected judged = exact_copy(want);
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < c.heads; ++h)
+        for (int s = 0; s < c.seq; ++s) {
+          const size_t row = ((size_t(b) * c.heads + h) * c.seq + size_t(s)) * size_t(c.d);
+          std::vector<double> rotated(x.values.begin() + long(row), x.values.begin() + long(row) + c.d);
+          reference::rotate_row(rotated.data(), c.d, int(rotary.table.position(b, 0, s)), rotary.table);
+          for (int e = 0; e < c.rotary_dim; ++e) {  // rounded once from fp32 (see check_append_then_attend)
+            judged.exact[row + size_t(e)] = rotated[size_t(e)];
+            judged.allowed[row + size_t(e)] = round_to(c.dtype, float(rotated[size_t(e)]));
+            const int partner =
+                c.interleaved ? e ^ 1 : (e < c.rotary_dim / 2 ? e + c.rotary_dim / 2 : e - c.rotary_dim / 2);
+            judged.scale[row + size_t(e)] =
+                std::sqrt(2.0) * std::hypot(x.values[row + size_t(e)], x.values[row + size_t(partner)]);
+            judged.floor[row + size_t(e)] = testing::rounding_floor(c.dtype, 4, judged.scale[row + size_t(e)]);
+          }
+        }
+    EXPECT_TRUE(judge_values("rotary_embedding", got, judged));
+  }
+  // The checks: out over x, a position step of 2.
+  std::mt19937_64 rng = rng_for("rotary_embedding checks");
+  const Tensor x = random_tensor(ctx, DType::f16, 1, 1, 4, 16, rng, kQueryLayout);
+  TestRotary rotary = make_rotary(ctx, 8, 16, false, rng);
+  EXPECT_THROW(rotary_embedding(ctx, x.view, x.view, rotary.view), InvalidArgument);
+  const Output out = poisoned_output(ctx, DType::f16, 1, 1, 4, 16, kOutLayout);
+  rotary.view.position_step = 2;
+  try {
+    rotary_embedding(ctx, x.view, out.view, rotary.view);
+    ADD_FAILURE() << "position_step 2 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rotary.position_step expected 0 or 1, got 2"), std::string::npos) << e.what();
   }
 }
 

@@ -310,7 +310,8 @@ inline testing::AttentionExpected expected_kv_attention(const reference::Problem
     for (int b = 0; b < problem.batch; ++b)
       for (int row = 0; row < problem.heads * problem.seq_q; ++row) {
         double* values = q_stored.data() + size_t(b) * per_batch + size_t(row) * d;
-        reference::rotate_row(values, problem.head_dim, cache.length(b) - problem.seq_q + row % problem.seq_q, *rotary);
+        reference::rotate_row(values, problem.head_dim,
+                              int(rotary->position(b, cache.length(b) - problem.seq_q, row % problem.seq_q)), *rotary);
         for (size_t e = 0; e < d; ++e) values[e] = round_to(dtype, float(values[e]));
       }
   }

@@ -86,13 +86,23 @@ struct KvCache {
 // by the angle of the row's position, the rest pass through. Pairs are (2i, 2i+1) when interleaved
 // (GPT-J style), (i, i + rotary_dim/2) otherwise (half-split, GPT-NeoX style):
 //   x'_a = x_a cos - x_b sin,  x'_b = x_a sin + x_b cos   (in fp32, rounded once to the dtype).
-// A position outside [0, max_position) (only possible with wrong device lengths) uses the nearest row.
+// A position outside [0, max_position) (only possible with wrong device lengths or positions)
+// uses the nearest row.
 struct Rotary {
   const float* cos = nullptr;
   const float* sin = nullptr;
   int max_position = 0;
   int rotary_dim = 0;  // even, 2..head_dim
   bool interleaved = false;
+  // Where rows are rotated. Device int32 [batch] or null: row (token) s of sequence b at
+  // positions[b] + position_step * s; null: the call's own rule (append_kv: the token's slot,
+  // lengths[b] + s; attention_with_kv_cache: the row's place at the end of the cache,
+  // lengths[b] - seq_q + s; rotary_embedding: s). position_step is 1 (consecutive rows) or 0 (every
+  // row of a sequence at positions[b]: FlashAttention's rotary for q when a call is neither causal
+  // nor local). With left padding (key_start) the positions of the first real token is 0: pass
+  // lengths[b] - key_start[b] here, as FlashAttention's cache_leftpad does.
+  const int32_t* positions = nullptr;
+  int position_step = 1;
 };
 
 struct AppendKvOptions {
@@ -183,6 +193,13 @@ struct KvAttentionOptions {
 // exceeds the limit. No query row or no cache slot (capacity 0) counts nothing.
 void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
                              const KvAttentionOptions& options = {});
+
+// Rotary position embedding on its own (for a model that rotates q and k itself, say before
+// attention() or attention_varlen()): out[b, h, s] = x[b, h, s] with its first rotary.rotary_dim
+// elements rotated at rotary.positions[b] + rotary.position_step * s (positions null: at s).
+// x, out: [batch, heads, seq, head_dim] of one dtype, any strides (head_dim's 1); out must not
+// overlap x (each element is computed from itself and its partner). Uses no workspace.
+void rotary_embedding(Context& ctx, const TensorView& x, const TensorView& out, const Rotary& rotary);
 
 // Merges two attention results over disjoint key sets of the same query rows into the result over
 // their union: with m = max(lse_a, lse_b), w_x = exp(lse_x - m),

@@ -116,6 +116,13 @@ struct RotaryTable {
   std::vector<double> cos, sin;
   int max_position = 0, rotary_dim = 0;
   bool interleaved = false;
+  std::vector<int32_t> positions;  // empty, or [batch]: selfattn::Rotary::positions
+  int position_step = 1;
+  // Where row s of sequence b is rotated: positions[b] + position_step * s, or without positions
+  // the call's default_row0 + s (selfattn::Rotary).
+  int64_t position(int b, int64_t default_row0, int s) const {
+    return positions.empty() ? default_row0 + s : int64_t(positions[size_t(b)]) + int64_t(position_step) * s;
+  }
 };
 
 // Rotates the first rotary_dim elements of one row at `position` (clamped to the table's rows).

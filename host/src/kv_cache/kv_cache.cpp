@@ -61,8 +61,9 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
 }
 
 kernels::RotaryTables rotary_tables(const std::optional<Rotary>& rotary) {
-  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false};
-  return kernels::RotaryTables{rotary->cos, rotary->sin, rotary->max_position, rotary->rotary_dim, rotary->interleaved};
+  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false, nullptr, 1};
+  return kernels::RotaryTables{rotary->cos,         rotary->sin,       rotary->max_position, rotary->rotary_dim,
+                               rotary->interleaved, rotary->positions, rotary->position_step};
 }
 
 kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t heads, int64_t batch) {
@@ -344,6 +345,28 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
   params.capacity = shape.capacity;
   state.device->launch(gather.kernel, rows_grid(gather, shape.capacity, shape.kv_heads, shape.batch), &params);
   detail::run_planned(state, planned, workspace + reserved);
+}
+
+void rotary_embedding(Context& ctx, const TensorView& x, const TensorView& out, const Rotary& rotary) {
+  ContextState& state = ctx.state();
+  detail::validate_rotary_embedding(x, out, rotary);
+  if (x.numel() == 0) return;
+  const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, x.dtype);
+  kernels::RotaryRowsParams params{};
+  params.in = x.data;
+  params.out = out.data;
+  params.in_stride_batch = x.strides[0];
+  params.in_stride_head = x.strides[1];
+  params.in_stride_row = x.strides[2];
+  params.out_stride_batch = out.strides[0];
+  params.out_stride_head = out.strides[1];
+  params.out_stride_row = out.strides[2];
+  params.seq = int(x.seq());
+  params.head_dim = int(x.head_dim());
+  params.lengths = nullptr;  // positions[b] + step * s, or s
+  params.position_offset = 0;
+  params.rotary = rotary_tables(rotary);
+  state.device->launch(rotate.kernel, rows_grid(rotate, x.seq(), x.heads(), x.batch()), &params);
 }
 
 void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,

@@ -221,7 +221,7 @@ void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std:
         if (page < 0) continue;  // past the capacity or a page outside the pool: dropped
         const size_t source = ((size_t(b) * cache.kv_heads + h) * seq_new + t) * d;
         std::copy(k_new.begin() + long(source), k_new.begin() + long(source + d), row.begin());
-        if (rotary) rotate_row(row.data(), cache.head_dim, start + t, *rotary);
+        if (rotary) rotate_row(row.data(), cache.head_dim, int(rotary->position(b, start, t)), *rotary);
         const size_t target = cache.offset(page, h, start + t);
         std::copy(row.begin(), row.end(), cache.k.begin() + long(target));
         std::copy(v_new.begin() + long(source), v_new.begin() + long(source + d), cache.v.begin() + long(target));
@@ -285,7 +285,8 @@ Result attention_with_kv_cache(const Problem& problem, const std::vector<double>
     if (rotary) {
       for (size_t row = 0; row < rows_per_sequence; ++row) {
         const int i = int(row % size_t(problem.seq_q));
-        rotate_row(q_b.data() + row * d, problem.head_dim, cache.lengths[size_t(b)] - problem.seq_q + i, *rotary);
+        rotate_row(q_b.data() + row * d, problem.head_dim,
+                   int(rotary->position(b, int64_t(cache.lengths[size_t(b)]) - problem.seq_q, i)), *rotary);
       }
     }
     std::vector<double> k, v;

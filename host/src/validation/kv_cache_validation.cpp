@@ -109,6 +109,10 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
 void check_rotary(const char* function, const char* name, const std::optional<Rotary>& rotary, int head_dim) {
   if (!rotary) return;
   const std::string prefix = name;
+  if (rotary->position_step != 0 && rotary->position_step != 1) {
+    fail(function, prefix + ".position_step expected 0 or 1, got " + str(rotary->position_step));
+  }
+  expect_aligned(function, (prefix + ".positions").c_str(), rotary->positions, alignof(int32_t));
   if (rotary->cos == nullptr) fail(function, prefix + ".cos expected non-null, got null");
   if (rotary->sin == nullptr) fail(function, prefix + ".sin expected non-null, got null");
   expect_aligned(function, (prefix + ".cos").c_str(), rotary->cos, alignof(float));
@@ -120,13 +124,15 @@ void check_rotary(const char* function, const char* name, const std::optional<Ro
   }
 }
 
-// What the rotary tables occupy (they are read while `written` is written).
+// What the rotary tables and positions occupy (they are read while `written` is written).
 void check_rotary_disjoint(const char* function, const char* name, const std::optional<Rotary>& rotary,
-                           const char* written_name, const ByteRange& written) {
+                           const char* written_name, const ByteRange& written, int64_t batch) {
   if (!rotary) return;
   const size_t bytes = size_t(rotary->max_position) * size_t(rotary->rotary_dim / 2) * sizeof(float);
   expect_disjoint(function, (std::string(name) + ".cos").c_str(), byte_range(rotary->cos, bytes), written_name, written);
   expect_disjoint(function, (std::string(name) + ".sin").c_str(), byte_range(rotary->sin, bytes), written_name, written);
+  expect_disjoint(function, (std::string(name) + ".positions").c_str(), int_range(rotary->positions, batch),
+                  written_name, written);
 }
 
 }  // namespace
@@ -155,8 +161,8 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   expect_disjoint(function, "k_new", byte_range(k_new), "cache.v", v);
   expect_disjoint(function, "v_new", byte_range(v_new), "cache.k", k);
   expect_disjoint(function, "v_new", byte_range(v_new), "cache.v", v);
-  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.k", k);
-  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.v", v);
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.k", k, shape.batch);
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.v", v, shape.batch);
   if (options.updated_lengths != nullptr) {
     expect_aligned(function, "options.updated_lengths", options.updated_lengths, alignof(int32_t));
     const ByteRange updated = int_range(options.updated_lengths, shape.batch);
@@ -168,7 +174,7 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
     // Written while other blocks read the new tokens and the rotary tables.
     expect_disjoint(function, "options.updated_lengths", updated, "k_new", byte_range(k_new));
     expect_disjoint(function, "options.updated_lengths", updated, "v_new", byte_range(v_new));
-    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.updated_lengths", updated);
+    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.updated_lengths", updated, shape.batch);
     if (cache.paged()) {
       expect_disjoint(function, "options.updated_lengths", updated, "cache.block_table",
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
@@ -247,7 +253,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
     expect_disjoint(function, "out", out_range, "cache.block_table",
                     int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
   }
-  check_rotary_disjoint(function, "options.rotary", options.rotary, "out", out_range);
+  check_rotary_disjoint(function, "options.rotary", options.rotary, "out", out_range, shape.batch);
   if (options.lse != nullptr) {
     expect_aligned(function, "options.lse", options.lse, alignof(float));
     const ByteRange lse = byte_range(options.lse, size_t(q.batch() * q.heads() * q.seq()) * sizeof(float));
@@ -262,7 +268,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
       expect_disjoint(function, "options.lse", lse, "cache.block_table",
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
     }
-    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse);
+    check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse, shape.batch);
   }
   // Read by the kernels while out and lse are written.
   for (const auto& [name, values] : {std::pair<const char*, const int32_t*>{"options.key_start", options.key_start},
@@ -279,6 +285,24 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   check_score_mods(function, attention_options_of(options, cache), q.batch(), q.heads(), q.seq(), shape.capacity, q, out,
                    q.batch() * q.heads() * q.seq(), true, score_mods, "capacity");
   return shape;
+}
+
+void validate_rotary_embedding(const TensorView& x, const TensorView& out, const Rotary& rotary) {
+  const char* function = "rotary_embedding";
+  check_view(function, "x", x);
+  check_view(function, "out", out);
+  expect_dtype(function, "out", out, x.dtype);
+  for (int i = 0; i < 4; ++i) {
+    expect_equal(function, "out.shape[" + str(i) + "]", x.shape[i], "x.shape[" + str(i) + "]", out.shape[i]);
+  }
+  if (x.batch() > kMaxGridYZ) fail(function, "x.shape[0] (batch) expected <= 65535, got " + str(x.batch()));
+  if (x.heads() > kMaxGridYZ) fail(function, "x.shape[1] (heads) expected <= 65535, got " + str(x.heads()));
+  expect_distinct_addresses(function, "out", out);
+  const std::optional<Rotary> tables = rotary;
+  check_rotary(function, "rotary", tables, int(x.head_dim()));
+  const ByteRange out_range = byte_range(out);
+  expect_disjoint(function, "out", out_range, "x", byte_range(x));
+  check_rotary_disjoint(function, "rotary", tables, "out", out_range, x.batch());
 }
 
 void validate_merge_states(const TensorView& out_a, const float* lse_a, const TensorView& out_b, const float* lse_b,

@@ -34,6 +34,8 @@ void validate_merge_states(const TensorView& out_a, const float* lse_a, const Te
 
 void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const int32_t* cu_seqlens);
 
+void validate_rotary_embedding(const TensorView& x, const TensorView& out, const Rotary& rotary);
+
 // options.validate_metadata: copies lengths and block table to the host (synchronously) and throws
 // InvalidArgument naming the first entry that would put a sequence's tokens [0, lengths[b] +
 // extra_tokens) outside [0, capacity) or in a page outside [0, num_pages).

@@ -49,14 +49,11 @@ Refused, with a FlashAttnNotSupported naming the argument (none is silently igno
 - dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
 - flash_attn_varlen_func's block_table (a paged KV cache in varlen calls).
-- cache_batch_idx with block_table (FlashAttention refuses it too), and cache_leftpad together with
-  rotary_cos (FlashAttention counts the rotary positions from the left padding, selfattn's append_kv
-  from slot 0).
-- flash_attn_with_kvcache with rotary_cos/rotary_sin where FlashAttention places q's rows at other
-  positions than selfattn does: FlashAttention rotates q's row i at cache_seqlens + i when the call
-  is causal or local and every row at cache_seqlens otherwise; selfattn rotates row i at
-  cache_seqlens + seqlen_new - seqlen_q + i. They agree when seqlen_q == seqlen_new and the call
-  is causal or local (or seqlen_q == 1), and only those calls are accepted.
+- cache_batch_idx with block_table (FlashAttention refuses it too).
+
+Rotary embedding follows FlashAttention's positions through selfattn's rotary_positions: new k and
+v token t at (cache_seqlens - cache_leftpad) + t, q's row i there + i when the call is causal or
+local and every row at cache_seqlens - cache_leftpad otherwise.
 """
 from __future__ import annotations
 
@@ -230,9 +227,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     name = "flash_attn_with_kvcache"
     if cache_batch_idx is not None and block_table is not None:
         _refuse(name, "cache_batch_idx with block_table is not supported: the block table maps sequences to pages")
-    if cache_leftpad is not None and rotary_cos is not None:
-        _refuse(name, "cache_leftpad with rotary_cos is not supported: FlashAttention rotates at positions counted "
-                      "from the left padding, selfattn's append_kv from the cache's slot 0; rotate q and k yourself")
     q = _tensor(name, "q", q, 4)
     k_cache, v_cache = _tensor(name, "k_cache", k_cache, 4), _tensor(name, "v_cache", v_cache, 4)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -274,9 +268,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                        f"{getattr(cache_seqlens, 'shape', cache_seqlens)!r}")
     if check_cache_capacity:
         _check_capacity(name, lengths, seqlen_new, capacity)
-    if rotary_cos is not None:
-        _check_rotary_positions(name, seqlen_q, seqlen_new, causal, window, alibi_slopes, capacity)
     rotary = dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=bool(rotary_interleaved))
+    q_rotary = dict(rotary)
+    if rotary_cos is not None:
+        # FlashAttention's positions, counted from the first real token: the new tokens at
+        # cache_seqlens - cache_leftpad + t; q's rows there + i, or all there (_q_rows_step).
+        first = lengths.to(torch.int32) if cache_leftpad is None else (lengths - cache_leftpad).to(torch.int32)
+        rotary.update(rotary_positions=first)
+        q_rotary.update(rotary_positions=first,
+                        rotary_position_step=_q_rows_step(seqlen_q, causal, window, alibi_slopes, capacity))
     with _runtime_errors(name):
         if k is not None:
             lengths = selfattn.append_kv(k_cache, v_cache, lengths, k, v, block_table=block_table,
@@ -285,7 +285,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q, k_cache, v_cache, lengths, block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
             causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
             return_lse=bool(return_softmax_lse), num_splits=num_splits, window=window,
-            softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes, key_start=cache_leftpad, **rotary)
+            softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes, key_start=cache_leftpad, **q_rotary)
     if not return_softmax_lse:
         return result
     out, lse = result
@@ -307,24 +307,13 @@ def _check_capacity(name, lengths, seqlen_new, capacity):
                      f"cache_seqlens[{b}] expected >= 0, got {length}")
 
 
-def _check_rotary_positions(name, seqlen_q, seqlen_new, causal, window, alibi_slopes, capacity):
-    """Refuses the calls where FlashAttention would rotate q at other positions than selfattn does
-    (see the module's doc). FlashAttention's rule, restated: with seqlen_q == 1 and no ALiBi its
+def _q_rows_step(seqlen_q, causal, window, alibi_slopes, capacity):
+    """1 where FlashAttention rotates q's row i at its own position (cache_seqlens + i), 0 where it
+    rotates every row at cache_seqlens. Its rule, restated: with seqlen_q == 1 and no ALiBi the
     causal mask is dropped (it changes nothing); causal sets the window's right side to 0; a side
-    >= the capacity is unbounded; q's rows then take their own positions when a side is bounded."""
+    >= the capacity is unbounded; the rows take their own positions when a side is bounded."""
     left, right = window if window is not None else (-1, -1)
     if causal and not (seqlen_q == 1 and alibi_slopes is None):
         right = 0
     left, right = (-1 if side >= capacity else side for side in (left, right))
-    row_positions = left >= 0 or right >= 0
-    if seqlen_q == seqlen_new and (row_positions or seqlen_q == 1):
-        return
-    if row_positions:
-        why = (f"FlashAttention rotates q's row i at cache_seqlens + i, selfattn at cache_seqlens + seqlen_new - "
-               f"seqlen_q + i: they agree only when seqlen_q ({seqlen_q}) == seqlen_new ({seqlen_new})")
-    else:
-        why = (f"without causal or a local window FlashAttention rotates every row of q at cache_seqlens, selfattn "
-               f"row i at cache_seqlens + seqlen_new - seqlen_q + i: they agree only when seqlen_q == seqlen_new == 1 "
-               f"(got {seqlen_q} and {seqlen_new})")
-    _refuse(name, f"rotary_cos with these q positions is not supported: {why}; rotate q and k yourself and call it "
-                  f"without rotary_cos and rotary_sin")
+    return 1 if left >= 0 or right >= 0 else 0

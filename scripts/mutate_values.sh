@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -261,6 +261,16 @@ mutant sink_gradient_first_sweep_only kernels/backward/sink_gradient.cuh 1 \
 mutant sink_gradient_rows_past_cu_seqlens kernels/backward/sink_gradient.cuh 1 \
   'rows = min(max(*p.rows_end, 0), p.rows);' 'rows = p.rows;' \
   'dsinks also sums the rows no varlen sequence owns'
+# Left padding (key_start): its rows hold NaN in the tests, and no kernel may read them.
+mutant fused_left_padding_loaded kernels/forward/flash_fwd.cuh 1 \
+  'const bool valid = row >= valid_begin && row < valid_end;' 'const bool valid = row < valid_end;' \
+  'the mma.sync kernels load the padding rows before key_start (P V meets their NaN)'
+mutant decode_left_padding_staged kernels/decode/decode_split_kv_mma.cuh 1 \
+  'const int page = key >= sequence.begin && key < key_end' 'const int page = key < key_end' \
+  'the tensor-core decode stages the padding rows before key_start'
+mutant repair_ignores_key_start kernels/unfused/gemm_key_repair.cuh 1 \
+  'p.causal, p.key_start, p.q_offset, 0)' 'p.causal, nullptr, p.q_offset, 0)' \
+  'the cublas path'"'"'s GEMM repair sums over the left padding'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

@@ -28,8 +28,8 @@ struct KvPagesView {
 
 // Rotary tables (see selfattn::Rotary): cos/sin fp32 [max_position, rotary_dim / 2].
 struct RotaryTables {
-  const float* cos;  // null: no rotary
-  const float* sin;
+  const void* cos;  // null: no rotary
+  const void* sin;
   int max_position;
   int rotary_dim;
   bool interleaved;
@@ -37,6 +37,7 @@ struct RotaryTables {
   // the call's own default (rotary_position()).
   const int32_t* positions;
   int position_step;
+  Element table_element;  // of cos and sin
 };
 
 // kv_append: token t of k_new/v_new ([batch, kv_heads, seq_new, d]) goes to position

@@ -15,6 +15,16 @@ __device__ inline int64_t rotary_position(const RotaryTables& r, int b, int64_t 
   return int64_t(r.positions[b]) + int64_t(r.position_step) * s;
 }
 
+// Entry `index` of a cos or sin table, whatever its element type.
+__device__ inline float rotary_table_entry(const RotaryTables& r, const void* table, int64_t index) {
+  switch (r.table_element) {
+    case Element::f16: return __half2float(static_cast<const __half*>(table)[index]);
+    case Element::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(table)[index]);
+    case Element::f32: break;
+  }
+  return static_cast<const float*>(table)[index];
+}
+
 template <class Load>
 __device__ inline float rotary_element(const RotaryTables& r, int64_t position, int e, Load load) {
   if (r.cos == nullptr || e >= r.rotary_dim) return load(e);
@@ -32,8 +42,8 @@ __device__ inline float rotary_element(const RotaryTables& r, int64_t position, 
     pair = first ? e : e - half;
     partner = first ? e + half : e - half;
   }
-  const float c = r.cos[int64_t(row) * half + pair];
-  const float s = r.sin[int64_t(row) * half + pair];
+  const float c = rotary_table_entry(r, r.cos, int64_t(row) * half + pair);
+  const float s = rotary_table_entry(r, r.sin, int64_t(row) * half + pair);
   const float x = load(e), y = load(partner);
   // first: x' = x cos - y sin (x is the pair's a); second: x' = y sin + x cos (y is the pair's a).
   return first ? x * c - y * s : y * s + x * c;

@@ -13,8 +13,8 @@ lengths (int32 [batch]) holds each sequence's number of valid tokens. Wrong leng
 or rows give wrong numbers, never an access outside the arrays given (validate_metadata=True checks
 them first, reading them back to the host).
 
-Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, float32 [max_position,
-rotary_dim / 2]: the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
+Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, [max_position, rotary_dim / 2]
+in float32, or float16/bfloat16 (read as they are, no copy per call; NumPy: float16): the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
 rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
 
 These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
@@ -320,8 +320,21 @@ def _rotary_tables(cos, sin, like, positions=None):
         if positions is not None:
             raise InvalidArgument("rotary_positions expected None without rotary_cos and rotary_sin")
         return None, None, None
-    return (_arrays.float32_array("rotary_cos", cos, like=like), _arrays.float32_array("rotary_sin", sin, like=like),
-            _int32_or_none("rotary_positions", positions, like))
+    return _rotary_table("rotary_cos", cos, like), _rotary_table("rotary_sin", sin, like), \
+        _int32_or_none("rotary_positions", positions, like)
+
+
+def _rotary_table(name, table, like):
+    """A rotary table where `like` lives: a float16 or bfloat16 tensor (or a float16 NumPy array)
+    of like's framework as it is (the kernels read 16-bit tables, no copy per call), anything else
+    converted to float32."""
+    if _arrays.is_torch(like) and _arrays.is_torch(table):
+        import torch
+        if table.dtype in (torch.float16, torch.bfloat16) and table.device == like.device:
+            return table.contiguous()
+    elif isinstance(table, np.ndarray) and table.dtype == np.float16 and isinstance(like, np.ndarray):
+        return np.ascontiguousarray(table)
+    return _arrays.float32_array(name, table, like=like)
 
 
 def _step(position_step):

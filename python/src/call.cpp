@@ -194,7 +194,7 @@ void expect_int32_vector(const Arg& a, const nb::dlpack::dtype& dt, int64_t coun
   }
 }
 
-void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt) {
+void expect_contiguous(const Arg& a) {
   int64_t expected_stride = 1;
   // No elements, no layout to check (frameworks give empty arrays arbitrary strides).
   for (size_t i = a.ndim; i-- > 0 && !a.empty();) {
@@ -203,6 +203,10 @@ void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt) {
     }
     expected_stride *= a.shape[i];
   }
+}
+
+void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt) {
+  expect_contiguous(a);
   if (dt.code != uint8_t(nb::dlpack::dtype_code::Float) || dt.bits != 32 || dt.lanes != 1) {
     invalid(std::string(a.name) + ".dtype expected float32, got " + dtype_name(dt));
   }

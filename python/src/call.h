@@ -169,6 +169,8 @@ std::string shape_text(const Arg& a);
 // reads `count` of them from the pointer alone, so the length is checked here.
 void expect_int32_vector(const Arg& a, const nb::dlpack::dtype& dt, int64_t count, const std::string& what);
 
+// Elements stored contiguously (row-major): what the library reads from a bare pointer.
+void expect_contiguous(const Arg& a);
 // fp32 elements stored contiguously (row-major): what the library reads from a bare float pointer.
 void expect_contiguous_float32(const Arg& a, const nb::dlpack::dtype& dt);
 
@@ -267,14 +269,15 @@ KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& 
 // After staging.
 selfattn::KvCache kv_cache(const KvCacheArgs& cache);
 
-// Rotary tables: cos and sin, fp32 [max_position, rotary_dim / 2] contiguous each (read from bare
-// pointers, so their shapes are checked here), both or neither; positions (int32 [batch]) and the
-// step as selfattn::Rotary takes them.
+// Rotary tables: cos and sin, [max_position, rotary_dim / 2] contiguous each, float32, float16 or
+// bfloat16, both of one dtype (read from bare pointers, so their shapes are checked here), both or
+// neither; positions (int32 [batch]) and the step as selfattn::Rotary takes them.
 struct RotaryArgs {
   const Arg *cos, *sin;
   bool interleaved;
   const Arg* positions;
   int position_step;
+  selfattn::DType table_dtype;
 };
 RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
                       bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch);

@@ -64,11 +64,16 @@ RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::
                       bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch) {
   if (bool(cos) != bool(sin)) invalid("rotary_cos and rotary_sin expected both or neither");
   if (positions && !cos) invalid("rotary_positions expected None without rotary_cos and rotary_sin");
-  if (!cos) return {nullptr, nullptr, interleaved, nullptr, position_step};
+  if (!cos) return {nullptr, nullptr, interleaved, nullptr, position_step, selfattn::DType::f32};
   const Arg& acos = call.add(Arg("rotary_cos", *cos, false, Holds::vector));
   const Arg& asin = call.add(Arg("rotary_sin", *sin, false, Holds::vector));
-  expect_contiguous_float32(acos, cos->dtype());
-  expect_contiguous_float32(asin, sin->dtype());
+  // float32, or float16/bfloat16 as the model keeps them (read as they are); both of one dtype.
+  const selfattn::DType table_dtype = dtype_of("rotary_cos", cos->dtype(), false);
+  if (dtype_of("rotary_sin", sin->dtype(), false) != table_dtype) {
+    invalid("rotary_sin.dtype expected rotary_cos's " + dtype_name(cos->dtype()) + ", got " + dtype_name(sin->dtype()));
+  }
+  expect_contiguous(acos);
+  expect_contiguous(asin);
   if (acos.ndim != 2 || acos.shape[0] < 1 || acos.shape[1] < 1) {
     invalid("rotary_cos expected shape [max_position >= 1, rotary_dim / 2 >= 1], got " + shape_text(acos));
   }
@@ -80,7 +85,7 @@ RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::
   }
   const Arg* apositions = positions ? &call.add(Arg("rotary_positions", *positions, false, Holds::vector)) : nullptr;
   if (apositions) expect_int32_vector(*apositions, positions->dtype(), batch, "batch");
-  return {&acos, &asin, interleaved, apositions, position_step};
+  return {&acos, &asin, interleaved, apositions, position_step, table_dtype};
 }
 
 std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
@@ -93,6 +98,7 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
   r.interleaved = tables.interleaved;
   r.positions = tables.positions ? static_cast<const int32_t*>(tables.positions->data) : nullptr;
   r.position_step = tables.position_step;
+  r.table_dtype = tables.table_dtype;
   return r;
 }
 

@@ -173,6 +173,11 @@ def test_rotary_at_the_callers_positions(rng, step):
     bshd = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # the standalone call in the other layout
     q_alone = selfattn.rotary_embedding(bshd, cos, sin, positions=positions, position_step=step, layout="bshd")
     np.testing.assert_allclose(q_alone.transpose(0, 2, 1, 3), rotated_q, rtol=1e-6, atol=1e-6)
+    # float16 tables are read as they are: the same as their values in float32.
+    half = selfattn.rotary_embedding(q, cos.astype(np.float16), sin.astype(np.float16), positions=positions)
+    wide = selfattn.rotary_embedding(q, cos.astype(np.float16).astype(np.float32),
+                                     sin.astype(np.float16).astype(np.float32), positions=positions)
+    np.testing.assert_array_equal(half, wide)
     with pytest.raises(selfattn.InvalidArgument, match="rotary_position_step expected 0 or 1"):
         selfattn.rotary_embedding(q, cos, sin, position_step=2)
     with pytest.raises(selfattn.InvalidArgument, match="out expected not to overlap x"):

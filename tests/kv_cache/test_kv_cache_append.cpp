@@ -206,7 +206,7 @@ TEST(KvCacheAppend, TokensWithoutElementsStillAdvanceUpdatedLengths) {
 
 // rotary_embedding on its own: every element against the reference's rotation (rounded once to
 // the dtype), at positions[b] + step * s or at s; both pair layouts, rotary_dim below head_dim
-// (the rest copied exactly), each tensor its own layout; then the checks.
+// (the rest copied exactly), fp32, f16 and bf16 tables, each tensor its own layout; then the checks.
 TEST(RotaryEmbedding, AgainstTheReference) {
   Context ctx;
   struct Case {
@@ -215,14 +215,15 @@ TEST(RotaryEmbedding, AgainstTheReference) {
     bool interleaved;
     std::vector<int32_t> positions;
     int step;
+    DType tables;  // f16/bf16 tables are read as they are
   };
-  for (const Case& c :
-       {Case{DType::f16, 2, 3, 7, 64, 64, false, {}, 1}, Case{DType::bf16, 3, 2, 5, 32, 16, true, {4, 0, 30}, 1},
-        Case{DType::f32, 2, 1, 6, 8, 6, false, {2, 9}, 0}}) {
+  for (const Case& c : {Case{DType::f16, 2, 3, 7, 64, 64, false, {}, 1, DType::f32},
+                        Case{DType::bf16, 3, 2, 5, 32, 16, true, {4, 0, 30}, 1, DType::bf16},
+                        Case{DType::f32, 2, 1, 6, 8, 6, false, {2, 9}, 0, DType::f16}}) {
     std::mt19937_64 rng = rng_for("rotary_embedding " + std::to_string(int(c.dtype)));
     const Tensor x = random_tensor(ctx, c.dtype, c.batch, c.heads, c.seq, c.d, rng, kQueryLayout);
     const Output out = poisoned_output(ctx, c.dtype, c.batch, c.heads, c.seq, c.d, kOutLayout);
-    TestRotary rotary = make_rotary(ctx, 40, c.rotary_dim, c.interleaved, rng);
+    TestRotary rotary = make_rotary(ctx, 40, c.rotary_dim, c.interleaved, rng, c.tables);
     DeviceBuffer<int32_t> positions(ctx, std::max<size_t>(c.positions.size(), 1), "positions");
     if (!c.positions.empty()) {
       positions.copy_from_host(c.positions);

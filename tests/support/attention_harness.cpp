@@ -192,21 +192,9 @@ using namespace harness;
   options.path = c.path;
   options.causal = c.causal;
   options.scale = c.scale;
-  if (!c.key_lengths.empty()) {
-    key_lengths = DeviceBuffer<int32_t>(ctx, c.key_lengths.size(), "test key_lengths");
-    key_lengths.copy_from_host(c.key_lengths);
-    options.key_lengths = key_lengths.data();
-  }
-  if (!c.key_start.empty()) {
-    key_start = DeviceBuffer<int32_t>(ctx, c.key_start.size(), "test key_start");
-    key_start.copy_from_host(c.key_start);
-    options.key_start = key_start.data();
-  }
-  if (!c.q_offset.empty()) {
-    q_offset = DeviceBuffer<int32_t>(ctx, c.q_offset.size(), "test q_offset");
-    q_offset.copy_from_host(c.q_offset);
-    options.q_offset = q_offset.data();
-  }
+  options.key_lengths = upload_ints(ctx, key_lengths, c.key_lengths, "test key_lengths");
+  options.key_start = upload_ints(ctx, key_start, c.key_start, "test key_start");
+  options.q_offset = upload_ints(ctx, q_offset, c.q_offset, "test q_offset");
   if (c.with_lse) options.lse = lse_buffer.data();
   ScoreModsData mods;
   if (c.mods.any()) {

@@ -21,6 +21,14 @@ DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int he
 }
 
 // Index of element (b, h, s, d) in the host copy: the batches' blocks back to back.
+const int32_t* upload_ints(Context& ctx, DeviceBuffer<int32_t>& buffer, const std::vector<int32_t>& values,
+                           const char* label) {
+  if (values.empty()) return nullptr;
+  buffer = DeviceBuffer<int32_t>(ctx, values.size(), label);
+  buffer.copy_from_host(values);
+  return buffer.data();
+}
+
 size_t host_index(const DeviceTensor& t, int b, int h, int s, int d) {
   return b * (t.batch_bytes / t.element) + size_t(t.view.offset(0, h, s, d));
 }

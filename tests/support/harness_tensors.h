@@ -31,6 +31,11 @@ DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int he
 // Index of element (b, h, s, d) in the host copy: the batches' blocks back to back.
 size_t host_index(const DeviceTensor& t, int b, int h, int s, int d);
 
+// Per-sequence int32 metadata (key lengths, starts, offsets) on the device: `values` uploaded into
+// `buffer`, its pointer returned; nullptr (the option unset) when `values` is empty.
+const int32_t* upload_ints(Context& ctx, DeviceBuffer<int32_t>& buffer, const std::vector<int32_t>& values,
+                           const char* label);
+
 void upload(DeviceTensor& t, const std::vector<unsigned char>& host, int batch);
 std::vector<unsigned char> download(const DeviceTensor& t, int batch);
 

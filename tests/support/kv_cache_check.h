@@ -210,11 +210,13 @@ inline std::vector<double> download_pool(const TestCache& c, int which) {
 
 struct TestRotary {
   reference::RotaryTable table;
-  DeviceBuffer<float> cos, sin;
+  DeviceBuffer<unsigned char> cos, sin;
   Rotary view;
 };
 
-inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bool interleaved, std::mt19937_64& rng) {
+// Tables of `table_dtype` (f16/bf16 tables as models keep them), the reference's the same values.
+inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bool interleaved, std::mt19937_64& rng,
+                              DType table_dtype = DType::f32) {
   TestRotary r;
   r.table.max_position = max_position;
   r.table.rotary_dim = rotary_dim;
@@ -224,16 +226,23 @@ inline TestRotary make_rotary(Context& ctx, int max_position, int rotary_dim, bo
   std::uniform_real_distribution<float> angle(-3.14159f, 3.14159f);
   for (size_t i = 0; i < count; ++i) {
     const float a = angle(rng);
-    cos[i] = std::cos(a);
-    sin[i] = std::sin(a);
+    cos[i] = round_to(table_dtype, std::cos(a));
+    sin[i] = round_to(table_dtype, std::sin(a));
   }
   r.table.cos.assign(cos.begin(), cos.end());
   r.table.sin.assign(sin.begin(), sin.end());
-  r.cos = DeviceBuffer<float>(ctx, count, "rotary cos");
-  r.sin = DeviceBuffer<float>(ctx, count, "rotary sin");
-  r.cos.copy_from_host(cos);
-  r.sin.copy_from_host(sin);
+  const size_t element = dtype_size(table_dtype);
+  std::vector<unsigned char> cos_bytes(count * element), sin_bytes(count * element);
+  for (size_t i = 0; i < count; ++i) {
+    store_element(cos_bytes.data(), table_dtype, i, cos[i]);
+    store_element(sin_bytes.data(), table_dtype, i, sin[i]);
+  }
+  r.cos = DeviceBuffer<unsigned char>(ctx, std::max<size_t>(cos_bytes.size(), 1), "rotary cos");
+  r.sin = DeviceBuffer<unsigned char>(ctx, std::max<size_t>(sin_bytes.size(), 1), "rotary sin");
+  r.cos.copy_from_host(cos_bytes);
+  r.sin.copy_from_host(sin_bytes);
   r.view = Rotary{r.cos.data(), r.sin.data(), max_position, rotary_dim, interleaved};
+  r.view.table_dtype = table_dtype;
   return r;
 }
 

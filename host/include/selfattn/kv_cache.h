@@ -81,16 +81,17 @@ struct KvCache {
   }
 };
 
-// Rotary position embedding with the caller's tables: cos and sin are device fp32
-// [max_position, rotary_dim / 2] (row-major); the first rotary_dim elements of each row are rotated
+// Rotary position embedding with the caller's tables: cos and sin are device [max_position,
+// rotary_dim / 2] (row-major) of table_dtype (fp32, or f16/bf16 as many models keep them: read as
+// they are, no copy); the first rotary_dim elements of each row are rotated
 // by the angle of the row's position, the rest pass through. Pairs are (2i, 2i+1) when interleaved
 // (GPT-J style), (i, i + rotary_dim/2) otherwise (half-split, GPT-NeoX style):
 //   x'_a = x_a cos - x_b sin,  x'_b = x_a sin + x_b cos   (in fp32, rounded once to the dtype).
 // A position outside [0, max_position) (only possible with wrong device lengths or positions)
 // uses the nearest row.
 struct Rotary {
-  const float* cos = nullptr;
-  const float* sin = nullptr;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
   int max_position = 0;
   int rotary_dim = 0;  // even, 2..head_dim
   bool interleaved = false;
@@ -103,6 +104,7 @@ struct Rotary {
   // lengths[b] - key_start[b] here, as FlashAttention's cache_leftpad does.
   const int32_t* positions = nullptr;
   int position_step = 1;
+  DType table_dtype = DType::f32;  // of cos and sin: f32, f16 or bf16
 };
 
 struct AppendKvOptions {

@@ -61,9 +61,10 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
 }
 
 kernels::RotaryTables rotary_tables(const std::optional<Rotary>& rotary) {
-  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false, nullptr, 1};
-  return kernels::RotaryTables{rotary->cos,         rotary->sin,       rotary->max_position, rotary->rotary_dim,
-                               rotary->interleaved, rotary->positions, rotary->position_step};
+  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false, nullptr, 1, kernels::Element::f32};
+  return kernels::RotaryTables{rotary->cos,         rotary->sin,       rotary->max_position,
+                               rotary->rotary_dim,  rotary->interleaved, rotary->positions,
+                               rotary->position_step, detail::element_of(rotary->table_dtype)};
 }
 
 kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t heads, int64_t batch) {
@@ -75,25 +76,32 @@ kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// `in` rotated into `out` by rotary_rows: row s of sequence b at lengths[b] + position_offset + s
+// (lengths null: position_offset + s), unless rotary.positions places it.
+void rotate_rows(ContextState& state, const TensorView& in, const TensorView& out, const int32_t* lengths,
+                 int position_offset, const Rotary& rotary) {
+  const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, in.dtype);
+  kernels::RotaryRowsParams params{};
+  params.in = in.data;
+  params.out = out.data;
+  params.in_stride_batch = in.strides[0];
+  params.in_stride_head = in.strides[1];
+  params.in_stride_row = in.strides[2];
+  params.out_stride_batch = out.strides[0];
+  params.out_stride_head = out.strides[1];
+  params.out_stride_row = out.strides[2];
+  params.seq = int(in.seq());
+  params.head_dim = int(in.head_dim());
+  params.lengths = lengths;
+  params.position_offset = position_offset;
+  params.rotary = rotary_tables(rotary);
+  state.device->launch(rotate.kernel, rows_grid(rotate, in.seq(), in.heads(), in.batch()), &params);
+}
+
 // q rotated at positions lengths[b] - seq_q + i (its rows are the last seq_q tokens of the sequence).
 void rotate_query(ContextState& state, const TensorView& q, const TensorView& rotated, const int32_t* lengths,
                   const Rotary& rotary) {
-  const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, q.dtype);
-  kernels::RotaryRowsParams params{};
-  params.in = q.data;
-  params.out = rotated.data;
-  params.in_stride_batch = q.strides[0];
-  params.in_stride_head = q.strides[1];
-  params.in_stride_row = q.strides[2];
-  params.out_stride_batch = rotated.strides[0];
-  params.out_stride_head = rotated.strides[1];
-  params.out_stride_row = rotated.strides[2];
-  params.seq = int(q.seq());
-  params.head_dim = int(q.head_dim());
-  params.lengths = lengths;
-  params.position_offset = -int(q.seq());
-  params.rotary = rotary_tables(rotary);
-  state.device->launch(rotate.kernel, rows_grid(rotate, q.seq(), q.heads(), q.batch()), &params);
+  rotate_rows(state, q, rotated, lengths, -int(q.seq()), rotary);
 }
 
 // ---- split-KV decode (the fused path) ----
@@ -351,22 +359,7 @@ void rotary_embedding(Context& ctx, const TensorView& x, const TensorView& out, 
   ContextState& state = ctx.state();
   detail::validate_rotary_embedding(x, out, rotary);
   if (x.numel() == 0) return;
-  const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, x.dtype);
-  kernels::RotaryRowsParams params{};
-  params.in = x.data;
-  params.out = out.data;
-  params.in_stride_batch = x.strides[0];
-  params.in_stride_head = x.strides[1];
-  params.in_stride_row = x.strides[2];
-  params.out_stride_batch = out.strides[0];
-  params.out_stride_head = out.strides[1];
-  params.out_stride_row = out.strides[2];
-  params.seq = int(x.seq());
-  params.head_dim = int(x.head_dim());
-  params.lengths = nullptr;  // positions[b] + step * s, or s
-  params.position_offset = 0;
-  params.rotary = rotary_tables(rotary);
-  state.device->launch(rotate.kernel, rows_grid(rotate, x.seq(), x.heads(), x.batch()), &params);
+  rotate_rows(state, x, out, /*lengths=*/nullptr, /*position_offset=*/0, rotary);  // positions[b] + step s, or s
 }
 
 void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,

@@ -115,8 +115,11 @@ void check_rotary(const char* function, const char* name, const std::optional<Ro
   expect_aligned(function, (prefix + ".positions").c_str(), rotary->positions, alignof(int32_t));
   if (rotary->cos == nullptr) fail(function, prefix + ".cos expected non-null, got null");
   if (rotary->sin == nullptr) fail(function, prefix + ".sin expected non-null, got null");
-  expect_aligned(function, (prefix + ".cos").c_str(), rotary->cos, alignof(float));
-  expect_aligned(function, (prefix + ".sin").c_str(), rotary->sin, alignof(float));
+  if (rotary->table_dtype != DType::f32 && rotary->table_dtype != DType::f16 && rotary->table_dtype != DType::bf16) {
+    fail(function, prefix + ".table_dtype expected f32, f16 or bf16, got " + to_string(rotary->table_dtype));
+  }
+  expect_aligned(function, (prefix + ".cos").c_str(), rotary->cos, dtype_size(rotary->table_dtype));
+  expect_aligned(function, (prefix + ".sin").c_str(), rotary->sin, dtype_size(rotary->table_dtype));
   if (rotary->max_position < 1) fail(function, prefix + ".max_position expected >= 1, got " + str(rotary->max_position));
   if (rotary->rotary_dim < 2 || rotary->rotary_dim % 2 != 0 || rotary->rotary_dim > head_dim) {
     fail(function, prefix + ".rotary_dim expected an even number in [2, head_dim = " + str(head_dim) + "], got " +
@@ -128,7 +131,7 @@ void check_rotary(const char* function, const char* name, const std::optional<Ro
 void check_rotary_disjoint(const char* function, const char* name, const std::optional<Rotary>& rotary,
                            const char* written_name, const ByteRange& written, int64_t batch) {
   if (!rotary) return;
-  const size_t bytes = size_t(rotary->max_position) * size_t(rotary->rotary_dim / 2) * sizeof(float);
+  const size_t bytes = size_t(rotary->max_position) * size_t(rotary->rotary_dim / 2) * dtype_size(rotary->table_dtype);
   expect_disjoint(function, (std::string(name) + ".cos").c_str(), byte_range(rotary->cos, bytes), written_name, written);
   expect_disjoint(function, (std::string(name) + ".sin").c_str(), byte_range(rotary->sin, bytes), written_name, written);
   expect_disjoint(function, (std::string(name) + ".positions").c_str(), int_range(rotary->positions, batch),

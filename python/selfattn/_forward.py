@@ -93,9 +93,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
         options = (causal, _float_or_none("scale", scale), path, lengths, layout)
-        mods = (*_window_sides(window), _float_or_none("softcap", softcap),
-                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, *_positions(key_start, q_offset, q),
-                _float32_or_none("sinks", sinks, q))
+        mods = _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, q)
         if out is None:  # deterministic goes to the backward op through the autograd formula
             result, lse = op(q, k, v, *options, bool(deterministic), *mods)
         else:
@@ -107,9 +105,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
                       q_offset=q_offset)
 
 
-def _positions(key_start, q_offset, like):
-    """key_start and q_offset as the custom ops take them: None, or int32 tensors where `like` is."""
-    return _int32_or_none("key_start", key_start, like), _int32_or_none("q_offset", q_offset, like)
+def _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, like):
+    """The masks and modifiers as the attention and attention_varlen ops take them (after their
+    other options): window_left, window_right, softcap, alibi_slopes, bias, key_start, q_offset,
+    sinks, converted where `like` is (sinks last: the one option with a gradient)."""
+    return (*_window_sides(window), _float_or_none("softcap", softcap),
+            _float32_or_none("alibi_slopes", alibi_slopes, like), bias, _int32_or_none("key_start", key_start, like),
+            _int32_or_none("q_offset", q_offset, like), _float32_or_none("sinks", sinks, like))
 
 
 def _torch_op(function, inputs, out, context):
@@ -206,9 +208,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         options = (cu_q, cu_k, _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q),
                    _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
                    _float_or_none("scale", scale), path, _int32_or_none("key_lengths", key_lengths, q))
-        mods = (*_window_sides(window), _float_or_none("softcap", softcap),
-                _float32_or_none("alibi_slopes", alibi_slopes, q), bias, *_positions(key_start, q_offset, q),
-                _float32_or_none("sinks", sinks, q))
+        mods = _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, q)
         if out is None:  # deterministic goes to the backward op through the autograd formula
             result, lse = op(q, k, v, *options, bool(deterministic), *mods)
         else:

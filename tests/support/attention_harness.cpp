@@ -27,14 +27,7 @@ std::string AttentionCase::name() const {
     for (size_t i = 0; i < key_lengths.size(); ++i) s << (i ? "," : "") << key_lengths[i];
     s << "]";
   }
-  const auto print = [&s](const char* label, const std::vector<int32_t>& values) {
-    if (values.empty()) return;
-    s << " " << label << "=[";
-    for (size_t i = 0; i < values.size(); ++i) s << (i ? "," : "") << values[i];
-    s << "]";
-  };
-  print("key_start", key_start);
-  print("q_offset", q_offset);
+  s << harness::values_name("key_start", key_start) << harness::values_name("q_offset", q_offset);
   s << " " << to_string(layout) << (strides == Strides::shared ? " shared_strides" : "") << (with_lse ? " lse" : "")
     << " " << selfattn::to_string(path);
   if (scale) s << " scale=" << *scale;

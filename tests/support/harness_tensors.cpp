@@ -21,6 +21,13 @@ DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int he
 }
 
 // Index of element (b, h, s, d) in the host copy: the batches' blocks back to back.
+std::string values_name(const char* label, const std::vector<int32_t>& values) {
+  if (values.empty()) return "";
+  std::string s = std::string(" ") + label + "=[";
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? "," : "") + std::to_string(values[i]);
+  return s + "]";
+}
+
 const int32_t* upload_ints(Context& ctx, DeviceBuffer<int32_t>& buffer, const std::vector<int32_t>& values,
                            const char* label) {
   if (values.empty()) return nullptr;

@@ -31,6 +31,9 @@ DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int he
 // Index of element (b, h, s, d) in the host copy: the batches' blocks back to back.
 size_t host_index(const DeviceTensor& t, int b, int h, int s, int d);
 
+// " label=[v0,v1,...]" for a case's name, or "" when `values` is empty (the option unset).
+std::string values_name(const char* label, const std::vector<int32_t>& values);
+
 // Per-sequence int32 metadata (key lengths, starts, offsets) on the device: `values` uploaded into
 // `buffer`, its pointer returned; nullptr (the option unset) when `values` is empty.
 const int32_t* upload_ints(Context& ctx, DeviceBuffer<int32_t>& buffer, const std::vector<int32_t>& values,

@@ -24,15 +24,8 @@ std::string VarlenCase::name() const {
     << selfattn::to_string(path);
   if (misalign) s << " misalign=" << misalign;
   if (unowned_q_rows || unowned_k_rows) s << " unowned=" << unowned_q_rows << "/" << unowned_k_rows;
-  const auto print = [&s](const char* label, const std::vector<int32_t>& values) {
-    if (values.empty()) return;
-    s << " " << label << "=[";
-    for (size_t i = 0; i < values.size(); ++i) s << (i ? "," : "") << values[i];
-    s << "]";
-  };
-  print("key_start", key_start);
-  print("q_offset", q_offset);
-  print("key_lengths", key_lengths);
+  s << harness::values_name("key_start", key_start) << harness::values_name("q_offset", q_offset)
+    << harness::values_name("key_lengths", key_lengths);
   return s.str();
 }
 

@@ -8,7 +8,7 @@
 // sink, which no split took, enters here once: as one more split with LSE = its logit and O = 0
 // (so a row with no key gets 0 and the sink's logit). One block
 // per row (striding over the rows when there are more than blocks), the splits summed in order
-// (deterministic).
+// (deterministic). A packed call's rows that no sequence owns are skipped.
 //
 // Each w_s is computed once per row, by one thread, into shared memory (kThreads splits at a
 // time), and every thread sums W and its columns' values from there: the same products, summed in
@@ -20,6 +20,7 @@
 #include "../common/primitives.cuh"
 #include "../common/simt_tile.cuh"
 #include "kv_cache_params.h"
+#include "new_rows.cuh"
 
 SELFATTN_KERNELS_BEGIN
 
@@ -35,8 +36,12 @@ __global__ void __launch_bounds__(DecodeCombineTraits::kThreads) decode_combine_
   float* weights = dynamic_smem<float>();
   // Grid-stride over rows: any number of rows with any grid.
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const int i = int(row % p.seq_q), head = int((row / p.seq_q) % p.heads);
-    const int64_t b = row / p.seq_q / p.heads;
+    // The flat index (new_rows.cuh): row i of the views' entry b, head `head`.
+    const int i = int(row % p.q_rows.total), head = int((row / p.q_rows.total) % p.heads);
+    const int64_t b = row / p.q_rows.total / p.heads;
+    // A packed call's rows that no sequence owns got no partials and are not written (the whole
+    // block skips the row, so the barriers below stay uniform).
+    if (!packed_row_owned(p.q_rows, p.batch, i)) continue;
     const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;  // ScoreMods::sinks, as head_sink
     float max_lse = sink;
     for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[int64_t(s) * p.rows + row]);

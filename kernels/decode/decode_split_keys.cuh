@@ -12,12 +12,12 @@ SELFATTN_KERNELS_BEGIN
 
 // Keys [begin, end) of split `split` over a sequence's keys (sequence_keys()), in tiles of `tile_keys`
 // counted from the tile holding the first visible key. Both bounds of visible_key_range are
-// non-decreasing in the row, so rows 0 and seq_q - 1 bound every row of the block (each row still
-// masks its own range).
-__host__ __device__ inline KeyRange decode_split_keys(const DecodeSplitKvParams& p, const SequenceKeys& keys, int split,
-                                                      int tile_keys) {
+// non-decreasing in the row, so rows 0 and seq_q - 1 (the sequence's query rows, >= 1) bound every
+// row of the block (each row still masks its own range).
+__host__ __device__ inline KeyRange decode_split_keys(const DecodeSplitKvParams& p, const SequenceKeys& keys, int seq_q,
+                                                      int split, int tile_keys) {
   const int begin = visible_key_range(0, keys, p.causal, p.mods.window_left, p.mods.window_right).begin;
-  const int end = visible_key_range(p.seq_q - 1, keys, p.causal, p.mods.window_left, p.mods.window_right).end;
+  const int end = visible_key_range(seq_q - 1, keys, p.causal, p.mods.window_left, p.mods.window_right).end;
   const int first_tile = begin / tile_keys;
   const int tiles = end > begin ? (end + tile_keys - 1) / tile_keys - first_tile : 0;
   const int per_split = (tiles + p.num_splits - 1) / p.num_splits;

@@ -20,6 +20,7 @@
 #include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"
+#include "new_rows.cuh"
 
 SELFATTN_KERNELS_BEGIN
 
@@ -90,12 +91,16 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   constexpr int RW = Traits::kRowsPerWarp, N = Traits::kKeys, C = Traits::kColsPerLane;
   const int split = int(blockIdx.x) % p.num_splits, row_block = int(blockIdx.x) / p.num_splits;
   const int kv_head = blockIdx.y, b = blockIdx.z;
-  const int d = p.head_dim, group_rows = p.heads_per_kv * p.seq_q;
+  // The sequence's query rows (a packed call's sequences differ; the grid covers the longest).
+  const SequenceRows rows = sequence_rows(p.q_rows, b);
+  const int seq_q = rows.count;
+  const int d = p.head_dim, group_rows = p.heads_per_kv * seq_q;
   const int row0 = row_block * Traits::kRows;
+  if (row0 >= group_rows) return;  // the whole block: no row of this sequence is its
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
 
-  const SequenceKeys sequence = sequence_keys(p.seq_q, kv_length(p.cache, b), p.causal, p.key_start, p.q_offset, b);
-  const KeyRange split_keys = decode_split_keys(p, sequence, split, N);
+  const SequenceKeys sequence = sequence_keys(seq_q, kv_length(p.cache, b), p.causal, p.key_start, p.q_offset, b);
+  const KeyRange split_keys = decode_split_keys(p, sequence, seq_q, split, N);
   const int key_begin = split_keys.begin, key_end = split_keys.end;
 
   float* q_s = dynamic_smem<float>();
@@ -112,9 +117,9 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     const int g = row0 + i / d, e = i % d;
     float value = 0.0f;
     if (g < group_rows) {
-      const int head = kv_head * p.heads_per_kv + g / p.seq_q;
-      value = to_float(q[int64_t(b) * p.q_stride_batch + int64_t(head) * p.q_stride_head +
-                         int64_t(g % p.seq_q) * p.q_stride_row + e]);
+      const int head = kv_head * p.heads_per_kv + g / seq_q;
+      value = to_float(q[int64_t(rows.entry) * p.q_stride_batch + int64_t(head) * p.q_stride_head +
+                         int64_t(rows.first + g % seq_q) * p.q_stride_row + e]);
     }
     q_s[i] = value;
   }
@@ -125,11 +130,11 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   HeadScoreMods head_mods[RW];
   float row_max[RW], row_sum[RW], acc[RW][C];
   for (int j = 0; j < RW; ++j) {
-    const int g = row0 + j * Traits::kWarps + warp, i = g % p.seq_q;
+    const int g = row0 + j * Traits::kWarps + warp, i = g % seq_q;
     visible[j] = g < group_rows ? visible_key_range(i, sequence, p.causal, p.mods.window_left, p.mods.window_right)
                                 : KeyRange{0, 0};
     aligned[j] = aligned_key(i, sequence);
-    head_mods[j] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (g < group_rows ? g / p.seq_q : 0));
+    head_mods[j] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (g < group_rows ? g / seq_q : 0));
     row_max[j] = -INFINITY;
     row_sum[j] = 0.0f;
     for (int c = 0; c < C; ++c) acc[j][c] = 0.0f;
@@ -160,7 +165,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
         float dot = 0.0f;
         for (int e = 0; e < d; ++e) dot = fmaf(q_s[r * d + e], k_s[lane * (d + 1) + e], dot);
         score = p.mods.changes_values
-                    ? modified_score(p.mods, head_mods[j], dot * p.scale, (row0 + r) % p.seq_q, aligned[j], key) * kLog2e
+                    ? modified_score(p.mods, head_mods[j], dot * p.scale, (row0 + r) % seq_q, aligned[j], key) * kLog2e
                     : dot * p.scale_log2;
       }
       const float tile_max = warp_reduce_max<32>(score);
@@ -186,15 +191,15 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   for (int j = 0; j < RW; ++j) {
     const int g = row0 + j * Traits::kWarps + warp;
     if (g >= group_rows) continue;
-    const int head = kv_head * p.heads_per_kv + g / p.seq_q, i = g % p.seq_q;
-    const int64_t row = (int64_t(b) * p.heads + head) * p.seq_q + i;
+    const int head = kv_head * p.heads_per_kv + g / seq_q, i = g % seq_q;
+    const int64_t row = flat_row(p.q_rows, rows, p.heads, head, i);
     // One split holds the whole row, whose softmax ends here with the head's sink; a split's part
     // leaves the sink to decode_combine, which takes it once.
     const float sink = p.num_splits == 1 ? head_mods[j].sink : -INFINITY;
     const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(row_max[j], row_sum[j], sink);
     if (p.num_splits == 1) {
-      T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
-               int64_t(i) * p.out_stride_row;
+      T* out = static_cast<T*>(p.out) + int64_t(rows.entry) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
+               int64_t(rows.first + i) * p.out_stride_row;
       for (int c = 0; c < C; ++c)
         if (lane + 32 * c < d) out[lane + 32 * c] = from_float<T>(acc[j][c] * end.inverse);
       if (lane == 0 && p.lse != nullptr) p.lse[row] = end.lse;

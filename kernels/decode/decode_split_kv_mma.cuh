@@ -16,14 +16,15 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../common/mma_tile.cuh"
 #include "../common/primitives.cuh"
 #include "../common/primitives_fragments.cuh"
-#include "../common/mma_tile.cuh"
 #include "../common/score_mods.cuh"
 #include "../common/simt_tile.cuh"
 #include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"
+#include "new_rows.cuh"
 
 SELFATTN_KERNELS_BEGIN
 
@@ -54,13 +55,17 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const int split = int(blockIdx.x) % p.num_splits, row_block = int(blockIdx.x) / p.num_splits;
   const int kv_head = blockIdx.y, b = blockIdx.z;
-  const int group_rows = p.heads_per_kv * p.seq_q;
+  // The sequence's query rows (a packed call's sequences differ; the grid covers the longest).
+  const SequenceRows rows = sequence_rows(p.q_rows, b);
+  const int seq_q = rows.count;
+  const int group_rows = p.heads_per_kv * seq_q;
   const int row0 = row_block * R;
+  if (row0 >= group_rows) return;  // the whole block: no row of this sequence is its
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: rows g and g + 8, columns 2t, 2t + 1
 
-  const SequenceKeys sequence = sequence_keys(p.seq_q, kv_length(p.cache, b), p.causal, p.key_start, p.q_offset, b);
-  const KeyRange split_keys = decode_split_keys(p, sequence, split, N);
+  const SequenceKeys sequence = sequence_keys(seq_q, kv_length(p.cache, b), p.causal, p.key_start, p.q_offset, b);
+  const KeyRange split_keys = decode_split_keys(p, sequence, seq_q, split, N);
   const int key_begin = split_keys.begin, key_end = split_keys.end;
 
   unsigned char* smem = dynamic_smem<unsigned char>();
@@ -79,10 +84,10 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
     const int r = i / kChunks, c = (i % kChunks) * 8, row = row0 + r;
     uint4 chunk = make_uint4(0, 0, 0, 0);
     if (row < group_rows) {
-      const int head = kv_head * p.heads_per_kv + row / p.seq_q;
-      chunk = load_vector(reinterpret_cast<const uint4*>(q + int64_t(b) * p.q_stride_batch +
+      const int head = kv_head * p.heads_per_kv + row / seq_q;
+      chunk = load_vector(reinterpret_cast<const uint4*>(q + int64_t(rows.entry) * p.q_stride_batch +
                                                          int64_t(head) * p.q_stride_head +
-                                                         int64_t(row % p.seq_q) * p.q_stride_row + c));
+                                                         int64_t(rows.first + row % seq_q) * p.q_stride_row + c));
     }
     store_vector(reinterpret_cast<uint4*>(q_s + r * LD + c), chunk);
   }
@@ -97,12 +102,12 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   float row_max[2], row_sum[2], acc[D / 8][4];
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + g + 8 * h;
-    query_row[h] = row % p.seq_q;
+    query_row[h] = row % seq_q;
     visible[h] = row < group_rows
                      ? visible_key_range(query_row[h], sequence, p.causal, p.mods.window_left, p.mods.window_right)
                      : KeyRange{0, 0};
     aligned[h] = aligned_key(query_row[h], sequence);
-    head_mods[h] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (row < group_rows ? row / p.seq_q : 0));
+    head_mods[h] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (row < group_rows ? row / seq_q : 0));
     row_max[h] = -INFINITY;
     row_sum[h] = 0.0f;
   }
@@ -218,15 +223,15 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
         value += o_merge[(w * R + r) * Traits::kMergeLd + col] * weight;
       }
     }
-    const int head = kv_head * p.heads_per_kv + row / p.seq_q, query = row % p.seq_q;
-    const int64_t flat = (int64_t(b) * p.heads + head) * p.seq_q + query;
+    const int head = kv_head * p.heads_per_kv + row / seq_q, query = row % seq_q;
+    const int64_t flat = flat_row(p.q_rows, rows, p.heads, head, query);
     // One split holds the whole row, whose softmax ends here with the head's sink; a split's part
     // leaves the sink to decode_combine, which takes it once.
     const float sink = p.num_splits == 1 ? head_sink(p.mods, head) : -INFINITY;
     const SoftmaxRowEnd end = softmax_row_end</*Log2=*/true>(top, sum, sink);
     if (p.num_splits == 1) {
-      T* out = static_cast<T*>(p.out) + int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
-               int64_t(query) * p.out_stride_row;
+      T* out = static_cast<T*>(p.out) + int64_t(rows.entry) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
+               int64_t(rows.first + query) * p.out_stride_row;
       out[col] = from_float<T>(value * end.inverse);
       if (col == 0 && p.lse != nullptr) p.lse[flat] = end.lse;
     } else {

@@ -1,12 +1,13 @@
 #pragma once
-// Appends new tokens' K and V to a cache (contiguous or paged): token t of sequence b goes to
-// position lengths[b] + t, K optionally rotated at that position. Tokens that would land past the
-// capacity or in a page outside the pool are dropped (kv_page_of), so no length or block-table
-// entry can make this write outside the cache.
+// Appends new tokens' K and V to a cache (contiguous or paged): token t of sequence b (dense or
+// packed rows, new_rows.cuh) goes to position lengths[b] + t, K optionally rotated at that position. Tokens that would
+// land past the capacity or in a page outside the pool are dropped (kv_page_of), so no length or block-table entry can
+// make this write outside the cache.
 #include <cstdint>
 
 #include "../common/simt_tile.cuh"
 #include "kv_pages.cuh"
+#include "new_rows.cuh"
 #include "rotary.cuh"
 
 SELFATTN_KERNELS_BEGIN
@@ -23,17 +24,20 @@ __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(con
   const int d = p.cache.head_dim;
   // The clamped length: a negative one appends at 0, one past the capacity drops every token.
   const int start = kv_length(p.cache, b);
+  const SequenceRows rows = sequence_rows(p.rows, b);
   if (p.updated_lengths != nullptr && blockIdx.x == 0 && head == 0 && threadIdx.x == 0) {
     const int capacity = kv_capacity(p.cache);
-    p.updated_lengths[b] = start + p.seq_new > capacity ? capacity : start + p.seq_new;
+    p.updated_lengths[b] = start + rows.count > capacity ? capacity : start + rows.count;
   }
-  const T* k_new = static_cast<const T*>(p.k_new) + int64_t(b) * p.new_stride_batch_k + int64_t(head) * p.new_stride_head_k;
-  const T* v_new = static_cast<const T*>(p.v_new) + int64_t(b) * p.new_stride_batch_v + int64_t(head) * p.new_stride_head_v;
+  const T* k_new = static_cast<const T*>(p.k_new) + int64_t(rows.entry) * p.new_stride_batch_k +
+                   int64_t(head) * p.new_stride_head_k + int64_t(rows.first) * p.new_stride_row_k;
+  const T* v_new = static_cast<const T*>(p.v_new) + int64_t(rows.entry) * p.new_stride_batch_v +
+                   int64_t(head) * p.new_stride_head_v + int64_t(rows.first) * p.new_stride_row_v;
   T* k_cache = static_cast<T*>(p.cache.k);
   T* v_cache = static_cast<T*>(p.cache.v);
   for (int i = threadIdx.x; i < KvAppendTraits::kRowsPerBlock * d; i += blockDim.x) {
     const int t = first_row + i / d, e = i % d;
-    if (t >= p.seq_new) break;
+    if (t >= rows.count) break;
     const int position = start + t;
     const int page = kv_page_of(p.cache, b, position);
     if (page < 0) continue;

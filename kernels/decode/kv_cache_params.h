@@ -26,6 +26,19 @@ struct KvPagesView {
   int batch;
 };
 
+// The new rows of a call (query rows, or tokens to append), per sequence. Dense (offsets null):
+// sequence b has `seq` rows, in batch entry b of the views. Packed (varlen, offsets set): sequence b
+// has rows [offsets[b], offsets[b + 1]) of batch entry 0, the views holding `total` rows; the
+// offsets are running maxima (running_max_offsets) so no two sequences share a row, and each is
+// clamped into [0, total] and to at most `seq` (the call's max_seqlen, the grid's extent) rows, so
+// device metadata can only give a sequence fewer rows, never a row outside the views
+// (sequence_rows(), new_rows.cuh).
+struct NewRows {
+  const int32_t* offsets;  // device [batch + 1], or null: dense
+  int seq;                 // rows per sequence (dense), at most (packed)
+  int total;               // rows per batch entry of the views: seq (dense), total rows (packed)
+};
+
 // Rotary tables (see selfattn::Rotary): cos/sin fp32 [max_position, rotary_dim / 2].
 struct RotaryTables {
   const void* cos;  // null: no rotary
@@ -40,15 +53,16 @@ struct RotaryTables {
   Element table_element;  // of cos and sin
 };
 
-// kv_append: token t of k_new/v_new ([batch, kv_heads, seq_new, d]) goes to position
-// lengths[b] + t of sequence b. grid (ceil(seq_new / rows per block), kv_heads, batch).
+// kv_append: token t of sequence b in k_new/v_new ([batch, kv_heads, seq_new, d], or packed
+// [1, kv_heads, total_new, d]) goes to position lengths[b] + t of sequence b.
+// grid (ceil(rows.seq / rows per block), kv_heads, batch).
 struct KvAppendParams {
   KvPagesView cache;
   const void* k_new;
   const void* v_new;
   int64_t new_stride_batch_k, new_stride_head_k, new_stride_row_k;
   int64_t new_stride_batch_v, new_stride_head_v, new_stride_row_v;
-  int seq_new;
+  NewRows rows;             // the new tokens of each sequence (dense or packed)
   RotaryTables rotary;      // applied to k
   int32_t* updated_lengths; // [batch] or null; written by the blocks with blockIdx.x == 0, y == 0
 };
@@ -60,19 +74,23 @@ struct KvGatherParams {
   KvPagesView cache;
   void* k_out;
   void* v_out;
+  // Of k_out and v_out (head_dim's is 1): [batch, kv_heads, capacity, d] or [batch, capacity,
+  // kv_heads, d], the layout a packed call views as [1, kv_heads, batch * capacity, d].
+  int64_t out_stride_batch, out_stride_head, out_stride_row;
   int capacity;  // per sequence: page_size * max_pages_per_seq
 };
 
-// rotary_rows: out[b, h, s] = rotate(in[b, h, s]) at position lengths[b] + position_offset + s.
-// grid (ceil(seq / rows per block), heads, batch).
+// rotary_rows: row s of sequence b (rows: dense or packed) rotated into out at position
+// lengths[b] - count_b + s, the sequence's last count_b tokens (lengths null: at s), unless
+// rotary.positions places it. grid (ceil(rows.seq / rows per block), heads, batch).
 struct RotaryRowsParams {
   const void* in;
   void* out;
   int64_t in_stride_batch, in_stride_head, in_stride_row;
   int64_t out_stride_batch, out_stride_head, out_stride_row;
-  int seq, head_dim;
-  const int32_t* lengths;  // device [batch], or null: positions from position_offset alone
-  int position_offset;
+  NewRows rows;
+  int head_dim;
+  const int32_t* lengths;  // device [batch], or null
   RotaryTables rotary;
 };
 
@@ -93,21 +111,24 @@ struct MergeStatesParams {
 
 // decode_split_kv: attention of the new query rows over a cache, the keys of each (sequence, kv
 // head) split into num_splits ranges (flash-decoding). The query heads sharing a kv head are one
-// group of heads_per_kv * seq_q rows, processed together so each K/V element is read once per kv
-// head. grid (num_splits * row_blocks, kv_heads, batch). With one split the block writes out/lse
+// group of heads_per_kv * count_b rows (count_b: sequence b's query rows), processed together so
+// each K/V element is read once per kv head. grid (num_splits * row_blocks, kv_heads, batch), the
+// row blocks covering heads_per_kv * q_rows.seq rows. With one split the block writes out/lse
 // itself; otherwise each split writes its normalised partial O and LSE to fp32 workspace and
-// decode_combine merges them.
+// decode_combine merges them. A row's out, lse and partials sit at its flat index
+// (entry * heads + head) * q_rows.total + first + i (new_rows.cuh).
 struct DecodeSplitKvParams {
   KvPagesView cache;
   const void* q;
   void* out;
   int64_t q_stride_batch, q_stride_head, q_stride_row;
   int64_t out_stride_batch, out_stride_head, out_stride_row;
-  float* lse;            // [batch, heads, seq_q] or null
-  float* partial_out;    // [num_splits, rows, head_dim] (rows = batch * heads * seq_q), fp32
+  float* lse;            // [batch, heads, seq_q] (packed: [heads, total_q]) or null
+  float* partial_out;    // [num_splits, rows, head_dim] (rows = flat indices), fp32
   float* partial_lse;    // [num_splits, rows]
   int64_t rows;
-  int heads, seq_q, head_dim, heads_per_kv;
+  NewRows q_rows;
+  int heads, head_dim, heads_per_kv;
   int num_splits, row_blocks;
   float scale;           // softmax scale (the modifiers take scores in natural-log units)
   float scale_log2;      // softmax scale * log2(e)
@@ -116,14 +137,15 @@ struct DecodeSplitKvParams {
   // counted from key_start (sequence_keys() in causal_mask.cuh).
   const int32_t* key_start;
   const int32_t* q_offset;
-  // Window, softcap, ALiBi, bias (score_mods.cuh); the bias is [batch, heads, seq_q, capacity],
+  // Window, softcap, ALiBi, bias (score_mods.cuh); the bias is [batch, heads, q_rows.seq, capacity],
   // rows the new query rows, keys cache positions. Rows are aligned bottom-right unless q_offset
   // places them (aligned_key).
   ScoreMods mods;
   bool vector_loads;     // every K/V row starts on 16 bytes and head_dim fills 16-byte chunks
 };
 
-// decode_combine: out and lse of each row from its num_splits partial results. grid (rows).
+// decode_combine: out and lse of each row from its num_splits partial results, over the flat
+// indices of decode_split_kv. grid (rows, or fewer: the blocks stride).
 struct DecodeCombineParams {
   const float* partial_out;
   const float* partial_lse;
@@ -132,7 +154,9 @@ struct DecodeCombineParams {
   float* lse;  // or null
   const float* sinks;  // [heads] sink logits, or null (ScoreMods::sinks)
   int64_t rows;
-  int heads, seq_q, head_dim, num_splits;
+  NewRows q_rows;  // packed: only the rows a sequence owns are combined (packed_row_owned)
+  int batch;       // sequences (packed)
+  int heads, head_dim, num_splits;
 };
 
 // One kernel instance with the block size the host launches it with.

@@ -1,5 +1,6 @@
 #pragma once
-// Copies each sequence's cached K and V into dense [batch, kv_heads, capacity, head_dim] buffers,
+// Copies each sequence's cached K and V into dense [batch, kv_heads, capacity, head_dim] buffers
+// (any strides: [batch, capacity, kv_heads, head_dim] for a packed call),
 // so the naive and cublas paths (and the fused prefill kernel) run on them as on any padded batch
 // with key_lengths. Rows at or past the sequence's length become zeros, as do rows whose page is
 // outside the pool (kv_page_of): the paths multiply those rows by zero probabilities, and zeros
@@ -22,16 +23,16 @@ __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(con
   const int first_row = blockIdx.x * KvGatherTraits::kRowsPerBlock;
   const int d = p.cache.head_dim;
   const int length = kv_length(p.cache, b);
-  const int64_t dense_head = (int64_t(b) * p.cache.kv_heads + head) * p.capacity;
-  T* k_out = static_cast<T*>(p.k_out) + dense_head * d;
-  T* v_out = static_cast<T*>(p.v_out) + dense_head * d;
+  const int64_t dense_head = int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head;
+  T* k_out = static_cast<T*>(p.k_out) + dense_head;
+  T* v_out = static_cast<T*>(p.v_out) + dense_head;
   const T* k_cache = static_cast<const T*>(p.cache.k);
   const T* v_cache = static_cast<const T*>(p.cache.v);
   for (int i = threadIdx.x; i < KvGatherTraits::kRowsPerBlock * d; i += blockDim.x) {
     const int t = first_row + i / d, e = i % d;
     if (t >= p.capacity) break;
     const int page = t < length ? kv_page_of(p.cache, b, t) : -1;
-    const int64_t dense = int64_t(t) * d + e;
+    const int64_t dense = int64_t(t) * p.out_stride_row + e;
     if (page < 0) {
       k_out[dense] = from_float<T>(0.0f);
       v_out[dense] = from_float<T>(0.0f);

@@ -13,6 +13,13 @@ lengths (int32 [batch]) holds each sequence's number of valid tokens. Wrong leng
 or rows give wrong numbers, never an access outside the arrays given (validate_metadata=True checks
 them first, reading them back to the host).
 
+A serving engine's step, where each sequence has its own number of new rows (prefill chunks beside
+single-token decodes, continuous batching), is one packed call: cu_seqlens_q= (attention) or
+cu_seqlens_new= (append_kv), int32 [batch + 1] starting at 0, with q / k_new / v_new packed
+[total, heads, head_dim] as attention_varlen() takes them (sequence b owns rows [cu[b], cu[b+1]),
+0 allowed); max_seqlen_q / max_seqlen_new bound each sequence's rows (computed from the offsets
+when not given: for CUDA tensors that waits for the GPU, and torch.compile cannot trace it).
+
 Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, [max_position, rotary_dim / 2]
 in float32, or float16/bfloat16 (read as they are, no copy per call; NumPy: float16): the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
 rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
@@ -30,17 +37,17 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _score_mods,
-                     _torch_requiring_grad, _window_sides, torch_ops)
-from ._messages import in_caller_terms, layout_axes
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _max_seqlen,
+                     _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
 
 def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, *, block_table: Any = None,
               batch_index: Any = None, layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None,
               rotary_interleaved: bool = False, rotary_positions: Any = None, rotary_position_step: int = 1,
-              return_lengths: bool = False, validate_metadata: bool = False,
-              context: Optional[Context] = None) -> Any:
+              return_lengths: bool = False, validate_metadata: bool = False, cu_seqlens_new: Any = None,
+              max_seqlen_new: Optional[int] = None, context: Optional[Context] = None) -> Any:
     """Writes token t of k_new and v_new at position lengths[b] + t of sequence b, in place, across
     page boundaries; lengths itself is not changed.
 
@@ -54,6 +61,9 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
       at position lengths[b] + t, or with rotary_positions (int32 [batch]) at rotary_positions[b] +
       rotary_position_step * t (step 1, or 0: every token at rotary_positions[b]; left padding:
       positions counted from the first real token, lengths[b] - key_start[b])
+    - cu_seqlens_new: int32 [batch + 1]: a packed call, k_new and v_new [total_new, kv_heads,
+      head_dim] with sequence b's tokens at rows [cu_seqlens_new[b], cu_seqlens_new[b+1]), its own
+      count n_b (0 allowed; max_seqlen_new bounds them, see the module's doc); seq_new is then n_b
     - returns None, or with return_lengths=True a new int32 [batch] array of
       min(lengths[b] + seq_new, capacity): the lengths for the next attention call.
 
@@ -67,20 +77,22 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
         updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
                      layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
-                     bool(validate_metadata))
+                     bool(validate_metadata), *_packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                       return_lengths=return_lengths, validate_metadata=validate_metadata, context=context,
                       batch_index=batch_index, rotary_positions=rotary_positions,
-                      rotary_position_step=rotary_position_step)
+                      rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
+                      max_seqlen_new=max_seqlen_new)
 
 
 def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, rotary_cos, rotary_sin,
                rotary_interleaved, return_lengths, validate_metadata, context, batch_index=None,
-               rotary_positions=None, rotary_position_step=1):
+               rotary_positions=None, rotary_position_step=1, cu_seqlens_new=None, max_seqlen_new=None):
     """append_kv() without the torch.library dispatch (the custom op's implementation calls this)."""
-    arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=4)
+    packed = cu_seqlens_new is not None
+    arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=3 if packed else 4)
     arrays.add_output("k_cache", k_cache)
     arrays.add_output("v_cache", v_cache)
     arrays.expect_ndim("k_cache", 4)
@@ -89,15 +101,17 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     ctx = _context_for(like, context)
     metadata = _cache_metadata(lengths, block_table, like, batch_index)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, like, rotary_positions)
+    offsets, max_seqlen = _packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, like)
     updated = None
     if return_lengths:
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
     as_bhsd = _arrays.layout_view(layout)
-    with _cache_terms(("k_new", "v_new"), layout, block_table):
+    new_view = _packed if packed else as_bhsd
+    with _cache_terms(("k_new", "v_new"), layout, block_table, packed):
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
-                            *metadata, arrays.dl(as_bhsd(arrays["k_new"])), arrays.dl(as_bhsd(arrays["v_new"])), cos,
+                            *metadata, arrays.dl(new_view(arrays["k_new"])), arrays.dl(new_view(arrays["v_new"])), cos,
                             sin, bool(rotary_interleaved), positions, _step(rotary_position_step), updated,
-                            bool(validate_metadata), arrays.bf16_as_uint16)
+                            bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16)
     return updated
 
 
@@ -109,7 +123,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                             rotary_position_step: int = 1, num_splits: int = 0, window: Optional[tuple] = None,
                             softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                             sinks: Any = None, key_start: Any = None, q_offset: Any = None,
-                            validate_metadata: bool = False, context: Optional[Context] = None) -> Any:
+                            validate_metadata: bool = False, cu_seqlens_q: Any = None,
+                            max_seqlen_q: Optional[int] = None, context: Optional[Context] = None) -> Any:
     """Attention of the new query rows of each sequence to its cached tokens (append them first).
 
     - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
@@ -131,6 +146,12 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       the window and ALiBi measure from there (neither moves the rotary positions)
     - out: an array shaped like q to write into and return, as for attention() (a torch out goes
       through ``selfattn::attention_with_kv_cache_out``, in place, and torch.compile traces it)
+    - cu_seqlens_q: int32 [batch + 1]: a packed call (see the module's doc), q and out
+      [total_q, heads, head_dim] (whatever the cache's layout) with sequence b's rows at
+      [cu_seqlens_q[b], cu_seqlens_q[b+1]), its own count n_b, placed at lengths[b] - n_b + i; seq_q is
+      then n_b, bias [batch or 1, heads or 1, max_seqlen_q, capacity] and lse [heads, total_q]. The
+      fused path serves every sequence in one launch (graph-safe once warm); naive and cublas read
+      cu_seqlens_q back. Rows no sequence owns are not written.
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
       (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
@@ -148,7 +169,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                    *_window_sides(window), _float_or_none("softcap", softcap),
                    _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _int32_or_none("key_start", key_start, q),
                    _int32_or_none("q_offset", q_offset, q), _float32_or_none("sinks", sinks, q),
-                   bool(validate_metadata))
+                   bool(validate_metadata),
+                   *_packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q))
         metadata = _cache_metadata(lengths, block_table, q, batch_index)
         if out is None:
             result, lse = op(q, k_cache, v_cache, *metadata, *options)
@@ -162,31 +184,39 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                                     rotary_position_step=rotary_position_step, num_splits=num_splits, window=window,
                                     softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                     validate_metadata=validate_metadata, context=context, key_start=key_start,
-                                    q_offset=q_offset, batch_index=batch_index)
+                                    q_offset=q_offset, batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
+                                    max_seqlen_q=max_seqlen_q)
 
 
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
                              alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None,
-                             batch_index=None, rotary_positions=None, rotary_position_step=1):
+                             batch_index=None, rotary_positions=None, rotary_position_step=1, cu_seqlens_q=None,
+                             max_seqlen_q=None):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
-    arrays = _arrays.Arguments(dict(q=q, k_cache=k_cache, v_cache=v_cache), ndim=4)
+    packed = cu_seqlens_q is not None
+    arrays = _arrays.Arguments(dict(q=q), ndim=3 if packed else 4)
+    arrays.add_input("k_cache", k_cache, 4)
+    arrays.add_input("v_cache", v_cache, 4)
     q = arrays["q"]
-    ctx, out = _context_and_out(arrays, "q", out, context)
+    ctx, out = _context_and_out(arrays, "q", out, context, ndim=3 if packed else 4)
     as_bhsd = _arrays.layout_view(layout)
-    bhsd_q = as_bhsd(q)
-    lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
+    q_view = _packed if packed else as_bhsd
+    bhsd_q = q_view(q)
+    lse_shape = (q.shape[1], q.shape[0]) if packed else tuple(bhsd_q.shape[:3])
+    lse = _arrays.empty_like(q, lse_shape, "float32") if return_lse else None
     metadata = _cache_metadata(lengths, block_table, q, batch_index)
+    offsets, max_seqlen = _packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
-    with _cache_terms(("q", "out"), layout, block_table):
+    with _cache_terms(("q", "out"), layout, block_table, packed):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
-                                          arrays.dl(as_bhsd(arrays["out"])), causal, _float_or_none("scale", scale),
+                                          arrays.dl(q_view(arrays["out"])), causal, _float_or_none("scale", scale),
                                           path, lse, cos, sin, bool(rotary_interleaved), positions,
                                           _step(rotary_position_step), num_splits, *mods,
-                                          bool(validate_metadata), arrays.bf16_as_uint16)
+                                          bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16)
     return (out, lse) if return_lse else out
 
 
@@ -268,23 +298,37 @@ def cu_seqlens_from_lengths(lengths: Any, *, context: Optional[Context] = None) 
     return cu
 
 
-def _context_and_out(arrays, like, out, context):
+def _context_and_out(arrays, like, out, context, ndim=4):
     """The context a call on arrays[like] runs on, and out (a new array like it when not given),
-    added to arrays as the 4-D output."""
+    added to arrays as the output of `ndim` dimensions."""
     ctx = _context_for(arrays[like], context)
     if out is None:
         out = _arrays.empty_like(arrays[like], tuple(arrays[like].shape))
     arrays.add_output("out", out)
-    arrays.expect_ndim("out", 4)
+    arrays.expect_ndim("out", ndim)
     return ctx, out
 
 
-def _cache_terms(arrays, layout, block_table):
+def _cache_terms(arrays, layout, block_table, packed=False):
     """The library's messages about a KV-cache call in the caller's terms (see _messages.py): the
-    cache's views and `arrays` in the caller's layout, and the cache's batch under the name of
-    what it was taken from (block_table's rows for a paged pool, k_cache's first axis otherwise)."""
+    cache's views in the caller's layout, `arrays` too (or packed [total, heads, head_dim]), and the
+    cache's batch under the name of what it was taken from (block_table's rows for a paged pool,
+    k_cache's first axis otherwise)."""
     batch = "block_table.shape[0]" if block_table is not None else "k_cache.shape[0]"
-    return in_caller_terms(dict.fromkeys(("cache.k", "cache.v", *arrays), layout_axes(layout)), {"cache.batch": batch})
+    views = dict.fromkeys(("cache.k", "cache.v"), layout_axes(layout))
+    views.update(dict.fromkeys(arrays, PACKED if packed else layout_axes(layout)))
+    return in_caller_terms(views, {"cache.batch": batch})
+
+
+def _packed_rows(function, rows, cu_seqlens, max_seqlen, packed):
+    """A packed call's offsets (int32 [batch + 1] where `packed` lives) and max_seqlen (as given, or
+    the offsets' largest step), or (None, 0) for a dense call. rows: "q" or "new"."""
+    if cu_seqlens is None:
+        if max_seqlen is not None:
+            raise InvalidArgument(f"max_seqlen_{rows} expected None without cu_seqlens_{rows}")
+        return None, 0
+    offsets = _arrays.int32_vector(f"cu_seqlens_{rows}", cu_seqlens, like=packed)
+    return offsets, _max_seqlen(function, max_seqlen, offsets, rows, packed)
 
 
 def _check_num_splits(num_splits):

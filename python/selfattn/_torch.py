@@ -246,13 +246,15 @@ def _register():
     def append_kv(k_cache: Tensor, v_cache: Tensor, lengths: Tensor, block_table: Optional[Tensor],
                   batch_index: Optional[Tensor], k_new: Tensor, v_new: Tensor, layout: str,
                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
-                  rotary_positions: Optional[Tensor], rotary_position_step: int, validate_metadata: bool) -> Tensor:
+                  rotary_positions: Optional[Tensor], rotary_position_step: int, validate_metadata: bool,
+                  cu_seqlens_new: Optional[Tensor], max_seqlen_new: int) -> Tensor:
         from ._kv_cache import _append_kv
         return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                           return_lengths=True, validate_metadata=validate_metadata, context=None,
                           batch_index=batch_index, rotary_positions=rotary_positions,
-                          rotary_position_step=rotary_position_step)
+                          rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
+                          max_seqlen_new=None if cu_seqlens_new is None else max_seqlen_new)
 
     @append_kv.register_fake
     def _(k_cache, v_cache, lengths, *options):
@@ -267,7 +269,8 @@ def _register():
                                 window_left: int, window_right: int, softcap: Optional[float],
                                 alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                                 q_offset: Optional[Tensor], sinks: Optional[Tensor],
-                                validate_metadata: bool) -> Tuple[Tensor, Tensor]:
+                                validate_metadata: bool, cu_seqlens_q: Optional[Tensor],
+                                max_seqlen_q: int) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _attention_with_kv_cache
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                         causal=causal, scale=scale, path=path, return_lse=True, out=None,
@@ -277,12 +280,20 @@ def _register():
                                         window=(window_left, window_right), softcap=softcap,
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                         q_offset=q_offset, validate_metadata=validate_metadata, context=None,
-                                        batch_index=batch_index)
+                                        batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
+                                        max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
+
+    def kv_lse_shape(q, layout, packed):
+        """The lse of a KV-cache attention: [batch, heads, seq_q], or [heads, total_q] when packed."""
+        if packed:
+            return (q.shape[1], q.shape[0])
+        heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
+        return (q.shape[0], heads, seq_q)
 
     @attention_with_kv_cache.register_fake
     def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options):
-        heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+        packed = options[-2] is not None  # cu_seqlens_q
+        return q.new_empty(q.shape), q.new_empty(kv_lse_shape(q, layout, packed), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
     def attention_with_kv_cache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
@@ -294,7 +305,8 @@ def _register():
                                     window_left: int, window_right: int, softcap: Optional[float],
                                     alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                                     key_start: Optional[Tensor], q_offset: Optional[Tensor], sinks: Optional[Tensor],
-                                    validate_metadata: bool, return_lse: bool) -> Tensor:
+                                    validate_metadata: bool, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
+                                    return_lse: bool) -> Tensor:
         from ._kv_cache import _attention_with_kv_cache
         result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                           causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -304,13 +316,14 @@ def _register():
                                           window=(window_left, window_right), softcap=softcap,
                                           alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                           q_offset=q_offset, validate_metadata=validate_metadata, context=None,
-                                          batch_index=batch_index)
+                                          batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
+                                          max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_with_kv_cache_out.register_fake
     def _(q, k_cache, v_cache, lengths, block_table, batch_index, out, layout, *options):
-        heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return lse_or_nothing(options[-1], q, (q.shape[0], heads, seq_q))
+        packed = options[-3] is not None  # cu_seqlens_q
+        return lse_or_nothing(options[-1], q, kv_lse_shape(q, layout, packed))
 
     @torch.library.custom_op("selfattn::merge_states", mutates_args=())
     def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, layout: str) -> Tuple[Tensor, Tensor]:

@@ -102,18 +102,32 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
   return r;
 }
 
+namespace {
+
+// A packed call's offsets (int32 [batch + 1]), or null for a dense call.
+const Arg* add_packed_offsets(Call& call, const char* name, const std::optional<InArray>& offsets, int64_t batch) {
+  if (!offsets) return nullptr;
+  const Arg& a = call.add(Arg(name, *offsets, false, Holds::vector));
+  expect_int32_vector(a, offsets->dtype(), batch + 1, "batch + 1");
+  return &a;
+}
+
+}  // namespace
+
 // The KV cache (selfattn/kv_cache.h). k_cache and v_cache are the cache or the page pool as
 // [batch or num_pages, kv_heads, capacity or page_size, head_dim] views; append_kv writes them.
 void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,
                std::optional<InArray> block_table, std::optional<InArray> batch_index, InArray k_new, InArray v_new,
                std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
                std::optional<InArray> rotary_positions, int rotary_position_step,
-               std::optional<OutArray> updated_lengths, bool validate_metadata, bool bf16_as_uint16) {
+               std::optional<OutArray> updated_lengths, bool validate_metadata, std::optional<InArray> cu_seqlens_new,
+               int max_seqlen_new, bool bf16_as_uint16) {
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
   const KvCacheArgs cache =
       add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data)), call.add(Arg("v_cache", v_cache, true, data)),
                    lengths, block_table, batch_index);
+  const Arg* offsets = add_packed_offsets(call, "cu_seqlens_new", cu_seqlens_new, cache.batch);
   const Arg& ak = call.add(Arg("k_new", k_new, false, data));
   const Arg& av = call.add(Arg("v_new", v_new, false, data));
   const RotaryArgs tables =
@@ -126,7 +140,12 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
     options.rotary = rotary(tables);
     options.updated_lengths = aupdated ? static_cast<int32_t*>(aupdated->data) : nullptr;
     options.validate_metadata = validate_metadata;
-    selfattn::append_kv(call.ctx(), kv_cache(cache), tensor_view(ak), tensor_view(av), options);
+    if (offsets) {
+      selfattn::append_kv_varlen(call.ctx(), kv_cache(cache), tensor_view(ak), tensor_view(av),
+                                 static_cast<const int32_t*>(offsets->data), max_seqlen_new, options);
+    } else {
+      selfattn::append_kv(call.ctx(), kv_cache(cache), tensor_view(ak), tensor_view(av), options);
+    }
   });
 }
 
@@ -139,7 +158,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              int window_left, int window_right, std::optional<float> softcap,
                              std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
                              std::optional<InArray> sinks, std::optional<InArray> key_start,
-                             std::optional<InArray> q_offset, bool validate_metadata, bool bf16_as_uint16) {
+                             std::optional<InArray> q_offset, bool validate_metadata,
+                             std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
   selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
@@ -152,10 +172,15 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
   const RotaryArgs tables =
       add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
+  const Arg* offsets = add_packed_offsets(call, "cu_seqlens_q", cu_seqlens_q, cache.batch);
   const selfattn::TensorView q_shape = tensor_view(aq);
-  if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
-                                    q_shape.heads(), bf16_as_uint16);
+  if (alse && offsets) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
+  if (alse && !offsets) {
+    expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
+  }
+  // Per-sequence options have the cache's batch (a packed q has one entry).
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset,
+                                    offsets ? cache.batch : q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(parsed, mods);
     selfattn::KvAttentionOptions options;
@@ -175,7 +200,12 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
     options.alibi_slopes_count = parsed.alibi_slopes_count;
     options.bias = parsed.bias;
     options.sinks = parsed.sinks;
-    selfattn::attention_with_kv_cache(call.ctx(), tensor_view(aq), kv_cache(cache), tensor_view(aout), options);
+    if (offsets) {
+      selfattn::attention_with_kv_cache_varlen(call.ctx(), tensor_view(aq), static_cast<const int32_t*>(offsets->data),
+                                               max_seqlen_q, kv_cache(cache), tensor_view(aout), options);
+    } else {
+      selfattn::attention_with_kv_cache(call.ctx(), tensor_view(aq), kv_cache(cache), tensor_view(aout), options);
+    }
   });
 }
 

@@ -65,8 +65,16 @@ def test_a_decode_step_compiles_whole(torch_device):
         cu = torch.empty(3, dtype=torch.int32)
         out, lse = torch.ops.selfattn.attention_with_kv_cache(fake_q, pool, pool, cu, None, None, "bhsd",
                                                               "bottom_right", None, "auto", None, None, False, None, 1,
-                                                              0, -1, -1, None, None, None, None, None, None, False)
+                                                              0, -1, -1, None, None, None, None, None, None, False,
+                                                              None, 0)
         assert out.shape == fake_q.shape and lse.shape == (3, 2, 7)
+        packed_q = torch.empty(11, 2, 16)  # a packed call: lse [heads, total_q]
+        offsets = torch.empty(4, dtype=torch.int32)
+        out, lse = torch.ops.selfattn.attention_with_kv_cache(packed_q, pool, pool, cu, None, None, "bhsd",
+                                                              "bottom_right", None, "auto", None, None, False, None, 1,
+                                                              0, -1, -1, None, None, None, None, None, None, False,
+                                                              offsets, 7)
+        assert out.shape == packed_q.shape and lse.shape == (2, 11)
 
 
 def test_rotary_tables_that_require_grad_are_refused():

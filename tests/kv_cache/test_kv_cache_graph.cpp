@@ -1,6 +1,7 @@
 // Graph-friendliness of the KV-cache calls on the sim: once the context's workspace is warm,
 // append_kv, attention_with_kv_cache (every path), merge_states and cu_seqlens_from_lengths run
-// inside a SimCaptureScope,
+// inside a SimCaptureScope, as do the packed append_kv_varlen and attention_with_kv_cache_varlen
+// (fused path),
 // where the sim device refuses synchronous copies (host reads of device data), allocations and
 // stream synchronisation - what a CUDA graph capture cannot contain - and give the same bytes as
 // outside it. The calls documented as not graph-safe are refused there.
@@ -139,6 +140,48 @@ TEST(KvCacheGraph, ScopeRefusesWhatIsNotGraphSafe) {
                BackendError);
   EXPECT_THROW(attention_varlen(step.ctx, q1, k1, v1, out1, cu.data(), cu.data(), 1, 2, 2, naive),
                BackendError);
+}
+
+// A continuous-batching step: sequences with 3, 0 and 1 new tokens appended and attended in one
+// packed call each, fused; the same bytes inside the scope once warm. The naive path reads
+// cu_seqlens_q back and is refused there.
+TEST(KvCacheGraph, WarmPackedStepMakesNoSyncNoAllocation) {
+  DecodeStep step;
+  DeviceBuffer<int32_t> offsets(step.ctx, 4, "packed offsets");
+  const TensorView q = TensorView::bshd(step.q.device.data(), DType::f16, 1, 4, 4, 64);
+  const TensorView k_new = TensorView::bshd(step.k_new.device.data(), DType::f16, 1, 2, 4, 64);
+  const TensorView v_new = TensorView::bshd(step.v_new.device.data(), DType::f16, 1, 2, 4, 64);
+  const TensorView out = TensorView::bshd(step.out.data(), DType::f16, 1, 4, 4, 64);
+  const auto run = [&](Path path) {
+    AppendKvOptions append;
+    append.updated_lengths = step.updated.data();
+    append_kv_varlen(step.ctx, step.cache.view, k_new, v_new, offsets.data(), 3, append);
+    KvCache after = step.cache.view;
+    after.lengths = step.updated.data();
+    KvAttentionOptions options;
+    options.path = path;
+    options.lse = step.lse.data();
+    options.num_splits = 2;
+    attention_with_kv_cache_varlen(step.ctx, q, offsets.data(), 3, after, out, options);
+  };
+  const auto reset = [&] {
+    step.reset();
+    offsets.copy_from_host(std::vector<int32_t>{0, 3, 3, 4});
+  };
+  reset();
+  run(Path::fused);
+  step.ctx.synchronize();
+  const std::vector<unsigned char> outside = step.results();
+  reset();
+  {
+    detail::SimCaptureScope capture;
+    EXPECT_NO_THROW(run(Path::fused));
+  }
+  step.ctx.synchronize();
+  EXPECT_TRUE(step.results() == outside) << "different bytes inside the scope";
+  run(Path::naive);  // warm
+  detail::SimCaptureScope capture;
+  EXPECT_THROW(run(Path::naive), BackendError);
 }
 
 }  // namespace

@@ -196,6 +196,43 @@ struct KvAttentionOptions {
 void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
                              const KvAttentionOptions& options = {});
 
+// ---- Packed calls: sequences with different numbers of new rows (continuous batching) ----
+// A serving engine's step mixes prefill chunks and single-token decodes over one cache: sequence b
+// has its own number of new rows n_b (0 allowed), packed without padding as attention_varlen packs
+// them (FlashAttention's varlen layout): rows [cu_seqlens[b], cu_seqlens[b+1]) of a view
+// [1, heads, total, head_dim]. cu_seqlens is device int32 [cache.batch + 1] starting at 0
+// (cu_seqlens_from_lengths makes it from per-sequence counts); max_seqlen bounds every n_b.
+// Everything else is the dense call's, with n_b for seq_q / seq_new per sequence.
+//
+// Device metadata is clamped as in the dense calls, and cu_seqlens too: the kernels read it
+// through its running maximum (so offsets out of order give empty sequences, never two sequences
+// sharing a row), each entry clamped into [0, total], each n_b to at most max_seqlen. Rows no
+// sequence then owns (past cu_seqlens[batch], or past a sequence's first max_seqlen) are neither
+// read nor written. validate_metadata also copies cu_seqlens to the host and checks it (starts at 0,
+// non-decreasing, n_b <= max_seqlen, ends at most at total). Workspace: besides the dense call's, the
+// ordered offsets, 256-byte-rounded (batch + 1) int32.
+
+// append_kv with k_new, v_new [1, kv_heads, total_new, head_dim]: token t of sequence b (row
+// cu_seqlens_new[b] + t) goes to position lengths[b] + t; updated_lengths[b] receives
+// min(lengths[b] + n_b, capacity). Graph-safe once the workspace holds the ordered offsets.
+void append_kv_varlen(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+                      const int32_t* cu_seqlens_new, int max_seqlen_new, const AppendKvOptions& options = {});
+
+// attention_with_kv_cache with q, out [1, heads, total_q, head_dim]: row i of sequence b (row
+// cu_seqlens_q[b] + i) sits at cache position lengths[b] - n_b + i (causal bottom_right sees the
+// tokens up to it; the window, ALiBi and q's rotary measure from it; q_offset and rotary.positions
+// move it as in the dense call). options.lse, when set, is [heads, total_q]; options.bias is
+// [batch, heads, max_seqlen_q, capacity], sequence b's rows counted from 0. Paths:
+//   fused: the split-KV kernel serves every sequence in one launch, decode rows and prefill chunks
+//     alike: a block takes up to 16 rows of one (sequence, kv head) group, so a chunk of n rows
+//     reads its keys ceil(n * heads_per_kv / 16) times (the prefill kernel's 64-128-row tiles
+//     would read them fewer times; bench/NOTES.md). Graph-safe once the workspace is warm.
+//   naive, cublas: the cache is gathered as in the dense call and attention_varlen() runs on it,
+//     reading cu_seqlens_q back to the host (synchronising; not graph-safe) and checking it.
+void attention_with_kv_cache_varlen(Context& ctx, const TensorView& q, const int32_t* cu_seqlens_q, int max_seqlen_q,
+                                    const KvCache& cache, const TensorView& out,
+                                    const KvAttentionOptions& options = {});
+
 // Rotary position embedding on its own (for a model that rotates q and k itself, say before
 // attention() or attention_varlen()): out[b, h, s] = x[b, h, s] with its first rotary.rotary_dim
 // elements rotated at rotary.positions[b] + rotary.position_step * s (positions null: at s).

@@ -231,24 +231,31 @@ size_t fused_workspace_bytes(const AttentionCall& call) {
   return call.varlen() ? 2 * round_up_256(size_t(call.batch + 1) * sizeof(int32_t)) : 0;
 }
 
-AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace) {
-  if (!call.varlen()) return call;
+void order_offsets(ContextState& ctx, const int32_t* in_0, int32_t* out_0, const int32_t* in_1, int32_t* out_1,
+                   int count, const char* function) {
   const kernels::KernelRef kernel = SELFATTN_KERNEL_FOR(ctx.device->backend(), running_max_offsets_kernel_ref());
-  if (!kernel) throw NotAvailable("path fused: this build has no running_max_offsets kernel for the backend");
-  auto* ordered_q = static_cast<int32_t*>(workspace);
-  auto* ordered_k = reinterpret_cast<int32_t*>(static_cast<unsigned char*>(workspace) + fused_workspace_bytes(call) / 2);
+  if (!kernel)
+    throw NotAvailable(std::string(function) + ": this build has no running_max_offsets kernel for the backend");
   kernels::RunningMaxOffsetsParams params{};
-  params.in[0] = call.cu_seqlens_q;
-  params.in[1] = call.cu_seqlens_k;
-  params.out[0] = ordered_q;
-  params.out[1] = ordered_k;
-  params.count = call.batch + 1;
-  constexpr int kThreads = 256;  // batch + 1 <= 65536 entries (fused_unsupported): at most 256 per thread
+  params.in[0] = in_0;
+  params.in[1] = in_1;
+  params.out[0] = out_0;
+  params.out[1] = out_1;
+  params.count = count;
+  constexpr int kThreads = 256;  // count <= 65536 entries (at most 65535 sequences): at most 256 per thread
   kernels::LaunchShape shape;
-  shape.grid = dim3(2);
+  shape.grid = dim3(in_1 != nullptr ? 2 : 1);  // block i orders array i
   shape.block = dim3(kThreads);
   shape.dynamic_smem_bytes = kThreads * sizeof(int32_t);
   ctx.device->launch(kernel, shape, &params);
+}
+
+AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace) {
+  if (!call.varlen()) return call;
+  auto* ordered_q = static_cast<int32_t*>(workspace);
+  auto* ordered_k =
+      reinterpret_cast<int32_t*>(static_cast<unsigned char*>(workspace) + fused_workspace_bytes(call) / 2);
+  order_offsets(ctx, call.cu_seqlens_q, ordered_q, call.cu_seqlens_k, ordered_k, call.batch + 1, "path fused");
   AttentionCall ordered = call;
   ordered.cu_seqlens_q = ordered_q;
   ordered.cu_seqlens_k = ordered_k;

@@ -87,9 +87,13 @@ inline size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 //   with_ordered_offsets:  launches it into `workspace` and returns the call reading those offsets
 //                          (the call itself unless varlen). The forward and the fused backward use both.
 //   ordered_offsets_available: whether the backend has that kernel (the paths' support checks ask).
+//   order_offsets:         launches it over one or two arrays of `count` entries (the KV cache's
+//                          packed calls order one), NotAvailable without the kernel.
 size_t fused_workspace_bytes(const AttentionCall& call);
 AttentionCall with_ordered_offsets(ContextState& ctx, const AttentionCall& call, void* workspace);
 bool ordered_offsets_available(const ContextState& ctx);
+void order_offsets(ContextState& ctx, const int32_t* in_0, int32_t* out_0, const int32_t* in_1, int32_t* out_1,
+                   int count, const char* function);
 
 // A validated call ready to run: every check that can throw (path support, the cu_seqlens of a
 // varlen call, the workspace limit) has passed, so running it can only fail in the backend.

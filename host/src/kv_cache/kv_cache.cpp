@@ -8,25 +8,33 @@
 // workspace, and attention() runs on them with key_lengths = cache.lengths, which gives exactly the
 // bottom-right alignment of new rows at the end of each sequence. Nothing reads device metadata on
 // the host unless validate_metadata asks, so the calls are graph-safe once the workspace is warm.
+//
+// Packed calls (append_kv_varlen, attention_with_kv_cache_varlen) run the same kernels with the rows
+// of each sequence found through their offsets, ordered first by running_max_offsets (new_rows.cuh);
+// on naive and cublas the gathered cache is laid out [batch, capacity, kv_heads, d], which
+// attention_varlen() reads as packed keys, sequence b's at rows [b * capacity, (b + 1) * capacity).
+#include "selfattn/kv_cache.h"
+
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
-#include "validation/attention_validation.h"
-#include "runtime/backend_kernels.h"
 #include "forward/kernel_args.h"
-#include "validation/kv_cache_validation.h"
 #include "forward/paths.h"
+#include "kv_cache/split_heuristic.h"
+#include "runtime/backend_kernels.h"
 #include "selfattn/attention.h"
 #include "selfattn/error.h"
-#include "selfattn/kv_cache.h"
-#include "kv_cache/split_heuristic.h"
+#include "validation/attention_validation.h"
+#include "validation/kv_cache_validation.h"
 
 namespace selfattn {
 namespace {
 
 using detail::CacheShape;
 using detail::ContextState;
+using detail::PackedRows;
 using kernels::DecodeKernel;
 
 // A decode kernel the backend has, or NotAvailable.
@@ -76,10 +84,29 @@ kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// `in` rotated into `out` by rotary_rows: row s of sequence b at lengths[b] + position_offset + s
-// (lengths null: position_offset + s), unless rotary.positions places it.
+// A call's new rows for the kernels: `view`'s own (dense), or packed through offsets already
+// ordered (ordered_offsets) with at most max_seqlen rows per sequence.
+kernels::NewRows new_rows(const TensorView& view, const int32_t* ordered_offsets, int max_seqlen) {
+  if (ordered_offsets == nullptr) return kernels::NewRows{nullptr, int(view.seq()), int(view.seq())};
+  return kernels::NewRows{ordered_offsets, max_seqlen, int(view.seq())};
+}
+
+// A packed call's offsets made non-decreasing in `workspace` (offsets_bytes of it), for the kernels.
+size_t offsets_bytes(const PackedRows* packed, int batch) {
+  return packed ? aligned((size_t(batch) + 1) * sizeof(int32_t)) : 0;
+}
+const int32_t* ordered_offsets(ContextState& state, const PackedRows* packed, int batch, unsigned char* workspace,
+                               const char* function) {
+  if (!packed) return nullptr;
+  auto* ordered = reinterpret_cast<int32_t*>(workspace);
+  detail::order_offsets(state, packed->cu_seqlens, ordered, nullptr, nullptr, batch + 1, function);
+  return ordered;
+}
+
+// `in` rotated into `out` by rotary_rows: row s of sequence b at lengths[b] - n_b + s, its place
+// among the sequence's last n_b tokens (lengths null: at s), unless rotary.positions places it.
 void rotate_rows(ContextState& state, const TensorView& in, const TensorView& out, const int32_t* lengths,
-                 int position_offset, const Rotary& rotary) {
+                 const kernels::NewRows& rows, int batch, const Rotary& rotary) {
   const DecodeKernel rotate = SELFATTN_DECODE_KERNEL(state, rotary_rows_instance, in.dtype);
   kernels::RotaryRowsParams params{};
   params.in = in.data;
@@ -90,18 +117,11 @@ void rotate_rows(ContextState& state, const TensorView& in, const TensorView& ou
   params.out_stride_batch = out.strides[0];
   params.out_stride_head = out.strides[1];
   params.out_stride_row = out.strides[2];
-  params.seq = int(in.seq());
+  params.rows = rows;
   params.head_dim = int(in.head_dim());
   params.lengths = lengths;
-  params.position_offset = position_offset;
   params.rotary = rotary_tables(rotary);
-  state.device->launch(rotate.kernel, rows_grid(rotate, in.seq(), in.heads(), in.batch()), &params);
-}
-
-// q rotated at positions lengths[b] - seq_q + i (its rows are the last seq_q tokens of the sequence).
-void rotate_query(ContextState& state, const TensorView& q, const TensorView& rotated, const int32_t* lengths,
-                  const Rotary& rotary) {
-  rotate_rows(state, q, rotated, lengths, -int(q.seq()), rotary);
+  state.device->launch(rotate.kernel, rows_grid(rotate, rows.seq, in.heads(), batch), &params);
 }
 
 // ---- split-KV decode (the fused path) ----
@@ -139,19 +159,20 @@ DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q,
 
 // Whether this call runs the split-KV kernel: path fused, or automatic where the kernel takes the
 // head_dim; an explicit fused path that cannot run throws NotAvailable before anything is written.
-bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape) {
+bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape, const char* function) {
   if (path != Path::fused && path != Path::automatic) return false;
   const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape.head_dim);
   const char* reason = !kernel.kernel                        ? "this build has no split-KV decode kernel for the backend"
                        : shape.head_dim > kernel.max_head_dim ? "head_dim above 256 needs the naive or cublas path"
                                                               : nullptr;
   if (reason == nullptr) return true;
-  if (path == Path::fused) throw NotAvailable(std::string("attention_with_kv_cache: path fused: ") + reason);
+  if (path == Path::fused) throw NotAvailable(std::string(function) + ": path fused: " + reason);
   return false;
 }
 
-int64_t group_row_blocks(const TensorView& q, const CacheShape& shape, const DecodeKernel& kernel) {
-  const int64_t group_rows = q.heads() / shape.kv_heads * q.seq();
+// Row blocks per (sequence, kv head) group of up to `seq_q` rows per query head.
+int64_t group_row_blocks(const TensorView& q, int64_t seq_q, const CacheShape& shape, const DecodeKernel& kernel) {
+  const int64_t group_rows = q.heads() / shape.kv_heads * seq_q;
   return (group_rows + kernel.rows_per_block - 1) / kernel.rows_per_block;
 }
 
@@ -182,9 +203,10 @@ size_t partial_bytes(int splits, const TensorView& q) {
   return aligned(size_t(splits) * rows * size_t(q.head_dim()) * sizeof(float)) + aligned(size_t(splits) * rows * sizeof(float));
 }
 
-void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const KvCache& cache,
-                  const CacheShape& shape, const TensorView& out, const KvAttentionOptions& options, float scale,
-                  const kernels::ScoreMods& mods, int splits, unsigned char* work) {
+void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorView& q, const kernels::NewRows& q_rows,
+                  const KvCache& cache, const CacheShape& shape, const TensorView& out,
+                  const KvAttentionOptions& options, float scale, const kernels::ScoreMods& mods, int splits,
+                  unsigned char* work) {
   float* lse = options.lse;
   kernels::DecodeSplitKvParams params{};
   params.cache = pages_view(cache, shape);
@@ -202,12 +224,12 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   params.partial_lse = splits > 1 ? reinterpret_cast<float*>(
                                         work + aligned(size_t(splits) * size_t(params.rows) * size_t(q.head_dim()) * sizeof(float)))
                                   : nullptr;
+  params.q_rows = q_rows;
   params.heads = int(q.heads());
-  params.seq_q = int(q.seq());
   params.head_dim = shape.head_dim;
   params.heads_per_kv = int(q.heads()) / shape.kv_heads;
   params.num_splits = splits;
-  params.row_blocks = int(group_row_blocks(q, shape, kernel));
+  params.row_blocks = int(group_row_blocks(q, q_rows.seq, shape, kernel));
   params.scale = scale;
   params.scale_log2 = float(double(scale) * 1.4426950408889634);
   params.mods = mods;
@@ -233,8 +255,9 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   merge.lse = lse;
   merge.sinks = params.mods.sinks;
   merge.rows = params.rows;
+  merge.q_rows = q_rows;
+  merge.batch = shape.batch;
   merge.heads = params.heads;
-  merge.seq_q = params.seq_q;
   merge.head_dim = params.head_dim;
   merge.num_splits = splits;
   kernels::LaunchShape combine_launch;
@@ -246,17 +269,28 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
 
 }  // namespace
 
-void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
-               const AppendKvOptions& options) {
+namespace {
+
+// append_kv and append_kv_varlen (packed: the packed call's offsets, else null).
+void append_rows(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+                 const PackedRows* packed, const AppendKvOptions& options) {
+  const char* function = packed ? "append_kv_varlen" : "append_kv";
   ContextState& state = ctx.state();
-  const CacheShape shape = detail::validate_append_kv(cache, k_new, v_new, options);
-  if (options.validate_metadata) detail::check_metadata("append_kv", state, cache, shape, int(k_new.seq()));
+  const CacheShape shape = detail::validate_append_kv(cache, k_new, v_new, options, packed);
+  if (options.validate_metadata) {
+    detail::check_metadata(function, state, cache, shape, int(k_new.seq()), packed, k_new.seq(), /*appending=*/true);
+  }
   if (shape.batch == 0) return;
   // With no element to copy (no token, no kv head or head_dim 0), updated_lengths still advances by
-  // seq_new: one block per sequence writes it, with a view of no columns so that it copies nothing.
-  const bool nothing_to_copy = k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim == 0;
+  // each sequence's tokens: one block per sequence writes it, with a view of no columns so that it
+  // copies nothing.
+  const int seq_new = packed ? packed->max_seqlen : int(k_new.seq());
+  const bool nothing_to_copy = seq_new == 0 || k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim == 0;
   if (nothing_to_copy && options.updated_lengths == nullptr) return;
   const DecodeKernel kernel = SELFATTN_DECODE_KERNEL(state, kv_append_instance, cache.k.dtype);
+  auto* workspace = static_cast<unsigned char*>(
+      packed ? state.workspace.reserve(offsets_bytes(packed, shape.batch), std::string(function) + ": ordered offsets")
+             : nullptr);
 
   kernels::KvAppendParams params{};
   params.cache = pages_view(cache, shape);
@@ -269,97 +303,173 @@ void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, cons
   params.new_stride_batch_v = v_new.strides[0];
   params.new_stride_head_v = v_new.strides[1];
   params.new_stride_row_v = v_new.strides[2];
-  params.seq_new = int(k_new.seq());
+  params.rows = new_rows(k_new, ordered_offsets(state, packed, shape.batch, workspace, function), seq_new);
   params.rotary = rotary_tables(options.rotary);
   params.updated_lengths = options.updated_lengths;
-  const int64_t rows = nothing_to_copy ? 1 : params.seq_new;
+  const int64_t rows = nothing_to_copy ? 1 : seq_new;
   const int64_t heads = nothing_to_copy ? 1 : shape.kv_heads;
   state.device->launch(kernel.kernel, rows_grid(kernel, rows, heads, shape.batch), &params);
 }
 
-void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
-                             const KvAttentionOptions& options) {
-  constexpr const char* kFunction = "attention_with_kv_cache";
+// attention_with_kv_cache and its packed twin (packed: the packed call's offsets, else null).
+void attend_cache(Context& ctx, const TensorView& q, const PackedRows* packed, const KvCache& cache,
+                  const TensorView& out, const KvAttentionOptions& options) {
+  const char* function = packed ? "attention_with_kv_cache_varlen" : "attention_with_kv_cache";
   ContextState& state = ctx.state();
   detail::AttentionCall score_mods;
-  const CacheShape shape = detail::validate_attention_with_kv_cache(q, cache, out, options, score_mods);
-  if (options.validate_metadata) detail::check_metadata("attention_with_kv_cache", state, cache, shape, 0);
+  const CacheShape shape = detail::validate_attention_with_kv_cache(q, cache, out, options, score_mods, packed);
+  if (options.validate_metadata) detail::check_metadata(function, state, cache, shape, 0, packed, q.seq());
+  // Query rows per sequence: every sequence's (dense), at most (packed).
+  const int seq_q = packed ? packed->max_seqlen : int(q.seq());
+  if (q.numel() == 0 || seq_q == 0 || shape.batch == 0) return;  // no query row to write
 
-  // The same call as attention() over the gathered cache (kv_cache_validation.h), modifiers included.
+  // The same call as attention() (attention_varlen() when packed) over the gathered cache
+  // (kv_cache_validation.h), modifiers included.
   const AttentionOptions attention_options = detail::attention_options_of(options, cache);
-  if (q.numel() == 0 || shape.capacity == 0 || shape.kv_heads == 0) {
-    // No query rows, or no cache slot at all: attention() writes nothing / zeros and -inf itself.
-    // With no key there is nothing to bias (and the bias's key extent, the capacity, may not be 0).
+  if (shape.capacity == 0 || shape.kv_heads == 0) {
+    // No cache slot at all: attention() writes zeros and -inf itself (packed: on every row, as
+    // attention_varlen() does without keys). With no key there is nothing to bias (and the bias's
+    // key extent, the capacity, may not be 0).
     TensorView empty = TensorView::bhsd(nullptr, q.dtype, q.batch(), shape.kv_heads, 0, q.head_dim());
     AttentionOptions no_keys = attention_options;
     no_keys.bias.reset();
-    attention(ctx, q, empty, empty, out, no_keys);
+    if (packed) {
+      no_keys.key_lengths = no_keys.key_start = no_keys.q_offset = nullptr;  // one entry per sequence: unread
+      attention_varlen(ctx, q, empty, empty, out, packed->cu_seqlens, packed->cu_seqlens, shape.batch, seq_q, 0,
+                       no_keys);
+    } else {
+      attention(ctx, q, empty, empty, out, no_keys);
+    }
     return;
   }
 
   // The fused path is the split-KV decode kernel, read straight from the cache; the others gather.
-  const bool split_kv = use_split_kv(state, options.path, shape);
+  const bool split_kv = use_split_kv(state, options.path, shape, function);
   const DecodeKernel split_kernel = split_kv ? split_kv_kernel_for(state, q, cache, shape.head_dim) : DecodeKernel{};
-  const int64_t row_blocks = split_kv ? group_row_blocks(q, shape, split_kernel) : 0;
+  const int64_t row_blocks = split_kv ? group_row_blocks(q, seq_q, shape, split_kernel) : 0;
   const int splits = split_kv ? fit_grid(detail::choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
                                                                shape.capacity, state.device->multiprocessor_count()),
                                          row_blocks)
                               : 0;
-  // Workspace: the rotated q when asked, then the split-KV partials or the gathered K and V (and,
-  // on naive/cublas, the attention step's scores after them, as self_attention() does).
+  // Workspace: a packed call's ordered offsets, the rotated q when asked, then the split-KV partials
+  // or the gathered K and V (and, on naive/cublas, a packed call's key offsets, then the attention
+  // step's scores after them, as self_attention() does).
   const size_t element = dtype_size(q.dtype);
+  const size_t order_bytes = offsets_bytes(packed, shape.batch);
   const size_t q_bytes = options.rotary ? aligned(size_t(q.numel()) * element) : 0;
   const size_t kv_bytes = aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim * element);
-  const size_t work_bytes = split_kv ? partial_bytes(splits, q) : 2 * kv_bytes;
-  const size_t reserved = q_bytes + work_bytes;
-  const std::string what = std::string(kFunction) + ": rotated q, split partials or gathered K/V";
+  const size_t key_offsets_bytes = split_kv ? 0 : offsets_bytes(packed, shape.batch);
+  const size_t work_bytes = split_kv ? partial_bytes(splits, q) : 2 * kv_bytes + key_offsets_bytes;
+  const size_t reserved = order_bytes + q_bytes + work_bytes;
+  const std::string what = std::string(function) + ": rotated q, split partials or gathered K/V";
   auto* workspace = static_cast<unsigned char*>(state.workspace.reserve(reserved, what));
   const auto rotated_q_at = [&](unsigned char* base) {
-    return options.rotary ? TensorView::bhsd(base, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim()) : q;
+    return options.rotary ? TensorView::bhsd(base + order_bytes, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim())
+                          : q;
+  };
+  // Rotates q into the workspace at `base` when asked, reading the offsets ordered there.
+  const auto rotate_query = [&](unsigned char* base, const kernels::NewRows& q_rows) {
+    if (options.rotary) rotate_rows(state, q, rotated_q_at(base), cache.lengths, q_rows, shape.batch, *options.rotary);
   };
 
   if (split_kv) {
-    const TensorView q_used = rotated_q_at(workspace);
-    if (options.rotary) rotate_query(state, q, q_used, cache.lengths, *options.rotary);
+    const kernels::NewRows q_rows =
+        new_rows(q, ordered_offsets(state, packed, shape.batch, workspace, function), seq_q);
+    rotate_query(workspace, q_rows);
     const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
-    run_split_kv(state, split_kernel, q_used, cache, shape, out, options, scale, detail::score_mods_of(score_mods),
-                 splits, workspace + q_bytes);
+    run_split_kv(state, split_kernel, rotated_q_at(workspace), q_rows, cache, shape, out, options, scale,
+                 detail::score_mods_of(score_mods), splits, workspace + order_bytes + q_bytes);
     return;
   }
 
-  // Gathered K and V, then attention() on them. Everything that can throw (the path, the scores'
-  // workspace) is planned before the first kernel; the plan's views lie in the workspace, so plan
-  // again if growing it for the scores moved it.
+  // Gathered K and V, then attention() (packed: attention_varlen()) on them. Everything that can
+  // throw (the path, a packed call's cu_seqlens, the scores' workspace) is planned before the first
+  // kernel; the plan's views lie in the workspace, so plan again if growing it for the scores moved
+  // it. A packed call's gathered layout is [batch, capacity, kv_heads, d], its sequences' keys
+  // packed at rows b * capacity of [1, kv_heads, batch * capacity, d].
+  const int64_t gathered_keys = int64_t(shape.batch) * shape.capacity;
+  if (packed && gathered_keys > detail::kMaxExtent) {
+    throw NotAvailable(std::string(function) + ": the naive and cublas paths gather batch * capacity = " +
+                       std::to_string(gathered_keys) + " keys, above " + std::to_string(detail::kMaxExtent) +
+                       "; the fused path reads the cache in place");
+  }
+  const size_t gathered_offset = order_bytes + q_bytes;
   const auto gathered_at = [&](unsigned char* base, size_t offset) {
-    return TensorView::bhsd(base + offset, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
+    unsigned char* data = base + gathered_offset + offset;
+    if (!packed) return TensorView::bhsd(data, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
+    return TensorView::bshd(data, q.dtype, 1, shape.kv_heads, gathered_keys, shape.head_dim);
   };
+  std::vector<int32_t> key_offsets;
+  if (packed) {
+    for (int b = 0; b <= shape.batch; ++b) key_offsets.push_back(int32_t(int64_t(b) * shape.capacity));
+  }
   const auto plan_at = [&](unsigned char* base) {
-    const detail::AttentionCall call =
-        detail::validate_attention(kFunction, rotated_q_at(base), gathered_at(base, q_bytes),
-                                   gathered_at(base, q_bytes + kv_bytes), out, attention_options);
-    return detail::plan_attention(state, call, options.path, kFunction, reserved);
+    if (!packed) {
+      const detail::AttentionCall call = detail::validate_attention(
+          function, rotated_q_at(base), gathered_at(base, 0), gathered_at(base, kv_bytes), out, attention_options);
+      return detail::plan_attention(state, call, options.path, function, reserved);
+    }
+    // The key offsets go to the device first: planning reads them back with cu_seqlens_q.
+    auto* key_offsets_at = reinterpret_cast<int32_t*>(base + gathered_offset + 2 * kv_bytes);
+    state.device->copy(key_offsets_at, key_offsets.data(), key_offsets.size() * sizeof(int32_t), /*async=*/false);
+    const detail::AttentionCall call = detail::validate_attention_varlen(
+        rotated_q_at(base), gathered_at(base, 0), gathered_at(base, kv_bytes), out, packed->cu_seqlens, key_offsets_at,
+        shape.batch, seq_q, shape.capacity, attention_options);
+    return detail::plan_attention(state, call, options.path, function, reserved);
   };
   detail::PlannedAttention planned = plan_at(workspace);
-  auto* sized = static_cast<unsigned char*>(
-      state.workspace.reserve(reserved + planned.workspace_bytes(), std::string(kFunction) + ": gathered K/V and scores"));
+  auto* sized = static_cast<unsigned char*>(state.workspace.reserve(
+      reserved + planned.workspace_bytes(), std::string(function) + ": gathered K/V and scores"));
   if (sized != workspace) planned = plan_at(workspace = sized);
 
-  if (options.rotary) rotate_query(state, q, rotated_q_at(workspace), cache.lengths, *options.rotary);
+  rotate_query(workspace, new_rows(q, ordered_offsets(state, packed, shape.batch, workspace, function), seq_q));
   const DecodeKernel gather = SELFATTN_DECODE_KERNEL(state, kv_gather_instance, q.dtype);
+  const TensorView gathered_k = gathered_at(workspace, 0);
+  // [batch, kv_heads, capacity, d], or [batch, capacity, kv_heads, d] (packed): batch b's keys start
+  // capacity rows further on.
+  const int64_t gathered_stride_batch = packed ? shape.capacity * gathered_k.strides[2] : gathered_k.strides[0];
   kernels::KvGatherParams params{};
   params.cache = pages_view(cache, shape);
-  params.k_out = workspace + q_bytes;
-  params.v_out = workspace + q_bytes + kv_bytes;
+  params.k_out = workspace + gathered_offset;
+  params.v_out = workspace + gathered_offset + kv_bytes;
+  params.out_stride_batch = gathered_stride_batch;
+  params.out_stride_head = gathered_k.strides[1];
+  params.out_stride_row = gathered_k.strides[2];
   params.capacity = shape.capacity;
   state.device->launch(gather.kernel, rows_grid(gather, shape.capacity, shape.kv_heads, shape.batch), &params);
   detail::run_planned(state, planned, workspace + reserved);
+}
+
+}  // namespace
+
+void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+               const AppendKvOptions& options) {
+  append_rows(ctx, cache, k_new, v_new, nullptr, options);
+}
+
+void append_kv_varlen(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+                      const int32_t* cu_seqlens_new, int max_seqlen_new, const AppendKvOptions& options) {
+  const PackedRows packed{cu_seqlens_new, max_seqlen_new};
+  append_rows(ctx, cache, k_new, v_new, &packed, options);
+}
+
+void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& cache, const TensorView& out,
+                             const KvAttentionOptions& options) {
+  attend_cache(ctx, q, nullptr, cache, out, options);
+}
+
+void attention_with_kv_cache_varlen(Context& ctx, const TensorView& q, const int32_t* cu_seqlens_q, int max_seqlen_q,
+                                    const KvCache& cache, const TensorView& out, const KvAttentionOptions& options) {
+  const PackedRows packed{cu_seqlens_q, max_seqlen_q};
+  attend_cache(ctx, q, &packed, cache, out, options);
 }
 
 void rotary_embedding(Context& ctx, const TensorView& x, const TensorView& out, const Rotary& rotary) {
   ContextState& state = ctx.state();
   detail::validate_rotary_embedding(x, out, rotary);
   if (x.numel() == 0) return;
-  rotate_rows(state, x, out, /*lengths=*/nullptr, /*position_offset=*/0, rotary);  // positions[b] + step s, or s
+  // positions[b] + step s, or s
+  rotate_rows(state, x, out, /*lengths=*/nullptr, new_rows(x, nullptr, 0), int(x.batch()), rotary);
 }
 
 void merge_states(Context& ctx, const TensorView& out_a, const float* lse_a, const TensorView& out_b,

@@ -4,10 +4,11 @@
 #include <climits>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "validation/attention_validation.h"
 #include "selfattn/error.h"
+#include "validation/attention_validation.h"
 
 namespace selfattn::detail {
 namespace {
@@ -138,25 +139,52 @@ void check_rotary_disjoint(const char* function, const char* name, const std::op
                   written_name, written);
 }
 
+// A packed call's offsets and bound; returns the bytes the offsets occupy (read by the kernels).
+ByteRange check_packed(const char* function, const char* offsets_name, const char* max_name, const PackedRows& packed,
+                       int batch) {
+  if (packed.max_seqlen < 0 || packed.max_seqlen > kMaxExtent) {
+    fail(function, std::string(max_name) + " expected 0 to " + str(kMaxExtent) + ", got " + str(packed.max_seqlen));
+  }
+  if (batch > 0 && packed.cu_seqlens == nullptr) {
+    fail(function, std::string(offsets_name) + " expected non-null (cache.batch + 1 = " + str(int64_t(batch) + 1) +
+                       " device int32 entries), got null");
+  }
+  expect_aligned(function, offsets_name, packed.cu_seqlens, alignof(int32_t));
+  return int_range(packed.cu_seqlens, int64_t(batch) + 1);
+}
+
+void expect_packed_batch(const char* function, const char* name, const TensorView& view, const char* layout) {
+  if (view.batch() != 1) {
+    fail(function, std::string(name) + ".shape[0] expected 1 (packed rows " + layout + "), got " + str(view.batch()));
+  }
+}
+
 }  // namespace
 
 CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
-                              const AppendKvOptions& options) {
-  const char* function = "append_kv";
+                              const AppendKvOptions& options, const PackedRows* packed) {
+  const char* function = packed ? "append_kv_varlen" : "append_kv";
   const CacheShape shape = check_cache(function, cache, /*written=*/true);
   check_view(function, "k_new", k_new);
   check_view(function, "v_new", v_new);
   expect_dtype(function, "k_new", k_new, cache.k.dtype);
   expect_dtype(function, "v_new", v_new, cache.k.dtype);
-  expect_equal(function, "k_new.shape[0] (batch)", shape.batch, "cache.batch", k_new.batch());
+  ByteRange offsets{};
+  if (packed) {
+    expect_packed_batch(function, "k_new", k_new, "[1, kv_heads, total_new, head_dim]");
+    offsets = check_packed(function, "cu_seqlens_new", "max_seqlen_new", *packed, shape.batch);
+  } else {
+    expect_equal(function, "k_new.shape[0] (batch)", shape.batch, "cache.batch", k_new.batch());
+  }
   expect_equal(function, "k_new.shape[1] (kv_heads)", shape.kv_heads, "cache.k.shape[1]", k_new.heads());
   expect_equal(function, "k_new.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", k_new.head_dim());
   for (int i = 0; i < 4; ++i) {
     expect_equal(function, "v_new.shape[" + str(i) + "]", k_new.shape[i], "k_new.shape[" + str(i) + "]", v_new.shape[i]);
   }
-  if (int64_t(shape.capacity) + k_new.seq() > kMaxExtent) {
-    fail(function, "capacity + k_new.shape[2] (seq_new) expected <= " + str(kMaxExtent) + ", got " +
-                       str(int64_t(shape.capacity) + k_new.seq()));
+  const int64_t seq_new = packed ? packed->max_seqlen : k_new.seq();
+  if (int64_t(shape.capacity) + seq_new > kMaxExtent) {
+    fail(function, std::string("capacity + ") + (packed ? "max_seqlen_new" : "k_new.shape[2] (seq_new)") +
+                       " expected <= " + str(kMaxExtent) + ", got " + str(int64_t(shape.capacity) + seq_new));
   }
   check_rotary(function, "options.rotary", options.rotary, shape.head_dim);
   const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
@@ -166,6 +194,10 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   expect_disjoint(function, "v_new", byte_range(v_new), "cache.v", v);
   check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.k", k, shape.batch);
   check_rotary_disjoint(function, "options.rotary", options.rotary, "cache.v", v, shape.batch);
+  if (packed) {
+    expect_disjoint(function, "cu_seqlens_new", offsets, "cache.k", k);
+    expect_disjoint(function, "cu_seqlens_new", offsets, "cache.v", v);
+  }
   if (options.updated_lengths != nullptr) {
     expect_aligned(function, "options.updated_lengths", options.updated_lengths, alignof(int32_t));
     const ByteRange updated = int_range(options.updated_lengths, shape.batch);
@@ -178,6 +210,7 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
     expect_disjoint(function, "options.updated_lengths", updated, "k_new", byte_range(k_new));
     expect_disjoint(function, "options.updated_lengths", updated, "v_new", byte_range(v_new));
     check_rotary_disjoint(function, "options.rotary", options.rotary, "options.updated_lengths", updated, shape.batch);
+    if (packed) expect_disjoint(function, "options.updated_lengths", updated, "cu_seqlens_new", offsets);
     if (cache.paged()) {
       expect_disjoint(function, "options.updated_lengths", updated, "cache.block_table",
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
@@ -206,23 +239,32 @@ AttentionOptions attention_options_of(const KvAttentionOptions& options, const K
 }
 
 CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
-                                            const KvAttentionOptions& options, AttentionCall& score_mods) {
-  const char* function = "attention_with_kv_cache";
+                                            const KvAttentionOptions& options, AttentionCall& score_mods,
+                                            const PackedRows* packed) {
+  const char* function = packed ? "attention_with_kv_cache_varlen" : "attention_with_kv_cache";
   const CacheShape shape = check_cache(function, cache, /*written=*/false);
   check_view(function, "q", q);
   check_view(function, "out", out);
   expect_dtype(function, "q", q, cache.k.dtype);
   expect_dtype(function, "out", out, cache.k.dtype);
-  expect_equal(function, "q.shape[0] (batch)", shape.batch, "cache.batch", q.batch());
+  if (packed) {
+    expect_packed_batch(function, "q", q, "[1, heads, total_q, head_dim]");
+    check_packed(function, "cu_seqlens_q", "max_seqlen_q", *packed, shape.batch);
+  } else {
+    expect_equal(function, "q.shape[0] (batch)", shape.batch, "cache.batch", q.batch());
+  }
+  // Rows per sequence: the grid's extent (a packed call's longest sequence).
+  const int64_t seq_q = packed ? packed->max_seqlen : q.seq();
   expect_equal(function, "q.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", q.head_dim());
   for (int i = 0; i < 4; ++i) {
     expect_equal(function, "out.shape[" + str(i) + "]", q.shape[i], "q.shape[" + str(i) + "]", out.shape[i]);
   }
   // The decode kernels number the rows of one (sequence, kv head) group, (heads / kv_heads) * seq_q
   // of them, and their blocks' first rows in int32.
-  if (shape.kv_heads > 0 && q.heads() / shape.kv_heads * q.seq() > kMaxGroupRows) {
-    fail(function, "q.shape[1] / kv_heads * q.shape[2] (query rows per kv head) expected <= " + str(kMaxGroupRows) +
-                       ", got " + str(q.heads() / shape.kv_heads * q.seq()));
+  if (shape.kv_heads > 0 && q.heads() / shape.kv_heads * seq_q > kMaxGroupRows) {
+    fail(function, std::string("q.shape[1] / kv_heads * ") + (packed ? "max_seqlen_q" : "q.shape[2]") +
+                       " (query rows per kv head) expected <= " + str(kMaxGroupRows) + ", got " +
+                       str(q.heads() / shape.kv_heads * seq_q));
   }
   expect_distinct_addresses(function, "out", out);
   if (q.heads() > kMaxGridYZ) fail(function, "q.shape[1] (heads) expected <= 65535, got " + str(q.heads()));
@@ -274,19 +316,23 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
     check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse, shape.batch);
   }
   // Read by the kernels while out and lse are written.
-  for (const auto& [name, values] : {std::pair<const char*, const int32_t*>{"options.key_start", options.key_start},
-                                     {"options.q_offset", options.q_offset}}) {
+  // (cu_seqlens_q's alignment and entries were checked above.)
+  const int64_t offsets_count = int64_t(shape.batch) + 1;
+  for (const auto& [name, values, count] :
+       {std::tuple<const char*, const int32_t*, int64_t>{"options.key_start", options.key_start, shape.batch},
+        {"options.q_offset", options.q_offset, shape.batch},
+        {"cu_seqlens_q", packed ? packed->cu_seqlens : nullptr, offsets_count}}) {
     if (values == nullptr) continue;
     expect_aligned(function, name, values, alignof(int32_t));
-    const ByteRange range = int_range(values, shape.batch);
+    const ByteRange range = int_range(values, count);
     expect_disjoint(function, name, range, "out", out_range);
     if (options.lse != nullptr) {
       expect_disjoint(function, name, range, "options.lse",
                       byte_range(options.lse, size_t(q.batch() * q.heads() * q.seq()) * sizeof(float)));
     }
   }
-  check_score_mods(function, attention_options_of(options, cache), q.batch(), q.heads(), q.seq(), shape.capacity, q, out,
-                   q.batch() * q.heads() * q.seq(), true, score_mods, "capacity");
+  check_score_mods(function, attention_options_of(options, cache), shape.batch, q.heads(), seq_q, shape.capacity, q,
+                   out, q.batch() * q.heads() * q.seq(), true, score_mods, "capacity");
   return shape;
 }
 
@@ -360,10 +406,29 @@ void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const i
 }
 
 void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
-                    int extra_tokens) {
+                    int extra_tokens, const PackedRows* packed, int64_t total, bool appending) {
   if (shape.batch == 0) return;
   std::vector<int32_t> lengths(size_t(shape.batch));
   ctx.device->copy(lengths.data(), cache.lengths, lengths.size() * sizeof(int32_t), /*async=*/false);
+  std::vector<int32_t> offsets;
+  if (packed) {
+    const std::string name = appending ? "cu_seqlens_new" : "cu_seqlens_q";
+    const std::string bound = appending ? "max_seqlen_new" : "max_seqlen_q";
+    offsets.resize(size_t(shape.batch) + 1);
+    ctx.device->copy(offsets.data(), packed->cu_seqlens, offsets.size() * sizeof(int32_t), /*async=*/false);
+    if (offsets[0] != 0) fail(function, name + "[0] expected 0, got " + str(offsets[0]));
+    for (int b = 0; b < shape.batch; ++b) {
+      const int64_t count = int64_t(offsets[size_t(b) + 1]) - offsets[size_t(b)];
+      if (count < 0 || count > packed->max_seqlen) {
+        fail(function, name + "[" + str(b + 1) + "] - " + name + "[" + str(b) + "] expected 0 to " + bound + " = " +
+                           str(packed->max_seqlen) + ", got " + str(count));
+      }
+    }
+    if (offsets.back() > total) {
+      fail(function, name + "[" + str(shape.batch) + "] expected <= " + str(total) + " (the rows of " +
+                         (appending ? "k_new" : "q") + "), got " + str(offsets.back()));
+    }
+  }
   std::vector<int32_t> table, rows;
   if (cache.batch_index != nullptr) {
     rows.resize(size_t(shape.batch));
@@ -374,6 +439,7 @@ void check_metadata(const char* function, ContextState& ctx, const KvCache& cach
     ctx.device->copy(table.data(), cache.block_table, table.size() * sizeof(int32_t), /*async=*/false);
   }
   for (int b = 0; b < shape.batch; ++b) {
+    if (packed && appending) extra_tokens = offsets[size_t(b) + 1] - offsets[size_t(b)];
     const int64_t length = lengths[size_t(b)];
     const std::string entry = "cache.lengths[" + str(b) + "]";
     if (length < 0) fail(function, entry + " expected >= 0, got " + str(length));

@@ -18,8 +18,14 @@ struct CacheShape {
   int capacity = 0;
 };
 
+// A packed call's row offsets (kv_cache.h, "Packed calls"): the dense calls pass null.
+struct PackedRows {
+  const int32_t* cu_seqlens = nullptr;  // device [batch + 1]
+  int max_seqlen = 0;
+};
+
 CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
-                              const AppendKvOptions& options);
+                              const AppendKvOptions& options, const PackedRows* packed = nullptr);
 // The attention() options a cache call amounts to over the cache's K/V viewed as a padded batch
 // [batch, kv_heads, capacity, d] with key_lengths = cache.lengths (bottom-right alignment then puts
 // row i at position lengths[b] - seq_q + i): path, causal, scale, lse and the score modifiers.
@@ -27,8 +33,10 @@ AttentionOptions attention_options_of(const KvAttentionOptions& options, const K
 
 // Validates the call; `score_mods` receives its masks and modifiers (window, softcap, ALiBi, bias
 // over [batch, heads, seq_q, capacity]), checked by the same rule as attention()'s.
+// Packed calls check the bias as [batch, heads, max_seqlen_q, capacity] and lse as [heads, total_q].
 CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& cache, const TensorView& out,
-                                            const KvAttentionOptions& options, AttentionCall& score_mods);
+                                            const KvAttentionOptions& options, AttentionCall& score_mods,
+                                            const PackedRows* packed = nullptr);
 void validate_merge_states(const TensorView& out_a, const float* lse_a, const TensorView& out_b, const float* lse_b,
                            const TensorView& out, const float* lse_out);
 
@@ -38,8 +46,10 @@ void validate_rotary_embedding(const TensorView& x, const TensorView& out, const
 
 // options.validate_metadata: copies lengths and block table to the host (synchronously) and throws
 // InvalidArgument naming the first entry that would put a sequence's tokens [0, lengths[b] +
-// extra_tokens) outside [0, capacity) or in a page outside [0, num_pages).
+// extra_tokens) outside [0, capacity) or in a page outside [0, num_pages). A packed call's
+// cu_seqlens (`packed`, over `total` rows) is checked too; with `appending`, sequence b's extra
+// tokens are its n_b (extra_tokens is then ignored).
 void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
-                    int extra_tokens);
+                    int extra_tokens, const PackedRows* packed = nullptr, int64_t total = 0, bool appending = false);
 
 }  // namespace selfattn::detail

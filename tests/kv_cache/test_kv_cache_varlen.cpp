@@ -1,0 +1,465 @@
+// Packed calls over a KV cache (kv_cache.h, "Packed calls"): attention_with_kv_cache_varlen and
+// append_kv_varlen, where each sequence has its own number of new rows (0 allowed), as a serving
+// engine's step mixes prefill chunks and single-token decodes. Every path against the reference:
+// sequence b of a packed call is judged as the dense call of that sequence alone (its rows, its
+// cache pages, its slice of every per-sequence option). Rows no sequence owns stay poisoned.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kv_cache_check.h"
+#include "selfattn/selfattn.h"
+
+namespace selfattn {
+namespace {
+
+using namespace kv_test;
+
+const Path kPaths[] = {Path::naive, Path::cublas, Path::fused};
+
+struct PackedCase {
+  CacheSpec cache;
+  int heads = 1;
+  std::vector<int> rows;  // new query rows of each sequence
+  int spare_rows = 2;     // rows of q and out past the last sequence's: no sequence owns them
+  Causal causal = Causal::bottom_right;
+  std::vector<int32_t> q_offset;               // empty, or [batch]
+  std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved) on q
+  std::vector<int32_t> rotary_positions;       // empty, or [batch] (Rotary::positions)
+  int num_splits = 0;
+  testing::ScoreModsCase mods;  // the bias is [batch, heads, max_seqlen_q, capacity]
+
+  int max_seqlen() const { return rows.empty() ? 0 : *std::max_element(rows.begin(), rows.end()); }
+  std::vector<int32_t> offsets() const {
+    std::vector<int32_t> cu(1, 0);
+    for (int n : rows) cu.push_back(cu.back() + n);
+    return cu;
+  }
+  int total() const { return offsets().back() + spare_rows; }
+  std::string name() const {
+    std::string s = cache.name() + " h" + std::to_string(heads) + " rows=[";
+    for (int n : rows) s += std::to_string(n) + ",";
+    s += "] " + std::string(to_string(causal));
+    if (!q_offset.empty()) s += " q_offset";
+    if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary_positions.empty() ? "" : " positions");
+    if (num_splits) s += " splits" + std::to_string(num_splits);
+    return s + mods.name();
+  }
+};
+
+// Sequence b of `image` alone: a batch of one over the same pool.
+reference::KvCacheImage sequence_image(const reference::KvCacheImage& image, int b) {
+  reference::KvCacheImage one = image;
+  one.batch = 1;
+  one.lengths = {image.lengths[size_t(b)]};
+  if (!image.block_table.empty()) {
+    const auto row = image.block_table.begin() + ptrdiff_t(b) * image.max_pages_per_seq;
+    one.block_table.assign(row, row + image.max_pages_per_seq);
+  } else {
+    one.batch_index = {image.batch_index.empty() ? b : image.batch_index[size_t(b)]};
+  }
+  return one;
+}
+
+// Sequence b's problem: its rows, its key start and offset, its ALiBi slopes and bias rows.
+reference::Problem sequence_problem(const reference::Problem& all, int b, int rows, int max_seqlen) {
+  reference::Problem one = all;
+  one.batch = 1;
+  one.seq_q = rows;
+  if (!all.key_start.empty()) one.key_start = {all.key_start[size_t(b)]};
+  if (!all.q_offset.empty()) one.q_offset = {all.q_offset[size_t(b)]};
+  if (all.alibi_slopes.size() == size_t(all.batch) * all.heads) {
+    const auto first = all.alibi_slopes.begin() + ptrdiff_t(b) * all.heads;
+    one.alibi_slopes.assign(first, first + all.heads);
+  }
+  if (!all.bias.empty()) {
+    one.bias.clear();
+    const size_t keys = size_t(all.seq_k);
+    for (int h = 0; h < all.heads; ++h) {
+      const auto first = all.bias.begin() + ptrdiff_t(((size_t(b) * all.heads + h) * max_seqlen) * keys);
+      one.bias.insert(one.bias.end(), first, first + ptrdiff_t(size_t(rows) * keys));
+    }
+  }
+  return one;
+}
+
+// Runs attention_with_kv_cache_varlen and judges each sequence's rows (out and lse) against the
+// dense reference of that sequence alone; rows no sequence owns must still hold the poison.
+::testing::AssertionResult check_packed(Context& ctx, const PackedCase& c, Path path) {
+  const std::string what = c.name() + " " + to_string(path);
+  std::mt19937_64 rng = rng_for(what);
+  const TestCache cache = make_cache(ctx, c.cache, rng);
+  const DType dtype = c.cache.dtype;
+  const int batch = c.cache.batch, d = c.cache.head_dim, total = c.total(), max_seqlen = c.max_seqlen();
+  const std::vector<int32_t> offsets = c.offsets();
+  Tensor q = random_tensor(ctx, dtype, 1, c.heads, total, d, rng, kQueryLayout);
+  const Output out = poisoned_output(ctx, dtype, 1, c.heads, total, d, kOutLayout);
+  DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, size_t(c.heads) * total);
+  DeviceBuffer<int32_t> cu_seqlens(ctx, offsets.size(), "cu_seqlens_q");
+  cu_seqlens.copy_from_host(offsets);
+
+  KvAttentionOptions options;
+  options.path = path;
+  options.causal = c.causal;
+  options.num_splits = c.num_splits;
+  options.lse = reinterpret_cast<float*>(lse.data());
+  reference::Problem problem;
+  problem.batch = batch;
+  problem.heads = c.heads;
+  problem.kv_heads = c.cache.kv_heads;
+  problem.head_dim = d;
+  problem.causal = c.causal;
+  problem.seq_q = max_seqlen;
+  problem.seq_k = int(cache.image.capacity());
+  DeviceBuffer<int32_t> key_start(ctx, std::max<size_t>(c.cache.key_start.size(), 1), "key_start");
+  DeviceBuffer<int32_t> q_offset(ctx, std::max<size_t>(c.q_offset.size(), 1), "q_offset");
+  if (!c.cache.key_start.empty()) {
+    key_start.copy_from_host(c.cache.key_start);
+    options.key_start = key_start.data();
+    problem.key_start = c.cache.key_start;
+  }
+  if (!c.q_offset.empty()) {
+    q_offset.copy_from_host(c.q_offset);
+    options.q_offset = q_offset.data();
+    problem.q_offset = c.q_offset;
+  }
+  std::optional<TestRotary> rotary;
+  DeviceBuffer<int32_t> positions(ctx, std::max<size_t>(c.rotary_positions.size(), 1), "rotary positions");
+  if (c.rotary) {
+    int rows = rotary_rows_for(cache.image, 0);
+    for (int32_t p : c.rotary_positions) rows = std::max(rows, p + max_seqlen);
+    rotary = make_rotary(ctx, rows, c.rotary->first, c.rotary->second, rng);
+    if (!c.rotary_positions.empty()) {
+      positions.copy_from_host(c.rotary_positions);
+      rotary->view.positions = positions.data();
+      rotary->table.positions = c.rotary_positions;
+    }
+    options.rotary = rotary->view;
+  }
+  testing::ScoreModsData mods;
+  if (c.mods.any()) {
+    mods = testing::make_score_mods(ctx, c.mods, dtype, batch, c.heads, max_seqlen, problem.seq_k, rng);
+    mods.apply(c.mods, options);
+    mods.apply(c.mods, problem);
+  }
+
+  attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), max_seqlen, cache.view, out.view, options);
+  ctx.synchronize();
+
+  std::vector<float> out_values;
+  ::testing::AssertionResult result = download_output(what + " out", out.device, out.view, out_values);
+  if (!result) return result;
+  const std::vector<float> lse_values = download(lse, DType::f32, size_t(c.heads) * total);
+  // Each sequence's rows in [heads, rows] order, beside its expected values.
+  testing::AttentionExpected expected;
+  expected.out.row_length = d;
+  std::vector<float> out_judged, lse_judged;
+  std::vector<char> owned(size_t(total), 0);
+  for (int b = 0; b < batch; ++b) {
+    const int rows = c.rows[size_t(b)], first = offsets[size_t(b)];
+    if (rows == 0) continue;
+    std::vector<double> q_b;
+    for (int h = 0; h < c.heads; ++h)
+      for (int i = 0; i < rows; ++i) {
+        const size_t at = (size_t(h) * total + size_t(first + i)) * d;
+        q_b.insert(q_b.end(), q.values.begin() + ptrdiff_t(at), q.values.begin() + ptrdiff_t(at + size_t(d)));
+        out_judged.insert(out_judged.end(), out_values.begin() + ptrdiff_t(at),
+                          out_values.begin() + ptrdiff_t(at + size_t(d)));
+        lse_judged.push_back(lse_values[size_t(h) * total + size_t(first + i)]);
+        owned[size_t(first + i)] = 1;
+      }
+    std::optional<reference::RotaryTable> rotary_b;
+    if (rotary) {
+      rotary_b = rotary->table;
+      if (!c.rotary_positions.empty()) rotary_b->positions = {c.rotary_positions[size_t(b)]};
+    }
+    const testing::AttentionExpected part =
+        expected_kv_attention(sequence_problem(problem, b, rows, max_seqlen), q_b, sequence_image(cache.image, b),
+                              dtype, rotary_b ? &*rotary_b : nullptr);
+    expected.out.append(part.out);
+    expected.lse.append(part.lse);
+  }
+  for (int h = 0; h < c.heads; ++h)
+    for (int row = 0; row < total; ++row) {
+      if (owned[size_t(row)]) continue;
+      const size_t at = size_t(h) * total + size_t(row);
+      if (!std::isnan(lse_values[at]) || !std::isnan(out_values[at * d])) {
+        return ::testing::AssertionFailure()
+               << what << ": row " << row << " of head " << h << " belongs to no sequence but was written";
+      }
+    }
+  result = judge_values(what + " out", out_judged, expected.out);
+  if (!result) return result;
+  return judge_values(what + " lse", lse_judged, expected.lse);
+}
+
+PackedCase packed(CacheSpec cache, int heads, std::vector<int> rows, Causal causal = Causal::bottom_right) {
+  PackedCase c;
+  c.cache = std::move(cache);
+  c.heads = heads;
+  c.rows = std::move(rows);
+  c.causal = causal;
+  return c;
+}
+
+// A step of continuous batching: single-token decodes, a sequence with no new row, prefill chunks
+// longer than one block's 16 rows (GQA groups of 4 and 8 heads), a chunk longer than its cache
+// (rows before position 0 see no key), every dtype, both kernels of the fused path (the tensor-core
+// one at head_dim 64/128 with 16-byte rows), paged and contiguous.
+TEST(KvCacheVarlen, MixedPrefillAndDecodeEveryPath) {
+  Context ctx;
+  std::vector<PackedCase> cases;
+  cases.push_back(packed(paged(DType::f16, 5, 1, 64, 16, 4, {17, 5, 40, 1, 60}), 4, {1, 0, 7, 1, 33}));
+  cases.push_back(packed(paged(DType::bf16, 3, 2, 128, 16, 3, {33, 3, 48}, false), 4, {1, 5, 1}));
+  cases.push_back(packed(paged(DType::f32, 4, 1, 32, 1, 40, {0, 9, 38, 20}), 2, {3, 1, 17, 20}, Causal::none));
+  cases.push_back(packed(contiguous(DType::f16, 3, 2, 64, 50, {50, 12, 31}, false), 8, {2, 13, 1}));
+  for (const PackedCase& c : cases)
+    for (Path path : kPaths) EXPECT_TRUE(check_packed(ctx, c, path));
+}
+
+// The split-KV kernel's work division: one split, 3, more splits than tiles; a sequence of
+// max_seqlen rows beside ones of 1; every row of out owned (no spare rows), or spare rows that the
+// combine of the splits must leave alone.
+TEST(KvCacheVarlen, SplitCounts) {
+  Context ctx;
+  for (int splits : {1, 3, 64})
+    for (DType dtype : {DType::f16, DType::f32}) {
+      PackedCase c = packed(paged(dtype, 3, 1, 64, 16, 8, {113, 1, 64}), 8, {1, 1, 7});
+      c.num_splits = splits;
+      c.spare_rows = dtype == DType::f16 ? 0 : 3;
+      EXPECT_TRUE(check_packed(ctx, c, Path::fused));
+    }
+}
+
+// Per-sequence options follow the sequence: left padding (key_start) and query positions
+// (q_offset), ALiBi [batch, heads], a bias [batch, heads, max_seqlen_q, capacity] of which each
+// sequence reads its first rows, sinks, softcap and a window; rotary on q at the default positions
+// (each sequence's last rows) and at given ones.
+TEST(KvCacheVarlen, MasksModifiersAndRotaryPerSequence) {
+  Context ctx;
+  testing::ScoreModsCase mods;
+  mods.window_left = 20;
+  mods.softcap = 12.0f;
+  mods.alibi = testing::AlibiSlopes::batch_heads;
+  mods.bias = testing::BiasLayout::full;
+  mods.masked_key_period = 5;
+  mods.sinks = true;
+  for (Path path : kPaths) {
+    CacheSpec spec = paged(DType::f16, 3, 2, 64, 16, 4, {50, 30, 64});
+    spec.key_start = {10, 0, 16};
+    PackedCase c = packed(spec, 4, {7, 1, 3});
+    c.q_offset = {30, 28, 20};
+    c.mods = mods;
+    EXPECT_TRUE(check_packed(ctx, c, path));
+    PackedCase rotated = packed(paged(DType::bf16, 3, 1, 64, 16, 3, {20, 5, 40}), 2, {4, 0, 9});
+    rotated.rotary = std::make_pair(32, false);
+    EXPECT_TRUE(check_packed(ctx, rotated, path));
+    rotated.rotary = std::make_pair(64, true);
+    rotated.rotary_positions = {3, 0, 17};
+    EXPECT_TRUE(check_packed(ctx, rotated, path));
+  }
+}
+
+// When every sequence has the same number of rows, the packed call is the dense call: the same
+// kernels over the same rows, so out and lse agree bit for bit (fused path, explicit splits).
+TEST(KvCacheVarlen, EqualRowsMatchTheDenseCallBitwise) {
+  Context ctx;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    const CacheSpec spec = paged(dtype, 3, 2, 64, 16, 3, {40, 7, 33});
+    std::mt19937_64 rng = rng_for(std::string("equal rows ") + to_string(dtype));
+    const TestCache cache = make_cache(ctx, spec, rng);
+    const int heads = 4, rows = 3, d = 64;
+    // One packed [1, heads, 3 * rows, d] q viewed as dense [3, heads, rows, d] (BSHD both ways).
+    Tensor q = random_tensor(ctx, dtype, 1, heads, 3 * rows, d, rng, Layout{false, 0});
+    TensorView q_dense = TensorView::bshd(q.device.data(), dtype, 3, heads, rows, d);
+    Output packed_out = poisoned_output(ctx, dtype, 1, heads, 3 * rows, d, Layout{false, 0});
+    Output dense_out = poisoned_output(ctx, dtype, 3, heads, rows, d, Layout{false, 0});
+    const std::vector<int32_t> offsets = {0, rows, 2 * rows, 3 * rows};
+    DeviceBuffer<int32_t> cu_seqlens(ctx, offsets.size(), "cu_seqlens_q");
+    cu_seqlens.copy_from_host(offsets);
+    KvAttentionOptions options;
+    options.path = Path::fused;
+    options.num_splits = 2;
+    attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), rows, cache.view, packed_out.view, options);
+    attention_with_kv_cache(ctx, q_dense, cache.view, dense_out.view, options);
+    ctx.synchronize();
+    EXPECT_EQ(packed_out.device.to_host(), dense_out.device.to_host()) << to_string(dtype);
+  }
+}
+
+// Wrong offsets on the fused path stay inside the views: out of order (running maxima make the
+// later sequence empty), past total_q (clamped), a sequence longer than max_seqlen_q (cut to it).
+// Rows no sequence then owns are not written; every written row is finite. validate_metadata
+// names each bad entry instead.
+TEST(KvCacheVarlen, WrongOffsetsAreClampedOrNamed) {
+  Context ctx;
+  const CacheSpec spec = paged(DType::f16, 3, 1, 64, 16, 2, {20, 9, 31});
+  std::mt19937_64 rng = rng_for("wrong offsets");
+  const TestCache cache = make_cache(ctx, spec, rng);
+  const int heads = 2, total = 12, d = 64;
+  Tensor q = random_tensor(ctx, DType::f16, 1, heads, total, d, rng, kQueryLayout);
+  struct Wrong {
+    std::vector<int32_t> offsets;
+    int max_seqlen;
+    std::vector<int> owned;  // rows some sequence owns after ordering and clamping
+    std::string message;     // what validate_metadata says
+  };
+  const std::vector<Wrong> wrongs = {
+      {{0, 6, 3, 9},
+       4,
+       {0, 1, 2, 3, 6, 7, 8},
+       "cu_seqlens_q[1] - cu_seqlens_q[0] expected 0 to max_seqlen_q = 4, got 6"},
+      {{0, 2, 1, 3}, 4, {0, 1, 2}, "cu_seqlens_q[2] - cu_seqlens_q[1] expected 0 to max_seqlen_q = 4, got -1"},
+      {{0, 4, 8, 14},
+       6,
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11},
+       "cu_seqlens_q[3] expected <= 12 (the rows of q), got 14"},
+      {{3, 4, 5, 6}, 4, {3, 4, 5}, "cu_seqlens_q[0] expected 0, got 3"},
+  };
+  for (const Wrong& wrong : wrongs)
+    for (int splits : {1, 3}) {  // the block writes its rows itself, or the combine does
+      DeviceBuffer<int32_t> cu_seqlens(ctx, wrong.offsets.size(), "cu_seqlens_q");
+      cu_seqlens.copy_from_host(wrong.offsets);
+      Output out = poisoned_output(ctx, DType::f16, 1, heads, total, d, kOutLayout);
+      KvAttentionOptions options;
+      options.path = Path::fused;
+      options.num_splits = splits;
+      attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), wrong.max_seqlen, cache.view, out.view, options);
+      ctx.synchronize();
+      std::vector<float> values;
+      EXPECT_TRUE(download_output("wrong offsets out", out.device, out.view, values));
+      for (int h = 0; h < heads; ++h)
+        for (int row = 0; row < total; ++row) {
+          const bool owned = std::find(wrong.owned.begin(), wrong.owned.end(), row) != wrong.owned.end();
+          const float value = values[(size_t(h) * total + size_t(row)) * d];
+          EXPECT_EQ(owned, !std::isnan(value))
+              << "row " << row << " head " << h << " splits " << splits << " offsets " << wrong.message;
+        }
+      options.validate_metadata = true;
+      try {
+        attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), wrong.max_seqlen, cache.view, out.view, options);
+        ADD_FAILURE() << "validate_metadata passed " << wrong.message;
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(wrong.message), std::string::npos) << e.what();
+      }
+    }
+}
+
+// append_kv_varlen writes what append_kv writes for each sequence alone (its tokens, its pages,
+// its rotary positions; checked against the reference in test_kv_cache_append), bit for bit, and
+// nothing else; updated_lengths advance by each sequence's own count. Then attention over the
+// appended tokens with the new lengths.
+TEST(KvCacheVarlen, AppendPackedEqualsAppendPerSequence) {
+  Context ctx;
+  for (bool paged_cache : {true, false}) {
+    CacheSpec spec = paged_cache ? paged(DType::bf16, 4, 2, 64, 16, 4, {0, 15, 30, 62})
+                                 : contiguous(DType::f16, 4, 2, 64, 40, {3, 0, 20, 38}, false);
+    const std::vector<int> counts = {5, 0, 17, 1};
+    const std::vector<int32_t> offsets = {0, 5, 5, 22, 23};
+    const int total = 25, seq_max = 17, d = 64;
+    std::mt19937_64 rng = rng_for(spec.name() + " packed append");
+    std::mt19937_64 same = rng;
+    TestCache packed_cache = make_cache(ctx, spec, rng);
+    TestCache single_cache = make_cache(ctx, spec, same);
+    TestRotary rotary = make_rotary(ctx, 64, 32, false, rng);
+    const std::vector<int32_t> rotary_start = {2, 0, 7, 40};
+    DeviceBuffer<int32_t> positions(ctx, rotary_start.size(), "rotary positions");
+    positions.copy_from_host(rotary_start);
+    rotary.view.positions = positions.data();
+    Tensor k_new = random_tensor(ctx, spec.dtype, 1, spec.kv_heads, total, d, rng, kNewKeysLayout);
+    Tensor v_new = random_tensor(ctx, spec.dtype, 1, spec.kv_heads, total, d, rng, kNewValuesLayout);
+    DeviceBuffer<int32_t> cu_seqlens(ctx, offsets.size(), "cu_seqlens_new");
+    cu_seqlens.copy_from_host(offsets);
+    DeviceBuffer<int32_t> packed_lengths(ctx, 4, "updated lengths"), single_lengths(ctx, 4, "updated lengths");
+    AppendKvOptions options;
+    options.rotary = rotary.view;
+    options.updated_lengths = packed_lengths.data();
+    options.validate_metadata = true;
+    append_kv_varlen(ctx, packed_cache.view, k_new.view, v_new.view, cu_seqlens.data(), seq_max, options);
+    for (int b = 0; b < 4; ++b) {
+      KvCache one = single_cache.view;
+      one.batch = 1;
+      one.lengths = single_cache.view.lengths + b;
+      if (paged_cache) {
+        one.block_table = single_cache.view.block_table + b * one.max_pages_per_seq;
+      } else {
+        one.k.data = static_cast<unsigned char*>(one.k.data) + b * one.k.strides[0] * dtype_size(spec.dtype);
+        one.v.data = static_cast<unsigned char*>(one.v.data) + b * one.v.strides[0] * dtype_size(spec.dtype);
+        one.k.shape[0] = one.v.shape[0] = 1;
+      }
+      TensorView k_b = k_new.view, v_b = v_new.view;
+      for (TensorView* view : {&k_b, &v_b}) {
+        view->data =
+            static_cast<unsigned char*>(view->data) + offsets[size_t(b)] * view->strides[2] * dtype_size(spec.dtype);
+        view->shape[2] = counts[size_t(b)];
+      }
+      AppendKvOptions single = options;
+      single.rotary->positions = positions.data() + b;
+      single.updated_lengths = single_lengths.data() + b;
+      append_kv(ctx, one, k_b, v_b, single);
+    }
+    ctx.synchronize();
+    EXPECT_EQ(packed_cache.k.to_host(), single_cache.k.to_host()) << spec.name();
+    EXPECT_EQ(packed_cache.v.to_host(), single_cache.v.to_host()) << spec.name();
+    EXPECT_EQ(packed_lengths.to_host(), single_lengths.to_host()) << spec.name();
+    for (int b = 0; b < 4; ++b)
+      EXPECT_EQ(packed_lengths.to_host()[size_t(b)], spec.lengths[size_t(b)] + counts[size_t(b)]) << b;
+
+    // validate_metadata: a sequence whose new tokens overflow its capacity is named.
+    const std::vector<int32_t> too_many = {0, 5, 5, 22, 25};
+    cu_seqlens.copy_from_host(too_many);
+    options.updated_lengths = nullptr;
+    try {
+      append_kv_varlen(ctx, packed_cache.view, k_new.view, v_new.view, cu_seqlens.data(), seq_max, options);
+      ADD_FAILURE() << "an append past the capacity passed validate_metadata";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("append_kv_varlen: cache.lengths[3] expected <= "), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Bad arguments name what is wrong, before anything is written.
+TEST(KvCacheVarlen, ArgumentsNamed) {
+  Context ctx;
+  const CacheSpec spec = paged(DType::f16, 2, 1, 64, 16, 2, {3, 4});
+  std::mt19937_64 rng = rng_for("packed arguments");
+  const TestCache cache = make_cache(ctx, spec, rng);
+  Tensor q = random_tensor(ctx, DType::f16, 1, 2, 5, 64, rng, kQueryLayout);
+  Tensor q_batched = random_tensor(ctx, DType::f16, 2, 2, 5, 64, rng, kQueryLayout);
+  Output out = poisoned_output(ctx, DType::f16, 1, 2, 5, 64, kOutLayout);
+  DeviceBuffer<int32_t> cu_seqlens(ctx, 3, "cu_seqlens_q");
+  cu_seqlens.copy_from_host(std::vector<int32_t>{0, 2, 5});
+  const auto expect_message = [&](const std::string& message, const auto& call) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  expect_message("attention_with_kv_cache_varlen: q.shape[0] expected 1 (packed rows", [&] {
+    attention_with_kv_cache_varlen(ctx, q_batched.view, cu_seqlens.data(), 3, cache.view, out.view);
+  });
+  expect_message("attention_with_kv_cache_varlen: cu_seqlens_q expected non-null",
+                 [&] { attention_with_kv_cache_varlen(ctx, q.view, nullptr, 3, cache.view, out.view); });
+  expect_message("attention_with_kv_cache_varlen: max_seqlen_q expected 0 to",
+                 [&] { attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), -1, cache.view, out.view); });
+  expect_message("attention_with_kv_cache_varlen: cu_seqlens_q expected not to overlap out", [&] {
+    TensorView overlapping = out.view;
+    attention_with_kv_cache_varlen(ctx, q.view, static_cast<const int32_t*>(overlapping.data), 3, cache.view,
+                                   overlapping);
+  });
+  Tensor k_new = random_tensor(ctx, DType::f16, 2, 1, 5, 64, rng, kNewKeysLayout);
+  expect_message("append_kv_varlen: k_new.shape[0] expected 1 (packed rows",
+                 [&] { append_kv_varlen(ctx, cache.view, k_new.view, k_new.view, cu_seqlens.data(), 3); });
+  EXPECT_EQ(std::vector<unsigned char>(out.device.size(), 0xff), out.device.to_host());
+}
+
+}  // namespace
+}  // namespace selfattn

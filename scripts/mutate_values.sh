@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -271,6 +271,20 @@ mutant decode_left_padding_staged kernels/decode/decode_split_kv_mma.cuh 1 \
 mutant repair_ignores_key_start kernels/unfused/gemm_key_repair.cuh 1 \
   'p.causal, p.key_start, p.q_offset, 0)' 'p.causal, nullptr, p.q_offset, 0)' \
   'the cublas path'"'"'s GEMM repair sums over the left padding'
+# Issue 36 item 1: packed KV-cache calls, each sequence with its own number of new rows.
+mutant packed_rows_take_max_seqlen kernels/decode/decode_split_kv_mma.cuh 1 \
+  '  const int seq_q = rows.count;' '  const int seq_q = rows.count > 0 ? p.q_rows.seq : 0;' \
+  'the tensor-core decode gives every packed sequence max_seqlen_q rows'
+mutant combine_writes_unowned_rows kernels/decode/decode_combine.cuh 1 \
+  '    if (!packed_row_owned(p.q_rows, p.batch, i)) continue;' '    (void)packed_row_owned;' \
+  'decode_combine writes the packed rows no sequence owns'
+mutant packed_rotary_at_max_seqlen kernels/decode/rotary_rows.cuh 1 \
+  'int64_t(p.lengths[b]) - rows.count : 0;' 'int64_t(p.lengths[b]) - p.rows.seq : 0;' \
+  'q of a packed call rotated as if every sequence had max_seqlen_q rows'
+mutant packed_rows_not_cut_at_max_seqlen kernels/decode/new_rows.cuh 1 \
+  'return SequenceRows{end - begin < rows.seq ? end - begin : rows.seq, begin, 0};' \
+  'return SequenceRows{end - begin, begin, 0};' \
+  'a packed sequence longer than max_seqlen keeps its rows past the grid'"'"'s'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

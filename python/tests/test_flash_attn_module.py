@@ -341,6 +341,27 @@ def test_kvcache_paged_with_block_table():
     assert_lse(lse, want_lse)
 
 
+@pytest.mark.parametrize("options", [dict(causal=True), dict(), dict(causal=True, window_size=(3, 0), softcap=5.0)],
+                         ids=str)
+def test_varlen_paged_with_block_table(options):
+    # A serving engine's step: each sequence's new rows packed in q over a paged cache whose first
+    # cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens are sequence b's keys (its new tokens included).
+    g = torch.Generator().manual_seed(39)
+    pool_k, pool_v = (torch.randn(9, 4, 2, 32, generator=g) for _ in range(2))
+    table = torch.tensor([[5, 0, 3], [2, 6, 1], [8, 7, 4]], dtype=torch.int32)
+    lengths_q, lengths_k = [1, 0, 5], [6, 3, 11]
+    cu_q = torch.tensor(np.cumsum([0] + lengths_q), dtype=torch.int32)
+    cu_k = torch.tensor(np.cumsum([0] + lengths_k), dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), 4, 32, generator=g)
+    out = flash_attn_varlen_func(q, pool_k, pool_v, cu_q, cu_k, max(lengths_q), max(lengths_k), block_table=table,
+                                 **options)
+    keys_k, keys_v = paged(pool_k, table, 12), paged(pool_v, table, 12)
+    for b in range(3):
+        rows = slice(cu_q[b], cu_q[b + 1])
+        want, _ = reference(q[None, rows], keys_k[b:b + 1, :lengths_k[b]], keys_v[b:b + 1, :lengths_k[b]], **options)
+        assert_close(out[None, rows], want, "float32")
+
+
 def rotate(x, cos, sin, positions, interleaved):
     """x [b, s, h, d] rotated at positions [b, s] (float64), FlashAttention's rotary rule."""
     x = x.double()
@@ -401,7 +422,6 @@ def test_refusals_are_runtime_errors_naming_the_argument():
         (lambda: flash_attn_func(q, k, v, return_attn_probs=True), "return_attn_probs"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, dropout_p=0.5), "dropout_p"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, return_attn_probs=True), "return_attn_probs"),
-        (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, block_table=cu[None]), "block_table"),
         (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=seqlens * 0,
                                          block_table=seqlens[None] * 0), "cache_batch_idx"),
     ]

@@ -48,8 +48,13 @@ Refused, with a FlashAttnNotSupported naming the argument (none is silently igno
 
 - dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
-- flash_attn_varlen_func's block_table (a paged KV cache in varlen calls).
 - cache_batch_idx with block_table (FlashAttention refuses it too).
+
+flash_attn_varlen_func with block_table (a serving engine's step: each sequence's new rows packed in
+q over a paged cache, FlashAttention's paged varlen call): k and v are the page pools [num_blocks,
+page_block_size, nheads_k, headdim], sequence b's keys are its first cu_seqlens_k[b + 1] -
+cu_seqlens_k[b] cache tokens, and the call is selfattn.attention_with_kv_cache(cu_seqlens_q=...)
+(no backward, as with flash_attn_with_kvcache; graph-safe on the fused path).
 
 Rotary embedding follows FlashAttention's positions through selfattn's rotary_positions: new k and
 v token t at (cache_seqlens - cache_leftpad) + t, q's row i there + i when the call is causal or
@@ -188,19 +193,24 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     like q; differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
     _refuse_training_options(name, dropout_p, return_attn_probs)
-    if block_table is not None:
-        _refuse(name, "block_table (a paged KV cache) is not supported in varlen calls; use flash_attn_with_kvcache "
-                      "with block_table, or a packed k and v")
-    q, k, v = _tensor(name, "q", q, 3), _tensor(name, "k", k, 3), _tensor(name, "v", v, 3)
+    paged = block_table is not None
+    q = _tensor(name, "q", q, 3)
+    k, v = _tensor(name, "k", k, 4 if paged else 3), _tensor(name, "v", v, 4 if paged else 3)
     for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             _invalid(name, f"{label} expected an int >= 0, got {value!r}")
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
-                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
-                   deterministic=bool(deterministic))
+                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes)
     with _runtime_errors(name):
+        if paged:  # k, v: page pools; each sequence's key count from cu_seqlens_k, on the device
+            cu_k = _tensor(name, "cu_seqlens_k", cu_seqlens_k, 1)
+            lengths = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+            return selfattn.attention_with_kv_cache(q, k, v, lengths, block_table=block_table, layout="bshd",
+                                                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q),
+                                                    **options)
         return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
-                                         max_seqlen_k=int(max_seqlen_k), **options)
+                                         max_seqlen_k=int(max_seqlen_k), deterministic=bool(deterministic),
+                                         **options)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

@@ -116,18 +116,8 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
   problem.causal = c.causal;
   problem.seq_q = max_seqlen;
   problem.seq_k = int(cache.image.capacity());
-  DeviceBuffer<int32_t> key_start(ctx, std::max<size_t>(c.cache.key_start.size(), 1), "key_start");
-  DeviceBuffer<int32_t> q_offset(ctx, std::max<size_t>(c.q_offset.size(), 1), "q_offset");
-  if (!c.cache.key_start.empty()) {
-    key_start.copy_from_host(c.cache.key_start);
-    options.key_start = key_start.data();
-    problem.key_start = c.cache.key_start;
-  }
-  if (!c.q_offset.empty()) {
-    q_offset.copy_from_host(c.q_offset);
-    options.q_offset = q_offset.data();
-    problem.q_offset = c.q_offset;
-  }
+  const SequenceOffsets sequence_offsets =
+      upload_sequence_offsets(ctx, c.cache.key_start, c.q_offset, options, problem);
   std::optional<TestRotary> rotary;
   DeviceBuffer<int32_t> positions(ctx, std::max<size_t>(c.rotary_positions.size(), 1), "rotary positions");
   if (c.rotary) {

@@ -384,6 +384,29 @@ inline testing::AttentionExpected expected_merge(const testing::AttentionExpecte
   return e;
 }
 
+// A case's key_start and q_offset (empty: none) on the device, set in the call's options and the
+// reference's problem; the buffers live as long as the returned value.
+struct SequenceOffsets {
+  DeviceBuffer<int32_t> key_start, q_offset;
+};
+inline SequenceOffsets upload_sequence_offsets(Context& ctx, const std::vector<int32_t>& key_start,
+                                               const std::vector<int32_t>& q_offset, KvAttentionOptions& options,
+                                               reference::Problem& problem) {
+  SequenceOffsets device{DeviceBuffer<int32_t>(ctx, std::max<size_t>(key_start.size(), 1), "test key_start"),
+                         DeviceBuffer<int32_t>(ctx, std::max<size_t>(q_offset.size(), 1), "test q_offset")};
+  if (!key_start.empty()) {
+    device.key_start.copy_from_host(key_start);
+    options.key_start = device.key_start.data();
+    problem.key_start = key_start;
+  }
+  if (!q_offset.empty()) {
+    device.q_offset.copy_from_host(q_offset);
+    options.q_offset = device.q_offset.data();
+    problem.q_offset = q_offset;
+  }
+  return device;
+}
+
 // Runs attention_with_kv_cache on `cache` and compares out and lse with the reference.
 inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCase& c, const TestCache& cache, Path path,
                                             std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
@@ -401,18 +424,7 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
   if (rotary) options.rotary = rotary->view;
   reference::Problem problem = problem_of(c);
   problem.seq_k = int(cache.image.capacity());  // the key extent of the bias
-  DeviceBuffer<int32_t> key_start(ctx, std::max<size_t>(c.cache.key_start.size(), 1), "test key_start");
-  DeviceBuffer<int32_t> q_offset(ctx, std::max<size_t>(c.q_offset.size(), 1), "test q_offset");
-  if (!c.cache.key_start.empty()) {
-    key_start.copy_from_host(c.cache.key_start);
-    options.key_start = key_start.data();
-    problem.key_start = c.cache.key_start;
-  }
-  if (!c.q_offset.empty()) {
-    q_offset.copy_from_host(c.q_offset);
-    options.q_offset = q_offset.data();
-    problem.q_offset = c.q_offset;
-  }
+  const SequenceOffsets offsets = upload_sequence_offsets(ctx, c.cache.key_start, c.q_offset, options, problem);
   testing::ScoreModsData mods;
   if (c.mods.any()) {
     mods = testing::make_score_mods(ctx, c.mods, dtype, batch, c.heads, c.seq_q, problem.seq_k, rng);

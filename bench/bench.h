@@ -42,6 +42,11 @@ struct ScoreMods {
 struct DecodeShape {
   int cache_len = 0, page_size = 0, new_tokens = 0;
   int splits = 0;  // KvAttentionOptions::num_splits as asked (0: the library's heuristic)
+  // > 0: a continuous-batching step, sequence 0 with this many new rows (a prefill chunk) beside the
+  // others' new_tokens, in one packed attention_with_kv_cache_varlen call (q, out [total, heads, d]).
+  int prefill_rows = 0;
+  // New query rows of sequence b.
+  int rows_of(int b) const { return b == 0 && prefill_rows > 0 ? prefill_rows : new_tokens; }
 };
 
 // What a case times: the forward (attention()), the backward alone (attention_backward() on the
@@ -141,7 +146,8 @@ const char* name(FusedKernel kernel);
 // FlashAttention's convention: 4 * b * h * d per visible (query, key) pair for the forward; pairs
 // masked by the causal mask or the sliding window are not counted (the bench's bias masks nothing).
 // The backward counts 2.5 times that (five matrix products against the forward's two: dV, dP, dQ,
-// dK and the recomputed S), fwd+bwd 3.5 times.
+// dK and the recomputed S), fwd+bwd 3.5 times. A decode step with a prefill chunk counts each
+// sequence's own rows.
 double attention_flops(const Case& c);
 // Forward: q, k, v read once and out written once. Backward: q, k, v, out and dout read, dq, dk, dv
 // written (LSE and D, one float a row, not counted). fwd+bwd: both.
@@ -204,6 +210,7 @@ size_t device_l2_bytes(selfattn::Context& ctx);
 struct DecodeSweep {
   std::vector<int> batches, cache_lengths, page_sizes;
   std::vector<int> new_tokens{1};
+  std::vector<int> prefill_rows{0};  // DecodeShape::prefill_rows; 0: the dense call
   int heads = 32, kv_heads = 8, head_dim = 128;
   DType dtype = DType::bf16;
   int splits = 0;  // 0: the library's heuristic

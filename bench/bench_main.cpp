@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   std::string json_file, csv_file;
   bool no_ceilings = false;
   std::string mode = "attention";
-  std::vector<int> cache_len, page_size, new_tokens;
+  std::vector<int> cache_len, page_size, new_tokens, prefill_rows;
   int splits = 0;
   double sweep_mods_softcap = 0;
   bool sweep_mods_alibi = false;
@@ -132,6 +132,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')->check(CLI::PositiveNumber)->option_text("N,...")->group("Decode (--mode decode)");
   app.add_option("--new-tokens", new_tokens, "decode: query rows per sequence (default 1)")
       ->delimiter(',')->check(CLI::PositiveNumber)->option_text("N,...")->group("Decode (--mode decode)");
+  app.add_option("--prefill-rows", prefill_rows,
+                 "decode: a continuous-batching step: sequence 0 gets N new rows (a prefill chunk) beside the "
+                 "others' --new-tokens, one packed attention_with_kv_cache_varlen call (default 0: the dense call)")
+      ->delimiter(',')->check(CLI::NonNegativeNumber)->option_text("N,...")->group("Decode (--mode decode)");
   app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
       ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
@@ -219,6 +223,7 @@ int main(int argc, char** argv) {
     if (!cache_len.empty()) decode.cache_lengths = cache_len;
     if (!page_size.empty()) decode.page_sizes = page_size;
     if (!new_tokens.empty()) decode.new_tokens = new_tokens;
+    if (!prefill_rows.empty()) decode.prefill_rows = prefill_rows;
     decode.splits = splits;
     try {
       if (!path_words.empty()) decode.paths = parse_paths(path_words);

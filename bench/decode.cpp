@@ -2,7 +2,10 @@
 // length, page size and new tokens per sequence. Decode reads each sequence's K and V once, so it
 // is bandwidth-bound: the rate reported is bytes (K/V of the cached tokens read, q read, out
 // written) per second, and its share of the device copy ceiling measured in the same run. With
-// --check the first call of each case is compared with the double reference (accuracy.h).
+// --prefill-rows, sequence 0 has a prefill chunk of new rows beside the others' decode rows, in one
+// packed attention_with_kv_cache_varlen call (a continuous-batching step): the same bytes, and
+// FLOPs summed over each sequence's own rows. With --check the first call of each case is compared
+// with the double reference (accuracy.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -62,21 +65,25 @@ std::vector<int> checked_sequences(const Case& c, double whole_macs) {
   return sequences;
 }
 
-// The decode inputs as the device holds them: q, out [batch, new_tokens, heads, d] (BSHD), the K/V
-// pools [num_pages, page_size, kv_heads, d] with each buffer's fill chunk, and the block table.
+// The decode inputs as the device holds them: q, out [total rows, heads, d] (sequence b's new rows
+// from first_row[b]: BSHD [batch, new_tokens, heads, d] when every sequence has new_tokens), the
+// K/V pools [num_pages, page_size, kv_heads, d] with each buffer's fill chunk, and the block table.
 struct DecodeHost {
   std::vector<float> q, k, v;
   std::vector<int32_t> table;
+  std::vector<int32_t> first_row;  // [batch + 1]: the packed offsets
   int pages_per_seq = 0;
 };
 
-// Compares out (downloaded, as BHSD floats) with the double reference, sequence by sequence: each checked
-// sequence's q, K/V (gathered through the block table) and out as BHSD of batch 1, where decode
-// attention is attention() with seq_k = cache_len, bottom-right (check_against_reference).
+// Compares out (downloaded as [heads, total rows, d] floats) with the double reference, sequence by
+// sequence: each checked sequence's q, K/V (gathered through the block table) and out as BHSD of
+// batch 1, where decode attention is attention() with seq_k = cache_len, bottom-right
+// (check_against_reference).
 AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::vector<float>& out, double tolerance,
                             double whole_macs) {
   const DecodeShape& shape = *c.decode;
   const int d = c.head_dim;
+  const size_t total_rows = size_t(host.first_row.back());
   AccuracyResult total;
   total.passed = true;
   const std::vector<int> sequences = checked_sequences(c, whole_macs);
@@ -84,15 +91,17 @@ AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::ve
   Case one = c;
   one.batch = 1;
   for (int b : sequences) {
-    std::vector<float> q(size_t(c.heads) * c.seq_q * d), o(q.size());
+    one.seq_q = shape.rows_of(b);
+    const size_t first = size_t(host.first_row[size_t(b)]);
+    std::vector<float> q(size_t(c.heads) * one.seq_q * d), o(q.size());
     std::vector<float> k(size_t(c.kv_heads) * c.seq_k * d), v(k.size());
     for (int h = 0; h < c.heads; ++h)
-      for (int i = 0; i < c.seq_q; ++i)
+      for (int i = 0; i < one.seq_q; ++i)
         for (int e = 0; e < d; ++e) {
-          const size_t device = ((size_t(b) * c.seq_q + size_t(i)) * c.heads + size_t(h)) * d + size_t(e);
-          const size_t bhsd = (size_t(h) * c.seq_q + size_t(i)) * d + size_t(e);
+          const size_t device = ((first + size_t(i)) * c.heads + size_t(h)) * d + size_t(e);
+          const size_t bhsd = (size_t(h) * one.seq_q + size_t(i)) * d + size_t(e);
           q[bhsd] = element_of(host.q, device);
-          o[bhsd] = out[size_t(b) * o.size() + bhsd];
+          o[bhsd] = out[(size_t(h) * total_rows + first + size_t(i)) * d + size_t(e)];
         }
     for (int t = 0; t < c.seq_k; ++t) {
       const size_t page = size_t(host.table[size_t(b) * host.pages_per_seq + size_t(t / shape.page_size)]);
@@ -119,7 +128,9 @@ AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::ve
 void print_line(const CaseResult& r) {
   const Case& c = r.c;
   const DecodeShape& shape = *c.decode;
-  std::printf("%-7s %6d %8d %5d %4d %7s ", name(c.path), c.batch, shape.cache_len, shape.page_size, shape.new_tokens,
+  const std::string rows = shape.prefill_rows > 0 ? std::to_string(shape.prefill_rows) + "+" + std::to_string(shape.new_tokens)
+                                                  : std::to_string(shape.new_tokens);
+  std::printf("%-7s %6d %8d %5d %6s %7s ", name(c.path), c.batch, shape.cache_len, shape.page_size, rows.c_str(),
               shape.splits ? std::to_string(shape.splits).c_str() : "auto");
   if (r.status != Status::ok && r.status != Status::check_failed) {
     std::printf(" %s: %s\n", r.status == Status::error ? "error" : "skipped", r.note.c_str());
@@ -141,14 +152,15 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
   std::printf("decode: %s, %d query heads over %d kv heads, head_dim %d, copy ceiling %s\n", name(dtype), sweep.heads,
               sweep.kv_heads, sweep.head_dim,
               ceilings.copy_gbps > 0 ? (std::to_string(int(ceilings.copy_gbps)) + " GB/s").c_str() : "not measured");
-  std::printf("%-7s %6s %8s %5s %4s %7s %10s %9s %7s %9s %s\n", "path", "batch", "cache", "page", "new", "splits", "ms",
+  std::printf("%-7s %6s %8s %5s %6s %7s %10s %9s %7s %9s %s\n", "path", "batch", "cache", "page", "new", "splits", "ms",
               "GB/s", "%copy", "rel_err", "check");
   std::mt19937_64 rng(2024);
   std::vector<CaseResult> results;
   for (int page_size : sweep.page_sizes) {
     for (int batch : sweep.batches) {
       for (int cache_len : sweep.cache_lengths) {
-        for (int new_tokens : sweep.new_tokens) {
+        for (int new_tokens : sweep.new_tokens)
+         for (int prefill_rows : sweep.prefill_rows) {
           Case c;
           c.dtype = dtype;
           c.batch = batch;
@@ -159,9 +171,13 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           c.head_dim = sweep.head_dim;
           c.causal = Causal::bottom_right;
           c.layout = Layout::bshd;
-          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits};
+          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits, prefill_rows};
           // The cache holds cache_len tokens per sequence (the new ones among them, appended before).
           DecodeHost host;
+          host.first_row.assign(1, 0);
+          for (int b = 0; b < batch; ++b) host.first_row.push_back(host.first_row.back() + c.decode->rows_of(b));
+          const int total_rows = host.first_row.back();
+          const bool packed = prefill_rows > 0;
           host.pages_per_seq = (cache_len + page_size - 1) / page_size;
           const int num_pages = batch * host.pages_per_seq;
           const size_t pool_elements = size_t(num_pages) * page_size * sweep.kv_heads * sweep.head_dim;
@@ -192,11 +208,18 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           const TensorView k = TensorView::bshd(k_pool->data(), dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
           const TensorView v = TensorView::bshd(v_pool->data(), dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
           const KvCache cache = KvCache::paged_pool(k, v, block_table.data(), batch, host.pages_per_seq, lengths.data());
-          const size_t q_elements = size_t(batch) * sweep.heads * new_tokens * sweep.head_dim;
+          const size_t q_elements = size_t(total_rows) * sweep.heads * sweep.head_dim;
           DeviceBuffer<unsigned char> q(ctx, q_elements * element, "q"), out(ctx, q_elements * element, "out");
           host.q = fill_random(q, dtype, rng);
-          const TensorView q_view = TensorView::bshd(q.data(), dtype, batch, sweep.heads, new_tokens, sweep.head_dim);
-          const TensorView out_view = TensorView::bshd(out.data(), dtype, batch, sweep.heads, new_tokens, sweep.head_dim);
+          // Dense: [batch, new_tokens, heads, d]; packed: [1, total_rows, heads, d], the same bytes
+          // when every sequence has new_tokens rows.
+          const int view_batch = packed ? 1 : batch, view_rows = packed ? total_rows : new_tokens;
+          const TensorView q_view = TensorView::bshd(q.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
+          const TensorView out_view =
+              TensorView::bshd(out.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
+          DeviceBuffer<int32_t> cu_seqlens(ctx, host.first_row.size(), "cu_seqlens_q");
+          cu_seqlens.copy_from_host(host.first_row);
+          const int max_rows = std::max(prefill_rows, new_tokens);
           for (Path path : sweep.paths) {
             CaseResult r;
             r.c = c;
@@ -206,14 +229,24 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
             KvAttentionOptions options;
             options.path = path;
             options.num_splits = sweep.splits;
-            const auto call = [&] { selfattn::attention_with_kv_cache(ctx, q_view, cache, out_view, options); };
+            const auto call = [&] {
+              if (packed) {
+                selfattn::attention_with_kv_cache_varlen(ctx, q_view, cu_seqlens.data(), max_rows, cache, out_view,
+                                                         options);
+              } else {
+                selfattn::attention_with_kv_cache(ctx, q_view, cache, out_view, options);
+              }
+            };
             try {
               // The first call is the checked one: out poisoned with NaN so an unwritten element shows.
               out.fill_bytes(0xFF);
               call();
               ctx.synchronize();
               if (settings.check) {
-                const std::vector<float> values = from_device_bytes(out.to_host(), r.c);  // BHSD
+                Case rows = r.c;  // out as [1, total rows, heads, d]: read back as [heads, total rows, d]
+                rows.batch = 1;
+                rows.seq_q = total_rows;
+                const std::vector<float> values = from_device_bytes(out.to_host(), rows);
                 record_check(check_decode(r.c, host, values, settings.tolerance.value_or(default_tolerance(dtype)),
                                           settings.whole_check_macs),
                              r);
@@ -230,7 +263,8 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
               r.ms_min = ms.front();
               r.ms_max = ms.back();
               r.ms_median = ms[ms.size() / 2];
-              r.gbps = attention_bytes(r.c) / (r.ms_median * 1e-3) / 1e9;  // K/V read + q read + out written
+              // K/V read + q read + out written; FLOPs of each sequence's own rows (measure.cpp).
+              r.gbps = attention_bytes(r.c) / (r.ms_median * 1e-3) / 1e9;
               r.tflops = attention_flops(r.c) / (r.ms_median * 1e-3) / 1e12;
               if (ceilings.copy_gbps > 0) r.pct_of_copy = 100.0 * r.gbps / ceilings.copy_gbps;
               // --profile: one more call, after the timed ones (bench/README.md).

@@ -385,14 +385,35 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
 }
 
 namespace {
-double forward_flops(const Case& c) {
-  double visible_pairs = 0;
-  for (int row = 0; row < c.seq_q; ++row) {
-    const selfattn::reference::KeyRange keys = selfattn::reference::visible_key_range(
-        row, c.seq_q, c.seq_k, c.causal, c.mods.window_left, c.mods.window_right);
-    visible_pairs += keys.end - keys.begin;
+// The (query, key) pairs a row block of seq_q rows sees.
+double visible_pairs(const Case& c, int seq_q) {
+  double pairs = 0;
+  for (int row = 0; row < seq_q; ++row) {
+    const selfattn::reference::KeyRange keys =
+        selfattn::reference::visible_key_range(row, seq_q, c.seq_k, c.causal, c.mods.window_left, c.mods.window_right);
+    pairs += keys.end - keys.begin;
   }
-  return 4.0 * c.batch * c.heads * c.head_dim * visible_pairs;
+  return pairs;
+}
+
+// A decode step with a prefill chunk (DecodeShape::prefill_rows): each sequence its own rows.
+bool mixed_step(const Case& c) { return c.decode && c.decode->prefill_rows > 0; }
+
+double forward_flops(const Case& c) {
+  double pairs = double(c.batch) * visible_pairs(c, c.seq_q);
+  if (mixed_step(c)) {
+    pairs = 0;
+    for (int b = 0; b < c.batch; ++b) pairs += visible_pairs(c, c.decode->rows_of(b));
+  }
+  return 4.0 * c.heads * c.head_dim * pairs;
+}
+
+// Query rows of all sequences together.
+double query_rows(const Case& c) {
+  if (!mixed_step(c)) return double(c.batch) * c.seq_q;
+  double rows = 0;
+  for (int b = 0; b < c.batch; ++b) rows += c.decode->rows_of(b);
+  return rows;
 }
 }  // namespace
 
@@ -408,7 +429,7 @@ double attention_flops(const Case& c) {
 }
 
 double attention_bytes(const Case& c) {
-  const double q_elems = double(c.batch) * c.heads * c.seq_q * c.head_dim;
+  const double q_elems = query_rows(c) * c.heads * c.head_dim;
   const double kv_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
   const double forward = 2 * q_elems + 2 * kv_elems;   // q, k, v read, out written
   const double backward = 4 * q_elems + 4 * kv_elems;  // q, k, v, out, dout read; dq, dk, dv written

@@ -22,7 +22,8 @@ const char* check_word(const CaseResult& r) {
 
 bool same_decode(const Case& a, const Case& b) {
   if (a.decode.has_value() != b.decode.has_value()) return false;
-  return !a.decode || (a.decode->page_size == b.decode->page_size && a.decode->splits == b.decode->splits);
+  return !a.decode || (a.decode->page_size == b.decode->page_size && a.decode->splits == b.decode->splits &&
+                       a.decode->prefill_rows == b.decode->prefill_rows);
 }
 
 bool same_problem(const Case& a, const Case& b) {
@@ -161,6 +162,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"page_size", c.decode ? json(c.decode->page_size) : json(nullptr)},
         {"new_tokens", c.decode ? json(c.decode->new_tokens) : json(nullptr)},
         {"splits", c.decode ? json(c.decode->splits) : json(nullptr)},
+        {"prefill_rows", c.decode ? json(c.decode->prefill_rows) : json(nullptr)},
         {"profile", profile_json(r)},
     });
   }

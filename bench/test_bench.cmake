@@ -4,9 +4,10 @@
 #            --check-whole-limit makes the larger shapes use the sampled-row check, the smaller the whole one.
 #   fail:    an impossible tolerance (0): the check must fail and the exit code must be 1.
 #   default: no shape options: the sim's default sweep, which must say its times are not GPU times.
-#   decode:  --mode decode, odd small caches (page sizes 1 and 16), every path, --check; exit 0; the
-#            JSON holds every case with the decode fields, each checked and passed, and its bytes are
-#            K/V read + q read + out written.
+#   decode:  --mode decode, odd small caches (page sizes 1 and 16), every path, --check, the dense call
+#            and a continuous-batching step (--prefill-rows 5: sequence 0's chunk beside the others'
+#            rows, one packed call); exit 0; the JSON holds every case with the decode fields, each
+#            checked and passed, and its bytes are K/V read + q read + out written.
 #   decode_fail: --mode decode with an impossible tolerance (0): every check fails, exit code 1.
 #   backward: --direction bwd,fwd+bwd, odd small shapes, every path, --check; exit 0; every case ran and
 #            passed its check, and its FLOPs are 2.5x (bwd) or 3.5x (fwd+bwd) the forward's.
@@ -37,7 +38,7 @@ elseif(MODE STREQUAL "decode")
   set(decode_head_dim 64)
   set(args --backend sim --mode decode --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1
            --batch ${decode_batch} --heads ${decode_heads} --kv-heads ${decode_kv_heads} --head-dim ${decode_head_dim}
-           --cache-len 7,33 --page-size 1,16 --new-tokens 1,3 --splits 3 --dtype fp16)
+           --cache-len 7,33 --page-size 1,16 --new-tokens 1,3 --prefill-rows 0,5 --splits 3 --dtype fp16)
 elseif(MODE STREQUAL "decode_fail")
   set(args --backend sim --mode decode --path all --check --tolerance 0 --json ${json} --warmup 0 --iters 1
            --batch 1 --heads 2 --kv-heads 1 --head-dim 64 --cache-len 17 --page-size 16 --new-tokens 2 --dtype bf16)
@@ -111,7 +112,7 @@ if(count EQUAL 0)
 endif()
 set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim causal
            layout status ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas vs_mma_sync
-           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits profile)
+           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits prefill_rows profile)
 set(checked_mode OFF)
 if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
    MODE STREQUAL "backward" OR MODE STREQUAL "fused_kernels")
@@ -179,11 +180,17 @@ foreach(i RANGE ${last})
       string(JSON cache_len GET "${case}" cache_len)
       string(JSON new_tokens GET "${case}" new_tokens)
       string(JSON splits GET "${case}" splits)
+      string(JSON prefill_rows GET "${case}" prefill_rows)
       string(JSON bytes GET "${case}" bytes)
       if(NOT case_mode STREQUAL "decode" OR NOT splits EQUAL 3)
         message(FATAL_ERROR "cases[${i}]: mode '${case_mode}', splits ${splits}: expected decode, 3")
       endif()
-      math(EXPR wanted "2 * (2 * ${decode_batch} * ${decode_heads} * ${new_tokens} * ${decode_head_dim} + 2 * ${decode_batch} * ${decode_kv_heads} * ${cache_len} * ${decode_head_dim})")
+      # Query rows: new_tokens per sequence, or sequence 0's prefill chunk beside the others' rows.
+      math(EXPR rows "${decode_batch} * ${new_tokens}")
+      if(prefill_rows GREATER 0)
+        math(EXPR rows "${prefill_rows} + (${decode_batch} - 1) * ${new_tokens}")
+      endif()
+      math(EXPR wanted "2 * (2 * ${rows} * ${decode_heads} * ${decode_head_dim} + 2 * ${decode_batch} * ${decode_kv_heads} * ${cache_len} * ${decode_head_dim})")
       if(bytes LESS wanted OR bytes GREATER wanted)
         message(FATAL_ERROR "cases[${i}].bytes = ${bytes}, expected ${wanted} (K/V read + q read + out written)")
       endif()
@@ -267,9 +274,10 @@ if(MODE STREQUAL "sweep")
     message(FATAL_ERROR "expected 72 cases (12 shapes x 2 masks x 3 paths), found ${count}")
   endif()
 elseif(MODE STREQUAL "decode")
-  if(NOT rc EQUAL 0 OR failed GREATER 0 OR NOT decode_checks EQUAL 24 OR NOT count EQUAL 24)
+  if(NOT rc EQUAL 0 OR failed GREATER 0 OR NOT decode_checks EQUAL 48 OR NOT count EQUAL 48)
     message(FATAL_ERROR "the checked decode sweep: exit ${rc}, ${failed} failed checks, ${decode_checks} of ${count} "
-                        "cases ran and passed, expected 24 (2 caches x 2 page sizes x 2 new-token counts x 3 paths):\n${err}")
+                        "cases ran and passed, expected 48 (2 caches x 2 page sizes x 2 new-token counts x 2 prefill "
+                        "chunks x 3 paths):\n${err}")
   endif()
 elseif(MODE STREQUAL "backward")
   if(NOT rc EQUAL 0 OR NOT backward_checks EQUAL 24 OR NOT count EQUAL 24)

@@ -135,7 +135,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-rows", prefill_rows,
                  "decode: a continuous-batching step: sequence 0 gets N new rows (a prefill chunk) beside the "
                  "others' --new-tokens, one packed attention_with_kv_cache_varlen call (default 0: the dense call)")
-      ->delimiter(',')->check(CLI::NonNegativeNumber)->option_text("N,...")->group("Decode (--mode decode)");
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber)
+      ->option_text("N,...")
+      ->group("Decode (--mode decode)");
   app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
       ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");

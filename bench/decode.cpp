@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accuracy.h"
@@ -125,11 +126,20 @@ AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::ve
   return total;
 }
 
+// Each (new tokens, prefill rows) pair of the sweep.
+std::vector<std::pair<int, int>> decode_steps(const DecodeSweep& sweep) {
+  std::vector<std::pair<int, int>> steps;
+  for (int new_tokens : sweep.new_tokens)
+    for (int prefill_rows : sweep.prefill_rows) steps.emplace_back(new_tokens, prefill_rows);
+  return steps;
+}
+
 void print_line(const CaseResult& r) {
   const Case& c = r.c;
   const DecodeShape& shape = *c.decode;
-  const std::string rows = shape.prefill_rows > 0 ? std::to_string(shape.prefill_rows) + "+" + std::to_string(shape.new_tokens)
-                                                  : std::to_string(shape.new_tokens);
+  const std::string rows = shape.prefill_rows > 0
+                               ? std::to_string(shape.prefill_rows) + "+" + std::to_string(shape.new_tokens)
+                               : std::to_string(shape.new_tokens);
   std::printf("%-7s %6d %8d %5d %6s %7s ", name(c.path), c.batch, shape.cache_len, shape.page_size, rows.c_str(),
               shape.splits ? std::to_string(shape.splits).c_str() : "auto");
   if (r.status != Status::ok && r.status != Status::check_failed) {
@@ -159,8 +169,7 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
   for (int page_size : sweep.page_sizes) {
     for (int batch : sweep.batches) {
       for (int cache_len : sweep.cache_lengths) {
-        for (int new_tokens : sweep.new_tokens)
-         for (int prefill_rows : sweep.prefill_rows) {
+        for (const auto& [new_tokens, prefill_rows] : decode_steps(sweep)) {
           Case c;
           c.dtype = dtype;
           c.batch = batch;
@@ -214,7 +223,8 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           // Dense: [batch, new_tokens, heads, d]; packed: [1, total_rows, heads, d], the same bytes
           // when every sequence has new_tokens rows.
           const int view_batch = packed ? 1 : batch, view_rows = packed ? total_rows : new_tokens;
-          const TensorView q_view = TensorView::bshd(q.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
+          const TensorView q_view =
+              TensorView::bshd(q.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
           const TensorView out_view =
               TensorView::bshd(out.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
           DeviceBuffer<int32_t> cu_seqlens(ctx, host.first_row.size(), "cu_seqlens_q");

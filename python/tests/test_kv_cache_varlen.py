@@ -93,8 +93,9 @@ def test_modifiers_and_rotary_per_sequence(rng):
     cu, lengths = offsets(COUNTS), np.array(LENGTHS, np.int32)
     heads, capacity = q.shape[1], cache.gather(cache.k).shape[2]
     bias = rng.standard_normal((len(COUNTS), heads, max(COUNTS), capacity)).astype(np.float32)
-    mods = dict(window=(6, 0), softcap=8.0, alibi_slopes=rng.uniform(0.05, 0.5, (len(COUNTS), heads)).astype(np.float32),
-                bias=bias, sinks=rng.standard_normal(heads).astype(np.float32))
+    slopes = rng.uniform(0.05, 0.5, (len(COUNTS), heads)).astype(np.float32)  # [batch, heads]: one row a sequence
+    mods = dict(window=(6, 0), softcap=8.0, alibi_slopes=slopes, bias=bias,
+                sinks=rng.standard_normal(heads).astype(np.float32))
     want, want_lse = expected_rows(q, cache, lengths, cu, **mods)
     owned = np.arange(q.shape[0]) < cu[-1]
     for path in paths():

@@ -146,7 +146,14 @@ def test_fake_implementations_match_the_real_ones(torch_device):
         torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
                               (q, cache, cache.clone(), torch.tensor([6], dtype=torch.int32, device=torch_device),
                                None, None, "bhsd", "bottom_right", None, "auto", None, None, False, None, 1, 0, -1, -1,
-                               None, None, None, starts, starts, with_sinks, False), test_utils=utils)
+                               None, None, None, starts, starts, with_sinks, False, None, 0), test_utils=utils)
+    # Packed: sequences of 2 and 3 new rows, [total, heads, dim], over two sequences' caches.
+    caches = torch.randn(2, 2, 6, 8, generator=g).to(torch_device)
+    lengths = torch.tensor([6, 4], dtype=torch.int32, device=torch_device)
+    torch.library.opcheck(torch.ops.selfattn.attention_with_kv_cache.default,
+                          (packed[0], caches, caches.clone(), lengths,
+                           None, None, "bhsd", "bottom_right", None, "auto", None, None, False, None, 1, 0, -1, -1,
+                           None, None, None, None, None, sinks, False, cu, 3), test_utils=utils)
 
 
 def test_compile_as_the_first_call_in_a_fresh_process():
@@ -275,7 +282,8 @@ def test_fake_implementations_of_the_out_ops():
                               (q[:, :1], cache, cache.clone(), torch.tensor([6], dtype=torch.int32), None,
                                torch.tensor([0], dtype=torch.int32), torch.empty_like(q[:, :1]), "bshd",
                                "bottom_right", None, "auto", None, None, False, None, 1, 0,
-                               -1, -1, None, None, None, None, None, sinks, False, return_lse), test_utils=utils)
+                               -1, -1, None, None, None, None, None, sinks, False, None, 0, return_lse),
+                              test_utils=utils)
     _, lse = selfattn.attention(q, k, v, layout="bshd", return_lse=True)
     torch.library.opcheck(torch.ops.selfattn.merge_states_out.default,
                           (q, lse, k, lse.clone(), torch.empty_like(q), "bshd"), test_utils=utils)

@@ -208,7 +208,8 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
 // through its running maximum (so offsets out of order give empty sequences, never two sequences
 // sharing a row), each entry clamped into [0, total], each n_b to at most max_seqlen. Rows no
 // sequence then owns (past cu_seqlens[batch], or past a sequence's first max_seqlen) are neither
-// read nor written. validate_metadata also copies cu_seqlens to the host and checks it (starts at 0,
+// read nor written (except by a cache of capacity 0, which zeroes every row of out as
+// attention_varlen() does without keys). validate_metadata also copies cu_seqlens to the host and checks it (starts at 0,
 // non-decreasing, n_b <= max_seqlen, ends at most at total). Workspace: besides the dense call's, the
 // ordered offsets, 256-byte-rounded (batch + 1) int32.
 

@@ -30,6 +30,8 @@ __device__ __forceinline__ FlashRowState flash_row_start() { return {-INFINITY, 
 // scores (keys key0 + 8t + 2*in_group + j), turns them into unnormalised probabilities
 // exp2(score - max) in place, and folds them into `state`. Returns exp2(old max - new max), the
 // factor the row's O must be multiplied by before this tile's P V is added (flash_rescale_row).
+// With dropout (dropout.cuh) what stays in place is then the kept ones times 1 / (1 - p), zeros
+// where dropped; `state` sums them all, before dropout.
 template <int KeyTiles8>
 __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, const HeadScoreMods& mods,
                                                    const FlashSequence& seq, int row, int key0, int in_group,
@@ -67,7 +69,9 @@ __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, cons
     for (int j = 0; j < 2; ++j) {
       float& s = row_frag[4 * t + j];
       s = exp2f(s - shift);
-      sum += s;
+      sum += s;  // the softmax's sum is taken before dropout; P V takes the kept probabilities
+      if (p.mods.dropout_threshold != 0)
+        s = dropout_apply(p.mods, mods.dropout_stream, row, key0 + t * 8 + 2 * in_group + j, s);
     }
   }
   state.sum = state.sum * rescale + sum;

@@ -46,7 +46,6 @@ has no backward, as in FlashAttention (tensors that require grad are refused).
 
 Refused, with a FlashAttnNotSupported naming the argument (none is silently ignored):
 
-- dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
 - flash_attn_varlen_func's block_table (a paged KV cache in varlen calls).
 - cache_batch_idx with block_table (FlashAttention refuses it too).
@@ -154,14 +153,16 @@ def _scale(function, softmax_scale):
 
 
 def _refuse_training_options(function, dropout_p, return_attn_probs):
+    """Checks dropout_p and refuses return_attn_probs; returns dropout_p as a float. dropout_p > 0
+    is attention dropout as FlashAttention applies it (selfattn.attention's dropout_p, its seed drawn
+    from torch's default generator, so torch.manual_seed reproduces it; the backward regenerates
+    the same mask). As in FlashAttention, the caller passes 0.0 in evaluation."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
         _invalid(function, f"dropout_p expected a probability in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0:
-        _refuse(function, f"dropout_p={dropout_p} is not supported: selfattn has no attention dropout; pass "
-                          f"dropout_p=0.0 (as for evaluation) or apply dropout elsewhere")
     if return_attn_probs:
         _refuse(function, "return_attn_probs=True is not supported: selfattn never forms the attention "
                           "probabilities (S_dmask)")
+    return float(dropout_p)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -170,11 +171,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q.
     Differentiable in q, k and v. See the module's doc for each argument and what is refused."""
     name = "flash_attn_func"
-    _refuse_training_options(name, dropout_p, return_attn_probs)
+    dropout_p = _refuse_training_options(name, dropout_p, return_attn_probs)
     q, k, v = _tensor(name, "q", q, 4), _tensor(name, "k", k, 4), _tensor(name, "v", v, 4)
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
                    window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
-                   deterministic=bool(deterministic))
+                   deterministic=bool(deterministic), dropout_p=dropout_p)
     with _runtime_errors(name):
         return selfattn.attention(q, k, v, layout="bshd", **options)
 
@@ -187,7 +188,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
     like q; differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
-    _refuse_training_options(name, dropout_p, return_attn_probs)
+    dropout_p = _refuse_training_options(name, dropout_p, return_attn_probs)
     if block_table is not None:
         _refuse(name, "block_table (a paged KV cache) is not supported in varlen calls; use flash_attn_with_kvcache "
                       "with block_table, or a packed k and v")
@@ -197,7 +198,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             _invalid(name, f"{label} expected an int >= 0, got {value!r}")
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
                    window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
-                   deterministic=bool(deterministic))
+                   deterministic=bool(deterministic), dropout_p=dropout_p)
     with _runtime_errors(name):
         return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
                                          max_seqlen_k=int(max_seqlen_k), **options)

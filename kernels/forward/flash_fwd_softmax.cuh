@@ -31,8 +31,10 @@ __device__ __forceinline__ FlashRowState flash_row_start() { return {-INFINITY, 
 // exp2(score - max) in place, and folds them into `state`. Returns exp2(old max - new max), the
 // factor the row's O must be multiplied by before this tile's P V is added (flash_rescale_row).
 // With dropout (dropout.cuh) what stays in place is then the kept ones times 1 / (1 - p), zeros
-// where dropped; `state` sums them all, before dropout.
-template <int KeyTiles8>
+// where dropped; `state` sums them all, before dropout. WithDropout: whether the kernel applies it
+// at all (the Hopper kernel does not: calls with dropout run the mma.sync kernel, path_fused.cpp),
+// so the Hopper kernel's code is what it was without dropout.
+template <int KeyTiles8, bool WithDropout>
 __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, const HeadScoreMods& mods,
                                                    const FlashSequence& seq, int row, int key0, int in_group,
                                                    bool needs_mask, float* row_frag, FlashRowState& state) {
@@ -70,7 +72,7 @@ __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, cons
       float& s = row_frag[4 * t + j];
       s = exp2f(s - shift);
       sum += s;  // the softmax's sum is taken before dropout; P V takes the kept probabilities
-      if (p.mods.dropout_threshold != 0)
+      if (WithDropout && p.mods.dropout_threshold != 0)
         s = dropout_apply(p.mods, mods.dropout_stream, row, key0 + t * 8 + 2 * in_group + j, s);
     }
   }

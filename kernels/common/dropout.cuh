@@ -44,7 +44,11 @@ __host__ __device__ inline bool dropout_keep(uint64_t seed, uint64_t offset, uin
   const uint64_t base = offset + stream;
   const Philox4x32 counter{{uint32_t(key) >> 2, uint32_t(row), uint32_t(base), uint32_t(base >> 32)}};
   const Philox4x32 words = philox4x32_10(counter, uint32_t(seed), uint32_t(seed >> 32));
-  return words.word[key & 3] >= threshold;
+  // Word key % 4 by selection: an index computed at run time would put the four words in local
+  // memory (a stack frame in every fused kernel).
+  const uint32_t word = (key & 2) != 0 ? ((key & 1) != 0 ? words.word[3] : words.word[2])
+                                       : ((key & 1) != 0 ? words.word[1] : words.word[0]);
+  return word >= threshold;
 }
 
 // A probability (or dP's element, in the backward) after dropout: value / (1 - p) when kept, else 0.

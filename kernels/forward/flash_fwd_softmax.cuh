@@ -71,12 +71,21 @@ __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, cons
     for (int j = 0; j < 2; ++j) {
       float& s = row_frag[4 * t + j];
       s = exp2f(s - shift);
-      sum += s;  // the softmax's sum is taken before dropout; P V takes the kept probabilities
-      if (WithDropout && p.mods.dropout_threshold != 0)
-        s = dropout_apply(p.mods, mods.dropout_stream, row, key0 + t * 8 + 2 * in_group + j, s);
+      sum += s;
     }
   }
   state.sum = state.sum * rescale + sum;
+  // The softmax's sum is taken before dropout; P V takes the kept probabilities.
+  if (WithDropout && p.mods.dropout_threshold != 0) {
+    SELFATTN_FLASH_UNROLL
+    for (int t = 0; t < KeyTiles8; ++t) {
+      SELFATTN_FLASH_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        float& s = row_frag[4 * t + j];
+        s = dropout_apply(p.mods, mods.dropout_stream, row, key0 + t * 8 + 2 * in_group + j, s);
+      }
+    }
+  }
   return rescale;
 }
 

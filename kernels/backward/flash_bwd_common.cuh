@@ -5,11 +5,7 @@
 //   P_ij = exp(x_ij - lse_i)            (0 for a masked key, and for a row whose lse is -inf)
 //   dS_ij = P_ij (dP_ij - D_i) * mods'  (softcap: 1 - tanh^2(scale q_i.k_j / softcap); ALiBi and bias: 1)
 // with dP_ij = dO_i.v_j and D_i = dO_i.O_i (backward_dot.cuh). With dropout (dropout.cuh; mask M,
-// rate p) dP_ij = dO_i.v_j M_ij / (1 - p) and dV takes P_ij M_ij / (1 - p); D_i = dO_i.O_i is still
-// sum_j P_ij dP_ij, so dS keeps its form. The dK/dV kernel applies the mask inside
-// flash_bwd_score<true>; the dQ kernel masks its dP tile in a pass of its own first and calls
-// flash_bwd_score<false>: drawing inside the score's arithmetic spilled registers there (head_dim
-// 128, whose launch bounds hold it to 168), the separate pass spills none.
+// rate p) dV takes P_ij M_ij / (1 - p) and dP_ij = dO_i.v_j M_ij / (1 - p); dS keeps its form.
 #include <cstdint>
 
 #include "../common/compat.h"
@@ -25,12 +21,9 @@ SELFATTN_KERNELS_BEGIN
 // dO.v, `visible` whether the mask leaves the key to the row. `lse_log2` is the row's LSE times
 // log2(e) (-inf: the row saw no key in the forward, so P is 0 and the exp2 below never sees
 // (-inf) - (-inf)).
-// WithDropout: dP and P through dropout's mask here (the dK/dV kernel); the dQ kernel masks its dP
-// tile in a pass of its own before (see the top) and takes none here.
 struct FlashBwdScore {
   float p, ds;
 };
-template <bool WithDropout>
 __device__ __forceinline__ FlashBwdScore flash_bwd_score(const FlashFwdParams& f, const HeadScoreMods& mods, float raw,
                                                          float dp, bool visible, int row, int aligned, int key,
                                                          float lse_log2, float d_row) {
@@ -49,10 +42,12 @@ __device__ __forceinline__ FlashBwdScore flash_bwd_score(const FlashFwdParams& f
     x = raw * f.scale_log2;
   }
   const float p = exp2f(x - lse_log2);  // a -inf bias gives x = -inf and p = 0
-  if (WithDropout && f.mods.dropout_threshold != 0) {
+  if (f.mods.dropout_threshold != 0) {
+    // dV takes the forward's dropped P (kept / (1 - p)); dP's element is dO.v_j through the same
+    // mask and scale. D_i = dO_i.O_i is still sum_j P_ij dP_ij with both dropped: dS as below.
     if (!dropout_keep(f.mods.dropout_seed, f.mods.dropout_offset, f.mods.dropout_threshold, mods.dropout_stream, row,
                       key)) {
-      return {0.0f, -p * d_row * factor};  // dP_ij = 0
+      return {0.0f, -p * d_row * factor};
     }
     return {p * f.mods.dropout_scale, p * (dp * f.mods.dropout_scale - d_row) * factor};
   }

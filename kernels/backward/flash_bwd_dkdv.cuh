@@ -220,9 +220,8 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dkdv_kernel(const 
         for (int half = 0; half < 2; ++half) {
           const int key = key0 + warp_key0 + group + 8 * half;
           const bool visible = !needs_mask || (key >= seen.begin && key < seen.end);
-          const FlashBwdScore score =
-              flash_bwd_score</*WithDropout=*/true>(f, mods, st[nt][2 * half + j], dpt[nt][2 * half + j], visible, row,
-                                                    aligned, key, lse_tile[col], d_tile[col]);
+          const FlashBwdScore score = flash_bwd_score(f, mods, st[nt][2 * half + j], dpt[nt][2 * half + j], visible,
+                                                      row, aligned, key, lse_tile[col], d_tile[col]);
           st[nt][2 * half + j] = score.p;
           dpt[nt][2 * half + j] = score.ds;
         }

@@ -168,22 +168,6 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
       }
     }
 
-    // ---- Dropout's mask on dP (flash_bwd_common.cuh): dO.v_j M_ij / (1 - p).
-    if (f.mods.dropout_threshold != 0) {
-      SELFATTN_FLASH_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const int row = block_row0 + warp_row0 + group + 8 * half;
-        SELFATTN_FLASH_UNROLL
-        for (int nt = 0; nt < NT; ++nt) {
-          SELFATTN_FLASH_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            float& element = dp[nt][2 * half + j];
-            element = dropout_apply(f.mods, mods.dropout_stream, row, key0 + nt * 8 + 2 * in_group + j, element);
-          }
-        }
-      }
-    }
-
     // ---- dS, element by element, into dp.
     const bool needs_mask = !flash_tile_unmasked(block_keys, key0, Traits::kBlockKeys);
     SELFATTN_FLASH_UNROLL
@@ -197,10 +181,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
         for (int j = 0; j < 2; ++j) {
           const int key = key0 + nt * 8 + 2 * in_group + j;
           const bool visible = !needs_mask || (key >= seen.begin && key < seen.end);
-          dp[nt][2 * half + j] =
-              flash_bwd_score</*WithDropout=*/false>(f, mods, s[nt][2 * half + j], dp[nt][2 * half + j], visible, row,
-                                                     aligned, key, lse_log2[half], d_row[half])
-                  .ds;
+          dp[nt][2 * half + j] = flash_bwd_score(f, mods, s[nt][2 * half + j], dp[nt][2 * half + j], visible, row,
+                                                 aligned, key, lse_log2[half], d_row[half])
+                                     .ds;
         }
       }
     }

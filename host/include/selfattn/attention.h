@@ -88,8 +88,8 @@ struct AttentionOptions {
   // and key counted within it from 0. dropout_offset is PyTorch's philox offset: calls sharing a
   // seed draw independent masks when their offsets differ by at least batch * heads.
   // reference::dropout_keep_mask() gives the mask on the host. 0 <= dropout_p < 1, finite; 0 (the
-  // default) is no dropout at no cost. The Hopper kernel has none: calls with dropout run the
-  // mma.sync fused kernel there.
+  // default) is no dropout: the kernels test one uniform flag and compute what they did without
+  // it. The Hopper kernel has none: calls with dropout run the mma.sync fused kernel there.
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;

@@ -33,6 +33,15 @@ struct ScoreMods {
   // Attention sinks: [heads], each query head's sink logit (natural log; -inf: none for that head),
   // one more term of every row's softmax denominator (softmax_row_end); null: off.
   const float* sinks;
+  // Dropout on the probabilities (common/dropout.cuh has the rule). dropout_threshold 0: off, and
+  // every kernel's arithmetic is what it is without dropout; else an element is dropped when its
+  // Philox word is below it (floor(p * 2^32)) and kept ones are scaled by dropout_scale = 1 / (1 - p).
+  uint32_t dropout_threshold;
+  float dropout_scale;
+  uint64_t dropout_seed, dropout_offset;
+  int dropout_heads;       // the call's query heads: stream = (batch + dropout_batch_base) * heads + head
+  int dropout_batch_base;  // the first sequence of the kernel's batch 0 (a varlen call's naive/cublas
+                           // per-sequence calls); 0 otherwise
 };
 
 // lse_without_keys.cuh: the LSE of rows that see no key at all (the call has no keys): each row's

@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -285,6 +285,40 @@ mutant packed_rows_not_cut_at_max_seqlen kernels/decode/new_rows.cuh 1 \
   'return SequenceRows{end - begin < rows.seq ? end - begin : rows.seq, begin, 0};' \
   'return SequenceRows{end - begin, begin, 0};' \
   'a packed sequence longer than max_seqlen keeps its rows past the grid'"'"'s'
+
+# Issue 36 item 3: attention dropout (kernels/common/dropout.cuh). Every path compares with the
+# reference fed the library's own mask, so a mask bit, scale or coordinate wrong in one kernel
+# fails by a whole probability; the rule itself (shared by the kernels and the reference) is held
+# to its documentation by tests/primitives/test_philox.cpp and python/tests/test_dropout.py's own
+# Philox. The default MUTATE_TESTS includes the programs that hold the dropout cases
+# (tests/forward/test_dropout, tests/backward/test_backward_dropout, tests/primitives/test_philox);
+# set it to those three alone to run these mutants quickly.
+mutant dropout_rule_row_key_swapped kernels/common/dropout.cuh 1 \
+  'const Philox4x32 counter{{uint32_t(key) >> 2, uint32_t(row), uint32_t(base), uint32_t(base >> 32)}};' \
+  'const Philox4x32 counter{{uint32_t(row) >> 2, uint32_t(key), uint32_t(base), uint32_t(base >> 32)}};' \
+  'the rule'"'"'s counter takes the row where the key goes (the kernels and the reference alike)'
+mutant dropout_fused_row_key_swapped kernels/forward/flash_fwd_softmax.cuh 1 \
+  's = dropout_apply(p.mods, mods.dropout_stream, row, key0 + t * 8 + 2 * in_group + j, s);' \
+  's = dropout_apply(p.mods, mods.dropout_stream, key0 + t * 8 + 2 * in_group + j, row, s);' \
+  'the mma.sync forward draws element (key, row) for (row, key)'
+mutant dropout_simt_batch_head_swapped kernels/forward/flash_fwd_simt.cuh 1 \
+  'dropout_stream(p.mods, batch, head)' 'dropout_stream(p.mods, head, batch)' \
+  'the SIMT forward draws the mask of (head, batch) for (batch, head)'
+mutant dropout_softmax_chunk_row kernels/unfused/softmax_rows.cuh 1 \
+  'dropout_apply(p.mods, mods.dropout_stream, query, key, prob)' 'dropout_apply(p.mods, mods.dropout_stream, row, key, prob)' \
+  'the naive/cublas softmax draws with the row in its chunk, not in the call'
+mutant dropout_fused_bwd_dp_unscaled kernels/backward/flash_bwd_common.cuh 1 \
+  'p * (dp * f.mods.dropout_scale - d_row) * factor' 'p * (dp - d_row) * factor' \
+  'the fused backward'"'"'s dS takes dP without 1 / (1 - p) (both dQ modes)'
+mutant dropout_naive_bwd_dv_unscaled kernels/backward/backward_scores.cuh 1 \
+  'p_value = keep ? p_value * p.mods.dropout_scale : 0.0f;' 'p_value = keep ? p_value : 0.0f;' \
+  'the naive/cublas backward'"'"'s dV takes the kept P without 1 / (1 - p)'
+mutant dropout_varlen_sequence_lost host/src/forward/score_chunks.cpp 1 \
+  'padded.dropout_batch_base = b;' 'padded.dropout_batch_base = 0;' \
+  'the naive/cublas paths draw every varlen sequence'"'"'s mask as sequence 0'"'"'s'
+mutant dropout_hopper_not_routed_away host/src/forward/path_fused.cpp 1 \
+  'if (call.dropout_p > 0) return nullptr;' 'if (call.dropout_p > 1) return nullptr;' \
+  'calls with dropout reach the Hopper kernel, which has none'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

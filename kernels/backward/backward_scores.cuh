@@ -58,7 +58,17 @@ __global__ void __launch_bounds__(BackwardScoresTraits::kThreads) backward_score
       const float scaled = s[key] * p.scale;
       const float x = p.mods.changes_values ? modified_score(p.mods, mods, scaled, query, aligned, key) : scaled;
       p_value = expf(x - lse);  // x = -inf (a bias-masked key) gives 0
-      ds_value = p_value * (dp[key] - d) * p.scale;
+      float dp_value = dp[key];
+      if (p.mods.dropout_threshold != 0) {
+        // The forward's mask (dropout.cuh): dV takes P M / (1 - p), dP is dO.v through the same.
+        const bool keep = dropout_keep(p.mods.dropout_seed, p.mods.dropout_offset, p.mods.dropout_threshold,
+                                       mods.dropout_stream, query, key);
+        dp_value = keep ? dp_value * p.mods.dropout_scale : 0.0f;
+        ds_value = p_value * (dp_value - d) * p.scale;
+        p_value = keep ? p_value * p.mods.dropout_scale : 0.0f;
+      } else {
+        ds_value = p_value * (dp_value - d) * p.scale;
+      }
       if (p.mods.softcap > 0.0f) ds_value *= softcap_gradient(scaled, p.mods.softcap);
     }
     prob[key] = from_float<PT>(p_value);

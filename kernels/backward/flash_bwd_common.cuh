@@ -4,7 +4,8 @@
 //   x_ij = mods(scale q_i.k_j)          (score_mods.cuh; log2 units below: one exp2 per probability)
 //   P_ij = exp(x_ij - lse_i)            (0 for a masked key, and for a row whose lse is -inf)
 //   dS_ij = P_ij (dP_ij - D_i) * mods'  (softcap: 1 - tanh^2(scale q_i.k_j / softcap); ALiBi and bias: 1)
-// with dP_ij = dO_i.v_j and D_i = dO_i.O_i (backward_dot.cuh).
+// with dP_ij = dO_i.v_j and D_i = dO_i.O_i (backward_dot.cuh). With dropout (dropout.cuh; mask M,
+// rate p) dV takes P_ij M_ij / (1 - p) and dP_ij = dO_i.v_j M_ij / (1 - p); dS keeps its form.
 #include <cstdint>
 
 #include "../common/compat.h"
@@ -41,6 +42,15 @@ __device__ __forceinline__ FlashBwdScore flash_bwd_score(const FlashFwdParams& f
     x = raw * f.scale_log2;
   }
   const float p = exp2f(x - lse_log2);  // a -inf bias gives x = -inf and p = 0
+  if (f.mods.dropout_threshold != 0) {
+    // dV takes the forward's dropped P (kept / (1 - p)); dP's element is dO.v_j through the same
+    // mask and scale. D_i = dO_i.O_i is still sum_j P_ij dP_ij with both dropped: dS as below.
+    if (!dropout_keep(f.mods.dropout_seed, f.mods.dropout_offset, f.mods.dropout_threshold, mods.dropout_stream, row,
+                      key)) {
+      return {0.0f, -p * d_row * factor};
+    }
+    return {p * f.mods.dropout_scale, p * (dp * f.mods.dropout_scale - d_row) * factor};
+  }
   return {p, p * (dp - d_row) * factor};
 }
 

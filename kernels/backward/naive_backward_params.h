@@ -21,6 +21,8 @@ namespace selfattn::kernels {
 // i.e. dS already carries the scale and the softcap factor: dQ = dS K and dK = dS^T Q need nothing
 // more. P and dS (element type the kernel's template argument) may be written over S and dP.
 // Every key [0, seq_k) of every chunk row is written; only visible keys of S and dP are read.
+// With dropout (common/dropout.cuh; mask M, rate p) P is written as P M / (1 - p), what dV = P^T dO
+// takes, and dS takes dP M / (1 - p) (with the undropped P in front).
 struct BackwardScoresParams {
   const float* s;
   const float* dp;

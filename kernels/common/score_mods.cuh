@@ -9,11 +9,13 @@
 // in causal_mask.cuh; a key outside it never reaches modified_score(). The result is then kept in
 // fp32's exp2-domain range (limit_score).
 // An attention sink (a head's logit that joins every row's softmax as a key whose value is 0) does
-// not change any score: it enters where a row's softmax ends, in softmax_row_end().
+// not change any score: it enters where a row's softmax ends, in softmax_row_end(). Dropout
+// (dropout.cuh) acts on the probabilities after the softmax, never on a score.
 #include <cstdint>
 
 #include "causal_mask.cuh"
 #include "compat.h"
+#include "dropout.cuh"
 #include "../params.h"
 
 SELFATTN_KERNELS_BEGIN
@@ -29,6 +31,7 @@ struct HeadScoreMods {
   float slope;       // 0 without ALiBi
   const void* bias;  // this head's bias, or null
   float sink;        // this head's sink logit (natural log), -inf without one
+  uint32_t dropout_stream;  // dropout.cuh's b * heads + h (unused without dropout)
 };
 
 // A head's sink logit, -inf without sinks. The fused kernels read it in their epilogue rather than
@@ -38,7 +41,7 @@ __host__ __device__ inline float head_sink(const ScoreMods& m, int head) {
 }
 
 __host__ __device__ inline HeadScoreMods head_score_mods(const ScoreMods& m, int batch, int head) {
-  HeadScoreMods h{0.0f, nullptr, head_sink(m, head)};
+  HeadScoreMods h{0.0f, nullptr, head_sink(m, head), dropout_stream(m, batch, head)};
   if (m.alibi_slopes != nullptr) h.slope = m.alibi_slopes[batch * m.alibi_stride_batch + head];
   if (m.bias != nullptr) {
     const int64_t offset = batch * m.bias_stride_batch + head * m.bias_stride_head;

@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
       SELFATTN_FLASH_UNROLL
       for (int half = 0; half < 2; ++half) {
         const int row = block_row0 + warp_row0 + mt * 16 + group + 8 * half;
-        const float rescale = flash_softmax_row<NT>(p, mods, seq, row, key0, in_group, needs_mask,
-                                                    &score[mt][0][2 * half], row_state[mt][half]);
+        const float rescale = flash_softmax_row<NT, /*WithDropout=*/true>(p, mods, seq, row, key0, in_group, needs_mask,
+                                                                          &score[mt][0][2 * half], row_state[mt][half]);
         flash_rescale_row<DT>(&acc[mt][0][2 * half], rescale);
       }
     }

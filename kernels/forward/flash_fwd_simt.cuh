@@ -152,6 +152,9 @@ __global__ void __launch_bounds__(FlashFwdSimtTraits::kThreads) flash_fwd_simt_k
       prob[r] = exp2f(s - shift);
       row_max[r] = new_max;
       row_sum[r] = row_sum[r] * rescale + prob[r];
+      // Dropout (dropout.cuh) after the sum: P V takes the kept probabilities, the LSE all of them.
+      if (p.mods.dropout_threshold != 0)
+        prob[r] = dropout_apply(p.mods, dropout_stream(p.mods, batch, head), row, key, prob[r]);
       SELFATTN_FLASH_UNROLL
       for (int c = 0; c < C; ++c) acc[r][c] *= rescale;
     }

@@ -30,7 +30,11 @@ __device__ __forceinline__ FlashRowState flash_row_start() { return {-INFINITY, 
 // scores (keys key0 + 8t + 2*in_group + j), turns them into unnormalised probabilities
 // exp2(score - max) in place, and folds them into `state`. Returns exp2(old max - new max), the
 // factor the row's O must be multiplied by before this tile's P V is added (flash_rescale_row).
-template <int KeyTiles8>
+// With dropout (dropout.cuh) what stays in place is then the kept ones times 1 / (1 - p), zeros
+// where dropped; `state` sums them all, before dropout. WithDropout: whether the kernel applies it
+// at all (the Hopper kernel does not: calls with dropout run the mma.sync kernel, path_fused.cpp),
+// so the Hopper kernel's code is what it was without dropout.
+template <int KeyTiles8, bool WithDropout>
 __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, const HeadScoreMods& mods,
                                                    const FlashSequence& seq, int row, int key0, int in_group,
                                                    bool needs_mask, float* row_frag, FlashRowState& state) {
@@ -71,6 +75,17 @@ __device__ __forceinline__ float flash_softmax_row(const FlashFwdParams& p, cons
     }
   }
   state.sum = state.sum * rescale + sum;
+  // The softmax's sum is taken before dropout; P V takes the kept probabilities.
+  if (WithDropout && p.mods.dropout_threshold != 0) {
+    SELFATTN_FLASH_UNROLL
+    for (int t = 0; t < KeyTiles8; ++t) {
+      SELFATTN_FLASH_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        float& s = row_frag[4 * t + j];
+        s = dropout_apply(p.mods, mods.dropout_stream, row, key0 + t * 8 + 2 * in_group + j, s);
+      }
+    }
+  }
   return rescale;
 }
 

@@ -265,8 +265,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) flash_fwd_hopper_kernel(c
     const bool needs_mask = !flash_tile_unmasked(block_keys, key0, BN);
     SELFATTN_FLASH_UNROLL
     for (int half = 0; half < 2; ++half)
-      rescale[half] = flash_softmax_row<BN / 8>(p, mods, seq, row0 + 8 * half, key0, in_group, needs_mask,
-                                                score + 2 * half, row_state[half]);
+      rescale[half] = flash_softmax_row<BN / 8, /*WithDropout=*/false>(p, mods, seq, row0 + 8 * half, key0, in_group,
+                                                                       needs_mask, score + 2 * half, row_state[half]);
   };
 
   if (key_tiles > 0) {

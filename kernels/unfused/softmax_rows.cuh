@@ -6,7 +6,8 @@
 // every visible key the bias masks (-inf), gets P = 0 everywhere and LSE = -inf, never NaN (no
 // exp(-inf - -inf) is ever evaluated, and the sum is tested, not the count). With a sink the row's
 // probabilities sum to less than 1 (softmax_row_end, score_mods.cuh), and a row without keys gets
-// LSE = the sink's logit.
+// LSE = the sink's logit. With dropout (dropout.cuh) the P written is the kept probabilities times
+// 1 / (1 - p), zeros where dropped; the LSE is the softmax's, before dropout.
 //
 // A "row group" of Group threads owns one row: a warp (Group 32, 4 rows per 128-thread block) for
 // short rows, the whole block (Group 256) for long ones. Cached: the row is read once into registers
@@ -87,6 +88,10 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
     const float scaled = s_value * p.scale;
     return p.mods.changes_values ? modified_score(p.mods, mods, scaled, query, aligned, key) : scaled;
   };
+  // A probability as P V takes it: after dropout (dropout.cuh), which the LSE and sum never see.
+  const auto dropped = [&](float prob, int key) {
+    return p.mods.dropout_threshold != 0 ? dropout_apply(p.mods, mods.dropout_stream, query, key, prob) : prob;
+  };
 
   const float* s = p.s + int64_t(blockIdx.y) * p.s_bh_stride + int64_t(row) * p.s_row_stride;
   P* out = static_cast<P*>(p.p) + int64_t(blockIdx.y) * p.p_bh_stride + int64_t(row) * p.p_row_stride;
@@ -111,7 +116,7 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
     end = softmax_row_end</*Log2=*/false>(row_max, row_sum, mods.sink);
     for (int c = 0; c < SoftmaxTraits::kCachedPerThread; ++c) {
       const int key = member + c * Group;
-      if (key < p.seq_k) out[key] = from_float<P>(x[c] * end.inverse);
+      if (key < p.seq_k) out[key] = from_float<P>(dropped(x[c] * end.inverse, key));
     }
   } else {
     float thread_max = -INFINITY, thread_sum = 0;
@@ -125,8 +130,9 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
     row_sum = group_sum<Group>(thread_sum * exp_below(thread_max, row_max), partials);
     end = softmax_row_end</*Log2=*/false>(row_max, row_sum, mods.sink);
     for (int key = member; key < p.seq_k; key += Group)
-      out[key] = from_float<P>(key >= seen.begin && key < seen.end ? exp_below(score(s[key], key), row_max) * end.inverse
-                                                                   : 0.0f);
+      out[key] = from_float<P>(key >= seen.begin && key < seen.end
+                                   ? dropped(exp_below(score(s[key], key), row_max) * end.inverse, key)
+                                   : 0.0f);
   }
 
   if (p.lse && member == 0) p.lse[int64_t(bh) * p.lse_pair_stride + query] = end.lse;

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
-from ._calls import _check_keywords, _context_for, _float_or_none, _int32_or_none, _max_seqlen, _packed, _score_mods
+from ._calls import (_check_keywords, _context_for, _dropout, _float_or_none, _int32_or_none, _max_seqlen, _packed,
+                     _score_mods)
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument
 
@@ -17,7 +18,9 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
                        layout: str = "bhsd", deterministic: bool = False, grad_dtype: Optional[str] = None,
                        window: Optional[tuple] = None, softcap: Optional[float] = None, alibi_slopes: Any = None,
                        bias: Any = None, sinks: Any = None, key_start: Any = None, q_offset: Any = None,
-                       dlse: Any = None, return_dsinks: bool = False, context: Optional[Context] = None) -> tuple:
+                       dlse: Any = None, return_dsinks: bool = False, dropout_p: float = 0.0,
+                       dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                       context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention`: returns (dq, dk, dv) for the upstream gradient dout, or
     (dq, dk, dv, dsinks) with ``return_dsinks=True``.
 
@@ -34,10 +37,15 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     - return_dsinks: also return dsinks, float32 [heads], the gradient of the loss with respect to
       sinks (needs sinks): -sum over the head's rows i of exp(sinks[h] - lse_i) (D_i - dlse_i),
       D_i = sum(dout_i * out_i)
+    - dropout_p, dropout_seed, dropout_offset: the forward's (the seed it used, given explicitly even
+      where the forward drew it from a generator), so the backward regenerates its mask: dv takes
+      the dropped weights, dP goes through the same mask and 1 / (1 - dropout_p); dsinks keeps its
+      formula (the sink is never dropped)
 
     Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
     """
     _check_keywords(causal, layout, path)
+    dropout = _backward_dropout("attention_backward", dropout_p, dropout_seed, dropout_offset, q)
     arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 4, grad_dtype, context)
     q = arrays["q"]
     as_bhsd = _arrays.layout_view(layout)
@@ -49,8 +57,16 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, layout_axes(layout))):
         _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale),
                                      path, lengths, *mods, bool(deterministic), arrays["dlse"], dsinks,
-                                     arrays.bf16_as_uint16)
+                                     arrays.bf16_as_uint16, *dropout)
     return (*grads, dsinks) if return_dsinks else tuple(grads)
+
+
+def _backward_dropout(function, dropout_p, dropout_seed, dropout_offset, like):
+    """The forward's dropout options: a backward never draws a seed (it must be the forward's)."""
+    if dropout_seed is None and not (isinstance(dropout_p, (int, float)) and dropout_p == 0):
+        raise InvalidArgument(f"{function}: dropout_p {dropout_p!r} expects dropout_seed, the forward's seed (the "
+                              f"backward regenerates the forward's mask from it)")
+    return _dropout(function, dropout_p, dropout_seed, dropout_offset, None, like)
 
 
 # The 4-D arrays of a backward call, which the library sees in its own axis order.
@@ -91,7 +107,8 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
                               grad_dtype: Optional[str] = None, window: Optional[tuple] = None,
                               softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                               sinks: Any = None, key_start: Any = None, q_offset: Any = None, key_lengths: Any = None,
-                              dlse: Any = None, return_dsinks: bool = False,
+                              dlse: Any = None, return_dsinks: bool = False, dropout_p: float = 0.0,
+                              dropout_seed: Optional[int] = None, dropout_offset: int = 0,
                               context: Optional[Context] = None) -> tuple:
     """The gradients of :func:`attention_varlen`: returns (dq, dk, dv) for the upstream gradient dout,
     or (dq, dk, dv, dsinks) with ``return_dsinks=True``.
@@ -106,10 +123,12 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     - dq is shaped like q, dk and dv like k, in q's dtype, or float32 with ``grad_dtype="float32"``
     - deterministic, return_dsinks: as for :func:`attention_backward` (dsinks sums the rows of every
       sequence; rows outside them count for nothing)
+    - dropout_p, dropout_seed, dropout_offset: the forward's, as for :func:`attention_backward`
 
     Rows that see no key get dq = 0; keys no row sees, and rows outside every sequence, get 0.
     """
     _check_keywords(causal, "bhsd", path)
+    dropout = _backward_dropout("attention_varlen_backward", dropout_p, dropout_seed, dropout_offset, q)
     arrays, ctx, grads = _backward_arrays(q, k, v, out, dout, lse, dlse, 3, grad_dtype, context)
     q = arrays["q"]
     dsinks = _dsinks_output(arrays, q.shape[1], sinks, return_dsinks)
@@ -124,5 +143,5 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
         _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k, max_q, max_k, causal,
                                             _float_or_none("scale", scale), path,
                                             _int32_or_none("key_lengths", key_lengths, q), *mods, bool(deterministic),
-                                            arrays["dlse"], dsinks, arrays.bf16_as_uint16)
+                                            arrays["dlse"], dsinks, arrays.bf16_as_uint16, *dropout)
     return (*grads, dsinks) if return_dsinks else tuple(grads)

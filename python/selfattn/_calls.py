@@ -108,6 +108,51 @@ def _window_sides(window):
     return int(window[0]), int(window[1])
 
 
+_U64 = 1 << 64
+
+
+def _dropout(function, dropout_p, dropout_seed, dropout_offset, generator, like):
+    """The dropout options of a call as (p, seed, offset), ints in [0, 2^64) (AttentionOptions in
+    selfattn/attention.h). p = 0 is no dropout, and then the seed is not drawn. Otherwise the seed
+    is dropout_seed when given; else, for torch tensors, a draw from `generator` (a torch.Generator;
+    torch's default CPU generator when None, so torch.manual_seed reproduces it), which advances it
+    so two calls get two masks; arrays of other frameworks need dropout_seed."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise InvalidArgument(f"{function}: dropout_p expected a number in [0, 1), got {dropout_p!r}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:  # NaN fails both
+        raise InvalidArgument(f"{function}: dropout_p expected a finite number in [0, 1), got {p}")
+    for name, value in (("dropout_seed", dropout_seed), ("dropout_offset", dropout_offset)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                                  or not 0 <= int(value) < _U64):
+            raise InvalidArgument(f"{function}: {name} expected an int in [0, 2^64), got {value!r}")
+    if generator is not None and not _arrays.is_torch(like):
+        raise InvalidArgument(f"{function}: generator= is for torch tensors; pass dropout_seed for other arrays")
+    if p == 0.0:
+        return 0.0, 0, 0
+    offset = int(dropout_offset or 0)
+    if dropout_seed is not None:
+        return p, int(dropout_seed), offset
+    if not _arrays.is_torch(like):
+        raise InvalidArgument(f"{function}: dropout_p > 0 expects dropout_seed (an int) for arrays other than torch "
+                              f"tensors, whose seed comes from generator=")
+    import torch
+    device = generator.device if generator is not None else "cpu"
+    seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device=device, dtype=torch.int64).item())
+    return p, seed, offset
+
+
+def _op_dropout(dropout):
+    """(p, seed, offset) as the torch ops take them: the ints as int64 (two's complement past 2^63),
+    which _op_dropout_back undoes."""
+    p, seed, offset = dropout
+    return p, seed - _U64 if seed >= 1 << 63 else seed, offset - _U64 if offset >= 1 << 63 else offset
+
+
+def _op_dropout_back(seed, offset):
+    return seed % _U64, offset % _U64
+
+
 def _float_or_none(name, value):
     if value is None:
         return None

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _max_seqlen,
-                     _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._calls import (_check_keywords, _context_for, _dropout, _float32_or_none, _float_or_none, _int32_or_none,
+                     _max_seqlen, _op_dropout, _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
 from ._messages import BHSD, PACKED, ROWS, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -19,7 +19,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
               path: str = "auto", key_lengths: Any = None, return_lse: bool = False, out: Any = None,
               layout: str = "bhsd", window: Optional[tuple] = None, softcap: Optional[float] = None,
               alibi_slopes: Any = None, bias: Any = None, sinks: Any = None, key_start: Any = None,
-              q_offset: Any = None, deterministic: bool = False, context: Optional[Context] = None) -> Any:
+              q_offset: Any = None, deterministic: bool = False, dropout_p: float = 0.0,
+              dropout_seed: Optional[int] = None, dropout_offset: int = 0, generator: Any = None,
+              context: Optional[Context] = None) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
     Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
@@ -87,22 +89,35 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     the fused path dQ then comes from a second kernel instead of atomics). The forward is
     deterministic already, so it changes nothing else: a call without autograd (other arrays, out=,
     context=) accepts it and computes the same out.
+
+    Dropout on the attention weights (FlashAttention's and SDPA's dropout_p; selfattn/attention.h
+    has the exact rule): dropout_p in [0, 1); after the softmax (lse is the one before dropout) each
+    weight is kept with probability 1 - dropout_p and scaled by 1 / (1 - dropout_p), else zeroed. A
+    sink is never dropped. The mask is a pure function of (dropout_seed, dropout_offset, batch, head,
+    row, key) (Philox4x32-10): the same seed and offset give the same mask on every path and in the
+    backward. On torch tensors the seed, unless given, is drawn from ``generator`` (a
+    torch.Generator; torch's default CPU generator when None, so torch.manual_seed makes it
+    reproducible), which advances it: two calls get two masks; loss.backward() regenerates the
+    forward's mask. Other arrays need dropout_seed (an int in [0, 2^64)). dropout_offset is
+    PyTorch's philox offset: calls that share a seed get independent masks when their offsets differ
+    by at least batch * heads. dropout_p=0 is no dropout.
     """
     _check_keywords(causal, layout, path)
+    dropout = _dropout("attention", dropout_p, dropout_seed, dropout_offset, generator, q)
     op = _torch_op("attention", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         lengths = _arrays.int32_vector("key_lengths", key_lengths, like=q) if key_lengths is not None else None
         options = (causal, _float_or_none("scale", scale), path, lengths, layout)
         mods = _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, q)
         if out is None:  # deterministic goes to the backward op through the autograd formula
-            result, lse = op(q, k, v, *options, bool(deterministic), *mods)
+            result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout))
         else:
-            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse))
+            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse), *_op_dropout(dropout))
         return (result, lse) if return_lse else result
     return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                       return_lse=return_lse, out=out, layout=layout, context=context, window=window,
                       softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                      q_offset=q_offset)
+                      q_offset=q_offset, dropout=dropout)
 
 
 def _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, like):
@@ -153,8 +168,10 @@ def _qkv_out(q, k, v, out, ndim, context):
 
 
 def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, layout, context, window=None,
-               softcap=None, alibi_slopes=None, bias=None, sinks=None, key_start=None, q_offset=None):
-    """attention() without the torch.library dispatch (the custom op's implementation calls this)."""
+               softcap=None, alibi_slopes=None, bias=None, sinks=None, key_start=None, q_offset=None,
+               dropout=(0.0, 0, 0)):
+    """attention() without the torch.library dispatch (the custom op's implementation calls this);
+    dropout: (p, seed, offset) as _dropout() gives them."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 4, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     as_bhsd = _arrays.layout_view(layout)
@@ -165,7 +182,7 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), layout_axes(layout))):
         _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
-                            arrays.bf16_as_uint16)
+                            arrays.bf16_as_uint16, *dropout)
     return (out, lse) if return_lse else out
 
 
@@ -175,7 +192,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      return_lse: bool = False, out: Any = None, window: Optional[tuple] = None,
                      softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                      sinks: Any = None, key_start: Any = None, q_offset: Any = None, key_lengths: Any = None,
-                     deterministic: bool = False, context: Optional[Context] = None) -> Any:
+                     deterministic: bool = False, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+                     dropout_offset: int = 0, generator: Any = None, context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -198,9 +216,12 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     keys only (FlashAttention's seqused_k: a batch packed with room to grow, say). On torch
     tensors it is differentiable as attention() is, sinks included; a torch out= goes through
     ``selfattn::attention_varlen_out`` (in place, traced by torch.compile, no autograd graph:
-    inputs that require grad are refused with it, as with attention()).
+    inputs that require grad are refused with it, as with attention()). dropout_p, dropout_seed,
+    dropout_offset and generator as for attention(); the mask's batch is the sequence, its rows and
+    keys counted within it.
     """
     _check_keywords(causal, "bhsd", path)
+    dropout = _dropout("attention_varlen", dropout_p, dropout_seed, dropout_offset, generator, q)
     op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
@@ -210,19 +231,19 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                    _float_or_none("scale", scale), path, _int32_or_none("key_lengths", key_lengths, q))
         mods = _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, q)
         if out is None:  # deterministic goes to the backward op through the autograd formula
-            result, lse = op(q, k, v, *options, bool(deterministic), *mods)
+            result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout))
         else:
-            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse))
+            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse), *_op_dropout(dropout))
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
                              softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context,
-                             key_start=key_start, q_offset=q_offset, key_lengths=key_lengths)
+                             key_start=key_start, q_offset=q_offset, key_lengths=key_lengths, dropout=dropout)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,
                       return_lse, out, window, softcap, alibi_slopes, bias, sinks, context, key_start=None,
-                      q_offset=None, key_lengths=None):
+                      q_offset=None, key_lengths=None, dropout=(0.0, 0, 0)):
     """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
     arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
@@ -237,7 +258,7 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), PACKED)):
         _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, max_q, max_k, causal, _float_or_none("scale", scale),
                                    path, _int32_or_none("key_lengths", key_lengths, q), lse, *mods,
-                                   arrays.bf16_as_uint16)
+                                   arrays.bf16_as_uint16, *dropout)
     return (out, lse) if return_lse else out
 
 

@@ -28,8 +28,13 @@ have no autograd formula: the public functions refuse inputs that require grad w
 (NotAvailable), as they do for the KV-cache ops.
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
-alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops
-(sinks stays the last option: the autograd formula gives it its gradient)."""
+alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops.
+Dropout (dropout_p: float, dropout_seed, dropout_offset: int, each with a default of 0, so calls
+written before it still bind) comes last in the attention ops, their out variants and backward ops:
+after sinks (whose gradient the autograd formula finds just before them) or return_lse /
+return_dsinks. The public functions resolve the seed (a torch.Generator's draw) before the op, so
+the op is a pure function of its arguments and the autograd formula hands the forward's seed and
+offset to the backward op, which regenerates the forward's mask."""
 from typing import Optional, Tuple
 
 _ops = None
@@ -59,6 +64,12 @@ def _register():
     # keep the package (and its default contexts) alive in torch's op registry at interpreter exit,
     # which nanobind reports as leaks.
 
+    # The ops take dropout's seed and offset as int64 (a schema's int): _calls._op_dropout maps
+    # [0, 2^64) onto it and this maps it back.
+    def dropout_of(dropout_p, dropout_seed, dropout_offset):
+        from ._calls import _op_dropout_back
+        return (float(dropout_p), *_op_dropout_back(dropout_seed, dropout_offset))
+
     # --- attention: q, k, v [batch, heads, seq, head_dim] (or bshd) ---
 
     @torch.library.custom_op("selfattn::attention", mutates_args=())
@@ -66,16 +77,17 @@ def _register():
                   key_lengths: Optional[Tensor], layout: str, deterministic: bool, window_left: int,
                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                   key_start: Optional[Tensor], q_offset: Optional[Tensor],
-                  sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                  sinks: Optional[Tensor], dropout_p: float = 0.0, dropout_seed: int = 0,
+                  dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention  # deterministic is the backward's (the forward is deterministic already)
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
                           softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                          q_offset=q_offset)
+                          q_offset=q_offset, dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
 
     @attention.register_fake
     def _(q, k, v, causal, scale, path, key_lengths, layout, deterministic, window_left, window_right, softcap,
-          alibi_slopes, bias, key_start, q_offset, sinks):
+          alibi_slopes, bias, key_start, q_offset, sinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
         # out has q's shape in either layout; lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
@@ -91,18 +103,21 @@ def _register():
                       path: str, key_lengths: Optional[Tensor], layout: str, window_left: int, window_right: int,
                       softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                       key_start: Optional[Tensor], q_offset: Optional[Tensor],
-                      sinks: Optional[Tensor], return_lse: bool) -> Tensor:
+                      sinks: Optional[Tensor], return_lse: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
+                      dropout_offset: int = 0) -> Tensor:
         from ._forward import _attention
         result = _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                             return_lse=return_lse, out=out, layout=layout, context=None,
                             window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
-                            sinks=sinks, key_start=key_start, q_offset=q_offset)
+                            sinks=sinks, key_start=key_start, q_offset=q_offset,
+                            dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_out.register_fake
-    def _(q, k, v, out, causal, scale, path, key_lengths, layout, *options):
+    def _(q, k, v, out, causal, scale, path, key_lengths, layout, window_left, window_right, softcap, alibi_slopes,
+          bias, key_start, q_offset, sinks, return_lse, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return lse_or_nothing(options[-1], q, (q.shape[0], heads, seq_q))
+        return lse_or_nothing(return_lse, q, (q.shape[0], heads, seq_q))
 
     # The backward ops return (dq, dk, dv, dsinks): dsinks float32 [heads] with return_dsinks (their
     # last argument, after sinks), else an empty [0] (an op's outputs are tensors, never None).
@@ -123,20 +138,24 @@ def _register():
                            key_lengths: Optional[Tensor], layout: str, deterministic: bool, window_left: int,
                            window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
                            bias: Optional[Tensor], key_start: Optional[Tensor], q_offset: Optional[Tensor],
-                           sinks: Optional[Tensor],
-                           return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                           sinks: Optional[Tensor], return_dsinks: bool, dropout_p: float = 0.0,
+                           dropout_seed: int = 0, dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from ._backward import attention_backward as library_backward
+        p, seed, offset = dropout_of(dropout_p, dropout_seed, dropout_offset)
         grads = library_backward(q, k, v, out, dout.contiguous(), lse, causal=causal, scale=scale, path=path,
                                  key_lengths=key_lengths, layout=layout, deterministic=deterministic,
                                  window=(window_left, window_right),
                                  softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                  key_start=key_start, q_offset=q_offset,
-                                 dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
+                                 dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks,
+                                 dropout_p=p, dropout_seed=seed, dropout_offset=offset)
         return with_dsinks(grads, return_dsinks, q)
 
     @attention_backward.register_fake
-    def _(q, k, v, out, dout, lse, *options):
-        return fake_gradients(q, k, v, *options[-2:])
+    def _(q, k, v, out, dout, lse, dlse, causal, scale, path, key_lengths, layout, deterministic, window_left,
+          window_right, softcap, alibi_slopes, bias, key_start, q_offset, sinks, return_dsinks, dropout_p=0.0,
+          dropout_seed=0, dropout_offset=0):
+        return fake_gradients(q, k, v, sinks, return_dsinks)
 
     # Both ops save the same: q, k, v, out, lse, and the other inputs as options for the backward.
     # The tensors among the options (key_lengths, cu_seqlens, alibi_slopes, bias, key_start,
@@ -150,9 +169,15 @@ def _register():
         ctx.options, ctx.tensor_options = options, tensor_options
         ctx.set_materialize_grads(False)
 
-    # Gradients for q, k, v and each option: None but for sinks, the last option of both ops, which
-    # takes the library's dsinks when it requires grad.
-    def gradients_through(backward_op):
+    # Gradients for q, k, v and each option: None but for sinks, the last option of both ops before
+    # dropout's (dropout_p, dropout_seed, dropout_offset), which takes the library's dsinks when it
+    # requires grad. The backward op gets the forward's dropout options after return_dsinks, so it
+    # regenerates the forward's mask. Found by position: torch leaves trailing arguments that equal
+    # their defaults out of the inputs an autograd formula sees, so the dropout options may be absent.
+    def gradients_through(backward_op, forward_op):
+        names = [argument.name for argument in forward_op._opoverload._schema.arguments]
+        sinks_at = names.index("sinks") - 3  # among the options (after q, k, v)
+
         def gradients(ctx, dout, dlse):
             option_gradients = [None] * len(ctx.options)
             if dout is None and dlse is None:
@@ -163,13 +188,14 @@ def _register():
             options = list(ctx.options)
             for i, saved in zip(ctx.tensor_options, saved_options):
                 options[i] = saved
-            return_dsinks = ctx.needs_input_grad[-1]
-            dq, dk, dv, dsinks = backward_op(q, k, v, out, dout, lse, dlse, *options, return_dsinks)
-            option_gradients[-1] = dsinks if return_dsinks else None
+            return_dsinks = ctx.needs_input_grad[3 + sinks_at]
+            dq, dk, dv, dsinks = backward_op(q, k, v, out, dout, lse, dlse, *options[:sinks_at + 1], return_dsinks,
+                                             *options[sinks_at + 1:])
+            option_gradients[sinks_at] = dsinks if return_dsinks else None
             return (dq, dk, dv, *option_gradients)
         return gradients
 
-    attention.register_autograd(gradients_through(attention_backward), setup_context=setup_context)
+    attention.register_autograd(gradients_through(attention_backward, attention), setup_context=setup_context)
 
     # --- attention_varlen: q [total_q, heads, head_dim], k, v [total_k, kv_heads, head_dim] ---
 
@@ -180,14 +206,16 @@ def _register():
                          window_right: int,
                          softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          key_start: Optional[Tensor], q_offset: Optional[Tensor],
-                         sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                         sinks: Optional[Tensor], dropout_p: float = 0.0, dropout_seed: int = 0,
+                         dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention_varlen  # deterministic: as for attention, the backward's
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
                                  key_lengths=key_lengths, return_lse=True,
                                  out=None, window=(window_left, window_right), softcap=softcap,
                                  alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                                 q_offset=q_offset, context=None)
+                                 q_offset=q_offset, context=None,
+                                 dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
 
     @attention_varlen.register_fake
     def _(q, k, v, *options):
@@ -200,19 +228,23 @@ def _register():
                              softcap: Optional[float],
                              alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                              q_offset: Optional[Tensor], sinks: Optional[Tensor],
-                             return_lse: bool) -> Tensor:
+                             return_lse: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
+                             dropout_offset: int = 0) -> Tensor:
         from ._forward import _attention_varlen
         result = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
                                    key_lengths=key_lengths,
                                    return_lse=return_lse, out=out, window=(window_left, window_right),
                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
-                                   key_start=key_start, q_offset=q_offset, context=None)
+                                   key_start=key_start, q_offset=q_offset, context=None,
+                                   dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_varlen_out.register_fake
-    def _(q, k, v, out, *options):
-        return lse_or_nothing(options[-1], q, (q.shape[1], q.shape[0]))
+    def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, path, key_lengths,
+          window_left, window_right, softcap, alibi_slopes, bias, key_start, q_offset, sinks, return_lse,
+          dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+        return lse_or_nothing(return_lse, q, (q.shape[1], q.shape[0]))
 
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
     def attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
@@ -222,23 +254,29 @@ def _register():
                                   deterministic: bool, window_left: int,
                                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor],
                                   bias: Optional[Tensor], key_start: Optional[Tensor], q_offset: Optional[Tensor],
-                                  sinks: Optional[Tensor],
-                                  return_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                                  sinks: Optional[Tensor], return_dsinks: bool, dropout_p: float = 0.0,
+                                  dropout_seed: int = 0,
+                                  dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         from ._backward import attention_varlen_backward as library_varlen_backward
+        p, seed, offset = dropout_of(dropout_p, dropout_seed, dropout_offset)
         grads = library_varlen_backward(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                         scale=scale, path=path, key_lengths=key_lengths, deterministic=deterministic,
                                         window=(window_left, window_right), softcap=softcap,
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                         q_offset=q_offset,
-                                        dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks)
+                                        dlse=None if dlse is None else dlse.contiguous(), return_dsinks=return_dsinks,
+                                        dropout_p=p, dropout_seed=seed, dropout_offset=offset)
         return with_dsinks(grads, return_dsinks, q)
 
     @attention_varlen_backward.register_fake
-    def _(q, k, v, out, dout, lse, *options):
-        return fake_gradients(q, k, v, *options[-2:])
+    def _(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, path,
+          key_lengths, deterministic, window_left, window_right, softcap, alibi_slopes, bias, key_start, q_offset,
+          sinks, return_dsinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+        return fake_gradients(q, k, v, sinks, return_dsinks)
 
-    attention_varlen.register_autograd(gradients_through(attention_varlen_backward), setup_context=setup_context)
+    attention_varlen.register_autograd(gradients_through(attention_varlen_backward, attention_varlen),
+                                       setup_context=setup_context)
 
     # --- the KV cache: no autograd (the public functions refuse tensors that require grad) ---
 

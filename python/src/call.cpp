@@ -240,6 +240,13 @@ selfattn::AttentionOptions make_options(const std::optional<std::string>& causal
   return options;
 }
 
+void set_dropout_options(selfattn::AttentionOptions& options, float dropout_p, uint64_t dropout_seed,
+                         uint64_t dropout_offset) {
+  options.dropout_p = dropout_p;
+  options.dropout_seed = dropout_seed;
+  options.dropout_offset = dropout_offset;
+}
+
 Holds data_kind(bool bf16_as_uint16) { return bf16_as_uint16 ? Holds::data_bf16_as_uint16 : Holds::data; }
 
 CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray& cu_seqlens_k) {

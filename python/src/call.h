@@ -185,6 +185,9 @@ void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, const std::vector<int
 selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,
                                         const std::string& path, int window_left = -1, int window_right = -1,
                                         std::optional<float> softcap = std::nullopt);
+// Dropout (AttentionOptions::dropout_p, dropout_seed, dropout_offset); the library checks the rate.
+void set_dropout_options(selfattn::AttentionOptions& options, float dropout_p, uint64_t dropout_seed,
+                         uint64_t dropout_offset);
 
 // Without the GIL (the sim takes a while; other Python threads go on), one call at a time per
 // context (its workspace and stream are not shared safely); `body` runs after staging.

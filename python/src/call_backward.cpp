@@ -41,8 +41,10 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
                         int window_left, int window_right, std::optional<float> softcap,
                         std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                         std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
-                        std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16) {
+                        std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16,
+                        float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
   Call call(context);
@@ -76,8 +78,10 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                std::optional<float> softcap, std::optional<InArray> alibi_slopes,
                                std::optional<InArray> bias, std::optional<InArray> sinks,
                                std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
-                               std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16) {
+                               std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16,
+                               float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
   Call call(context);

@@ -19,8 +19,10 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16) {
+               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
+               uint64_t dropout_seed, uint64_t dropout_offset) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
@@ -43,8 +45,10 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                       std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                       std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16) {
+                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16,
+                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);

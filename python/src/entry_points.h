@@ -15,13 +15,15 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16);
+               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
+               uint64_t dropout_seed, uint64_t dropout_offset);
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                       std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                       std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                       std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16);
+                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16,
+                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset);
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
@@ -36,7 +38,8 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
                         int window_left, int window_right, std::optional<float> softcap,
                         std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                         std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
-                        std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16);
+                        std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16,
+                        float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset);
 void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InArray v, InArray out, InArray dout,
                                InArray lse, OutArray dq, OutArray dk, OutArray dv, InArray cu_seqlens_q,
                                InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
@@ -45,7 +48,8 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                std::optional<float> softcap, std::optional<InArray> alibi_slopes,
                                std::optional<InArray> bias, std::optional<InArray> sinks,
                                std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
-                               std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16);
+                               std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16,
+                               float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset);
 
 // call_kv_cache.cpp
 void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArray lengths,

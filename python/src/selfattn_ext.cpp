@@ -85,14 +85,16 @@ NB_MODULE(_selfattn, m) {
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
         nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
         nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(),
-        nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
+        nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         "Low level: q, k, v, out as [batch, heads, seq, head_dim] views. Use selfattn.attention().");
   m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
         nb::arg("key_lengths").none(), nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"),
         nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(),
-        nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
+        nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
@@ -100,6 +102,7 @@ NB_MODULE(_selfattn, m) {
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
         nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
         nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dsinks").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
   m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
@@ -108,6 +111,7 @@ NB_MODULE(_selfattn, m) {
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
         nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
         nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dsinks").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         "Low level: q, out, dout, dq as [1, heads, total_q, head_dim] views. Use "
         "selfattn.attention_varlen_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),

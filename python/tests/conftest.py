@@ -69,14 +69,22 @@ class Mods:
     sink logit."""
 
     def __init__(self, shape, causal=None, window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None,
-                 key_start=None, q_offset=None):
+                 key_start=None, q_offset=None, dropout=None):
         self.batch, self.heads, self.seq_q, self.seq_k = shape
+        self.dropout = dropout  # None, or (p, keep [batch, heads, seq_q, seq_k]): dropout_keep_mask()'s
         self.causal, self.window, self.softcap = causal, window, softcap
         self.key_start, self.q_offset = key_start, q_offset  # [batch] each, or None
         self.slopes = None if alibi_slopes is None else \
             np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (self.batch, self.heads))
         self.bias = None if bias is None else np.broadcast_to(np.asarray(bias, dtype=np.float64), shape)
         self.sinks = None if sinks is None else np.broadcast_to(np.asarray(sinks, dtype=np.float64), (self.heads,))
+
+    def dropout_factor(self, b, h, i, keys):
+        """What dropout multiplies row i's weights of `keys` by: keep / (1 - p) (1 without dropout)."""
+        if self.dropout is None:
+            return np.ones(len(keys))
+        p, keep = self.dropout
+        return keep[b, h, i, keys] / (1.0 - p)
 
     def sink(self, h):
         """Head h's sink logit, -inf without one."""
@@ -99,6 +107,36 @@ class Mods:
         if self.bias is not None:
             s = s + self.bias[b, h, i, keys]
         return keys, s, factor
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 (Random123's philox4x32_R, R = 10), vectorised: counter a tuple of 4 and key
+    of 2 uint64 arrays of 32-bit values; returns the 4 output words. Written here from the
+    definition, apart from the library's kernels/common/philox.cuh, and checked against Random123's
+    known answers in test_dropout.py."""
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in counter)
+    k0, k1 = (np.asarray(k, dtype=np.uint64) for k in key)
+    for _ in range(10):
+        p0, p1 = c0 * np.uint64(0xD2511F53), c2 * np.uint64(0xCD9E8D57)  # < 2^64: no wrap
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
+    return c0, c1, c2, c3
+
+
+def dropout_keep_mask(p, seed, offset, batch, heads, seq_q, seq_k, first_batch=0):
+    """The keep flags (1.0 kept, 0.0 dropped) [batch, heads, seq_q, seq_k] of selfattn's dropout
+    (selfattn/attention.h, kernels/common/dropout.cuh): key (seed low, high 32 bits), counter
+    (j // 4, i, low and high 32 bits of offset + (first_batch + b) * heads + h), word j % 4, kept
+    when at or above floor(p * 2^32) for the library's float32 p."""
+    threshold = min(int(float(np.float32(p)) * 2.0 ** 32), 2 ** 32 - 1)
+    b, h, i, j = np.meshgrid(np.arange(batch), np.arange(heads), np.arange(seq_q), np.arange(seq_k), indexing="ij")
+    stream = (np.uint64(offset) + ((b + first_batch) * heads + h).astype(np.uint64)) & np.uint64(2 ** 64 - 1)
+    words = philox4x32_10((j.astype(np.uint64) >> np.uint64(2), i.astype(np.uint64), stream & np.uint64(0xFFFFFFFF),
+                           stream >> np.uint64(32)),
+                          (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
+    word = np.choose((j & 3), words)
+    return (word >= np.uint64(threshold)).astype(np.float64)
 
 
 def softmax_with_sink(s, sink):
@@ -133,7 +171,7 @@ def reference(q, k, v, causal=None, scale=None, key_lengths=None, **mods):
                 if row is None:
                     continue  # no key (or the bias masks every one) and no sink
                 p, lse[b, h, i] = row
-                out[b, h, i] = p @ v[b, kh, keys]
+                out[b, h, i] = (p * rule.dropout_factor(b, h, i, keys)) @ v[b, kh, keys]
     return out, lse
 
 
@@ -158,13 +196,14 @@ def reference_backward(q, k, v, dout, causal=None, scale=None, key_lengths=None,
                 if row is None:
                     continue
                 p, lse = row
-                dp = v[b, kh, keys] @ dout[b, h, i]
+                dropped = rule.dropout_factor(b, h, i, keys)  # dropout's mask and scale (1 without)
+                dp = (v[b, kh, keys] @ dout[b, h, i]) * dropped
                 d = p @ dp  # D_i = dout_i . out_i
                 dsinks[h] -= math.exp(rule.sink(h) - lse) * (d - dlse[b, h, i])
                 ds = p * (dp - d + dlse[b, h, i]) * factor  # through softcap; ALiBi and bias add constants
                 dq[b, h, i] = scale * ds @ k[b, kh, keys]
                 dk[b, kh, keys] += scale * np.outer(ds, q[b, h, i])
-                dv[b, kh, keys] += np.outer(p, dout[b, h, i])
+                dv[b, kh, keys] += np.outer(p * dropped, dout[b, h, i])
     return (dq, dk, dv) if rule.sinks is None else (dq, dk, dv, dsinks)
 
 

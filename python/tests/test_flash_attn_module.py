@@ -418,10 +418,10 @@ def test_refusals_are_runtime_errors_naming_the_argument():
     k_cache, v_cache = cache(52, 1, 8)
     seqlens = torch.tensor([2], dtype=torch.int32)
     cases = [
-        (lambda: flash_attn_func(q, k, v, dropout_p=0.1), "dropout_p"),
         (lambda: flash_attn_func(q, k, v, return_attn_probs=True), "return_attn_probs"),
-        (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, dropout_p=0.5), "dropout_p"),
         (lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, return_attn_probs=True), "return_attn_probs"),
+        (lambda: flash_attn_varlen_func(q[0], k_cache, v_cache, cu, cu, 3, 3, dropout_p=0.1,
+                                        block_table=torch.zeros(1, 1, dtype=torch.int32)), "dropout_p"),
         (lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=seqlens * 0,
                                          block_table=seqlens[None] * 0), "cache_batch_idx"),
     ]
@@ -430,6 +430,46 @@ def test_refusals_are_runtime_errors_naming_the_argument():
             call()
         assert isinstance(caught.value, RuntimeError) and isinstance(caught.value, selfattn.NotAvailable)
     assert torch.equal(k_cache, cache(52, 1, 8)[0])  # a refused call wrote nothing
+
+
+def test_dropout_as_flash_attention_applies_it():
+    # dropout_p > 0 is attention dropout (0.0, evaluation, none): the seed from torch's default
+    # generator, so torch.manual_seed reproduces a call and two calls differ; the same output as
+    # selfattn.attention from the same generator state; loss.backward() regenerates the mask (the
+    # gradients equal attention_backward's with the seed the call drew, read back from a generator
+    # in the same state); a rate outside [0, 1) is an argument error.
+    q, k, v = qkv(60, 2, 7, 9)
+    cu = torch.tensor([0, 7, 14], dtype=torch.int32)
+    cuk = torch.tensor([0, 9, 18], dtype=torch.int32)
+    for call in (lambda a, b, c, **o: flash_attn_func(a, b, c, causal=True, **o),
+                 lambda a, b, c, **o: flash_attn_varlen_func(a.flatten(0, 1), b.flatten(0, 1), c.flatten(0, 1), cu,
+                                                             cuk, 7, 9, causal=True, **o)):
+        torch.manual_seed(3)
+        first = call(q, k, v, dropout_p=0.2)
+        second = call(q, k, v, dropout_p=0.2)
+        torch.manual_seed(3)
+        assert torch.equal(call(q, k, v, dropout_p=0.2), first)
+        assert not torch.equal(first, second)
+        assert not torch.equal(first, call(q, k, v, dropout_p=0.0))
+    torch.manual_seed(4)
+    want = selfattn.attention(q, k, v, layout="bshd", causal="bottom_right", dropout_p=0.2)
+    torch.manual_seed(4)
+    assert torch.equal(flash_attn_func(q, k, v, dropout_p=0.2, causal=True), want)
+    grads = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(5)
+    out = flash_attn_func(*grads, dropout_p=0.3, causal=True)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    (out * dout).sum().backward()
+    torch.manual_seed(5)
+    seed = int(torch.randint(0, 1 << 62, (1,), dtype=torch.int64).item())  # the draw the call made
+    options = dict(layout="bshd", causal="bottom_right", dropout_p=0.3, dropout_seed=seed)
+    out2, lse = selfattn.attention(q, k, v, return_lse=True, **options)
+    assert torch.equal(out.detach(), out2)
+    for tensor, same in zip(grads, selfattn.attention_backward(q, k, v, out2, dout, lse, **options)):
+        assert torch.equal(tensor.grad, same)
+    for bad in (1.0, -0.1):
+        with pytest.raises(RuntimeError, match="dropout_p"):
+            flash_attn_func(q, k, v, dropout_p=bad)
 
 
 def test_kvcache_capacity_checked_on_the_host():

@@ -325,8 +325,6 @@ def test_a_callers_boolean_or_other_float_mask_is_converted(seed):
 
 def test_refusals(seed):
     q, k, v = qkv()
-    with pytest.raises(selfattn.NotAvailable, match="dropout=0.1 is not supported"):
-        adapter.attention_forward(Layer(), q, k, v, None, dropout=0.1)
     with pytest.raises(selfattn.NotAvailable, match="position_bias"):
         adapter.attention_forward(Layer(), q, k, v, None, position_bias=torch.zeros(1, 4, 5, 5))
     with pytest.raises(selfattn.NotAvailable, match="attention_mask of type object"):
@@ -337,13 +335,39 @@ def test_refusals(seed):
         adapter.register("")
 
 
-def test_training_with_attention_dropout_is_refused(seed):
+def test_dropout_passes_through(seed):
+    # The dropout the models pass while training is selfattn's dropout_p (its seed from torch's
+    # default generator): the same as selfattn.attention's from the same generator state.
+    q, k, v = qkv()
+    torch.manual_seed(1)
+    got, _ = adapter.attention_forward(Layer(), q, k, v, None, dropout=0.25)
+    torch.manual_seed(1)
+    want = selfattn.attention(q, k, v, causal="bottom_right", dropout_p=0.25)
+    assert torch.equal(got, want.transpose(1, 2))
+    assert not torch.equal(got, adapter.attention_forward(Layer(), q, k, v, None)[0])
+    with pytest.raises(selfattn.InvalidArgument, match="dropout expected a probability"):
+        adapter.attention_forward(Layer(), q, k, v, None, dropout=1.0)
+
+
+def test_training_with_attention_dropout(seed):
+    # config.attention_dropout trains: train() passes it (a step reproducible with torch.manual_seed,
+    # gradients reach the weights), eval() passes 0 (the same logits as with dropout off).
     config = configs()["llama"]
-    config.attention_dropout = 0.1
+    config.attention_dropout = 0.3
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=NAME).train()
-    with pytest.raises(selfattn.NotAvailable, match="config.attention_dropout = 0.0"):
-        model(batch((0,))[0])
-    model.eval()(batch((0,))[0])  # evaluation passes dropout=0
+    ids = batch((0,))[0]
+    torch.manual_seed(2)
+    first = model(ids).logits
+    torch.manual_seed(2)
+    assert torch.equal(model(ids).logits, first)
+    assert not torch.equal(model(ids).logits, first)
+    first.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    evaluated = model.eval()(ids).logits
+    config.attention_dropout = 0.0
+    plain = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=NAME).eval()
+    plain.load_state_dict(model.state_dict())
+    assert torch.equal(plain(ids).logits, evaluated)
 
 
 def test_registered_under_its_name_in_both_interfaces():

@@ -127,6 +127,9 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         for (int j = keys.begin; j < keys.end; ++j) {
           probs[j] = sink != -INFINITY ? probs[j] * inverse : probs[j] / sum;
           weighted_magnitude += double(probs[j]) * magnitude[j];
+          // Dropout after the softmax (its LSE is the one before): kept ones times the library's
+          // float 1 / (1 - p), the others 0 (kernels/common/dropout.cuh).
+          probs[j] *= float(reference::dropout_factor(p, row, j));
           if (arithmetic.p_rounded) probs[j] = round_to(arithmetic.dtype, probs[j]);
         }
         const double fp32_steps = 4 + std::sqrt(double(n)) + 2 * max_magnitude;

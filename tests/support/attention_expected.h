@@ -11,7 +11,8 @@
 //   with a sink s: m' = max(m, s), l' = fl(l e^(m - m') + e^(s - m')), lse = fl(m' + log l') and
 //   p_j scaled by e^(m - m') / l' (kernels/common/score_mods.cuh, softmax_row_end); a row whose
 //   only term is the sink has out 0 exactly and LSE s within a few fp32 roundings
-//   p_j = fl(exp(x_j - m) / l), then rounded to the input dtype where the path does that (a
+//   p_j = fl(exp(x_j - m) / l), times the float 1 / (1 - dropout_p) or 0 with dropout (the
+//         problem's keep mask; the LSE is the one before), then rounded to the input dtype where the path does that (a
 //         tensor-core P V takes A and B of one type: P becomes f16/bf16)
 //   out_c = round_to_dtype(sum_j p_j v_jc)     the result stored in dtype
 // Dot products and P V sum key by key in one fp32 chain, as the SIMT kernels do; l, a sum of

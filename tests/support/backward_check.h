@@ -183,6 +183,9 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
                                : TensorView::bhsd(bias_b.data(), DType::f32, batch, c.heads, max_q, max_k);
   }
   if (c.sinks) options.sinks = sinks_b.data();
+  options.dropout_p = c.dropout_p;
+  options.dropout_seed = c.dropout_seed;
+  options.dropout_offset = c.dropout_offset;
   options.lse = lse.data();
   if (varlen) attention_varlen(ctx, qv, kv, vv, ov, cuq.data(), cuk.data(), batch, max_q, max_k, options);
   else attention(ctx, qv, kv, vv, ov, options);
@@ -253,6 +256,10 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     if (!c.key_lengths.empty()) p.key_lengths = varlen ? std::vector<int32_t>{c.key_lengths[size_t(b)]} : c.key_lengths;
     if (!c.key_start.empty()) p.key_start = varlen ? std::vector<int32_t>{c.key_start[size_t(b)]} : c.key_start;
     if (!c.q_offset.empty()) p.q_offset = varlen ? std::vector<int32_t>{c.q_offset[size_t(b)]} : c.q_offset;
+    if (c.dropout_p > 0) {
+      p.dropout_keep = reference::dropout_keep_mask(c.dropout_p, c.dropout_seed, c.dropout_offset, p.batch, p.heads,
+                                                    p.seq_q, p.seq_k, /*first_batch=*/varlen ? b : 0);
+    }
     // Gathers rows [r0, r0 + n) of each (batch, head) of a logical [vb, heads, rows, d] array.
     const auto rows_of = [&](const std::vector<double>& x, int heads, int rows, int r0, int n) {
       std::vector<double> out;

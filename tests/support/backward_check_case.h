@@ -41,6 +41,10 @@ struct Case {
   // Attention sinks ([heads] logits near log(seq_k), every third head -inf) and their gradient
   // (BackwardOptions::dsinks).
   bool sinks = false;
+  // Dropout (AttentionOptions::dropout_p, seed, offset) in the forward and the backward; the
+  // reference takes the library's mask (reference::dropout_keep_mask; varlen: per sequence).
+  float dropout_p = 0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
 };
 
 struct Gradients {

@@ -22,6 +22,7 @@ struct Dense {
   std::vector<int32_t> key_start, q_offset;  // [batch] or empty
   std::vector<double> dlse;                 // [batch, heads, seq_q] or empty
   std::vector<double> sinks;                // [heads] or empty
+  std::vector<uint8_t> dropout_keep;        // [batch, heads, seq_q, seq_k] or empty (no dropout)
 };
 
 // dq/dk/dv and which rows/keys must be exactly 0.
@@ -54,6 +55,8 @@ inline reference::Problem problem_of(const Dense& p, const Case& c, double scale
   problem.alibi_slopes = p.slopes;
   problem.bias = p.bias;
   problem.sinks = p.sinks;
+  problem.dropout_p = c.dropout_p;
+  problem.dropout_keep = p.dropout_keep;
   return problem;
 }
 

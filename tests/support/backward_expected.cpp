@@ -98,9 +98,14 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
             dp += float(do_row[c]) * float(v_row[c]);
             dp_magnitude += std::abs(do_row[c] * v_row[c]);
           }
+          // Dropout: dV takes the forward's dropped P, dP goes through the same mask and scale.
+          const float dropout = float(reference::dropout_factor(p, row, j));
+          dp *= dropout;
+          dp_magnitude *= dropout;
+          const float dropped_prob = prob * dropout;
           float ds = prob * (dp - D);
           if (p.softcap > 0) ds *= 1.0f - t[j] * t[j];
-          const float p_in = rounded(prob), ds_in = rounded(ds * scale);
+          const float p_in = rounded(dropped_prob), ds_in = rounded(ds * scale);
           const double m = double(scale) * double(prob) * (dp_magnitude + D_magnitude);
           kv_terms[key_row] += 1;
           kv_magnitude[key_row] = std::max(kv_magnitude[key_row], a[j]);
@@ -110,7 +115,7 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
             dv[key_row * d + c] += p_in * float(do_row[c]);
             dq_terms2[row * d + c] += (m * k_row[c]) * (m * k_row[c]);
             dk_terms2[key_row * d + c] += (m * q_row[c]) * (m * q_row[c]);
-            dv_terms2[key_row * d + c] += (double(prob) * do_row[c]) * (double(prob) * do_row[c]);
+            dv_terms2[key_row * d + c] += (double(dropped_prob) * do_row[c]) * (double(dropped_prob) * do_row[c]);
           }
         }
       }

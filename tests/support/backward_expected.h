@@ -8,6 +8,8 @@
 //   D_i   = sum_c dO_ic O_ic (- dlse_i with an LSE gradient)   one fp32 chain
 //   x_ij  = mods(fl(fl(q_i.k_j) * scale))             as attention_expected.h
 //   P_ij  = fl(exp(x_ij - lse_i)),  dP_ij = fl(dO_i.v_j),  dS_ij = fl(P_ij (dP_ij - D_i)) (softcap factor)
+//   with dropout (the problem's keep mask) P_ij and dP_ij times the float 1 / (1 - p) or 0 where
+//   dV and dS take them (dS = P (dP - D) with the undropped P)
 //   P and scale * dS rounded to the input dtype where the path rounds them (tensor cores: f16/bf16)
 //   dV_j = sum_i P_ij dO_i,  dQ_i = sum_j dS_ij k_j,  dK_j = sum_i dS_ij q_i   fp32 chains, then the
 //   gradient's dtype.

@@ -23,7 +23,7 @@ const char* to_string(BiasLayout layout) {
 
 bool ScoreModsCase::any() const {
   return window_left >= 0 || window_right >= 0 || softcap || alibi != AlibiSlopes::none || bias != BiasLayout::none ||
-         sinks;
+         sinks || dropout_p > 0;
 }
 
 std::string ScoreModsCase::name() const {
@@ -38,6 +38,7 @@ std::string ScoreModsCase::name() const {
     if (bias_batch_gap) s << " bias_batch_gap=" << bias_batch_gap;
   }
   if (sinks) s << " sinks";
+  if (dropout_p > 0) s << " dropout=" << dropout_p << "/seed" << dropout_seed << "/offset" << dropout_offset;
   return s.str();
 }
 
@@ -139,6 +140,12 @@ void ScoreModsData::apply(const ScoreModsCase& c, reference::Problem& problem) c
   problem.alibi_slopes = slopes_logical;
   problem.bias = bias_logical;
   problem.sinks = sinks_logical;
+  problem.dropout_p = c.dropout_p;
+  problem.dropout_keep.clear();
+  if (c.dropout_p > 0) {
+    problem.dropout_keep = reference::dropout_keep_mask(c.dropout_p, c.dropout_seed, c.dropout_offset, problem.batch,
+                                                        problem.heads, problem.seq_q, problem.seq_k);
+  }
 }
 
 void ScoreModsData::apply_sequence(const ScoreModsCase& c, reference::Problem& problem, int b, int len_q,
@@ -147,6 +154,12 @@ void ScoreModsData::apply_sequence(const ScoreModsCase& c, reference::Problem& p
   problem.window_right = c.window_right;
   problem.softcap = c.softcap ? double(*c.softcap) : 0.0;
   problem.sinks = sinks_logical;
+  problem.dropout_p = c.dropout_p;
+  problem.dropout_keep.clear();
+  if (c.dropout_p > 0) {
+    problem.dropout_keep = reference::dropout_keep_mask(c.dropout_p, c.dropout_seed, c.dropout_offset, 1, heads, len_q,
+                                                        len_k, /*first_batch=*/b);
+  }
   problem.alibi_slopes.clear();
   if (!slopes_logical.empty()) {
     const bool per_batch = slopes_logical.size() != size_t(heads);

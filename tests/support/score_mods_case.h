@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "selfattn/selfattn.h"
@@ -46,6 +47,10 @@ struct ScoreModsCase {
   // real share of each row: a sink far below every score would change nothing measurable); every
   // third head (h % 3 == 2) has none (-inf).
   bool sinks = false;
+  // Dropout (AttentionOptions::dropout_p, seed, offset); the reference gets the library's mask
+  // (reference::dropout_keep_mask). Not for the KV cache, which has none.
+  float dropout_p = 0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
 
   bool any() const;
   // "" when none, else " window=L,R softcap=C alibi=heads bias=full/f32 -inf=rows5,keys7".
@@ -75,6 +80,11 @@ struct ScoreModsData {
     }
     options.bias = bias;
     if (!sinks_logical.empty()) options.sinks = sinks.data();
+    if constexpr (std::is_same_v<Options, AttentionOptions>) {
+      options.dropout_p = c.dropout_p;
+      options.dropout_seed = c.dropout_seed;
+      options.dropout_offset = c.dropout_offset;
+    }
   }
   // The reference problem of the whole call, or (varlen) of sequence `b` alone with len_q rows and
   // len_k keys of the [batch, heads, max_q, max_k] bias.

@@ -141,6 +141,20 @@ TEST(BackwardArguments, OptionsLseMustBeNull) {
   EXPECT_REJECTED(c, "options.lse expected null");
 }
 
+// The forward's options are validated again: a dropout rate outside [0, 1) is refused by name.
+TEST(BackwardArguments, DropoutRate) {
+  {
+    BackwardCallFixture c;
+    c.options.dropout_p = 1.0f;
+    EXPECT_REJECTED(c, "options.dropout_p expected", "[0, 1)");
+  }
+  {
+    BackwardCallFixture c;
+    c.options.dropout_p = -0.5f;
+    EXPECT_REJECTED(c, "options.dropout_p expected", "[0, 1)");
+  }
+}
+
 TEST(BackwardArguments, LseRequiredWhenThereAreRows) {
   BackwardCallFixture c;
   c.lse = nullptr;

@@ -1,4 +1,4 @@
-// The arguments the score-modifier options must reject (window, softcap, ALiBi slopes, bias):
+// The arguments the score-modifier options must reject (window, softcap, ALiBi slopes, bias, dropout_p):
 // InvalidArgument naming the option, out untouched. The modifiers themselves: test_score_mods.cpp.
 #include <gtest/gtest.h>
 
@@ -65,6 +65,16 @@ TEST_F(ScoreModsArguments, Softcap) {
   for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     o.softcap = bad;
     expect_rejected(o, "options.softcap");
+  }
+}
+
+// dropout_p: a finite rate in [0, 1); 1 (everything dropped: 1 / (1 - p) is inf) and NaN refused.
+TEST_F(ScoreModsArguments, DropoutRate) {
+  AttentionOptions o;
+  for (float bad : {-0.1f, 1.0f, 1.5f, -1e-30f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    o.dropout_p = bad;
+    expect_rejected(o, "options.dropout_p");
   }
 }
 

@@ -75,6 +75,24 @@ struct AttentionOptions {
   // or -inf for a head without a sink (not checked: device memory). Must not overlap out or lse.
   // Null: no sinks. The backward's gradient for them is BackwardOptions::dsinks.
   const float* sinks = nullptr;
+
+  // ---- Dropout on the attention weights (FlashAttention-2's and SDPA's dropout_p), every path of
+  // attention(), attention_varlen() and their backward. After the softmax above (its LSE is the one
+  // written, taken before dropout), each probability P[b, h, i, j] is kept with probability
+  // 1 - dropout_p and then scaled by 1 / (1 - dropout_p), else zeroed; out = (P * M / (1 - p)) V.
+  // The sink (above) is not a key: its share of the softmax is never dropped. Whether an element is
+  // kept is a pure function of (dropout_seed, dropout_offset, b, h, i, j) (Philox4x32-10, PyTorch's
+  // and cuRAND's generator; kernels/common/dropout.cuh has the exact rule): the same seed and
+  // offset give bitwise the same mask on every path, tiling and run, and the backward regenerates
+  // it when given the same options. b is the batch (varlen: the sequence), i and j the query row
+  // and key counted within it from 0. dropout_offset is PyTorch's philox offset: calls sharing a
+  // seed draw independent masks when their offsets differ by at least batch * heads.
+  // reference::dropout_keep_mask() gives the mask on the host. 0 <= dropout_p < 1, finite; 0 (the
+  // default) is no dropout: the kernels test one uniform flag and compute what they did without
+  // it. The Hopper kernel has none: calls with dropout run the mma.sync fused kernel there.
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
 };
 
 // out = softmax(mods(scale * q k^T) + mask) v, per (batch, head) (mods: see AttentionOptions).

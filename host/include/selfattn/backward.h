@@ -7,6 +7,11 @@
 //   dP = dO V^T,  D_i = sum_c dO_ic O_ic  (= sum_j P_ij dP_ij),  dS = P * (dP - D)   (row-wise D)
 //   dS' = dS * d mods / d s   (softcap: 1 - tanh^2(s / softcap); ALiBi and bias add constants: 1)
 //   dQ = scale dS' K,  dK = scale dS'^T Q
+// With dropout (AttentionOptions::dropout_p; keep mask M, the forward's, regenerated from the same
+// dropout_seed and dropout_offset, so pass the forward's options unchanged):
+//   dV = (P * M / (1 - p))^T dO,  dP = (dO V^T) * M / (1 - p),  dS = P * (dP - D)
+// with D_i = sum_c dO_ic O_ic still = sum_j (P_ij M_ij / (1 - p)) (dO_i . v_j) = sum_j P_ij dP_ij,
+// so D, dS and dsinks keep their form (the sink is never dropped).
 // GQA/MQA: dK and dV of a kv head sum over the query heads that share it. Masked keys (causal,
 // key lengths, window, a -inf bias) get no gradient: a row that sees no key has dQ = 0, a key no
 // row sees has dK = dV = 0, exactly (never NaN).
@@ -49,7 +54,7 @@ struct BackwardOptions {
 //   dq:       [batch, heads, seq_q, head_dim], dk, dv: [batch, kv_heads, seq_k, head_dim], each in q's
 //             dtype or f32, any strides (head_dim stride 1). Every element is written.
 // options: the forward's options, all of them honoured (path, causal, scale, key_lengths, window,
-// softcap, ALiBi, bias, sinks); options.lse must be null (the forward's LSE is the `lse` argument).
+// softcap, ALiBi, bias, sinks, dropout); options.lse must be null (the forward's LSE is the `lse` argument).
 // No gradient may overlap another or anything the call reads (q, k, v, out, dout, lse, key_lengths,
 // slopes, bias, sinks). Throws as attention() does (InvalidArgument naming the argument, NotAvailable,
 // WorkspaceTooSmall, BackendError), and every check runs before anything is written: on the first

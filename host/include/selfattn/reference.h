@@ -22,7 +22,20 @@ struct Problem {
   std::vector<double> alibi_slopes;         // empty, [heads] or [batch, heads]
   std::vector<double> bias;                 // empty, or dense [batch, heads, seq_q, seq_k]; -inf masks
   std::vector<double> sinks;                // empty, or [heads]: attention sinks' logits (-inf: none)
+  // Dropout (AttentionOptions::dropout_p), taken as an input so tests compare exactly: empty, or
+  // the keep flags [batch, heads, seq_q, seq_k] (nonzero: kept; dropout_keep_mask() gives the
+  // library's), the kept probabilities scaled by 1 / (1 - dropout_p), the others 0.
+  double dropout_p = 0;
+  std::vector<uint8_t> dropout_keep;
 };
+
+// The keep flags attention() draws for AttentionOptions::dropout_p, dropout_seed and dropout_offset
+// over a call of [batch, heads, seq_q, seq_k] (kernels/common/dropout.cuh's rule, the same Philox
+// function): 1 kept, 0 dropped, [batch, heads, seq_q, seq_k]. first_batch is the batch (varlen:
+// the sequence) the call's batch 0 stands for: a varlen call's sequence b alone is
+// dropout_keep_mask(..., 1, heads, len_q, len_k, b). All ones when dropout_p is 0.
+std::vector<uint8_t> dropout_keep_mask(double dropout_p, uint64_t seed, uint64_t offset, int batch, int heads,
+                                       int seq_q, int seq_k, int first_batch = 0);
 
 struct Result {
   std::vector<double> out;  // [batch, heads, seq_q, head_dim]
@@ -63,6 +76,10 @@ double alibi_slope(const Problem& problem, int batch, int head);
 // kernels/common/score_mods.cuh's limit_score is its device twin.
 constexpr double kScoreLimit = 1e38;
 double limit_score(double score);
+
+// The factor dropout puts on P[row, key] (row the flat [batch, heads, seq_q] index): 1 without
+// dropout_keep, else 1 / (1 - dropout_p) when kept and 0 when dropped.
+double dropout_factor(const Problem& problem, size_t row, int key);
 
 // The sink logit of `head`: -inf without sinks.
 double sink_logit(const Problem& problem, int head);

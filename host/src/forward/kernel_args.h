@@ -1,5 +1,8 @@
 #pragma once
 // The host's enums as the kernels spell them (kernels/ knows nothing of the public API).
+#include <cstdint>
+
+#include "kernels/common/dropout.cuh"
 #include "kernels/forward/flash_fwd_params.h"
 #include "kernels/params.h"
 #include "forward/paths.h"
@@ -57,6 +60,14 @@ inline kernels::ScoreMods score_mods_of(const AttentionCall& call) {
   }
   mods.changes_values = call.softcap > 0 || call.alibi_slopes != nullptr || call.bias.has_value();
   mods.sinks = call.sinks;
+  if (call.dropout_p > 0) {
+    mods.dropout_threshold = kernels::dropout_threshold(call.dropout_p);
+    mods.dropout_scale = float(1.0 / (1.0 - double(call.dropout_p)));
+    mods.dropout_seed = call.dropout_seed;
+    mods.dropout_offset = call.dropout_offset;
+  }
+  mods.dropout_heads = call.heads;
+  mods.dropout_batch_base = call.dropout_batch_base;
   return mods;
 }
 

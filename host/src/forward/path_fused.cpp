@@ -102,6 +102,8 @@ HopperInstanceFn hopper_instance(const ContextState& ctx, const AttentionCall& c
   // Its TMA pipeline zeroes V rows only past the sequence's end (the last tile); rows before a
   // key_start would need the same in the first tile. Such calls run the mma.sync kernel instead.
   if (call.key_start != nullptr) return nullptr;
+  // It has no dropout (kernels/common/dropout.cuh): the mma.sync kernel applies it.
+  if (call.dropout_p > 0) return nullptr;
   for (const HopperEntry& entry : kHopperInstances)
     if (entry.dtype == call.dtype && entry.head_dim == call.head_dim)
       return ctx.device->backend() == Backend::sim ? entry.sim : entry.cuda;

@@ -37,6 +37,11 @@ struct AttentionCall {
   int64_t alibi_stride_batch = 0;
   std::optional<TensorView> bias;
   const float* sinks = nullptr;  // device, [heads] or null
+  // Dropout (AttentionOptions::dropout_p), validated: 0 is off. dropout_batch_base is the sequence
+  // a per-sequence call of a varlen call (batch 1) stands for, so its mask is the sequence's.
+  float dropout_p = 0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  int dropout_batch_base = 0;
   bool varlen() const { return cu_seqlens_q != nullptr; }
   // Whether which keys a row sees depends on per-batch device data (lengths, starts, offsets).
   bool per_batch_keys() const { return key_lengths != nullptr || key_start != nullptr || q_offset != nullptr; }

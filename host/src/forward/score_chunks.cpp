@@ -85,6 +85,7 @@ std::vector<PaddedCall> padded_calls(ContextState& ctx, const AttentionCall& cal
     if (call.key_lengths) padded.key_lengths = call.key_lengths + b;  // seqused_k
     if (call.key_start) padded.key_start = call.key_start + b;
     if (call.q_offset) padded.q_offset = call.q_offset + b;
+    padded.dropout_batch_base = b;  // the sequence's dropout mask, not batch 0's
     calls.push_back({padded, total_q, b, q0, k0});
   }
   return calls;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/common/dropout.cuh"
 #include "selfattn/error.h"
 
 namespace selfattn::reference {
@@ -70,6 +71,26 @@ RowKeys row_keys(const Problem& p, int batch, int row) {
   return {{int(begin), int(end)}, aligned};
 }
 
+double dropout_factor(const Problem& p, size_t row, int key) {
+  if (p.dropout_keep.empty()) return 1.0;
+  return p.dropout_keep[row * size_t(p.seq_k) + size_t(key)] != 0 ? 1.0 / (1.0 - p.dropout_p) : 0.0;
+}
+
+std::vector<uint8_t> dropout_keep_mask(double dropout_p, uint64_t seed, uint64_t offset, int batch, int heads,
+                                       int seq_q, int seq_k, int first_batch) {
+  std::vector<uint8_t> keep(size_t(batch) * heads * seq_q * seq_k, 1);
+  const uint32_t threshold = kernels::dropout_threshold(dropout_p);
+  if (threshold == 0) return keep;
+  size_t at = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h) {
+      const uint32_t stream = kernels::dropout_stream(first_batch + b, heads, h);
+      for (int i = 0; i < seq_q; ++i)
+        for (int j = 0; j < seq_k; ++j) keep[at++] = kernels::dropout_keep(seed, offset, threshold, stream, i, j);
+    }
+  return keep;
+}
+
 namespace {
 
 void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size) {
@@ -105,6 +126,11 @@ void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size
   const size_t bias_expected = pairs * p.seq_q * p.seq_k;
   if (!p.bias.empty() && p.bias.size() != bias_expected) {
     fail("bias expected empty or " + std::to_string(bias_expected) + " entries, got " + std::to_string(p.bias.size()));
+  }
+  if (!(p.dropout_p >= 0 && p.dropout_p < 1)) fail("dropout_p expected a number in [0, 1)");
+  if (!p.dropout_keep.empty() && p.dropout_keep.size() != bias_expected) {
+    fail("dropout_keep expected empty or " + std::to_string(bias_expected) + " entries, got " +
+         std::to_string(p.dropout_keep.size()));
   }
 }
 
@@ -160,7 +186,7 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
         }
         double* out_row = result.out.data() + row * d;
         for (int j = keys.begin; j < keys.end; ++j) {
-          const double weight = scores[j] / sum;
+          const double weight = scores[j] / sum * dropout_factor(p, row, j);
           for (size_t e = 0; e < d; ++e) out_row[e] += weight * v_head[size_t(j) * d + e];
         }
         result.lse[row] = max_score + std::log(sum);

@@ -7,6 +7,8 @@
 //   dP_ij  = dout_i . v_j,  D_i = sum_j P_ij dP_ij,  dx_ij = P_ij (dP_ij - D_i)
 //   dr_ij  = dx_ij * dmods/dr  (softcap: 1 - tanh^2(r / softcap); ALiBi and bias add constants)
 //   dq_i  += scale dr_ij k_j,  dk_j += scale dr_ij q_i
+// With dropout (keep mask M, rate p) out_i = sum_j P_ij M_ij / (1 - p) v_j: dv_j takes that weight,
+// dP_ij = dout_i . v_j M_ij / (1 - p), and D_i, dx and the rest keep their form (D_i = dout_i.out_i).
 // A sink is a key whose value is 0 and whose score is its logit: it takes probability P_i,sink in
 // the softmax (and so in D_i) and gets dsink += P_i,sink (0 - D_i).
 #include <algorithm>
@@ -86,7 +88,7 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
           const double* v_row = v.data() + kv_offset + size_t(j) * d;
           double dot = 0;
           for (size_t e = 0; e < d; ++e) dot += do_row[e] * v_row[e];
-          dp[j] = dot;
+          dp[j] = dot * dropout_factor(p, row, j);  // dP of the dropped P the forward used
           dsum += x[j] * dot;
         }
         if (!g.dsinks.empty()) g.dsinks[size_t(h)] -= sink_prob * dsum;
@@ -101,7 +103,7 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
           for (size_t e = 0; e < d; ++e) {
             dq_row[e] += scale * dr * k_row[e];
             dk_row[e] += scale * dr * q_row[e];
-            dv_row[e] += prob * do_row[e];
+            dv_row[e] += prob * dropout_factor(p, row, j) * do_row[e];
           }
         }
       }

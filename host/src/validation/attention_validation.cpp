@@ -187,6 +187,13 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
     call.alibi_stride_batch = options.alibi_slopes_count == heads ? 0 : heads;
   }
 
+  if (!std::isfinite(options.dropout_p) || !(options.dropout_p >= 0.0f) || !(options.dropout_p < 1.0f)) {
+    fail(function, "options.dropout_p expected a finite number in [0, 1), got " + std::to_string(options.dropout_p));
+  }
+  call.dropout_p = options.dropout_p;
+  call.dropout_seed = options.dropout_seed;
+  call.dropout_offset = options.dropout_offset;
+
   if (options.sinks != nullptr) {
     expect_aligned(function, "options.sinks", options.sinks, alignof(float));
     const ByteRange sinks = byte_range(options.sinks, size_t(heads) * sizeof(float));
@@ -349,6 +356,7 @@ std::string describe(const AttentionCall& call) {
   if (call.alibi_slopes) text += " alibi";
   if (call.bias) text += std::string(" bias=") + to_string(call.bias->dtype);
   if (call.sinks) text += " sinks";
+  if (call.dropout_p > 0) text += " dropout_p=" + std::to_string(call.dropout_p);
   if (call.varlen()) text += " varlen";
   return text;
 }

@@ -46,9 +46,9 @@ has no backward, as in FlashAttention (tensors that require grad are refused).
 
 Refused, with a FlashAttnNotSupported naming the argument (none is silently ignored):
 
-- dropout_p > 0: selfattn has no attention dropout yet.
 - return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
 - cache_batch_idx with block_table (FlashAttention refuses it too).
+- dropout_p > 0 in flash_attn_varlen_func with block_table (the paged KV-cache call has no dropout).
 
 flash_attn_varlen_func with block_table (a serving engine's step: each sequence's new rows packed in
 q over a paged cache, FlashAttention's paged varlen call): k and v are the page pools [num_blocks,
@@ -159,14 +159,16 @@ def _scale(function, softmax_scale):
 
 
 def _refuse_training_options(function, dropout_p, return_attn_probs):
+    """Checks dropout_p and refuses return_attn_probs; returns dropout_p as a float. dropout_p > 0
+    is attention dropout as FlashAttention applies it (selfattn.attention's dropout_p, its seed drawn
+    from torch's default generator, so torch.manual_seed reproduces it; the backward regenerates
+    the same mask). As in FlashAttention, the caller passes 0.0 in evaluation."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
         _invalid(function, f"dropout_p expected a probability in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0:
-        _refuse(function, f"dropout_p={dropout_p} is not supported: selfattn has no attention dropout; pass "
-                          f"dropout_p=0.0 (as for evaluation) or apply dropout elsewhere")
     if return_attn_probs:
         _refuse(function, "return_attn_probs=True is not supported: selfattn never forms the attention "
                           "probabilities (S_dmask)")
+    return float(dropout_p)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -175,11 +177,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q.
     Differentiable in q, k and v. See the module's doc for each argument and what is refused."""
     name = "flash_attn_func"
-    _refuse_training_options(name, dropout_p, return_attn_probs)
+    dropout_p = _refuse_training_options(name, dropout_p, return_attn_probs)
     q, k, v = _tensor(name, "q", q, 4), _tensor(name, "k", k, 4), _tensor(name, "v", v, 4)
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
                    window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
-                   deterministic=bool(deterministic))
+                   deterministic=bool(deterministic), dropout_p=dropout_p)
     with _runtime_errors(name):
         return selfattn.attention(q, k, v, layout="bshd", **options)
 
@@ -192,8 +194,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
     like q; differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
-    _refuse_training_options(name, dropout_p, return_attn_probs)
+    dropout_p = _refuse_training_options(name, dropout_p, return_attn_probs)
     paged = block_table is not None
+    if paged and dropout_p > 0:
+        _refuse(name, f"dropout_p={dropout_p} with block_table: the paged KV-cache call has no dropout (inference)")
     q = _tensor(name, "q", q, 3)
     k, v = _tensor(name, "k", k, 4 if paged else 3), _tensor(name, "v", v, 4 if paged else 3)
     for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -210,7 +214,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                                     **options)
         return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
                                          max_seqlen_k=int(max_seqlen_k), deterministic=bool(deterministic),
-                                         **options)
+                                         dropout_p=dropout_p, **options)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

@@ -53,9 +53,11 @@ padding, the row of a pad token) gives 0, where eager's finite mask value averag
 key; no real token sees a pad key, so nothing else changes. The attention weights are never
 formed: the second value returned is None, as with sdpa and flash attention.
 
-Refused, never ignored: dropout > 0 (``selfattn.NotAvailable``: the models pass
-``config.attention_dropout`` while training, and selfattn has no attention dropout; set it to
-0.0), position_bias (NotAvailable: T5-style learned biases, and selfattn computes no gradient for a
+Dropout: the models pass ``config.attention_dropout`` while training (0 in evaluation); it is
+selfattn's attention dropout (``dropout_p``, the seed drawn from torch's default generator, so
+torch.manual_seed reproduces a step; the backward regenerates the forward's mask).
+
+Refused, never ignored: position_bias (NotAvailable: T5-style learned biases, and selfattn computes no gradient for a
 bias), a mask that is not a tensor (NotAvailable: flex attention's BlockMask), sequence boundaries
 ``cu_seq_lens_q`` with no mask (NotAvailable: continuous batching and paged caches; packed
 sequences work through their mask, built when the call has position_ids and no cache), and a value
@@ -139,12 +141,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     name = "selfattn.integrations.transformers"
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise InvalidArgument(f"{name}: dropout expected a probability in [0, 1), got {dropout!r}")
-    if dropout > 0:
-        raise NotAvailable(f"{name}: dropout={dropout} is not supported: selfattn has no attention dropout; set the "
-                           f"model's config.attention_dropout = 0.0 for training (evaluation passes 0 already)")
     if position_bias is not None:
         raise NotAvailable(f"{name}: position_bias is not supported: selfattn computes no gradient for a bias")
-    options = dict(scale=scaling, softcap=softcap, sinks=None if s_aux is None else s_aux.float())
+    options = dict(scale=scaling, softcap=softcap, sinks=None if s_aux is None else s_aux.float(),
+                   dropout_p=float(dropout))
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:
         # Sequence boundaries that only flash attention reads (continuous batching, or a flattening
         # collator's kwargs while a cache kept transformers from building the packed mask): the

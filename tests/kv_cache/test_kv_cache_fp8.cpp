@@ -3,9 +3,9 @@
 // (reference::fp8_value / fp8_code, written from the OCP spec in double, independent of
 // cuda_fp8.h); attention over FP8 caches on every path, paged and contiguous, page sizes 1 and 16,
 // GQA, f16/bf16/f32 queries, 1 and 3 splits, masks and modifiers; append_kv's quantization code for
-// code, saturation, rotary before quantization; bad arguments named with outputs untouched. The
-// packed calls over FP8 caches: test_kv_cache_varlen.cpp (Fp8CacheEveryPath, and
-// AppendPackedEqualsAppendPerSequence's e4m3 variant).
+// code, saturation, rotary before quantization; left padding, q_offset and a batch index; bad
+// arguments named with outputs untouched. The packed calls over FP8 caches: test_kv_cache_varlen.cpp
+// (Fp8CacheEveryPath, and AppendPackedEqualsAppendPerSequence's e4m3 variant).
 //
 // The judge is the shared rule (kv_cache_check.h): the caches' scales have few significant bits, so
 // code x scale is exact in fp32, f16 and bf16 (the dequantized inputs are exact on every path) and
@@ -155,6 +155,21 @@ TEST(KvCacheFp8, EveryPathPagedAndContiguous) {
       attend_q(fp8(contiguous(DType::f16, 2, 1, 128, 20, {7, 20}, true), DType::e5m2, false), DType::f16, 2, 3));
   cases.push_back(attend_q(fp8(paged(DType::f16, 2, 2, 128, 16, 3, {40, 33}), DType::e4m3, true), DType::bf16, 8, 1));
   for (const AttendCase& c : cases)
+    for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
+}
+
+// Left padding with query rows placed by q_offset (paged), and a contiguous cache read through a
+// batch index (two sequences on one row, one row outside the cache), every path.
+TEST(KvCacheFp8, LeftPaddingAndBatchIndexEveryPath) {
+  Context ctx;
+  CacheSpec left_padded = fp8(paged(DType::f16, 3, 2, 64, 16, 5, {70, 37, 16}), DType::e5m2, true);
+  left_padded.key_start = {20, 0, 16};
+  AttendCase placed = attend_q(left_padded, DType::bf16, 4, 3);
+  placed.q_offset = {40, 30, 0};
+  CacheSpec indexed = fp8(contiguous(DType::f16, 4, 2, 64, 33, {33, 10, 0, 21}, true), DType::e4m3, false);
+  indexed.batch_index = {2, 2, 0, 5};
+  indexed.cache_rows = 3;
+  for (const AttendCase& c : {placed, attend_q(indexed, DType::f16, 4, 3)})
     for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
 }
 

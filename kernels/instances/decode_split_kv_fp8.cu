@@ -1,6 +1,6 @@
 // Instances of decode/decode_split_kv.cuh (the SIMT kernel) over FP8 caches: q/out f32, f16 or
 // bf16 x cache e4m3 or e5m2. Their splits are combined by decode_split_kv.cu's decode_combine
-// (out's element). The tensor-core kernel has no FP8 instance: FP8 caches always take this one.
+// (out's element). The tensor-core FP8 instances: decode_split_kv_mma_fp8.cu.
 #include "../decode/decode_split_kv.cuh"
 #include "../registry.h"
 

@@ -2,10 +2,10 @@
 // head (real value = stored x scale). The kernels' conversions against the formats' definition
 // (reference::fp8_value / fp8_code, written from the OCP spec in double, independent of
 // cuda_fp8.h); attention over FP8 caches on every path, paged and contiguous, page sizes 1 and 16,
-// GQA, f16/bf16/f32 queries, 1 and 3 splits, masks and modifiers; append_kv's quantization code for
-// code, saturation, rotary before quantization; left padding, q_offset and a batch index; bad
-// arguments named with outputs untouched. The packed calls over FP8 caches: test_kv_cache_varlen.cpp
-// (Fp8CacheEveryPath, and AppendPackedEqualsAppendPerSequence's e4m3 variant).
+// GQA, f16/bf16/f32 queries, both split-KV kernels with 1 and 3 splits, masks and modifiers; append_kv's quantization
+// code for code, saturation, rotary before quantization; left padding, q_offset and a batch index; bad arguments named
+// with outputs untouched. The packed calls over FP8 caches: test_kv_cache_varlen.cpp (Fp8CacheEveryPath, and
+// AppendPackedEqualsAppendPerSequence's e4m3 variant).
 //
 // The judge is the shared rule (kv_cache_check.h): the caches' scales have few significant bits, so
 // code x scale is exact in fp32, f16 and bf16 (the dequantized inputs are exact on every path) and
@@ -173,22 +173,24 @@ TEST(KvCacheFp8, LeftPaddingAndBatchIndexEveryPath) {
     for (Path path : kPaths) EXPECT_TRUE(check_attend(ctx, c, path));
 }
 
-// The split-KV kernel over FP8 with 1 and 3 splits, element-wise and with 16-byte loads (pools
-// whose rows start on 16 bytes: pads of 16 and 32 one-byte elements), both formats.
-TEST(KvCacheFp8, SplitsAndSixteenByteLoads) {
+// Each split-KV kernel over FP8, with 1 and 3 splits, both formats, q f32 and bf16: pools with the
+// default pads (8 and 24 one-byte elements: rows on 8 bytes, so bf16 queries take the tensor-core
+// kernel and its 8-byte loads, f32 ones the SIMT kernel element-wise), pads 4 and 12 (rows off 8
+// bytes: the SIMT kernel for both) and pads 16 and 32 (rows on 16 bytes: the SIMT kernel's 16-byte
+// loads for f32, the tensor-core kernel for bf16).
+TEST(KvCacheFp8, SplitsAndEachKernel) {
   Context ctx;
   for (DType format : {DType::e4m3, DType::e5m2})
-    for (bool aligned : {false, true})
-      for (int splits : {1, 3}) {
-        CacheSpec spec = fp8(paged(DType::f16, 2, 2, 64, 16, 8, {113, 70}), format, splits == 3);
-        if (aligned) {
-          spec.k_layout.row_pad = 16;
-          spec.v_layout.row_pad = 32;
+    for (int pad : {8, 4, 16})
+      for (int splits : {1, 3})
+        for (DType q_dtype : {DType::f32, DType::bf16}) {
+          CacheSpec spec = fp8(paged(DType::f16, 2, 2, 64, 16, 8, {113, 70}), format, splits == 3);
+          spec.k_layout.row_pad = pad;
+          spec.v_layout.row_pad = 3 * pad;
+          AttendCase c = attend_q(spec, q_dtype, 4, 2);
+          c.num_splits = splits;
+          EXPECT_TRUE(check_attend(ctx, c, Path::fused));
         }
-        AttendCase c = attend_q(spec, splits == 3 ? DType::bf16 : DType::f32, 4, 2);
-        c.num_splits = splits;
-        EXPECT_TRUE(check_attend(ctx, c, Path::fused));
-      }
 }
 
 // Masks and modifiers over an FP8 cache, every path: a window, softcap, ALiBi, a bias, sinks; on the

@@ -25,9 +25,11 @@
 //               too); NaN stays NaN.
 //   attention   q/out are f32, f16 or bf16 (the two alike, any of the three): the cache is
 //               dequantized in registers, stored x scale in fp32, and attended as an f32/f16/bf16
-//               cache would be. fused: always the SIMT split-KV kernel (no tensor-core FP8
-//               instance); naive/cublas: the gather dequantizes into q's dtype (one rounding to it)
-//               and the path runs on that.
+//               cache would be. fused: the split-KV kernels dequantize while staging K/V - the
+//               tensor-core one for f16/bf16 q at head_dim 64 and 128 (K/V rows on 8 bytes, q's on
+//               16; stored x scale in fp32, rounded once to q's dtype for the mma), the SIMT one
+//               (fp32) otherwise; naive/cublas: the gather dequantizes into q's dtype (one rounding
+//               to it) and the path runs on that.
 // Choosing the scales (e.g. amax / 448 from calibration) and keeping them finite and > 0 is the
 // caller's job; the library reads them on the device and never checks their values.
 //
@@ -201,7 +203,7 @@ struct KvAttentionOptions {
 //     place; the query heads sharing a kv head are processed together, so each K/V element is read
 //     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim 64 and 128 when every
 //     q, K and V row starts on 16 bytes; a SIMT kernel with fp32 arithmetic for everything else.
-//     FP8 caches always take the SIMT kernel, dequantizing K/V as they are staged.
+//     FP8 caches: the same choice with K/V rows on 8 bytes (8 FP8 values per load) instead of 16.
 //     Any page size works at the same cost per key (each key's page is looked up once per tile);
 //     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a
 //     multiple of 8, base and strides aligned) are read with 16-byte loads, others element-wise.

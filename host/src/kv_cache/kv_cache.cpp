@@ -135,26 +135,34 @@ constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in 
 constexpr int kMaxAutomaticSplits = 64;
 constexpr int64_t kMaxCombineBlocks = int64_t(1) << 20;  // decode_combine strides over the rest
 
-// Whether every row of the view starts on 16 bytes and holds whole 16-byte chunks (the split-KV
-// kernel then stages K/V with 16-byte loads).
-bool rows_on_16_bytes(const TensorView& view) {
+// Whether every row of the view starts on `bytes` bytes and holds whole chunks of that size (the
+// split-KV kernels then stage K/V with 16-byte loads, or the tensor-core kernel an FP8 cache's
+// 8-value chunks with 8-byte loads).
+bool rows_on_bytes(const TensorView& view, int64_t bytes) {
   const int64_t element = int64_t(dtype_size(view.dtype));
-  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0 || (view.head_dim() * element) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(view.data) % bytes != 0 || (view.head_dim() * element) % bytes != 0) return false;
   for (int i = 0; i < 3; ++i)
-    if ((view.strides[i] * element) % 16 != 0) return false;
+    if ((view.strides[i] * element) % bytes != 0) return false;
   return true;
 }
+bool rows_on_16_bytes(const TensorView& view) { return rows_on_bytes(view, 16); }
 
 DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
   return SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_instance(detail::element_of(dtype), head_dim));
 }
 
-// The split-KV kernel for this call: with an FP8 cache the SIMT one over it (no tensor-core FP8
-// instance); else the tensor-core one where it has an instance (f16/bf16, head dims 64 and 128)
-// and q, K and V rows are all on 16 bytes; the SIMT one otherwise.
+// The split-KV kernel for this call: the tensor-core one where it has an instance (q f16/bf16,
+// head dims 64 and 128) and q's rows are on 16 bytes and K's and V's on 16 (an FP8 cache: 8, its
+// 8-value chunks); the SIMT one otherwise. Each over the cache's element.
 DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
                                  int head_dim) {
   if (is_fp8(cache.k.dtype)) {
+    if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_bytes(cache.k, 8) && rows_on_bytes(cache.v, 8)) {
+      const DecodeKernel mma = SELFATTN_KERNEL_FOR(
+          state.device->backend(), decode_split_kv_mma_fp8_instance(detail::element_of(q.dtype),
+                                                                    detail::cache_element_of(cache.k.dtype), head_dim));
+      if (mma.kernel) return mma;
+    }
     return available(SELFATTN_KERNEL_FOR(
         state.device->backend(),
         decode_split_kv_fp8_instance(detail::element_of(q.dtype), detail::cache_element_of(cache.k.dtype), head_dim)));

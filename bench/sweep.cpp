@@ -32,6 +32,8 @@ const char* name(DType dtype) {
     case DType::f16: return "fp16";
     case DType::bf16: return "bf16";
     case DType::b8: return "b8";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "?";
 }

@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -319,6 +319,27 @@ mutant dropout_varlen_sequence_lost host/src/forward/score_chunks.cpp 1 \
 mutant dropout_hopper_not_routed_away host/src/forward/path_fused.cpp 1 \
   'if (call.dropout_p > 0) return nullptr;' 'if (call.dropout_p > 1) return nullptr;' \
   'calls with dropout reach the Hopper kernel, which has none'
+
+# Issue 37: FP8 KV caches (dequantization in the decode kernels and the gather, quantization in
+# append_kv, the per-kv-head scale).
+mutant fp8_v_scale_dropped kernels/decode/decode_split_kv.cuh 1 \
+  'to_float(x) * v_scale : to_float(x); };' 'to_float(x) : to_float(x); };' \
+  'the split-KV kernel dequantizes an FP8 cache'"'"'s K with its scale but V without'
+mutant fp8_quantize_truncates kernels/common/simt_tile.cuh 1 \
+  '  r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);' \
+  '  uint32_t bits; memcpy(&bits, &x, 4); bits &= 0xFFF00000u; memcpy(&x, &bits, 4); r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);' \
+  'e4m3 quantization truncates toward zero instead of rounding to nearest even'
+mutant fp8_mma_v_scale_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
+  'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, v_scale);' \
+  'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, 1.0f);' \
+  'the tensor-core decode stages an FP8 cache'"'"'s V without its scale'
+mutant fp8_gather_v_scale_dropped kernels/decode/kv_gather.cuh 1 \
+  'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * v_scale);' \
+  'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]));' \
+  'the naive/cublas gather dequantizes an FP8 cache'"'"'s V without its scale'
+mutant fp8_scale_per_tensor_only kernels/decode/kv_pages.cuh 1 \
+  'return scales[scale_count > 1 ?' 'return scales[scale_count > 100000 ?' \
+  'every kv head takes kv head 0'"'"'s scale (per-kv-head scales ignored)'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

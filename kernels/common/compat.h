@@ -3,13 +3,15 @@
 // host compiler (the sim) it maps each name onto the sim's engine (sim/include/selfattn_sim).
 // Kernels include this first.
 //
-// What the toolkit headers already give the host compiler (cuda_fp16.h / cuda_bf16.h): __half and
-// __nv_bfloat16 with their conversions, arithmetic and h* intrinsics; __device__, __global__,
-// __host__ and __forceinline__ (as always_inline). Everything else a kernel may use is here.
+// What the toolkit headers already give the host compiler (cuda_fp16.h / cuda_bf16.h / cuda_fp8.h):
+// __half, __nv_bfloat16, __nv_fp8_e4m3 and __nv_fp8_e5m2 with their conversions (FP8's in software
+// on the host), arithmetic and h* intrinsics; __device__, __global__, __host__ and __forceinline__
+// (as always_inline). Everything else a kernel may use is here.
 #include "target.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #if SELFATTN_SIM
 #include <math.h>  // the C++ <math.h>: std::isnan, fmaf, exp2f... in the global namespace, as CUDA has them

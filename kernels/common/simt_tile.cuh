@@ -26,6 +26,9 @@ struct SimtTileTraits {
 __host__ __device__ inline float to_float(float x) { return x; }
 __host__ __device__ inline float to_float(__half x) { return __half2float(x); }
 __host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+// FP8 (a KV cache's elements): exact, every FP8 value is a float.
+__host__ __device__ inline float to_float(__nv_fp8_e4m3 x) { return float(x); }
+__host__ __device__ inline float to_float(__nv_fp8_e5m2 x) { return float(x); }
 
 template <class T>
 __host__ __device__ inline T from_float(float x);
@@ -35,6 +38,33 @@ template <>
 __host__ __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// FP8: round to nearest even, saturating to the finite range (+-448 e4m3, +-57344 e5m2; infinities
+// too), NaN stays NaN - vLLM's and FlashInfer's quantization of a KV cache.
+template <>
+__host__ __device__ inline __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) {
+  __nv_fp8_e4m3 r;
+  r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  return r;
+}
+template <>
+__host__ __device__ inline __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) {
+  __nv_fp8_e5m2 r;
+  r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
+  return r;
+}
+// Whether T is an FP8 element (a cache stored with scales).
+template <class T>
+struct IsFp8 {
+  static constexpr bool value = false;
+};
+template <>
+struct IsFp8<__nv_fp8_e4m3> {
+  static constexpr bool value = true;
+};
+template <>
+struct IsFp8<__nv_fp8_e5m2> {
+  static constexpr bool value = true;
+};
 
 // Stages rows [first, first + 64) x k [k0, k0 + 16) of a matrix whose K index is contiguous
 // (row stride `ld`) as tile[k][row]; elements past `count` rows or `k_end` are zero, so ragged edges

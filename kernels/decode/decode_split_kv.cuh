@@ -10,6 +10,9 @@
 // The split's keys are decode_split_keys() (only the tiles a sliding window leaves); each row masks
 // its own visible_key_range() and takes modified_score() (score_mods.cuh) when softcap, ALiBi or a
 // bias change the values.
+//
+// T is q's and out's element, Cache the cache's: T itself, or FP8 (an FP8 KV cache), dequantized while
+// staging - stored x its kv head's scale in fp32 - so everything after staging is the same.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -45,10 +48,15 @@ struct DecodeSplitKvTraits {
 
 // Stages one tile's K and V rows as fp32 (rows without a page as zeros), from the row offsets
 // resolved once per key: 16-byte loads when `vectors` (the host checked that every row starts on
-// 16 bytes and head_dim fills whole 16-byte chunks), else one element per load.
+// 16 bytes and head_dim fills whole 16-byte chunks), else one element per load. k_scale and v_scale
+// multiply FP8 values (real value = stored x scale); other elements are staged as they are.
 template <class T>
 __device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, const int64_t* k_rows,
-                                         const int64_t* v_rows, int d, bool vectors, float* k_s, float* v_s) {
+                                         const int64_t* v_rows, int d, bool vectors, float k_scale, float v_scale,
+                                         float* k_s, float* v_s) {
+  // Stored value to fp32: exact for f16/bf16/fp32; FP8 times its scale, one fp32 rounding.
+  const auto k_real = [&](T x) { return IsFp8<T>::value ? to_float(x) * k_scale : to_float(x); };
+  const auto v_real = [&](T x) { return IsFp8<T>::value ? to_float(x) * v_scale : to_float(x); };
   constexpr int N = DecodeSplitKvTraits::kKeys, kThreads = DecodeSplitKvTraits::kThreads;
   if (vectors) {
     constexpr int V = 16 / int(sizeof(T));
@@ -69,8 +77,8 @@ __device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, con
       // the same banks).
       float v_floats[V];
       for (int t = 0; t < V; ++t) {
-        k_s[n * (d + 1) + e0 + t] = k_rows[n] >= 0 ? to_float(k_values[t]) : 0.0f;
-        v_floats[t] = k_rows[n] >= 0 ? to_float(v_values[t]) : 0.0f;
+        k_s[n * (d + 1) + e0 + t] = k_rows[n] >= 0 ? k_real(k_values[t]) : 0.0f;
+        v_floats[t] = k_rows[n] >= 0 ? v_real(v_values[t]) : 0.0f;
       }
       for (int t = 0; t < V; t += 4)
         store_vector(reinterpret_cast<float4*>(v_s + n * d + e0 + t),
@@ -80,12 +88,12 @@ __device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, con
   }
   for (int i = threadIdx.x; i < N * d; i += kThreads) {
     const int n = i / d, e = i % d;
-    k_s[n * (d + 1) + e] = k_rows[n] >= 0 ? to_float(k_cache[k_rows[n] + e]) : 0.0f;
-    v_s[n * d + e] = k_rows[n] >= 0 ? to_float(v_cache[v_rows[n] + e]) : 0.0f;
+    k_s[n * (d + 1) + e] = k_rows[n] >= 0 ? k_real(k_cache[k_rows[n] + e]) : 0.0f;
+    v_s[n * d + e] = k_rows[n] >= 0 ? v_real(v_cache[v_rows[n] + e]) : 0.0f;
   }
 }
 
-template <class T>
+template <class T, class Cache = T>
 __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv_kernel(const DecodeSplitKvParams p) {
   using Traits = DecodeSplitKvTraits;
   constexpr int RW = Traits::kRowsPerWarp, N = Traits::kKeys, C = Traits::kColsPerLane;
@@ -140,8 +148,13 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     for (int c = 0; c < C; ++c) acc[j][c] = 0.0f;
   }
 
-  const T* k_cache = static_cast<const T*>(p.cache.k);
-  const T* v_cache = static_cast<const T*>(p.cache.v);
+  const Cache* k_cache = static_cast<const Cache*>(p.cache.k);
+  const Cache* v_cache = static_cast<const Cache*>(p.cache.v);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if constexpr (IsFp8<Cache>::value) {
+    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, kv_head);
+    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, kv_head);
+  }
   // No barrier opens an iteration: the previous tile's row offsets were last read while staging,
   // before the barrier that ends staging; its K and V are last read before the barrier after the
   // offsets below, which every thread passes before restaging; Q is written before that barrier too.
@@ -154,7 +167,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;
     }
     __syncthreads();
-    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, p.vector_loads, k_s, v_s);
+    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, p.vector_loads, k_scale, v_scale, k_s, v_s);
     __syncthreads();
 
     for (int j = 0; j < RW; ++j) {

@@ -13,8 +13,14 @@
 // Each warp keeps its own (max, sum, O) over its keys; at the end the four are merged through
 // shared memory (reusing the K/V space) and written as out/lse (one split) or as the split's
 // normalised fp32 partial (decode_combine merges the splits).
+//
+// Cache is the cache's element: T itself, or FP8 (an FP8 KV cache; every K/V row on 8 bytes): each
+// 8-byte chunk of 8 values is dequantized while staging - stored x its kv head's scale in fp32,
+// rounded once to T - into the same 16-bit tiles, so the mma loop is unchanged and reads half the
+// bytes of a 16-bit cache from memory.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "../common/mma_tile.cuh"
 #include "../common/primitives.cuh"
@@ -48,7 +54,25 @@ struct DecodeSplitKvMmaTraits {
   static constexpr size_t kSmemBytes = kQBytes + kSharedBytes + 2 * size_t(kKeys) * sizeof(int64_t);
 };
 
-template <class T, int D>
+// One staged chunk of 8 elements (16 bytes of T): a 16-byte load from a 16-bit cache, or an 8-byte
+// load of 8 FP8 values dequantized (x scale in fp32, rounded to T).
+template <class T, class Cache>
+__device__ inline uint4 decode_mma_chunk(const Cache* row, float scale) {
+  if constexpr (IsFp8<Cache>::value) {
+    const uint2 raw = load_vector(reinterpret_cast<const uint2*>(row));
+    Cache values[8];
+    memcpy(static_cast<void*>(values), &raw, 8);
+    uint32_t words[4];
+    for (int i = 0; i < 4; ++i)
+      words[i] = pack2<T>(to_float(values[2 * i]) * scale, to_float(values[2 * i + 1]) * scale);
+    return make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+    (void)scale;
+    return load_vector(reinterpret_cast<const uint4*>(row));
+  }
+}
+
+template <class T, int D, class Cache = T>
 __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSplitKvParams p) {
   using Traits = DecodeSplitKvMmaTraits<D>;
   constexpr int N = Traits::kKeys, LD = Traits::kLd, R = Traits::kRows, W = Traits::kWarps;
@@ -114,8 +138,13 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   for (int n = 0; n < D / 8; ++n)
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
 
-  const T* k_cache = static_cast<const T*>(p.cache.k);
-  const T* v_cache = static_cast<const T*>(p.cache.v);
+  const Cache* k_cache = static_cast<const Cache*>(p.cache.k);
+  const Cache* v_cache = static_cast<const Cache*>(p.cache.v);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if constexpr (IsFp8<Cache>::value) {
+    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, kv_head);
+    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, kv_head);
+  }
   // No barrier opens an iteration: the previous tile's row offsets were last read while staging,
   // before the barrier that ends staging, and its K and V before the barrier after the offsets
   // below, which every thread (a warp that skipped its keys too) passes before restaging.
@@ -132,8 +161,8 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
       const int n = i / kChunks, c = (i % kChunks) * 8;
       uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);
       if (k_rows[n] >= 0) {
-        k_chunk = load_vector(reinterpret_cast<const uint4*>(k_cache + k_rows[n] + c));
-        v_chunk = load_vector(reinterpret_cast<const uint4*>(v_cache + v_rows[n] + c));
+        k_chunk = decode_mma_chunk<T>(k_cache + k_rows[n] + c, k_scale);
+        v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, v_scale);
       }
       store_vector(reinterpret_cast<uint4*>(k_s + n * LD + c), k_chunk);
       store_vector(reinterpret_cast<uint4*>(v_s + n * LD + c), v_chunk);

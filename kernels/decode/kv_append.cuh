@@ -3,6 +3,11 @@
 // packed rows, new_rows.cuh) goes to position lengths[b] + t, K optionally rotated at that position. Tokens that would
 // land past the capacity or in a page outside the pool are dropped (kv_page_of), so no length or block-table entry can
 // make this write outside the cache.
+//
+// T is k_new's and v_new's element, C the cache's: T itself (K rounded once after rotary, V copied
+// as it is), or FP8 (C = __nv_fp8_e4m3 / e5m2): K rotated in fp32 first, then each value divided
+// by its kv head's scale in fp32 (IEEE division) and quantized by from_float<C> (round to nearest
+// even, saturating to the finite range), so that stored x scale approximates the value.
 #include <cstdint>
 
 #include "../common/simt_tile.cuh"
@@ -17,7 +22,7 @@ struct KvAppendTraits {
   static constexpr int kRowsPerBlock = 4;
 };
 
-template <class T>
+template <class T, class C = T>
 __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(const KvAppendParams p) {
   const int b = blockIdx.z, head = blockIdx.y;
   const int first_row = blockIdx.x * KvAppendTraits::kRowsPerBlock;
@@ -33,8 +38,13 @@ __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(con
                    int64_t(head) * p.new_stride_head_k + int64_t(rows.first) * p.new_stride_row_k;
   const T* v_new = static_cast<const T*>(p.v_new) + int64_t(rows.entry) * p.new_stride_batch_v +
                    int64_t(head) * p.new_stride_head_v + int64_t(rows.first) * p.new_stride_row_v;
-  T* k_cache = static_cast<T*>(p.cache.k);
-  T* v_cache = static_cast<T*>(p.cache.v);
+  C* k_cache = static_cast<C*>(p.cache.k);
+  C* v_cache = static_cast<C*>(p.cache.v);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if constexpr (IsFp8<C>::value) {
+    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, head);
+    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, head);
+  }
   for (int i = threadIdx.x; i < KvAppendTraits::kRowsPerBlock * d; i += blockDim.x) {
     const int t = first_row + i / d, e = i % d;
     if (t >= rows.count) break;
@@ -44,8 +54,14 @@ __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(con
     const T* k_row = k_new + int64_t(t) * p.new_stride_row_k;
     const float k_value =
         rotary_element(p.rotary, rotary_position(p.rotary, b, start, t), e, [&](int j) { return to_float(k_row[j]); });
-    k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<T>(k_value);
-    v_cache[kv_v_offset(p.cache, page, head, position) + e] = v_new[int64_t(t) * p.new_stride_row_v + e];
+    const T v_value = v_new[int64_t(t) * p.new_stride_row_v + e];
+    if constexpr (IsFp8<C>::value) {
+      k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<C>(k_value / k_scale);
+      v_cache[kv_v_offset(p.cache, page, head, position) + e] = from_float<C>(to_float(v_value) / v_scale);
+    } else {
+      k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<T>(k_value);
+      v_cache[kv_v_offset(p.cache, page, head, position) + e] = v_value;
+    }
   }
 }
 

@@ -9,6 +9,10 @@
 
 namespace selfattn::kernels {
 
+// An FP8 cache's element (selfattn::DType::e4m3 / e5m2): __nv_fp8_e4m3 / __nv_fp8_e5m2, real value =
+// stored x scale (KvPagesView::k_scale, v_scale).
+enum class CacheElement : uint8_t { e4m3, e5m2 };
+
 // A cache as the kernels see it: a pool of pages [num_pages, kv_heads, page_size, head_dim] (any
 // strides). A contiguous cache is the same thing with one page per sequence (page_size = capacity,
 // block_table null: sequence b is page b). Token t of sequence b lives in page
@@ -24,6 +28,11 @@ struct KvPagesView {
   const int32_t* lengths;      // device [batch]
   const int32_t* batch_index;  // contiguous: device [batch], sequence b's row; null: row b
   int batch;
+  // FP8 caches only (null otherwise, and unread): device fp32 dequantization scales, real value =
+  // stored x scale; scale_count 1 (per tensor) or kv_heads (kv head h's at [h]); kv_scale().
+  const float* k_scale;
+  const float* v_scale;
+  int scale_count;
 };
 
 // The new rows of a call (query rows, or tokens to append), per sequence. Dense (offsets null):

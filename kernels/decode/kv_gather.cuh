@@ -5,6 +5,9 @@
 // with key_lengths. Rows at or past the sequence's length become zeros, as do rows whose page is
 // outside the pool (kv_page_of): the paths multiply those rows by zero probabilities, and zeros
 // keep that product finite.
+//
+// T is the gathered buffers' element (q's), C the cache's: T itself (a copy), or FP8, dequantized
+// as stored x its kv head's scale in fp32 and rounded once to T.
 #include <cstdint>
 
 #include "../common/simt_tile.cuh"
@@ -17,7 +20,7 @@ struct KvGatherTraits {
   static constexpr int kRowsPerBlock = 4;
 };
 
-template <class T>
+template <class T, class C = T>
 __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(const KvGatherParams p) {
   const int b = blockIdx.z, head = blockIdx.y;
   const int first_row = blockIdx.x * KvGatherTraits::kRowsPerBlock;
@@ -26,8 +29,13 @@ __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(con
   const int64_t dense_head = int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head;
   T* k_out = static_cast<T*>(p.k_out) + dense_head;
   T* v_out = static_cast<T*>(p.v_out) + dense_head;
-  const T* k_cache = static_cast<const T*>(p.cache.k);
-  const T* v_cache = static_cast<const T*>(p.cache.v);
+  const C* k_cache = static_cast<const C*>(p.cache.k);
+  const C* v_cache = static_cast<const C*>(p.cache.v);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if constexpr (IsFp8<C>::value) {
+    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, head);
+    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, head);
+  }
   for (int i = threadIdx.x; i < KvGatherTraits::kRowsPerBlock * d; i += blockDim.x) {
     const int t = first_row + i / d, e = i % d;
     if (t >= p.capacity) break;
@@ -38,8 +46,13 @@ __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(con
       v_out[dense] = from_float<T>(0.0f);
       continue;
     }
-    k_out[dense] = k_cache[kv_k_offset(p.cache, page, head, t) + e];
-    v_out[dense] = v_cache[kv_v_offset(p.cache, page, head, t) + e];
+    if constexpr (IsFp8<C>::value) {
+      k_out[dense] = from_float<T>(to_float(k_cache[kv_k_offset(p.cache, page, head, t) + e]) * k_scale);
+      v_out[dense] = from_float<T>(to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * v_scale);
+    } else {
+      k_out[dense] = k_cache[kv_k_offset(p.cache, page, head, t) + e];
+      v_out[dense] = v_cache[kv_v_offset(p.cache, page, head, t) + e];
+    }
   }
 }
 

@@ -37,4 +37,10 @@ __device__ inline int64_t kv_v_offset(const KvPagesView& c, int page, int head, 
   return int64_t(page) * c.v_stride_page + int64_t(head) * c.v_stride_head + int64_t(t % c.page_size) * c.v_stride_row;
 }
 
+// An FP8 cache's scale of kv head `head` (k_scale or v_scale): per tensor [0], per kv head [head],
+// the index clamped to [0, scale_count) so no head can read past the caller's scales.
+__device__ inline float kv_scale(const float* scales, int scale_count, int head) {
+  return scales[scale_count > 1 ? (head < 0 ? 0 : (head < scale_count ? head : scale_count - 1)) : 0];
+}
+
 SELFATTN_KERNELS_END

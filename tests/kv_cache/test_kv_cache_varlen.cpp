@@ -33,6 +33,7 @@ struct PackedCase {
   std::vector<int32_t> rotary_positions;       // empty, or [batch] (Rotary::positions)
   int num_splits = 0;
   testing::ScoreModsCase mods;  // the bias is [batch, heads, max_seqlen_q, capacity]
+  std::optional<DType> query_dtype;  // q's and out's when not the cache's (an FP8 cache)
 
   int max_seqlen() const { return rows.empty() ? 0 : *std::max_element(rows.begin(), rows.end()); }
   std::vector<int32_t> offsets() const {
@@ -42,7 +43,8 @@ struct PackedCase {
   }
   int total() const { return offsets().back() + spare_rows; }
   std::string name() const {
-    std::string s = cache.name() + " h" + std::to_string(heads) + " rows=[";
+    std::string s = (query_dtype ? std::string("q ") + to_string(*query_dtype) + " " : std::string()) + cache.name() +
+                    " h" + std::to_string(heads) + " rows=[";
     for (int n : rows) s += std::to_string(n) + ",";
     s += "] " + std::string(to_string(causal));
     if (!q_offset.empty()) s += " q_offset";
@@ -94,7 +96,7 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
   const std::string what = c.name() + " " + to_string(path);
   std::mt19937_64 rng = rng_for(what);
   const TestCache cache = make_cache(ctx, c.cache, rng);
-  const DType dtype = c.cache.dtype;
+  const DType dtype = c.query_dtype ? *c.query_dtype : c.cache.dtype;
   const int batch = c.cache.batch, d = c.cache.head_dim, total = c.total(), max_seqlen = c.max_seqlen();
   const std::vector<int32_t> offsets = c.offsets();
   Tensor q = random_tensor(ctx, dtype, 1, c.heads, total, d, rng, kQueryLayout);
@@ -346,9 +348,17 @@ TEST(KvCacheVarlen, WrongOffsetsAreClampedOrNamed) {
 // appended tokens with the new lengths.
 TEST(KvCacheVarlen, AppendPackedEqualsAppendPerSequence) {
   Context ctx;
-  for (bool paged_cache : {true, false}) {
-    CacheSpec spec = paged_cache ? paged(DType::bf16, 4, 2, 64, 16, 4, {0, 15, 30, 62})
-                                 : contiguous(DType::f16, 4, 2, 64, 40, {3, 0, 20, 38}, false);
+  // Paged bf16, contiguous f16, and a paged e4m3 cache (per kv head scales) fed bf16 tokens.
+  for (int variant : {0, 1, 2}) {
+    const bool paged_cache = variant != 1;
+    CacheSpec spec = variant == 0   ? paged(DType::bf16, 4, 2, 64, 16, 4, {0, 15, 30, 62})
+                     : variant == 1 ? contiguous(DType::f16, 4, 2, 64, 40, {3, 0, 20, 38}, false)
+                                    : paged(DType::e4m3, 4, 2, 64, 16, 4, {0, 15, 30, 62});
+    if (variant == 2) {
+      spec.k_scale = {0.375f, 1.25f};
+      spec.v_scale = {0.625f, 0.75f};
+    }
+    const DType new_dtype = is_fp8(spec.dtype) ? DType::bf16 : spec.dtype;
     const std::vector<int> counts = {5, 0, 17, 1};
     const std::vector<int32_t> offsets = {0, 5, 5, 22, 23};
     const int total = 25, seq_max = 17, d = 64;
@@ -361,8 +371,8 @@ TEST(KvCacheVarlen, AppendPackedEqualsAppendPerSequence) {
     DeviceBuffer<int32_t> positions(ctx, rotary_start.size(), "rotary positions");
     positions.copy_from_host(rotary_start);
     rotary.view.positions = positions.data();
-    Tensor k_new = random_tensor(ctx, spec.dtype, 1, spec.kv_heads, total, d, rng, kNewKeysLayout);
-    Tensor v_new = random_tensor(ctx, spec.dtype, 1, spec.kv_heads, total, d, rng, kNewValuesLayout);
+    Tensor k_new = random_tensor(ctx, new_dtype, 1, spec.kv_heads, total, d, rng, kNewKeysLayout);
+    Tensor v_new = random_tensor(ctx, new_dtype, 1, spec.kv_heads, total, d, rng, kNewValuesLayout);
     DeviceBuffer<int32_t> cu_seqlens(ctx, offsets.size(), "cu_seqlens_new");
     cu_seqlens.copy_from_host(offsets);
     DeviceBuffer<int32_t> packed_lengths(ctx, 4, "updated lengths"), single_lengths(ctx, 4, "updated lengths");
@@ -385,7 +395,7 @@ TEST(KvCacheVarlen, AppendPackedEqualsAppendPerSequence) {
       TensorView k_b = k_new.view, v_b = v_new.view;
       for (TensorView* view : {&k_b, &v_b}) {
         view->data =
-            static_cast<unsigned char*>(view->data) + offsets[size_t(b)] * view->strides[2] * dtype_size(spec.dtype);
+            static_cast<unsigned char*>(view->data) + offsets[size_t(b)] * view->strides[2] * dtype_size(new_dtype);
         view->shape[2] = counts[size_t(b)];
       }
       AppendKvOptions single = options;
@@ -411,6 +421,30 @@ TEST(KvCacheVarlen, AppendPackedEqualsAppendPerSequence) {
       EXPECT_NE(std::string(e.what()).find("append_kv_varlen: cache.lengths[3] expected <= "), std::string::npos)
           << e.what();
     }
+  }
+}
+
+// An FP8 cache (e4m3 per tensor, e5m2 per kv head) under packed calls, every path: mixed prefill
+// and decode rows, f16/bf16/f32 queries, with 3 splits and with a window and sinks.
+TEST(KvCacheVarlen, Fp8CacheEveryPath) {
+  Context ctx;
+  CacheSpec e4m3 = paged(DType::e4m3, 3, 1, 64, 16, 8, {113, 1, 64});
+  e4m3.k_scale = {0.375f};
+  e4m3.v_scale = {0.625f};
+  CacheSpec e5m2 = contiguous(DType::e5m2, 3, 2, 64, 70, {70, 9, 33}, false);
+  e5m2.k_scale = {1.25f, 0.75f};
+  e5m2.v_scale = {0.5f, 0.375f};
+  for (const auto& [spec, q_dtype] :
+       {std::pair<CacheSpec, DType>{e4m3, DType::f16}, {e5m2, DType::bf16}, {e4m3, DType::f32}}) {
+    PackedCase c = packed(spec, 4, {1, 7, 3});
+    c.query_dtype = q_dtype;
+    for (Path path : kPaths) EXPECT_TRUE(check_packed(ctx, c, path));
+    c.num_splits = 3;
+    c.mods.window_left = 20;
+    c.mods.window_right = 0;
+    c.mods.sinks = true;
+    EXPECT_TRUE(check_packed(ctx, c, Path::fused));
+    EXPECT_TRUE(check_packed(ctx, c, Path::naive));
   }
 }
 

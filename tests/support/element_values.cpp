@@ -1,6 +1,7 @@
 // Host-side element conversions (f32 <-> f16 / bf16 bits, loads and stores of one element of a
 // dtype, rounding to a dtype) and random device values, declared in attention_harness.h.
 #include "attention_harness.h"
+#include "selfattn/reference.h"
 
 #include <cmath>
 #include <random>
@@ -34,6 +35,8 @@ void store_element(void* bytes, DType dtype, size_t index, float value) {
     case DType::f16: static_cast<uint16_t*>(bytes)[index] = float_to_half_bits(value); return;
     case DType::bf16: static_cast<uint16_t*>(bytes)[index] = float_to_bf16_bits(value); return;
     case DType::b8: static_cast<uint8_t*>(bytes)[index] = value == -INFINITY ? 0 : 1; return;  // a mask
+    case DType::e4m3:
+    case DType::e5m2: static_cast<uint8_t*>(bytes)[index] = reference::fp8_code(dtype, value); return;
   }
 }
 
@@ -43,6 +46,8 @@ float load_element(const void* bytes, DType dtype, size_t index) {
     case DType::f16: return half_bits_to_float(static_cast<const uint16_t*>(bytes)[index]);
     case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(bytes)[index]);
     case DType::b8: return static_cast<const uint8_t*>(bytes)[index] != 0 ? 0.0f : -INFINITY;
+    case DType::e4m3:
+    case DType::e5m2: return float(reference::fp8_value(dtype, static_cast<const uint8_t*>(bytes)[index]));
   }
   return 0;
 }
@@ -53,6 +58,8 @@ float round_to(DType dtype, float value) {
     case DType::f16: return half_bits_to_float(float_to_half_bits(value));
     case DType::bf16: return bf16_bits_to_float(float_to_bf16_bits(value));
     case DType::b8: return value == -INFINITY ? value : 0.0f;  // what a mask byte stands for
+    case DType::e4m3:
+    case DType::e5m2: return float(reference::fp8_round(dtype, value));
   }
   return value;
 }

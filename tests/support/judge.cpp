@@ -11,6 +11,8 @@ double unit_roundoff(DType dtype) {
     case DType::f16: return std::ldexp(1.0, -11);
     case DType::bf16: return std::ldexp(1.0, -8);
     case DType::b8: return 0;  // a mask is exact
+    case DType::e4m3: return std::ldexp(1.0, -4);
+    case DType::e5m2: return std::ldexp(1.0, -3);
   }
   return 0;
 }

@@ -81,6 +81,18 @@ struct CacheSpec {
   // (KvCache::batch_index; rows outside [0, cache_rows) read as no token).
   std::vector<int32_t> batch_index;
   int cache_rows = 0;
+  // FP8 caches (dtype e4m3 or e5m2): K's and V's scales, 1 (per tensor) or kv_heads (per kv head).
+  // Stored codes are the values drawn divided by the scale, rounded to FP8 (reference::fp8_code);
+  // the image holds code x scale. Tests take scales of few significant bits (0.375, 0.625, 1.25...)
+  // so that code x scale is exact in fp32, f16 and bf16 alike: the paths' dequantization (fp32 in
+  // the split-KV kernel, q's dtype in the gather) then adds no rounding of its own.
+  std::vector<float> k_scale, v_scale;
+
+  // The scale of kv head h of K (which 0) or V (1); 1 for caches without scales.
+  double scale(int which, int h) const {
+    const std::vector<float>& scales = which == 0 ? k_scale : v_scale;
+    return scales.empty() ? 1.0 : scales[scales.size() == 1 ? 0 : size_t(h)];
+  }
 
   std::string name() const {
     std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
@@ -93,6 +105,12 @@ struct CacheSpec {
       for (int32_t r : batch_index) s += std::to_string(r) + ",";
       s += "]";
     }
+    if (!k_scale.empty()) {
+      s += " scales" + std::string(k_scale.size() == 1 ? "/tensor" : "/head") + " k=";
+      for (float x : k_scale) s += std::to_string(x).substr(0, 5) + ",";
+      s += " v=";
+      for (float x : v_scale) s += std::to_string(x).substr(0, 5) + ",";
+    }
     return s + (shared_first_page ? " shared" : "");
   }
 };
@@ -104,6 +122,7 @@ struct TestCache {
   reference::KvCacheImage image;
   DeviceBuffer<unsigned char> k, v;
   DeviceBuffer<int32_t> block_table, lengths, batch_index;
+  DeviceBuffer<float> k_scale, v_scale;  // FP8 caches
   KvCache view;
 
   size_t pool_elements() const { return size_t(image.num_pages) * image.kv_heads * image.page_size * image.head_dim; }
@@ -163,14 +182,23 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
         for (int row = 0; row < im.page_size; ++row) {
           if (spec.poison_unused && !live[size_t(page) * im.page_size + size_t(row)]) continue;
           for (int e = 0; e < im.head_dim; ++e) {
-            const float value = round_to(dtype, uniform(rng));
-            image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] = value;
+            // FP8: the code of the drawn value over the scale, imaged as code x scale.
+            const double scale = spec.scale(which, h);
+            const float value = round_to(dtype, float(uniform(rng) / scale));
+            image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
+                value * scale;
             store_element(host.data(), dtype, size_t(layout.offset(page, h, row, e)), value);
           }
         }
     DeviceBuffer<unsigned char>& device = which == 0 ? c.k : c.v;
     device = DeviceBuffer<unsigned char>(ctx, host.size(), which == 0 ? "cache k" : "cache v");
     device.copy_from_host(host);
+  }
+  if (!spec.k_scale.empty()) {
+    c.k_scale = DeviceBuffer<float>(ctx, spec.k_scale.size(), "cache k_scale");
+    c.v_scale = DeviceBuffer<float>(ctx, spec.v_scale.size(), "cache v_scale");
+    c.k_scale.copy_from_host(spec.k_scale);
+    c.v_scale.copy_from_host(spec.v_scale);
   }
   c.lengths = DeviceBuffer<int32_t>(ctx, std::max<size_t>(im.lengths.size(), 1), "cache lengths");
   if (!im.lengths.empty()) c.lengths.copy_from_host(im.lengths);
@@ -188,6 +216,11 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
       c.view.batch = spec.batch;
     }
   }
+  if (!spec.k_scale.empty()) {
+    c.view.k_scale = c.k_scale.data();
+    c.view.v_scale = c.v_scale.data();
+    c.view.scale_count = int(spec.k_scale.size());
+  }
   return c;
 }
 
@@ -202,7 +235,7 @@ inline std::vector<double> download_pool(const TestCache& c, int which) {
       for (int row = 0; row < im.page_size; ++row)
         for (int e = 0; e < im.head_dim; ++e)
           image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
-              load_element(bytes.data(), c.spec.dtype, c.device_index(which, page, h, row, e));
+              load_element(bytes.data(), c.spec.dtype, c.device_index(which, page, h, row, e)) * c.spec.scale(which, h);
   return image;
 }
 
@@ -268,9 +301,14 @@ struct AttendCase {
   // Window, softcap, ALiBi, bias; the bias is [batch, heads, seq_q, capacity].
   testing::ScoreModsCase mods;
   std::vector<int32_t> q_offset;  // empty, or [batch] (KvAttentionOptions::q_offset)
+  // q's and out's dtype when it is not the cache's (an FP8 cache's f32/f16/bf16 queries).
+  std::optional<DType> query_dtype;
+
+  DType q_dtype() const { return query_dtype ? *query_dtype : cache.dtype; }
 
   std::string name() const {
-    std::string s = cache.name() + " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
+    std::string s = (query_dtype ? std::string("q ") + to_string(*query_dtype) + " " : std::string()) + cache.name() +
+                    " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
     if (num_splits) s += " splits" + std::to_string(num_splits);
     for (const auto& [label, values] :
@@ -410,7 +448,7 @@ inline SequenceOffsets upload_sequence_offsets(Context& ctx, const std::vector<i
 // Runs attention_with_kv_cache on `cache` and compares out and lse with the reference.
 inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCase& c, const TestCache& cache, Path path,
                                             std::mt19937_64& rng, const TestRotary* rotary = nullptr) {
-  const DType dtype = c.cache.dtype;
+  const DType dtype = c.q_dtype();
   const int batch = c.cache.batch, d = c.cache.head_dim;
   Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng, c.q_layout);
   const size_t rows = size_t(batch) * c.heads * c.seq_q;

@@ -15,6 +15,24 @@
 //               from 1 works on every path (1, 16, 64 and 256 are among the tested ones).
 // lengths (device int32 [batch]) holds each sequence's number of valid tokens.
 //
+// FP8 caches (k and v of DType::e4m3 or e5m2, OCP FP8 as __nv_fp8_e4m3 / __nv_fp8_e5m2) halve the
+// bytes decode reads against f16/bf16. Each comes with float32 dequantization scales, the
+// convention of vLLM and FlashInfer: real value = stored x scale, per tensor (scale_count 1) or per
+// kv head (scale_count kv_heads, kv head h's at [h]), separately for K (k_scale) and V (v_scale).
+//   append_kv   k_new/v_new are f32, f16 or bf16 (the two alike): K rotated first (rotary, in fp32),
+//               then each value divided by its scale in fp32 and rounded to nearest even into the
+//               FP8 format, saturating to its finite range (+-448 e4m3, +-57344 e5m2; infinities
+//               too); NaN stays NaN.
+//   attention   q/out are f32, f16 or bf16 (the two alike, any of the three): the cache is
+//               dequantized in registers, stored x scale in fp32, and attended as an f32/f16/bf16
+//               cache would be. fused: the split-KV kernels dequantize while staging K/V - the
+//               tensor-core one for f16/bf16 q at head_dim 64 and 128 (K/V rows on 8 bytes, q's on
+//               16; stored x scale in fp32, rounded once to q's dtype for the mma), the SIMT one
+//               (fp32) otherwise; naive/cublas: the gather dequantizes into q's dtype (one rounding
+//               to it) and the path runs on that.
+// Choosing the scales (e.g. amax / 448 from calibration) and keeping them finite and > 0 is the
+// caller's job; the library reads them on the device and never checks their values.
+//
 // Device metadata (block_table, lengths) is never read by the host unless options.validate_metadata
 // asks: kernels clamp every index they derive from it to the views they were given, so a wrong
 // entry can give wrong numbers but never a read or write outside the caller's buffers (a length is
@@ -54,6 +72,12 @@ struct KvCache {
   // row may serve several sequences' reads. A row outside [0, k.batch()) reads as no token (zeros)
   // and is never written; append_kv with two sequences on one row writes it in no set order.
   const int32_t* batch_index = nullptr;
+  // FP8 caches only (required with k/v e4m3 or e5m2, refused otherwise): device fp32
+  // dequantization scales, real value = stored x scale; scale_count 1 (per tensor) or kv_heads
+  // (per kv head). Must not overlap k, v, out or lse.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int scale_count = 0;
 
   bool paged() const { return block_table != nullptr; }
   // Tokens one sequence can hold: k.seq() (contiguous) or max_pages_per_seq * page_size (paged); at
@@ -118,10 +142,10 @@ struct AppendKvOptions {
   bool validate_metadata = false;
 };
 
-// Writes token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim], the cache's dtype and
-// head_dim) at position cache.lengths[b] + t of sequence b, across page boundaries. The cache's
-// lengths are not changed (see updated_lengths). Tokens that would land past the capacity, or in
-// a page outside the pool, are dropped. k_new/v_new must not overlap the cache. Uses no workspace.
+// Writes token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim], the cache's dtype - an FP8
+// cache: f32, f16 or bf16, quantized on the way - and head_dim) at position cache.lengths[b] + t of sequence b, across
+// page boundaries. The cache's lengths are not changed (see updated_lengths). Tokens that would land past the capacity,
+// or in a page outside the pool, are dropped. k_new/v_new must not overlap the cache. Uses no workspace.
 void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
                const AppendKvOptions& options = {});
 
@@ -173,19 +197,21 @@ struct KvAttentionOptions {
 
 // out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),
 // after the new tokens were appended (append_kv). q, out: [batch, heads, seq_q, head_dim], the
-// cache's dtype; heads a multiple of the cache's kv_heads (GQA/MQA). A sequence with length 0
-// gives rows of 0 and LSE -inf (with sinks, the head's sink logit). Paths:
+// cache's dtype (an FP8 cache: f32, f16 or bf16, out of q's); heads a multiple of the cache's kv_heads (GQA/MQA). A
+// sequence with length 0 gives rows of 0 and LSE -inf (with sinks, the head's sink logit). Paths:
 //   fused (and automatic, for head_dim <= 256): the split-KV decode kernel reads the cache in
 //     place; the query heads sharing a kv head are processed together, so each K/V element is read
 //     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim 64 and 128 when every
 //     q, K and V row starts on 16 bytes; a SIMT kernel with fp32 arithmetic for everything else.
+//     FP8 caches: the same choice with K/V rows on 8 bytes (8 FP8 values per load) instead of 16.
 //     Any page size works at the same cost per key (each key's page is looked up once per tile);
 //     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a
 //     multiple of 8, base and strides aligned) are read with 16-byte loads, others element-wise.
 //   naive, cublas (and automatic above head_dim 256): the sequences' K/V are copied into the
 //     workspace and the path runs on them as on a padded batch with key lengths.
 // Workspace (what ContextOptions::workspace_limit counts), in bytes, each piece rounded up to 256,
-// with rows = batch * heads * seq_q and e = dtype_size(q.dtype):
+// with rows = batch * heads * seq_q and e = dtype_size(q.dtype) (the gathered K and V are q's dtype,
+// also from an FP8 cache):
 //   with options.rotary: the rotated q, rows * head_dim * e; then
 //   fused: with more than one split (num_splits, or the library's choice), the partial results,
 //     splits * rows * head_dim * 4 and splits * rows * 4; nothing with one split;

@@ -145,11 +145,33 @@ struct RotaryTable {
 // Rotates the first rotary_dim elements of one row at `position` (clamped to the table's rows).
 void rotate_row(double* row, int head_dim, int position, const RotaryTable& rotary);
 
+// OCP FP8 (DType::e4m3, e5m2; types.h), defined from the format alone (sign, exponent with bias 7
+// or 15, 3 or 2 mantissa bits, subnormals; e4m3: S.1111.111 is NaN, no infinities; e5m2: exponent
+// 31 is infinity or NaN), independently of cuda_fp8.h, in double.
+// The value of code `bits` (NaN for a NaN code).
+double fp8_value(DType format, uint8_t bits);
+// The code of x rounded to the nearest FP8 value, ties to the even mantissa, saturating: a
+// magnitude beyond the largest finite value (+-448 e4m3, +-57344 e5m2), an infinity too, gives
+// that value; NaN gives 0x7f (positive NaN); -0 gives 0x80.
+uint8_t fp8_code(DType format, double x);
+// fp8_value(fp8_code(x)).
+double fp8_round(DType format, double x);
+
+// An FP8 cache's format and scales (real value = stored x scale), each [kv_heads] (a per-tensor
+// scale repeated), for append_kv's quantization.
+struct KvQuantization {
+  DType format = DType::e4m3;
+  std::vector<double> k_scale, v_scale;
+};
+
 // append_kv: token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim]) to position
 // lengths[b] + t (length clamped), k rotated at that position when rotary is given; tokens past the
-// capacity or in a page outside the pool are dropped. lengths are not changed.
+// capacity or in a page outside the pool are dropped. lengths are not changed. With `fp8` the image
+// receives each value quantized as the library does (kv_cache.h): q = fp8_code(fl32(fl32(x) /
+// fl32(scale))) - the quotient in fp32 - and holds fp8_value(q) x scale; x is k rotated in double
+// (the library rotates in fp32: a rotated value may differ by one FP8 step) or v as given.
 void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std::vector<double>& v_new, int seq_new,
-               const RotaryTable* rotary = nullptr);
+               const RotaryTable* rotary = nullptr, const KvQuantization* fp8 = nullptr);
 
 // Sequence b's first length(b) tokens as [kv_heads, length, head_dim] (rows in a bad page are 0).
 void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::vector<double>& v);

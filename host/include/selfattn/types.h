@@ -6,9 +6,14 @@ namespace selfattn {
 
 // b8: booleans, one byte each (0: false, anything else: true); only a bias takes them (a mask:
 // AttentionOptions::bias). q, k, v and the outputs are f32, f16 or bf16.
-enum class DType : uint8_t { f32, f16, bf16, b8 };
+// e4m3, e5m2: OCP FP8 (CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2), one byte each; only a KV cache's K and
+// V take them (kv_cache.h: stored with a float32 scale, real value = stored x scale). e4m3: 4
+// exponent bits (bias 7), 3 mantissa bits, finite range +-448, NaN 0x7f/0xff, no infinities; e5m2:
+// 5 exponent bits (bias 15), 2 mantissa bits, finite range +-57344, IEEE-style infinities and NaNs.
+enum class DType : uint8_t { f32, f16, bf16, b8, e4m3, e5m2 };
 size_t dtype_size(DType dtype);
 const char* to_string(DType dtype);
+inline bool is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; }
 
 // Where kernels run: a real GPU, or the CPU simulator that executes the same kernel source.
 enum class Backend : uint8_t { cuda, sim };

@@ -4,6 +4,7 @@
 
 #include "kernels/common/dropout.cuh"
 #include "kernels/forward/flash_fwd_params.h"
+#include "kernels/decode/kv_cache_params.h"
 #include "kernels/params.h"
 #include "forward/paths.h"
 #include "selfattn/types.h"
@@ -16,6 +17,8 @@ inline kernels::Element element_of(DType dtype) {
     case DType::f16: return kernels::Element::f16;
     case DType::bf16: return kernels::Element::bf16;
     case DType::b8: break;  // only a bias: bias_element_of
+    case DType::e4m3:
+    case DType::e5m2: break;  // only a KV cache: cache_element_of
   }
   return kernels::Element::f32;
 }
@@ -26,8 +29,15 @@ inline kernels::BiasElement bias_element_of(DType dtype) {
     case DType::f16: return kernels::BiasElement::f16;
     case DType::bf16: return kernels::BiasElement::bf16;
     case DType::b8: return kernels::BiasElement::b8;
+    case DType::e4m3:
+    case DType::e5m2: break;  // never a bias (validation refuses it)
   }
   return kernels::BiasElement::f32;
+}
+
+// An FP8 cache's element (is_fp8(dtype)); e4m3 for anything else, never asked.
+inline kernels::CacheElement cache_element_of(DType dtype) {
+  return dtype == DType::e5m2 ? kernels::CacheElement::e5m2 : kernels::CacheElement::e4m3;
 }
 
 inline kernels::CausalMask causal_mask_of(Causal causal) {

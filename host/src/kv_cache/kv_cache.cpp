@@ -65,6 +65,10 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
   view.lengths = cache.lengths;
   view.batch_index = cache.batch_index;
   view.batch = shape.batch;
+  // Read only by the FP8 instances (validation left them null for other caches).
+  view.k_scale = cache.k_scale;
+  view.v_scale = cache.v_scale;
+  view.scale_count = cache.scale_count;
   return view;
 }
 
@@ -131,24 +135,38 @@ constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in 
 constexpr int kMaxAutomaticSplits = 64;
 constexpr int64_t kMaxCombineBlocks = int64_t(1) << 20;  // decode_combine strides over the rest
 
-// Whether every row of the view starts on 16 bytes and holds whole 16-byte chunks (the split-KV
-// kernel then stages K/V with 16-byte loads).
-bool rows_on_16_bytes(const TensorView& view) {
+// Whether every row of the view starts on `bytes` bytes and holds whole chunks of that size (the
+// split-KV kernels then stage K/V with 16-byte loads, or the tensor-core kernel an FP8 cache's
+// 8-value chunks with 8-byte loads).
+bool rows_on_bytes(const TensorView& view, int64_t bytes) {
   const int64_t element = int64_t(dtype_size(view.dtype));
-  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0 || (view.head_dim() * element) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(view.data) % bytes != 0 || (view.head_dim() * element) % bytes != 0) return false;
   for (int i = 0; i < 3; ++i)
-    if ((view.strides[i] * element) % 16 != 0) return false;
+    if ((view.strides[i] * element) % bytes != 0) return false;
   return true;
 }
+bool rows_on_16_bytes(const TensorView& view) { return rows_on_bytes(view, 16); }
 
 DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
   return SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_instance(detail::element_of(dtype), head_dim));
 }
 
-// The split-KV kernel for this call: the tensor-core one where it has an instance (f16/bf16, head
-// dims 64 and 128) and q, K and V rows are all on 16 bytes; the SIMT one otherwise.
+// The split-KV kernel for this call: the tensor-core one where it has an instance (q f16/bf16,
+// head dims 64 and 128) and q's rows are on 16 bytes and K's and V's on 16 (an FP8 cache: 8, its
+// 8-value chunks); the SIMT one otherwise. Each over the cache's element.
 DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
                                  int head_dim) {
+  if (is_fp8(cache.k.dtype)) {
+    if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_bytes(cache.k, 8) && rows_on_bytes(cache.v, 8)) {
+      const DecodeKernel mma = SELFATTN_KERNEL_FOR(
+          state.device->backend(), decode_split_kv_mma_fp8_instance(detail::element_of(q.dtype),
+                                                                    detail::cache_element_of(cache.k.dtype), head_dim));
+      if (mma.kernel) return mma;
+    }
+    return available(SELFATTN_KERNEL_FOR(
+        state.device->backend(),
+        decode_split_kv_fp8_instance(detail::element_of(q.dtype), detail::cache_element_of(cache.k.dtype), head_dim)));
+  }
   if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {
     const DecodeKernel mma =
         SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim));
@@ -287,7 +305,13 @@ void append_rows(Context& ctx, const KvCache& cache, const TensorView& k_new, co
   const int seq_new = packed ? packed->max_seqlen : int(k_new.seq());
   const bool nothing_to_copy = seq_new == 0 || k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim == 0;
   if (nothing_to_copy && options.updated_lengths == nullptr) return;
-  const DecodeKernel kernel = SELFATTN_DECODE_KERNEL(state, kv_append_instance, cache.k.dtype);
+  // An FP8 cache quantizes k_new's element on the way; any other is k_new's own.
+  const DecodeKernel kernel =
+      is_fp8(cache.k.dtype)
+          ? available(SELFATTN_KERNEL_FOR(
+                state.device->backend(),
+                kv_append_fp8_instance(detail::element_of(k_new.dtype), detail::cache_element_of(cache.k.dtype))))
+          : SELFATTN_DECODE_KERNEL(state, kv_append_instance, cache.k.dtype);
   auto* workspace = static_cast<unsigned char*>(
       packed ? state.workspace.reserve(offsets_bytes(packed, shape.batch), std::string(function) + ": ordered offsets")
              : nullptr);
@@ -423,7 +447,13 @@ void attend_cache(Context& ctx, const TensorView& q, const PackedRows* packed, c
   if (sized != workspace) planned = plan_at(workspace = sized);
 
   rotate_query(workspace, new_rows(q, ordered_offsets(state, packed, shape.batch, workspace, function), seq_q));
-  const DecodeKernel gather = SELFATTN_DECODE_KERNEL(state, kv_gather_instance, q.dtype);
+  // Gathered in q's dtype; an FP8 cache dequantized on the way.
+  const DecodeKernel gather =
+      is_fp8(cache.k.dtype)
+          ? available(SELFATTN_KERNEL_FOR(
+                state.device->backend(),
+                kv_gather_fp8_instance(detail::element_of(q.dtype), detail::cache_element_of(cache.k.dtype))))
+          : SELFATTN_DECODE_KERNEL(state, kv_gather_instance, q.dtype);
   const TensorView gathered_k = gathered_at(workspace, 0);
   // [batch, kv_heads, capacity, d], or [batch, capacity, kv_heads, d] (packed): batch b's keys start
   // capacity rows further on.

@@ -235,8 +235,69 @@ void rotate_row(double* row, int head_dim, int position, const RotaryTable& rota
   }
 }
 
+namespace {
+
+// The formats' constants: mantissa bits, exponent bias, largest finite value.
+struct Fp8Format {
+  int mantissa_bits, bias;
+  double max_finite;
+};
+Fp8Format fp8_format(DType format) {
+  if (format == DType::e5m2) return {2, 15, 57344.0};
+  return {3, 7, 448.0};
+}
+
+}  // namespace
+
+double fp8_value(DType format, uint8_t bits) {
+  const Fp8Format f = fp8_format(format);
+  const int exponent_bits = 7 - f.mantissa_bits;
+  const int exponent = (bits >> f.mantissa_bits) & ((1 << exponent_bits) - 1);
+  const int mantissa = bits & ((1 << f.mantissa_bits) - 1);
+  const double sign = (bits & 0x80) ? -1.0 : 1.0;
+  const int top = (1 << exponent_bits) - 1;
+  if (format == DType::e4m3 && exponent == top && mantissa == (1 << f.mantissa_bits) - 1) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (format == DType::e5m2 && exponent == top) {
+    return mantissa == 0 ? sign * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  }
+  if (exponent == 0) return sign * std::ldexp(double(mantissa), 1 - f.bias - f.mantissa_bits);  // subnormal
+  return sign * std::ldexp(double((1 << f.mantissa_bits) + mantissa), exponent - f.bias - f.mantissa_bits);
+}
+
+uint8_t fp8_code(DType format, double x) {
+  const Fp8Format f = fp8_format(format);
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  double a = std::min(std::abs(x), f.max_finite);  // saturation (infinities too)
+  const int min_exponent = 1 - f.bias;             // of the normal numbers; subnormals share its quantum
+  int exponent = a > 0 ? std::ilogb(a) : min_exponent;
+  if (exponent < min_exponent) exponent = min_exponent;
+  const double quantum = std::ldexp(1.0, exponent - f.mantissa_bits);
+  // a / quantum is exact (a power of two); rounding half to even in integers.
+  const double scaled = a / quantum, low = std::floor(scaled), fraction = scaled - low;
+  double units = low;
+  if (fraction > 0.5 || (fraction == 0.5 && std::fmod(low, 2.0) != 0.0)) units = low + 1;
+  a = std::min(units * quantum, f.max_finite);  // rounding up past the largest finite value saturates
+  if (a == 0) return sign;
+  int e = std::ilogb(a);
+  if (e < min_exponent) {  // subnormal: exponent field 0
+    return uint8_t(sign | int(a / std::ldexp(1.0, min_exponent - f.mantissa_bits)));
+  }
+  const int mantissa = int(a / std::ldexp(1.0, e - f.mantissa_bits)) - (1 << f.mantissa_bits);
+  return uint8_t(sign | ((e + f.bias) << f.mantissa_bits) | mantissa);
+}
+
+double fp8_round(DType format, double x) { return fp8_value(format, fp8_code(format, x)); }
+
 void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std::vector<double>& v_new, int seq_new,
-               const RotaryTable* rotary) {
+               const RotaryTable* rotary, const KvQuantization* fp8) {
+  // What the library stores for x with `scale`: fp32 quotient, FP8 code, image value code x scale.
+  const auto quantized = [&](double x, double scale) {
+    const float quotient = float(x) / float(scale);
+    return fp8_value(fp8->format, fp8_code(fp8->format, quotient)) * scale;
+  };
   const size_t d = size_t(cache.head_dim);
   std::vector<double> row(d);
   for (int b = 0; b < cache.batch; ++b) {
@@ -251,6 +312,12 @@ void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std:
         const size_t target = cache.offset(page, h, start + t);
         std::copy(row.begin(), row.end(), cache.k.begin() + long(target));
         std::copy(v_new.begin() + long(source), v_new.begin() + long(source + d), cache.v.begin() + long(target));
+        if (fp8) {
+          for (size_t e = 0; e < d; ++e) {
+            cache.k[target + e] = quantized(cache.k[target + e], fp8->k_scale[size_t(h)]);
+            cache.v[target + e] = quantized(cache.v[target + e], fp8->v_scale[size_t(h)]);
+          }
+        }
       }
     }
   }

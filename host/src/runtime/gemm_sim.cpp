@@ -25,7 +25,9 @@ float load(const void* base, DType type, int64_t index) {
     case DType::f32: return static_cast<const float*>(base)[index];
     case DType::f16: return __half2float(static_cast<const __half*>(base)[index]);
     case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
-    case DType::b8: break;  // never a GEMM operand
+    case DType::b8:
+    case DType::e4m3:
+    case DType::e5m2: break;  // never a GEMM operand
   }
   return 0;
 }
@@ -35,7 +37,9 @@ void store(void* base, DType type, int64_t index, float value) {
     case DType::f32: static_cast<float*>(base)[index] = value; return;
     case DType::f16: static_cast<__half*>(base)[index] = __float2half_rn(value); return;
     case DType::bf16: static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value); return;
-    case DType::b8: return;  // never a GEMM operand
+    case DType::b8:
+    case DType::e4m3:
+    case DType::e5m2: return;  // never a GEMM operand
   }
 }
 

@@ -13,8 +13,10 @@ size_t dtype_size(DType dtype) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::b8: return 1;
+    case DType::e4m3: return 1;
+    case DType::e5m2: return 1;
   }
-  throw InvalidArgument("dtype: expected f32, f16, bf16 or b8, got value " + std::to_string(int(dtype)));
+  throw InvalidArgument("dtype: expected f32, f16, bf16, b8, e4m3 or e5m2, got value " + std::to_string(int(dtype)));
 }
 
 const char* to_string(DType dtype) {
@@ -23,6 +25,8 @@ const char* to_string(DType dtype) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::b8: return "b8";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "unknown dtype";
 }

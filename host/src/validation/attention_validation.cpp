@@ -260,9 +260,17 @@ void expect_disjoint(const char* function, const char* name, const ByteRange& ra
 }
 
 void check_view(const char* function, const char* name, const TensorView& view) {
-  if (view.dtype != DType::f32 && view.dtype != DType::f16 && view.dtype != DType::bf16) {
-    fail(function, std::string(name) + ".dtype expected f32, f16 or bf16, got " +
-                       (view.dtype == DType::b8 ? std::string("b8") : "value " + std::to_string(int(view.dtype))));
+  check_view(function, name, view, /*fp8=*/false);
+}
+
+void check_view(const char* function, const char* name, const TensorView& view, bool fp8) {
+  const bool fp8_dtype = view.dtype == DType::e4m3 || view.dtype == DType::e5m2;
+  if (view.dtype != DType::f32 && view.dtype != DType::f16 && view.dtype != DType::bf16 && !(fp8 && fp8_dtype)) {
+    const bool named = view.dtype == DType::b8 || fp8_dtype;
+    fail(function, std::string(name) + ".dtype expected f32, f16" + (fp8 ? ", bf16, e4m3 or e5m2" : " or bf16") +
+                       ", got " +
+                       (named ? std::string(to_string(view.dtype)) : "value " + std::to_string(int(view.dtype))) +
+                       (fp8_dtype ? " (FP8 is a KV cache's format only)" : ""));
   }
   for (int i = 0; i < 4; ++i) {
     if (view.shape[i] < 0) fail(function, dim(name, i) + " expected >= 0, got " + std::to_string(view.shape[i]));

@@ -34,6 +34,8 @@ constexpr int64_t kMaxExtent = (int64_t(1) << 31) - (int64_t(1) << 16);
 // Checks one view on its own: sizes >= 0 and at most kMaxExtent, strides >= 0, head_dim stride 1,
 // data non-null and aligned to its element size when it has elements, a known dtype.
 void check_view(const char* function, const char* name, const TensorView& view);
+// The same, also taking the FP8 dtypes (e4m3, e5m2) when `fp8` (a KV cache's K and V).
+void check_view(const char* function, const char* name, const TensorView& view, bool fp8);
 
 // For a view the call writes (after check_view and the shape checks): no two of its elements at the
 // same address (a stride of 0, or strides that interleave, would have blocks race on one element).

@@ -1,6 +1,7 @@
 // Argument checking for the KV-cache calls (see kv_cache_validation.h).
 #include "validation/kv_cache_validation.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <string>
@@ -36,11 +37,65 @@ void expect_dtype(const char* function, const char* name, const TensorView& view
 
 ByteRange int_range(const int32_t* data, int64_t count) { return byte_range(data, size_t(count) * sizeof(int32_t)); }
 
+// An FP8 cache's scales (what the kernels read; empty for other caches).
+ByteRange scale_range(const float* scales, const KvCache& cache) {
+  return byte_range(is_fp8(cache.k.dtype) ? scales : nullptr, size_t(std::max(cache.scale_count, 0)) * sizeof(float));
+}
+
+// The other side of a call on an FP8 cache (k_new and v_new, q and out): f32, f16 or bf16
+// (check_view), `second` of `first`'s dtype. Other caches: both of the cache's dtype.
+void expect_dtypes(const char* function, const char* first_name, const TensorView& first, const char* second_name,
+                   const TensorView& second, const KvCache& cache) {
+  if (!is_fp8(cache.k.dtype)) {
+    expect_dtype(function, first_name, first, cache.k.dtype);
+    expect_dtype(function, second_name, second, cache.k.dtype);
+    return;
+  }
+  if (second.dtype != first.dtype) {
+    fail(function, std::string(second_name) + ".dtype expected " + to_string(first.dtype) + " (" + first_name +
+                       ".dtype; with an FP8 cache both are f32, f16 or bf16), got " + to_string(second.dtype));
+  }
+}
+
+// An FP8 cache's scales: present, 1 or kv_heads of them, aligned, apart from the cache (append_kv
+// writes it while reading them); any other cache has none.
+void check_scales(const char* function, const KvCache& cache, int kv_heads) {
+  if (!is_fp8(cache.k.dtype)) {
+    const std::string why = std::string(" (cache.k.dtype ") + to_string(cache.k.dtype) + " is not FP8)";
+    if (cache.k_scale != nullptr) fail(function, "cache.k_scale expected null" + why + ", got a pointer");
+    if (cache.v_scale != nullptr) fail(function, "cache.v_scale expected null" + why + ", got a pointer");
+    if (cache.scale_count != 0)
+      fail(function, "cache.scale_count expected 0" + why + ", got " + str(cache.scale_count));
+    return;
+  }
+  const std::string fp8 = std::string(" (cache.k.dtype ") + to_string(cache.k.dtype) + ": real value = stored x scale)";
+  if (cache.k_scale == nullptr) fail(function, "cache.k_scale expected device fp32 scales" + fp8 + ", got null");
+  if (cache.v_scale == nullptr) fail(function, "cache.v_scale expected device fp32 scales" + fp8 + ", got null");
+  if (cache.scale_count != 1 && cache.scale_count != kv_heads) {
+    fail(function, "cache.scale_count expected 1 (per tensor) or kv_heads = " + str(kv_heads) + " (per kv head), got " +
+                       str(cache.scale_count));
+  }
+  expect_aligned(function, "cache.k_scale", cache.k_scale, alignof(float));
+  expect_aligned(function, "cache.v_scale", cache.v_scale, alignof(float));
+  const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
+  expect_disjoint(function, "cache.k_scale", scale_range(cache.k_scale, cache), "cache.k", k);
+  expect_disjoint(function, "cache.k_scale", scale_range(cache.k_scale, cache), "cache.v", v);
+  expect_disjoint(function, "cache.v_scale", scale_range(cache.v_scale, cache), "cache.k", k);
+  expect_disjoint(function, "cache.v_scale", scale_range(cache.v_scale, cache), "cache.v", v);
+}
+
+// The scales are read while `written` is written.
+void expect_scales_apart(const char* function, const KvCache& cache, const char* written_name,
+                         const ByteRange& written) {
+  expect_disjoint(function, "cache.k_scale", scale_range(cache.k_scale, cache), written_name, written);
+  expect_disjoint(function, "cache.v_scale", scale_range(cache.v_scale, cache), written_name, written);
+}
+
 // The cache alone: views, dtypes, layout, sizes, metadata pointers, and its parts not overlapping.
 // `written`: the call writes the cache (append_kv), so its elements need addresses of their own.
 CacheShape check_cache(const char* function, const KvCache& cache, bool written) {
-  check_view(function, "cache.k", cache.k);
-  check_view(function, "cache.v", cache.v);
+  check_view(function, "cache.k", cache.k, /*fp8=*/true);
+  check_view(function, "cache.v", cache.v, /*fp8=*/true);
   if (cache.v.dtype != cache.k.dtype) {
     fail(function, std::string("cache.v.dtype expected ") + to_string(cache.k.dtype) + " (cache.k.dtype), got " +
                        to_string(cache.v.dtype));
@@ -56,6 +111,7 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
   if (cache.batch < 0) fail(function, "cache.batch expected >= 0, got " + str(cache.batch));
   if (cache.batch > kMaxGridYZ) fail(function, "cache.batch expected <= 65535, got " + str(cache.batch));
   if (cache.k.heads() > kMaxGridYZ) fail(function, "cache.k.shape[1] (kv_heads) expected <= 65535, got " + str(cache.k.heads()));
+  check_scales(function, cache, int(cache.k.heads()));
   CacheShape shape;
   shape.batch = cache.batch;
   shape.kv_heads = int(cache.k.heads());
@@ -167,8 +223,7 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
   const CacheShape shape = check_cache(function, cache, /*written=*/true);
   check_view(function, "k_new", k_new);
   check_view(function, "v_new", v_new);
-  expect_dtype(function, "k_new", k_new, cache.k.dtype);
-  expect_dtype(function, "v_new", v_new, cache.k.dtype);
+  expect_dtypes(function, "k_new", k_new, "v_new", v_new, cache);
   ByteRange offsets{};
   if (packed) {
     expect_packed_batch(function, "k_new", k_new, "[1, kv_heads, total_new, head_dim]");
@@ -209,6 +264,7 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
     // Written while other blocks read the new tokens and the rotary tables.
     expect_disjoint(function, "options.updated_lengths", updated, "k_new", byte_range(k_new));
     expect_disjoint(function, "options.updated_lengths", updated, "v_new", byte_range(v_new));
+    expect_scales_apart(function, cache, "options.updated_lengths", updated);
     check_rotary_disjoint(function, "options.rotary", options.rotary, "options.updated_lengths", updated, shape.batch);
     if (packed) expect_disjoint(function, "options.updated_lengths", updated, "cu_seqlens_new", offsets);
     if (cache.paged()) {
@@ -245,8 +301,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   const CacheShape shape = check_cache(function, cache, /*written=*/false);
   check_view(function, "q", q);
   check_view(function, "out", out);
-  expect_dtype(function, "q", q, cache.k.dtype);
-  expect_dtype(function, "out", out, cache.k.dtype);
+  expect_dtypes(function, "q", q, "out", out, cache);
   if (packed) {
     expect_packed_batch(function, "q", q, "[1, heads, total_q, head_dim]");
     check_packed(function, "cu_seqlens_q", "max_seqlen_q", *packed, shape.batch);
@@ -299,6 +354,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
                     int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
   }
   check_rotary_disjoint(function, "options.rotary", options.rotary, "out", out_range, shape.batch);
+  expect_scales_apart(function, cache, "out", out_range);
   if (options.lse != nullptr) {
     expect_aligned(function, "options.lse", options.lse, alignof(float));
     const ByteRange lse = byte_range(options.lse, size_t(q.batch() * q.heads() * q.seq()) * sizeof(float));
@@ -314,6 +370,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
                       int_range(cache.block_table, int64_t(shape.batch) * shape.max_pages_per_seq));
     }
     check_rotary_disjoint(function, "options.rotary", options.rotary, "options.lse", lse, shape.batch);
+    expect_scales_apart(function, cache, "options.lse", lse);
   }
   // Read by the kernels while out and lse are written.
   // (cu_seqlens_q's alignment and entries were checked above.)

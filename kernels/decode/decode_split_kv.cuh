@@ -150,11 +150,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
 
   const Cache* k_cache = static_cast<const Cache*>(p.cache.k);
   const Cache* v_cache = static_cast<const Cache*>(p.cache.v);
-  float k_scale = 1.0f, v_scale = 1.0f;
-  if constexpr (IsFp8<Cache>::value) {
-    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, kv_head);
-    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, kv_head);
-  }
+  const KvScales scales = kv_scales<Cache>(p.cache, kv_head);
   // No barrier opens an iteration: the previous tile's row offsets were last read while staging,
   // before the barrier that ends staging; its K and V are last read before the barrier after the
   // offsets below, which every thread passes before restaging; Q is written before that barrier too.
@@ -167,7 +163,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;
     }
     __syncthreads();
-    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, p.vector_loads, k_scale, v_scale, k_s, v_s);
+    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, p.vector_loads, scales.k, scales.v, k_s, v_s);
     __syncthreads();
 
     for (int j = 0; j < RW; ++j) {

@@ -140,11 +140,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
 
   const Cache* k_cache = static_cast<const Cache*>(p.cache.k);
   const Cache* v_cache = static_cast<const Cache*>(p.cache.v);
-  float k_scale = 1.0f, v_scale = 1.0f;
-  if constexpr (IsFp8<Cache>::value) {
-    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, kv_head);
-    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, kv_head);
-  }
+  const KvScales scales = kv_scales<Cache>(p.cache, kv_head);
   // No barrier opens an iteration: the previous tile's row offsets were last read while staging,
   // before the barrier that ends staging, and its K and V before the barrier after the offsets
   // below, which every thread (a warp that skipped its keys too) passes before restaging.
@@ -161,8 +157,8 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
       const int n = i / kChunks, c = (i % kChunks) * 8;
       uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);
       if (k_rows[n] >= 0) {
-        k_chunk = decode_mma_chunk<T>(k_cache + k_rows[n] + c, k_scale);
-        v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, v_scale);
+        k_chunk = decode_mma_chunk<T>(k_cache + k_rows[n] + c, scales.k);
+        v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, scales.v);
       }
       store_vector(reinterpret_cast<uint4*>(k_s + n * LD + c), k_chunk);
       store_vector(reinterpret_cast<uint4*>(v_s + n * LD + c), v_chunk);

@@ -40,11 +40,7 @@ __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(con
                    int64_t(head) * p.new_stride_head_v + int64_t(rows.first) * p.new_stride_row_v;
   C* k_cache = static_cast<C*>(p.cache.k);
   C* v_cache = static_cast<C*>(p.cache.v);
-  float k_scale = 1.0f, v_scale = 1.0f;
-  if constexpr (IsFp8<C>::value) {
-    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, head);
-    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, head);
-  }
+  const KvScales scales = kv_scales<C>(p.cache, head);
   for (int i = threadIdx.x; i < KvAppendTraits::kRowsPerBlock * d; i += blockDim.x) {
     const int t = first_row + i / d, e = i % d;
     if (t >= rows.count) break;
@@ -56,8 +52,8 @@ __global__ void __launch_bounds__(KvAppendTraits::kThreads) kv_append_kernel(con
         rotary_element(p.rotary, rotary_position(p.rotary, b, start, t), e, [&](int j) { return to_float(k_row[j]); });
     const T v_value = v_new[int64_t(t) * p.new_stride_row_v + e];
     if constexpr (IsFp8<C>::value) {
-      k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<C>(k_value / k_scale);
-      v_cache[kv_v_offset(p.cache, page, head, position) + e] = from_float<C>(to_float(v_value) / v_scale);
+      k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<C>(k_value / scales.k);
+      v_cache[kv_v_offset(p.cache, page, head, position) + e] = from_float<C>(to_float(v_value) / scales.v);
     } else {
       k_cache[kv_k_offset(p.cache, page, head, position) + e] = from_float<T>(k_value);
       v_cache[kv_v_offset(p.cache, page, head, position) + e] = v_value;

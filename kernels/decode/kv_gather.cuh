@@ -31,11 +31,7 @@ __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(con
   T* v_out = static_cast<T*>(p.v_out) + dense_head;
   const C* k_cache = static_cast<const C*>(p.cache.k);
   const C* v_cache = static_cast<const C*>(p.cache.v);
-  float k_scale = 1.0f, v_scale = 1.0f;
-  if constexpr (IsFp8<C>::value) {
-    k_scale = kv_scale(p.cache.k_scale, p.cache.scale_count, head);
-    v_scale = kv_scale(p.cache.v_scale, p.cache.scale_count, head);
-  }
+  const KvScales scales = kv_scales<C>(p.cache, head);
   for (int i = threadIdx.x; i < KvGatherTraits::kRowsPerBlock * d; i += blockDim.x) {
     const int t = first_row + i / d, e = i % d;
     if (t >= p.capacity) break;
@@ -47,8 +43,8 @@ __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(con
       continue;
     }
     if constexpr (IsFp8<C>::value) {
-      k_out[dense] = from_float<T>(to_float(k_cache[kv_k_offset(p.cache, page, head, t) + e]) * k_scale);
-      v_out[dense] = from_float<T>(to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * v_scale);
+      k_out[dense] = from_float<T>(to_float(k_cache[kv_k_offset(p.cache, page, head, t) + e]) * scales.k);
+      v_out[dense] = from_float<T>(to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * scales.v);
     } else {
       k_out[dense] = k_cache[kv_k_offset(p.cache, page, head, t) + e];
       v_out[dense] = v_cache[kv_v_offset(p.cache, page, head, t) + e];

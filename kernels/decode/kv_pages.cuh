@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "../common/compat.h"
+#include "../common/simt_tile.cuh"
 #include "kv_cache_params.h"
 
 SELFATTN_KERNELS_BEGIN
@@ -41,6 +42,21 @@ __device__ inline int64_t kv_v_offset(const KvPagesView& c, int page, int head, 
 // the index clamped to [0, scale_count) so no head can read past the caller's scales.
 __device__ inline float kv_scale(const float* scales, int scale_count, int head) {
   return scales[scale_count > 1 ? (head < 0 ? 0 : (head < scale_count ? head : scale_count - 1)) : 0];
+}
+
+// K's and V's scales of kv head `head` in a cache of element type Cache: an FP8 cache's
+// (kv_scale()), 1 for every other element type.
+struct KvScales {
+  float k = 1.0f, v = 1.0f;
+};
+template <class Cache>
+__device__ inline KvScales kv_scales(const KvPagesView& c, int head) {
+  KvScales scales;
+  if constexpr (IsFp8<Cache>::value) {
+    scales.k = kv_scale(c.k_scale, c.scale_count, head);
+    scales.v = kv_scale(c.v_scale, c.scale_count, head);
+  }
+  return scales;
 }
 
 SELFATTN_KERNELS_END

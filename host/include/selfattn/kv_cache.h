@@ -235,9 +235,9 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
 // sharing a row), each entry clamped into [0, total], each n_b to at most max_seqlen. Rows no
 // sequence then owns (past cu_seqlens[batch], or past a sequence's first max_seqlen) are neither
 // read nor written (except by a cache of capacity 0, which zeroes every row of out as
-// attention_varlen() does without keys). validate_metadata also copies cu_seqlens to the host and checks it (starts at 0,
-// non-decreasing, n_b <= max_seqlen, ends at most at total). Workspace: besides the dense call's, the
-// ordered offsets, 256-byte-rounded (batch + 1) int32.
+// attention_varlen() does without keys). validate_metadata also copies cu_seqlens to the host and
+// checks it (starts at 0, non-decreasing, n_b <= max_seqlen, ends at most at total). Workspace:
+// besides the dense call's, the ordered offsets, 256-byte-rounded (batch + 1) int32.
 
 // append_kv with k_new, v_new [1, kv_heads, total_new, head_dim]: token t of sequence b (row
 // cu_seqlens_new[b] + t) goes to position lengths[b] + t; updated_lengths[b] receives

@@ -93,13 +93,31 @@ struct AttentionOptions {
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+
+  // ---- FP8 inputs (FlashAttention-3's FP8 forward). q, k and v may all be e4m3, or all e5m2; out
+  // is then f16, bf16 or f32 (the result's dtype; a bias in q's dtype means out's). Each input's
+  // real value is its stored value times a descale factor per (batch, kv head):
+  //   q[b, h, i, c] = stored x q_descale[b, h / (heads / kv_heads)]
+  //   k[b, g, j, c] = stored x k_descale[b, g],   v[b, g, j, c] = stored x v_descale[b, g]
+  // Each is device fp32 [batch, kv_heads] contiguous (varlen: a row per sequence), finite and > 0
+  // (device memory: not checked), or null for 1. Given with 16- or 32-bit inputs they are refused.
+  // How it runs: the Hopper kernel takes e4m3 at head_dim 128 on a 9.0 device (scores from the
+  // stored values in fp32, then descaled; P rounded to e4m3 for P V, as FlashAttention-3 does;
+  // bf16/f16 out), with the options it takes for 16-bit inputs. Every other call - other formats,
+  // head dims, GPUs, paths, options - dequantizes q, k and v into out's dtype in the workspace
+  // (stored x descale, rounded once) and runs that path's 16-bit or fp32 kernels. The backward does
+  // not take FP8 inputs.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
 };
 
 // out = softmax(mods(scale * q k^T) + mask) v, per (batch, head) (mods: see AttentionOptions).
 //   q:   [batch, heads,    seq_q, head_dim]
 //   k,v: [batch, kv_heads, seq_k, head_dim]  kv_heads divides heads (GQA/MQA: head h reads kv head h / (heads/kv_heads))
-//   out: [batch, heads,    seq_q, head_dim]  same dtype as q
-// q, k, v, out share one dtype; head_dim's stride must be 1; out must not overlap an input.
+//   out: [batch, heads,    seq_q, head_dim]  same dtype as q (FP8 q: f16, bf16 or f32)
+// q, k, v, out share one dtype (or q, k, v one FP8 format: AttentionOptions::q_descale); head_dim's
+// stride must be 1; out must not overlap an input.
 // Runs on the context's stream (asynchronously on cuda). Throws InvalidArgument / NotAvailable /
 // WorkspaceTooSmall (see ContextOptions::workspace_limit), their messages starting with the
 // function called, or BackendError naming the failed CUDA/cuBLAS/sim call. Every check that can

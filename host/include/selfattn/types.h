@@ -6,8 +6,9 @@ namespace selfattn {
 
 // b8: booleans, one byte each (0: false, anything else: true); only a bias takes them (a mask:
 // AttentionOptions::bias). q, k, v and the outputs are f32, f16 or bf16.
-// e4m3, e5m2: OCP FP8 (CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2), one byte each; only a KV cache's K and
-// V take them (kv_cache.h: stored with a float32 scale, real value = stored x scale). e4m3: 4
+// e4m3, e5m2: OCP FP8 (CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2), one byte each; a KV cache's K and V
+// (kv_cache.h: stored with a float32 scale, real value = stored x scale) and attention's q, k and v
+// (attention.h: with descale factors, AttentionOptions::q_descale) take them. e4m3: 4
 // exponent bits (bias 7), 3 mantissa bits, finite range +-448, NaN 0x7f/0xff, no infinities; e5m2:
 // 5 exponent bits (bias 15), 2 mantissa bits, finite range +-57344, IEEE-style infinities and NaNs.
 enum class DType : uint8_t { f32, f16, bf16, b8, e4m3, e5m2 };

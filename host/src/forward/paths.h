@@ -42,6 +42,12 @@ struct AttentionCall {
   float dropout_p = 0;
   uint64_t dropout_seed = 0, dropout_offset = 0;
   int dropout_batch_base = 0;
+  // FP8 inputs (AttentionOptions::q_descale): dtype is q's FP8 format and out is f16/bf16/f32; the
+  // descales are device fp32 [batch, kv_heads] or null (1). Null for 16- and 32-bit calls.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  bool fp8() const { return is_fp8(dtype); }
   bool varlen() const { return cu_seqlens_q != nullptr; }
   // Whether which keys a row sees depends on per-batch device data (lengths, starts, offsets).
   bool per_batch_keys() const { return key_lengths != nullptr || key_start != nullptr || q_offset != nullptr; }

@@ -57,6 +57,9 @@ struct AttentionCall {
 const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call);
 const char* cublas_unsupported(const ContextState& ctx, const AttentionCall& call);
 const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call);
+// Whether the fused path runs this FP8 call natively (the Hopper FP8 kernel); every other FP8 call
+// is dequantized by attention.cpp and never reaches a path (path_fused.cpp).
+bool fused_takes_fp8(const ContextState& ctx, const AttentionCall& call);
 
 // ---- the score paths' plan (naive, cublas: score_chunks.h) ----
 

@@ -31,7 +31,6 @@
 #include "../launch.h"
 #include "flash_fwd_hopper_params.h"
 #include "smem_layout.h"
-#include "transpose_v_fp8.cuh"
 
 SELFATTN_KERNELS_BEGIN
 
@@ -295,27 +294,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 template <class TOut, int HeadDim>
-FlashFwdHopperFp8Instance flash_fwd_hopper_fp8_instance_for() {
+FlashFwdHopperInstance flash_fwd_hopper_fp8_instance_for() {
   using Traits = typename FlashFwdHopperFp8Config<HeadDim>::Traits;
-  FlashFwdHopperFp8Instance instance;
-  instance.forward.kernel = make_kernel_ref<FlashFwdHopperFp8Params, flash_fwd_hopper_fp8_kernel<TOut, Traits>>(
+  FlashFwdHopperInstance instance;
+  instance.kernel = make_kernel_ref<FlashFwdHopperFp8Params, flash_fwd_hopper_fp8_kernel<TOut, Traits>>(
       "flash_fwd_hopper_fp8_kernel");
-  instance.forward.block_threads = Traits::kThreads;
-  instance.forward.block_rows = Traits::kBlockRows;
-  instance.forward.block_keys = Traits::kBlockKeys;
-  instance.forward.smem_bytes = Traits::kSmemBytes;
-  instance.transpose_v = make_kernel_ref<TransposeVFp8Params, transpose_v_fp8_kernel>("transpose_v_fp8_kernel");
-  instance.transpose_keys = TransposeVFp8Traits::kKeys;
-  instance.transpose_threads = TransposeVFp8Traits::kThreads;
-  instance.transpose_smem_bytes = TransposeVFp8Traits::kSmemBytes;
-  instance.keys_multiple = TransposeVFp8Traits::kKeys;
+  instance.block_threads = Traits::kThreads;
+  instance.block_rows = Traits::kBlockRows;
+  instance.block_keys = Traits::kBlockKeys;
+  instance.smem_bytes = Traits::kSmemBytes;
   return instance;
 }
 
 // Declared in registry.inc; instances/flash_fwd_hopper_e4m3.cu instantiates the shipped pairs
 // (E: out's element, f16 or bf16; q, k, v are e4m3).
 template <Element E, int HeadDim>
-FlashFwdHopperFp8Instance flash_fwd_hopper_fp8_instance() {
+FlashFwdHopperInstance flash_fwd_hopper_fp8_instance() {
   return flash_fwd_hopper_fp8_instance_for<typename FlashElement<E>::Type, HeadDim>();
 }
 

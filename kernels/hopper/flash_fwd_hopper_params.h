@@ -53,13 +53,11 @@ struct TransposeVFp8Params {
   int seq_k, keys_padded, head_dim;
 };
 
-struct FlashFwdHopperFp8Instance {
-  FlashFwdHopperInstance forward;
-  KernelRef transpose_v;
-  int transpose_keys = 0;  // keys per pre-pass block: grid.x = keys_padded / transpose_keys
-  int transpose_threads = 0;
-  size_t transpose_smem_bytes = 0;
-  int keys_multiple = 0;  // keys_padded is a multiple of this
+struct TransposeVFp8Instance {
+  KernelRef kernel;
+  int keys = 0;  // keys per block: keys_padded is a multiple of it, grid.x = keys_padded / keys
+  int threads = 0;
+  size_t smem_bytes = 0;
 };
 
 }  // namespace selfattn::kernels

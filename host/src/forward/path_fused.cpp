@@ -83,7 +83,7 @@ const HopperEntry kHopperInstances[] = {
 #undef SELFATTN_HOPPER_CUDA
 
 // The Hopper FP8 instances: (out dtype, head_dim) -> kernel and pre-pass; q, k, v are e4m3.
-using HopperFp8InstanceFn = kernels::FlashFwdHopperFp8Instance (*)();
+using HopperFp8InstanceFn = kernels::FlashFwdHopperInstance (*)();
 struct HopperFp8Entry {
   DType out;
   int head_dim;
@@ -188,6 +188,7 @@ const HopperFp8Entry* hopper_fp8_entry(const ContextState& ctx, const AttentionC
     if (entry.out != call.out.dtype || entry.head_dim != call.head_dim) continue;
     const bool sim = ctx.device->backend() == Backend::sim;
     if ((sim ? entry.sim : entry.cuda) == nullptr) return nullptr;
+    if (!SELFATTN_KERNEL_FOR(ctx.device->backend(), transpose_v_fp8_instance().kernel)) return nullptr;
     return &entry;
   }
   return nullptr;
@@ -196,10 +197,10 @@ const HopperFp8Entry* hopper_fp8_entry(const ContextState& ctx, const AttentionC
 // The V^T pre-pass into `workspace`, then the FP8 kernel reading it.
 void run_hopper_fp8(ContextState& ctx, const AttentionCall& call, void* workspace) {
   const HopperFp8Entry& entry = *hopper_fp8_entry(ctx, call);
-  const kernels::FlashFwdHopperFp8Instance instance =
-      (ctx.device->backend() == Backend::sim ? entry.sim : entry.cuda)();
-  if (instance.keys_multiple != kFp8KeysMultiple)
-    throw BackendError("path fused: the FP8 pre-pass's key block changed");
+  const kernels::FlashFwdHopperInstance fwd = (ctx.device->backend() == Backend::sim ? entry.sim : entry.cuda)();
+  const kernels::TransposeVFp8Instance transpose =
+      SELFATTN_KERNEL_FOR(ctx.device->backend(), transpose_v_fp8_instance());
+  if (transpose.keys != kFp8KeysMultiple) throw BackendError("path fused: the FP8 pre-pass's key block changed");
   const int64_t keys_padded = fp8_keys_padded(call, kFp8KeysMultiple);
 
   kernels::TransposeVFp8Params tp{};
@@ -213,10 +214,10 @@ void run_hopper_fp8(ContextState& ctx, const AttentionCall& call, void* workspac
   tp.keys_padded = int(keys_padded);
   tp.head_dim = call.head_dim;
   kernels::LaunchShape tshape;
-  tshape.grid = dim3(unsigned(keys_padded / instance.transpose_keys), unsigned(call.kv_heads), unsigned(call.batch));
-  tshape.block = dim3(unsigned(instance.transpose_threads));
-  tshape.dynamic_smem_bytes = instance.transpose_smem_bytes;
-  ctx.device->launch(instance.transpose_v, tshape, &tp);
+  tshape.grid = dim3(unsigned(keys_padded / transpose.keys), unsigned(call.kv_heads), unsigned(call.batch));
+  tshape.block = dim3(unsigned(transpose.threads));
+  tshape.dynamic_smem_bytes = transpose.smem_bytes;
+  ctx.device->launch(transpose.kernel, tshape, &tp);
 
   kernels::FlashFwdHopperFp8Params params{};
   params.base = flash_fwd_params_of(call);
@@ -241,7 +242,6 @@ void run_hopper_fp8(ContextState& ctx, const AttentionCall& call, void* workspac
   vt.box[2] = 1;
   vt.box[3] = 1;
   vt.swizzle = kernels::TmaSwizzle::b128;
-  const kernels::FlashFwdHopperInstance& fwd = instance.forward;
   std::string problem = ctx.device->encode_tma_tiled(&params.q_map, tma_spec_fp8(call.q, fwd.block_rows));
   if (problem.empty()) problem = ctx.device->encode_tma_tiled(&params.k_map, tma_spec_fp8(call.k, fwd.block_keys));
   if (problem.empty()) problem = ctx.device->encode_tma_tiled(&params.vt_map, vt);

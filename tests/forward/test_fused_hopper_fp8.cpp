@@ -27,6 +27,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -61,12 +63,20 @@ struct Fp8Case {
   std::vector<int32_t> key_lengths;  // empty or [batch]
   bool descales = true;              // per (batch, kv head) descales, else null (1)
   int head_dim = 128;
+  // Masks and modifiers the kernel shares with the 16-bit ones (flash_fwd_softmax.cuh): they act on
+  // the descaled scores.
+  int window_left = -1, window_right = -1;
+  float softcap = 0;
+  bool sinks = false;
   std::string name() const {
     std::string n = std::to_string(batch) + "x" + std::to_string(heads) + "/" + std::to_string(kv_heads) + " q" +
                     std::to_string(seq_q) + " k" + std::to_string(seq_k) + " " + to_string(causal) + " " +
                     to_string(out_dtype) + (lse ? " lse" : "") + (descales ? " descales" : "");
     for (int32_t len : key_lengths) n += " len" + std::to_string(len);
-    return n;
+    if (window_left >= 0 || window_right >= 0)
+      n += " window" + std::to_string(window_left) + "," + std::to_string(window_right);
+    if (softcap > 0) n += " softcap" + std::to_string(softcap);
+    return n + (sinks ? " sinks" : "");
   }
 };
 
@@ -153,6 +163,10 @@ bool check_fp8(const Fp8Case& c) {
   qs.copy_from_host(q_descale);
   ks.copy_from_host(k_descale);
   vs.copy_from_host(v_descale);
+  std::vector<float> sinks;
+  for (int h = 0; h < c.heads; ++h) sinks.push_back(h % 2 == 0 ? 1.5f : -INFINITY);
+  DeviceBuffer<float> sinks_device(ctx, sinks.size(), "sinks");
+  sinks_device.copy_from_host(sinks);
   DeviceBuffer<int32_t> lengths;
   if (!c.key_lengths.empty()) {
     lengths = DeviceBuffer<int32_t>(ctx, c.key_lengths.size(), "key_lengths");
@@ -175,6 +189,10 @@ bool check_fp8(const Fp8Case& c) {
   call.scale = float(1.0 / std::sqrt(double(D)));
   call.key_lengths = c.key_lengths.empty() ? nullptr : lengths.data();
   call.lse = c.lse ? lse.data() : nullptr;
+  call.window_left = c.window_left;
+  call.window_right = c.window_right;
+  call.softcap = c.softcap;
+  call.sinks = c.sinks ? sinks_device.data() : nullptr;
   if (c.descales) {
     call.q_descale = qs.data();
     call.k_descale = ks.data();
@@ -206,6 +224,10 @@ bool check_fp8(const Fp8Case& c) {
   problem.causal = c.causal;
   problem.scale = double(call.scale);
   problem.key_lengths = c.key_lengths;
+  problem.window_left = c.window_left;
+  problem.window_right = c.window_right;
+  problem.softcap = double(c.softcap);
+  if (c.sinks) problem.sinks.assign(sinks.begin(), sinks.end());
   const int group = c.heads / c.kv_heads;
   std::vector<double> rq(size_t(c.batch) * c.heads * c.seq_q * D), rk(size_t(c.batch) * c.kv_heads * c.seq_k * D, 0.0),
       rv(rk.size(), 0.0);
@@ -229,29 +251,34 @@ bool check_fp8(const Fp8Case& c) {
   const std::vector<float> lse_got = lse.to_host();
   const double out_unit = c.out_dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
   int bad = 0;
+  double worst = 0;  // the largest error / bound (SELFATTN_TEST_REPORT=1 prints it)
   for (int b = 0; b < c.batch; ++b)
     for (int h = 0; h < c.heads; ++h)
       for (int row = 0; row < c.seq_q; ++row) {
         const size_t r = (size_t(b) * c.heads + h) * c.seq_q + row;
-        // The row's visible keys and probabilities, for the bound (the reference's mask rule).
-        const int len = key_len(b);
-        const int seen = reference::visible_keys(row, c.seq_q, len, c.causal);
-        std::vector<double> x(size_t(std::max(seen, 0)));
+        // The row's visible keys and probabilities, for the bound (the reference's mask rule; the
+        // sink left out of l, which only makes P_j and the bound larger).
+        const reference::KeyRange keys =
+            reference::visible_key_range(row, c.seq_q, key_len(b), c.causal, c.window_left, c.window_right);
+        const int seen = keys.end - keys.begin;
+        std::vector<double> x(size_t(c.seq_k), -INFINITY);
         double m = -INFINITY;
-        for (int j = 0; j < seen; ++j) {
+        for (int j = keys.begin; j < keys.end; ++j) {
           double dot = 0;
           for (int e = 0; e < D; ++e)
             dot += rq[r * D + e] * rk[((size_t(b) * c.kv_heads + h / group) * c.seq_k + j) * D + e];
-          x[size_t(j)] = dot * problem.scale;
-          m = std::max(m, x[size_t(j)]);
+          double score = dot * problem.scale;
+          if (c.softcap > 0) score = c.softcap * std::tanh(score / c.softcap);
+          x[size_t(j)] = score;
+          m = std::max(m, score);
         }
         double l = 0;
-        for (int j = 0; j < seen; ++j) l += std::exp(x[size_t(j)] - m);
+        for (int j = keys.begin; j < keys.end; ++j) l += std::exp(x[size_t(j)] - m);
         for (int e = 0; e < D; ++e) {
           const double got = testing::load_element(out_bytes.data(), c.out_dtype, r * D + e);
           const double want = expected.out[r * D + e];
           double weighted = 0, plain = 0;  // sum_j P_j |v_jc|, sum_j |v_jc|
-          for (int j = 0; j < seen; ++j) {
+          for (int j = keys.begin; j < keys.end; ++j) {
             const double vj = std::fabs(rv[((size_t(b) * c.kv_heads + h / group) * c.seq_k + j) * D + e]);
             weighted += std::exp(x[size_t(j)] - m) / l * vj;
             plain += vj;
@@ -259,18 +286,22 @@ bool check_fp8(const Fp8Case& c) {
           const double fp8_p = std::ldexp(weighted, -4) + (seen > 0 ? std::ldexp(plain / l, -10) : 0.0);
           const double bound = fp8_p + std::ldexp(weighted, -16) + out_unit * (std::fabs(want) + fp8_p);
           const bool ok = seen == 0 ? got == 0.0 : std::fabs(got - want) <= bound;  // NaN fails both
+          if (seen > 0) worst = std::max(worst, std::fabs(got - want) / bound);
           if (!ok && bad++ < 5)
             ADD_FAILURE() << "out[" << b << "," << h << "," << row << "," << e << "] = " << got << ", reference "
                           << want << ", bound " << bound;
         }
         if (c.lse) {
           const double got = lse_got[r], want = expected.lse[r];
-          const bool ok = seen == 0 ? (std::isinf(got) && got < 0)
-                                    : std::fabs(got - want) <= std::ldexp(std::fabs(want) + 1, -16);
+          const bool no_sink = !c.sinks || h % 2 != 0;
+          const bool ok = seen == 0 && no_sink ? (std::isinf(got) && got < 0)
+                                               : std::fabs(got - want) <= std::ldexp(std::fabs(want) + 1, -16);
           if (!ok && bad++ < 5)
             ADD_FAILURE() << "lse[" << b << "," << h << "," << row << "] = " << got << ", reference " << want;
         }
       }
+  if (std::getenv("SELFATTN_TEST_REPORT") != nullptr)
+    std::printf("%s: largest out error %.3f of its bound\n", c.name().c_str(), worst);
   return bad == 0 && !::testing::Test::HasFailure();
 }
 
@@ -337,6 +368,22 @@ TEST(FusedHopperFp8, GqaKeyLengthsWithNaNPaddingAndDescales) {
   EXPECT_TRUE(check_fp8({2, 2, 1, 200, 256, bottom_right, f16, true, {1, 255}}));
   EXPECT_TRUE(check_fp8({2, 3, 3, 64, 130, top_left, bf16, true, {65, 17}}));
   EXPECT_TRUE(check_fp8({2, 4, 1, 128, 128, none, f16, true, {127, 128}}));
+}
+
+// Sliding windows (tiles skipped before a window, masked inside), softcap and sinks act on the
+// descaled scores.
+TEST(FusedHopperFp8, WindowSoftcapAndSinksOnTheTrueScores) {
+  Fp8Case windowed{2, 2, 1, 150, 700, bottom_right, DType::bf16, true, {700, 401}};
+  windowed.window_left = 200;
+  windowed.window_right = 30;
+  EXPECT_TRUE(check_fp8(windowed));
+  Fp8Case capped{1, 2, 2, 70, 300, none, DType::f16, true, {}};
+  capped.softcap = 5.0f;
+  capped.sinks = true;
+  EXPECT_TRUE(check_fp8(capped));
+  Fp8Case sinks_without_keys{2, 2, 1, 9, 140, top_left, DType::bf16, true, {0, 140}};
+  sinks_without_keys.sinks = true;
+  EXPECT_TRUE(check_fp8(sinks_without_keys));
 }
 
 }  // namespace

@@ -11,9 +11,9 @@ import sys
 
 SHAPES = (64, 128, 256)           # N of m64nNk16: key tiles (S = Q K^T) and head dims (O += P V)
 TYPES = (("f16", "f16"), ("bf16", "bf16"))  # (function suffix, PTX type)
-# 8-bit inputs, m64nNk32: the FP8 forward's shapes (S = Q K^T over 128 keys, O += P V^T over head
+# 8-bit inputs, m64nNk32: the FP8 forward's shapes (S = Q K^T over 64 or 128 keys, O += P V^T over head
 # dims 128 and 256). Both operands K-major: 8-bit wgmma has no transpose immediates (PTX ISA).
-FP8_SHAPES = (128, 256)
+FP8_SHAPES = (64, 128, 256)
 FP8_TYPES = (("e4m3", "e4m3"),)
 
 

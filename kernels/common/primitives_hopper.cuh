@@ -289,7 +289,9 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
     sim::racecheck_async_read_begin(op->first_thread, ctx.dynamic_smem + r.first, r.second - r.first, op->site);
   if (sim::profiling())  // once per warpgroup
     sim::profile_tensor_op(64, unsigned(op->n), unsigned(op->k),
-                           op->type == sim_warp::Operand::f16 ? "f16" : op->type == sim_warp::Operand::bf16 ? "bf16" : "e4m3");
+                           op->type == sim_warp::Operand::f16    ? "f16"
+                           : op->type == sim_warp::Operand::bf16 ? "bf16"
+                                                                 : "e4m3");
   for (int t = 0; t < 128; ++t) outs[t]->op = op;
 }
 
@@ -515,9 +517,10 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 // The accumulator fragment is the 16-bit wgmma's.
 template <int N>
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 128 || N == 256, "the shipped FP8 wgmma shapes (scripts/gen_wgmma_ptx.py)");
+  static_assert(N == 64 || N == 128 || N == 256, "the shipped FP8 wgmma shapes (scripts/gen_wgmma_ptx.py)");
 #if !SELFATTN_SIM
-  if constexpr (N == 128) wgmma_ss_m64n128k32_e4m3(d, desc_a, desc_b, accumulate);
+  if constexpr (N == 64) wgmma_ss_m64n64k32_e4m3(d, desc_a, desc_b, accumulate);
+  else if constexpr (N == 128) wgmma_ss_m64n128k32_e4m3(d, desc_a, desc_b, accumulate);
   else wgmma_ss_m64n256k32_e4m3(d, desc_a, desc_b, accumulate);
 #else
   sim_hopper::wgmma_issue<sim_warp::Operand::e4m3, N>(d, nullptr, desc_a, desc_b, accumulate, false);
@@ -525,10 +528,12 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a
 }
 
 template <int N>
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-  static_assert(N == 128 || N == 256, "the shipped FP8 wgmma shapes (scripts/gen_wgmma_ptx.py)");
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                              bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "the shipped FP8 wgmma shapes (scripts/gen_wgmma_ptx.py)");
 #if !SELFATTN_SIM
-  if constexpr (N == 128) wgmma_rs_m64n128k32_e4m3(d, a, desc_b, accumulate);
+  if constexpr (N == 64) wgmma_rs_m64n64k32_e4m3(d, a, desc_b, accumulate);
+  else if constexpr (N == 128) wgmma_rs_m64n128k32_e4m3(d, a, desc_b, accumulate);
   else wgmma_rs_m64n256k32_e4m3(d, a, desc_b, accumulate);
 #else
   sim_hopper::wgmma_issue<sim_warp::Operand::e4m3, N>(d, a, 0, desc_b, accumulate, false);

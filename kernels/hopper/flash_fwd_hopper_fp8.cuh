@@ -37,7 +37,7 @@ SELFATTN_KERNELS_BEGIN
 template <int HeadDim, int BlockKeys, int Stages>
 struct FlashFwdHopperFp8Traits {
   static_assert(HeadDim % 128 == 0, "head_dim is a whole number of 128-byte swizzle rows (128 e4m3)");
-  static_assert(BlockKeys % 128 == 0 && BlockKeys <= 256, "keys per tile: whole V^T swizzle rows, one TMA box");
+  static_assert(BlockKeys == 64 || BlockKeys % 128 == 0, "keys per tile: whole V^T swizzle rows (64 or 128 bytes)");
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kBlockKeys = BlockKeys;
   static constexpr int kStages = Stages;
@@ -47,7 +47,9 @@ struct FlashFwdHopperFp8Traits {
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
   static constexpr int kColumnBlocks = HeadDim / 128;  // TMA boxes per Q or K tile (128 one-byte columns)
-  static constexpr int kKeyBlocks = BlockKeys / 128;   // TMA boxes per V^T tile
+  // V^T's rows are the tile's keys: 128 bytes (128-byte swizzle) from 128 keys on, else 64 (64-byte).
+  static constexpr int kVtRowBytes = BlockKeys < 128 ? BlockKeys : 128;
+  static constexpr int kKeyBlocks = BlockKeys / kVtRowBytes;  // TMA boxes per V^T tile
   // The setmaxnreg budget rule of flash_fwd_hopper.cuh: ptxas gives each thread kLaunchRegisters under
   // __launch_bounds__(kThreads, 1); the counts moved must fit that pool exactly or less.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;  // 168 for 384 threads
@@ -75,6 +77,9 @@ struct FlashFwdHopperFp8Config;
 // tiles are half the bytes (80 KB in all); more stages would fit but the 16-bit kernel's two keep
 // its tensor cores fed at twice the bytes per tile.
 template <> struct FlashFwdHopperFp8Config<128> { using Traits = FlashFwdHopperFp8Traits<128, 128, 2>; };
+// D = 256: O alone is 128 floats per thread; 128-key tiles spilled 800 bytes (ptxas), so 64-key tiles
+// (S 32 floats, P 8 registers) as the 16-bit kernel, V^T in 64-byte swizzled rows; two stages (96 KB).
+template <> struct FlashFwdHopperFp8Config<256> { using Traits = FlashFwdHopperFp8Traits<256, 64, 2>; };
 
 // S = Q K^T for the warpgroup's 64 rows, k32 steps along the head dim.
 template <class Traits>
@@ -95,7 +100,8 @@ __device__ __forceinline__ void hopper_fp8_issue_pv(float (&acc)[Traits::kHeadDi
                                                     uint32_t vt_address) {
   SELFATTN_FLASH_UNROLL
   for (int kk = 0; kk < Traits::kBlockKeys / 32; ++kk) {
-    wgmma_rs_e4m3<Traits::kHeadDim>(acc, p_frag[kk], k_major_desc_8bit(vt_address, Traits::kHeadDim, 0, 32 * kk), true);
+    wgmma_rs_e4m3<Traits::kHeadDim>(
+        acc, p_frag[kk], k_major_desc_8bit(vt_address, Traits::kHeadDim, 0, 32 * kk, Traits::kVtRowBytes), true);
   }
   wgmma_commit();
 }
@@ -178,7 +184,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbarrier_wait(&v_empty[s], (round & 1) ^ 1);
       mbarrier_arrive_expect_tx(&v_full[s], Traits::kVtTileBytes);
       for (int c = 0; c < Traits::kKeyBlocks; ++c)
-        tma_load_4d(v_stage + c * D * 128, &hp.vt_map, key + 128 * c, 0, kv_head, batch, &v_full[s]);
+        tma_load_4d(v_stage + c * D * Traits::kVtRowBytes, &hp.vt_map, key + Traits::kVtRowBytes * c, 0, kv_head, batch,
+                    &v_full[s]);
     }
     return;
   }

@@ -61,23 +61,26 @@ __host__ __device__ inline uint64_t mn_major_desc(uint32_t tile_address, int row
 }
 
 // ---- 8-bit (e4m3) tiles: the FP8 forward (flash_fwd_hopper_fp8.cuh) ----
-// TMA writes 1-byte boxes of 128 columns (128 bytes, the swizzle's row) by R rows with the 128-byte
-// swizzle: a row tile of R rows x C columns (C a multiple of 128) is C/128 column blocks, block c at
-// byte c * R * 128, element (r, col) at byte col % 128 of row r, then the same chunk XOR. That is
-// CuTe's tile_to_shape(GMMA::Layout_K_SW128_Atom<float_e4m3_t>, (R, C)) (atom: 8 rows x 128
-// elements); test_hopper_layouts checks it and the descriptor against CuTe.
-__host__ __device__ inline uint32_t row_tile_offset_8bit(int rows, int row, int col) {
-  const uint32_t linear = uint32_t(col / 128) * uint32_t(rows) * 128u + uint32_t(row) * 128u + uint32_t(col % 128);
-  return linear ^ (((linear >> 7) & 7u) << 4);
+// TMA writes 1-byte boxes of W columns (W bytes, the swizzle's row: W = 128, or 64 for V^T tiles of
+// 64 keys) by R rows with the W-byte swizzle: a row tile of R rows x C columns (C a multiple of W) is
+// C/W column blocks, block c at byte c * R * W, element (r, col) at byte col % W of row r, then the
+// 16-byte chunk index XORed with address bits 7.. (3 bits for W = 128, 2 for 64). That is CuTe's
+// tile_to_shape(GMMA::Layout_K_SW{128,64}_Atom<float_e4m3_t>, (R, C)) (atoms: 8 rows x W
+// elements); test_hopper_layouts checks it and the descriptors against CuTe.
+__host__ __device__ inline uint32_t row_tile_offset_8bit(int rows, int row, int col, int row_bytes = 128) {
+  const uint32_t w = uint32_t(row_bytes);
+  const uint32_t linear = uint32_t(col) / w * uint32_t(rows) * w + uint32_t(row) * w + uint32_t(col) % w;
+  return linear ^ (((linear >> 7) & (w / 16 - 1)) << 4);
 }
 
 // 8-bit wgmma K-major operand (A or B; 8-bit wgmma is K-major only): the 64 (A) or N (B) rows from
 // row0 (a multiple of 8) and the 32 columns from k0 (a multiple of 32): a k-step advances the start
-// by 32 bytes inside the 128-byte row. LBO / SBO as for 16 bits (SBO: 8 rows of 128 bytes).
-__host__ __device__ inline uint64_t k_major_desc_8bit(uint32_t tile_address, int rows, int row0, int k0) {
-  const uint32_t start =
-      tile_address + uint32_t(k0 / 128) * uint32_t(rows) * 128u + uint32_t(row0) * 128u + uint32_t(k0 % 128);
-  return gmma_desc(start, 16u, 1024u, GmmaSwizzle::b128);
+// by 32 bytes inside the W-byte row. LBO as for 16 bits (unused), SBO 8 rows of W bytes.
+__host__ __device__ inline uint64_t k_major_desc_8bit(uint32_t tile_address, int rows, int row0, int k0,
+                                                      int row_bytes = 128) {
+  const uint32_t w = uint32_t(row_bytes);
+  const uint32_t start = tile_address + uint32_t(k0) / w * uint32_t(rows) * w + uint32_t(row0) * w + uint32_t(k0) % w;
+  return gmma_desc(start, 16u, 8u * w, w == 128 ? GmmaSwizzle::b128 : GmmaSwizzle::b64);
 }
 
 // P as the A operand of the FP8 P V, without shuffles. S's accumulator gives thread (g = lane/4,

@@ -7,5 +7,7 @@ SELFATTN_KERNELS_BEGIN
 
 template FlashFwdHopperInstance flash_fwd_hopper_fp8_instance<Element::f16, 128>();
 template FlashFwdHopperInstance flash_fwd_hopper_fp8_instance<Element::bf16, 128>();
+template FlashFwdHopperInstance flash_fwd_hopper_fp8_instance<Element::f16, 256>();
+template FlashFwdHopperInstance flash_fwd_hopper_fp8_instance<Element::bf16, 256>();
 
 SELFATTN_KERNELS_END

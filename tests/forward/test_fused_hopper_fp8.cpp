@@ -1,8 +1,9 @@
 // The Hopper FP8 forward (kernels/hopper/flash_fwd_hopper_fp8.cuh with its V^T pre-pass,
 // transpose_v_fp8.cuh) on the sim, which reports compute capability 9.0: which calls it takes
-// (detail::fused_takes_fp8) and what it computes, around its tiles (128 query rows, 128-key
-// tiles, 64-key pre-pass blocks, 16-key permutation groups), under every causal mode, GQA, key
-// lengths whose padding rows of K and V hold NaN, the LSE, and descales per (batch, kv head).
+// (detail::fused_takes_fp8) and what it computes, around its tiles (128 query rows, 128-key tiles
+// at head_dim 128 and 64-key ones at 256, 64-key pre-pass blocks, 16-key permutation groups),
+// under every causal mode, GQA, key lengths whose padding rows of K and V hold NaN, the LSE, and
+// descales per (batch, kv head).
 //
 // The test drives the fused path itself (detail::run_fused with fused_workspace_bytes of
 // workspace, as attention() does once it takes FP8 calls), and checks the launch log: the
@@ -69,9 +70,10 @@ struct Fp8Case {
   float softcap = 0;
   bool sinks = false;
   std::string name() const {
-    std::string n = std::to_string(batch) + "x" + std::to_string(heads) + "/" + std::to_string(kv_heads) + " q" +
-                    std::to_string(seq_q) + " k" + std::to_string(seq_k) + " " + to_string(causal) + " " +
-                    to_string(out_dtype) + (lse ? " lse" : "") + (descales ? " descales" : "");
+    std::string n = "d" + std::to_string(head_dim) + " " + std::to_string(batch) + "x" + std::to_string(heads) +
+                    "/" + std::to_string(kv_heads) + " q" + std::to_string(seq_q) + " k" + std::to_string(seq_k) +
+                    " " + to_string(causal) + " " + to_string(out_dtype) + (lse ? " lse" : "") +
+                    (descales ? " descales" : "");
     for (int32_t len : key_lengths) n += " len" + std::to_string(len);
     if (window_left >= 0 || window_right >= 0)
       n += " window" + std::to_string(window_left) + "," + std::to_string(window_right);
@@ -336,6 +338,10 @@ TEST(FusedHopperFp8, TakesTheCallsItRunsAndOnlyThose) {
   EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.dtype = x.q.dtype = x.k.dtype = x.v.dtype = DType::e5m2; }));
   EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.out.dtype = DType::f32; }));
   EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.head_dim = 64; }));
+  detail::AttentionCall d256 = call;
+  d256.head_dim = 256;
+  d256.q.shape[3] = d256.k.shape[3] = d256.v.shape[3] = d256.out.shape[3] = 256;
+  EXPECT_TRUE(detail::fused_takes_fp8(hopper.state(), d256));
   EXPECT_TRUE(refused([&](detail::AttentionCall& x) { x.key_start = &zero; }));
   EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.dropout_p = 0.1f; }));
   EXPECT_TRUE(refused([&](detail::AttentionCall& x) { x.cu_seqlens_q = x.cu_seqlens_k = &zero; }));
@@ -368,6 +374,18 @@ TEST(FusedHopperFp8, GqaKeyLengthsWithNaNPaddingAndDescales) {
   EXPECT_TRUE(check_fp8({2, 2, 1, 200, 256, bottom_right, f16, true, {1, 255}}));
   EXPECT_TRUE(check_fp8({2, 3, 3, 64, 130, top_left, bf16, true, {65, 17}}));
   EXPECT_TRUE(check_fp8({2, 4, 1, 128, 128, none, f16, true, {127, 128}}));
+}
+
+// Head dim 256: 64-key tiles (V^T in 64-byte swizzled rows, P in 2 k32 steps), two 128-byte
+// column blocks per Q and K row.
+TEST(FusedHopperFp8, HeadDim256) {
+  auto d256 = [](Fp8Case c) {
+    c.head_dim = 256;
+    return c;
+  };
+  EXPECT_TRUE(check_fp8(d256({1, 1, 1, 7, 9, none, DType::bf16, true, {}})));
+  EXPECT_TRUE(check_fp8(d256({2, 2, 1, 129, 300, bottom_right, DType::f16, true, {300, 65}})));
+  EXPECT_TRUE(check_fp8(d256({1, 2, 2, 65, 130, top_left, DType::bf16, false, {}})));
 }
 
 // Sliding windows (tiles skipped before a window, masked inside), softcap and sinks act on the

@@ -244,16 +244,18 @@ TEST(HopperLayouts, WgmmaTileIsTheMatrixProduct) {
 }
 
 // ---- 8-bit (FP8) wgmma: K-major SW128 operands, fragments, arithmetic, P's permutation -----------
-// A (MN = 64) or B (MN = N) operand of 128 e4m3 columns (four k32 steps, one 128-byte swizzle row)
-// laid out by CuTe's Layout_K_SW128_Atom for 1-byte elements (8 rows x 128 elements); CuTe's
-// descriptor of each (MN, 32) k-step, read through gmma_element_offset with 1-byte elements, must
-// find each element where CuTe put it, and smem_layout.h's row_tile_offset_8bit / k_major_desc_8bit
-// must be CuTe's placement and descriptor bit for bit.
-template <int MN>
+// A (MN = 64) or B (MN = N) operand of 128 e4m3 columns (four k32 steps) laid out by CuTe's
+// Layout_K_SW128_Atom (8 rows x 128 elements) or Layout_K_SW64_Atom (8 x 64: the FP8 kernel's V^T
+// tiles of 64 keys) for 1-byte elements; CuTe's descriptor of each (MN, 32) k-step, read through
+// gmma_element_offset with 1-byte elements, must find each element where CuTe put it, and
+// smem_layout.h's row_tile_offset_8bit / k_major_desc_8bit must be CuTe's placement and descriptor
+// bit for bit.
+template <int MN, int RowBytes = 128>
 void check_operand_8bit(uint32_t base) {
   using T = cute::float_e4m3_t;
   constexpr int KW = 128;
-  auto layout = cute::tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<MN>, Int<KW>>{});
+  using Atom = std::conditional_t<RowBytes == 128, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_K_SW64_Atom<T>>;
+  auto layout = cute::tile_to_shape(Atom{}, Shape<Int<MN>, Int<KW>>{});
   auto tensor = cute::make_tensor(cute::make_smem_ptr(smem_at<T>(base)), layout);
   ASSERT_LE(base + uint32_t(cute::cosize(layout)), Smem::kBytes);
   std::memset(smem().bytes, 0, Smem::kBytes);
@@ -264,13 +266,13 @@ void check_operand_8bit(uint32_t base) {
     for (int kk = 0; kk < KW; ++kk) {
       const uint8_t v = id(mn, kk);
       std::memcpy(&tensor(mn, kk), &v, 1);
-      ASSERT_EQ(offset_of(&tensor(mn, kk)), base + k::row_tile_offset_8bit(MN, mn, kk)) << mn << "," << kk;
+      ASSERT_EQ(offset_of(&tensor(mn, kk)), base + k::row_tile_offset_8bit(MN, mn, kk, RowBytes)) << mn << "," << kk;
     }
   for (int ks = 0; ks < KW / 32; ++ks) {
     auto sub = cute::local_tile(tensor, Shape<Int<MN>, Int<32>>{}, cute::make_coord(0, ks));
     const uint64_t desc = GMMA::make_gmma_desc<GMMA::Major::K>(sub);
     expect_fields_match(desc);
-    EXPECT_EQ(k::k_major_desc_8bit(base, MN, 0, 32 * ks), desc) << "k-step " << ks;
+    EXPECT_EQ(k::k_major_desc_8bit(base, MN, 0, 32 * ks, RowBytes), desc) << "k-step " << ks;
     int wrong = 0;
     for (int mn = 0; mn < MN; ++mn)
       for (int kk = 0; kk < 32; ++kk) {
@@ -285,16 +287,18 @@ void check_operand_8bit(uint32_t base) {
   // A descriptor for rows from row0 (the consumer warpgroup's 64 rows of a 128-row tile).
   if (MN == 128) {
     auto rows = cute::local_tile(tensor, Shape<_64, Int<32>>{}, cute::make_coord(1, 2));
-    EXPECT_EQ(k::k_major_desc_8bit(base, MN, 64, 64), GMMA::make_gmma_desc<GMMA::Major::K>(rows));
+    EXPECT_EQ(k::k_major_desc_8bit(base, MN, 64, 64, RowBytes), GMMA::make_gmma_desc<GMMA::Major::K>(rows));
   }
 }
 
-TEST(HopperLayouts, GmmaDescriptorsReadCuTe8BitKMajorSw128) {
+TEST(HopperLayouts, GmmaDescriptorsReadCuTe8BitKMajorSw128AndSw64) {
   for (uint32_t base : {0u, 5u * 1024u}) {
     SCOPED_TRACE("base " + std::to_string(base));
     check_operand_8bit<64>(base);
     check_operand_8bit<128>(base);
     check_operand_8bit<256>(base);
+    check_operand_8bit<256, 64>(base);  // V^T of head_dim 256 in 64-key tiles
+    check_operand_8bit<128, 64>(base);
   }
 }
 

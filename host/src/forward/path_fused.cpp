@@ -1,7 +1,7 @@
 // Path 'fused': one flash-style kernel per call; S and P never reach memory.
 //   compute capability 9.0 (and the sim), f16/bf16, head_dim 64/128/256, 16-byte aligned rows whose
 //   strides a TMA map takes                                     -> hopper/flash_fwd_hopper.cuh
-//   compute capability 9.0 (and the sim), e4m3 q/k/v, head_dim 128, f16/bf16 out, not varlen, no
+//   compute capability 9.0 (and the sim), e4m3 q/k/v, head_dim 128/256, f16/bf16 out, not varlen, no
 //   key_start, no dropout, 16-byte aligned rows       -> hopper/transpose_v_fp8.cuh, then
 //                                                        hopper/flash_fwd_hopper_fp8.cuh
 //   (every other FP8 call is dequantized by attention.cpp and never reaches a path)
@@ -104,6 +104,8 @@ struct HopperFp8Entry {
 const HopperFp8Entry kHopperFp8Instances[] = {
     SELFATTN_HOPPER_FP8_ENTRY(f16, 128),
     SELFATTN_HOPPER_FP8_ENTRY(bf16, 128),
+    SELFATTN_HOPPER_FP8_ENTRY(f16, 256),
+    SELFATTN_HOPPER_FP8_ENTRY(bf16, 256),
 };
 #undef SELFATTN_HOPPER_FP8_ENTRY
 #undef SELFATTN_HOPPER_FP8_CUDA
@@ -237,11 +239,13 @@ void run_hopper_fp8(ContextState& ctx, const AttentionCall& call, void* workspac
   vt.strides_bytes[1] = uint64_t(keys_padded);
   vt.strides_bytes[2] = uint64_t(keys_padded) * uint64_t(call.head_dim);
   vt.strides_bytes[3] = vt.strides_bytes[2] * uint64_t(call.kv_heads);
-  vt.box[0] = 128;
+  // Boxes of one V^T swizzle row: 128 keys (128-byte swizzle), or the tile's 64 (64-byte).
+  const bool rows_of_64 = fwd.block_keys < 128;
+  vt.box[0] = rows_of_64 ? 64 : 128;
   vt.box[1] = uint32_t(call.head_dim);
   vt.box[2] = 1;
   vt.box[3] = 1;
-  vt.swizzle = kernels::TmaSwizzle::b128;
+  vt.swizzle = rows_of_64 ? kernels::TmaSwizzle::b64 : kernels::TmaSwizzle::b128;
   std::string problem = ctx.device->encode_tma_tiled(&params.q_map, tma_spec_fp8(call.q, fwd.block_rows));
   if (problem.empty()) problem = ctx.device->encode_tma_tiled(&params.k_map, tma_spec_fp8(call.k, fwd.block_keys));
   if (problem.empty()) problem = ctx.device->encode_tma_tiled(&params.vt_map, vt);

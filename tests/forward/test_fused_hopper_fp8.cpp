@@ -27,6 +27,7 @@
 // only, where the sim's wgmma rounds as fp32.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -350,6 +351,65 @@ TEST(FusedHopperFp8, TakesTheCallsItRunsAndOnlyThose) {
   detail::AttentionCall bf16 = call;
   bf16.dtype = bf16.q.dtype = bf16.k.dtype = bf16.v.dtype = DType::bf16;
   EXPECT_FALSE(detail::fused_takes_fp8(hopper.state(), bf16));
+}
+
+// attention() hands the FP8 calls the kernel takes to it as they are (automatic and fused; the
+// workspace fused_workspace_bytes gives) and dequantizes the others (attention.cpp,
+// fp8_inputs.cpp): the launch log says which ran. Both give the same output to e4m3 P's rounding
+// (test_fp8_forward judges each against the reference).
+std::vector<std::string> kernels_of_call(bool hopper, Path path, int head_dim, std::vector<float>* out_values) {
+  Context ctx = sim_context(hopper);
+  const int batch = 2, heads = 2, kv_heads = 1, seq_q = 70, seq_k = 150;
+  std::vector<uint8_t> q(size_t(batch) * heads * seq_q * head_dim), kv(size_t(batch) * kv_heads * seq_k * head_dim);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = uint8_t(0x30 + (i * 7) % 16) | uint8_t(i % 3 == 0 ? 0x80 : 0);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = uint8_t(0x28 + (i * 5) % 24) | uint8_t(i % 4 == 1 ? 0x80 : 0);
+  DeviceBuffer<uint8_t> dq(ctx, q.size(), "q"), dk(ctx, kv.size(), "k"), dv(ctx, kv.size(), "v");
+  dq.copy_from_host(q);
+  dk.copy_from_host(kv);
+  dv.copy_from_host(kv);
+  DeviceBuffer<float> descales(ctx, 6, "descales");
+  descales.copy_from_host(std::vector<float>{0.375f, 1.25f, 0.5f, 2.0f, 0.75f, 1.5f});
+  DeviceBuffer<uint16_t> out(ctx, size_t(batch) * heads * seq_q * head_dim, "out");
+  out.fill_bytes(0xff);
+  AttentionOptions options;
+  options.path = path;
+  options.causal = bottom_right;
+  options.q_descale = descales.data();
+  options.k_descale = descales.data() + 2;
+  options.v_descale = descales.data() + 4;
+  detail::sim_launch_log().clear();
+  attention(ctx, TensorView::bhsd(dq.data(), DType::e4m3, batch, heads, seq_q, head_dim),
+            TensorView::bhsd(dk.data(), DType::e4m3, batch, kv_heads, seq_k, head_dim),
+            TensorView::bhsd(dv.data(), DType::e4m3, batch, kv_heads, seq_k, head_dim),
+            TensorView::bhsd(out.data(), DType::bf16, batch, heads, seq_q, head_dim), options);
+  ctx.synchronize();
+  const std::vector<uint16_t> bits = out.to_host();
+  out_values->clear();
+  for (size_t i = 0; i < bits.size(); ++i) out_values->push_back(testing::load_element(bits.data(), DType::bf16, i));
+  return detail::sim_launch_log();
+}
+
+TEST(FusedHopperFp8, AttentionHandsItTheCallsItTakes) {
+  const std::vector<std::string> native = {"transpose_v_fp8_kernel", "flash_fwd_hopper_fp8_kernel"};
+  for (int head_dim : {128, 256}) {
+    std::vector<float> fp8, dequantized;
+    EXPECT_EQ(kernels_of_call(true, Path::automatic, head_dim, &fp8), native) << head_dim;
+    EXPECT_EQ(kernels_of_call(true, Path::fused, head_dim, &fp8), native) << head_dim;
+    // Without the Hopper kernels, or on another path: dequantized first, never the FP8 kernel.
+    for (const auto& [hopper, path] : {std::pair{false, Path::fused}, std::pair{true, Path::naive}}) {
+      const std::vector<std::string> log = kernels_of_call(hopper, path, head_dim, &dequantized);
+      EXPECT_EQ(std::count(log.begin(), log.end(), "flash_fwd_hopper_fp8_kernel"), 0) << head_dim;
+      EXPECT_EQ(std::count(log.begin(), log.end(), "transpose_v_fp8_kernel"), 0) << head_dim;
+      ASSERT_EQ(fp8.size(), dequantized.size());
+      int bad = 0;
+      // A coarse agreement (e4m3 P moves an output by up to 2^-4 of sum P|v|): routing is what this
+      // test is about; the values are judged by the other tests here and by test_fp8_forward.
+      for (size_t i = 0; i < fp8.size() && bad < 5; ++i)
+        if (!(std::fabs(fp8[i] - dequantized[i]) <= 0.1 * std::fabs(dequantized[i]) + 0.05))
+          ADD_FAILURE() << "d" << head_dim << " out[" << i << "] FP8 kernel " << fp8[i] << ", dequantized "
+                        << dequantized[i] << " (bad " << ++bad << ")";
+    }
+  }
 }
 
 // Sizes around the tiles: 1 and 7 rows, 113, a block of 128 rows and more; keys 1, 7, 16 + 1

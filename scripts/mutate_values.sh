@@ -356,7 +356,7 @@ mutant fp8_input_sequence_search_low kernels/forward/dequantize_fp8.cuh 1 \
 # pre-pass transpose_v_fp8.cuh), judged by tests/forward/test_fused_hopper_fp8 (in the default
 # MUTATE_TESTS; set it to that program alone to run these quickly). Planted by hand once (sim,
 # seeds 1 and 2): each fails FusedHopperFp8.{GqaKeyLengthsWithNaNPaddingAndDescales,
-# WindowSoftcapAndSinksOnTheTrueScores}, all but the last SizesAroundTheTiles too.
+# WindowSoftcapSinksAlibiAndQOffsetOnTheTrueScores}, all but the last SizesAroundTheTiles too.
 mutant fp8_qk_descale_ignored kernels/hopper/flash_fwd_hopper_fp8.cuh 1 \
   'if (qk_descale != 1.0f) {' 'if (false && qk_descale != 1.0f) {' \
   'the FP8 kernel'"'"'s scores left as stored (q_descale * k_descale ignored)'

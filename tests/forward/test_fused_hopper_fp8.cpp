@@ -70,6 +70,8 @@ struct Fp8Case {
   int window_left = -1, window_right = -1;
   float softcap = 0;
   bool sinks = false;
+  bool alibi = false;              // slopes [heads]
+  std::vector<int32_t> q_offset;   // empty or [batch]
   std::string name() const {
     std::string n = "d" + std::to_string(head_dim) + " " + std::to_string(batch) + "x" + std::to_string(heads) +
                     "/" + std::to_string(kv_heads) + " q" + std::to_string(seq_q) + " k" + std::to_string(seq_k) +
@@ -79,7 +81,8 @@ struct Fp8Case {
     if (window_left >= 0 || window_right >= 0)
       n += " window" + std::to_string(window_left) + "," + std::to_string(window_right);
     if (softcap > 0) n += " softcap" + std::to_string(softcap);
-    return n + (sinks ? " sinks" : "");
+    for (int32_t offset : q_offset) n += " q_offset" + std::to_string(offset);
+    return n + (sinks ? " sinks" : "") + (alibi ? " alibi" : "");
   }
 };
 
@@ -170,6 +173,15 @@ bool check_fp8(const Fp8Case& c) {
   for (int h = 0; h < c.heads; ++h) sinks.push_back(h % 2 == 0 ? 1.5f : -INFINITY);
   DeviceBuffer<float> sinks_device(ctx, sinks.size(), "sinks");
   sinks_device.copy_from_host(sinks);
+  std::vector<float> slopes;
+  for (int h = 0; h < c.heads; ++h) slopes.push_back(0.25f / float(1 << h));
+  DeviceBuffer<float> slopes_device(ctx, slopes.size(), "alibi_slopes");
+  slopes_device.copy_from_host(slopes);
+  DeviceBuffer<int32_t> q_offset;
+  if (!c.q_offset.empty()) {
+    q_offset = DeviceBuffer<int32_t>(ctx, c.q_offset.size(), "q_offset");
+    q_offset.copy_from_host(c.q_offset);
+  }
   DeviceBuffer<int32_t> lengths;
   if (!c.key_lengths.empty()) {
     lengths = DeviceBuffer<int32_t>(ctx, c.key_lengths.size(), "key_lengths");
@@ -196,6 +208,9 @@ bool check_fp8(const Fp8Case& c) {
   call.window_right = c.window_right;
   call.softcap = c.softcap;
   call.sinks = c.sinks ? sinks_device.data() : nullptr;
+  call.alibi_slopes = c.alibi ? slopes_device.data() : nullptr;
+  call.alibi_stride_batch = 0;  // [heads]
+  call.q_offset = c.q_offset.empty() ? nullptr : q_offset.data();
   if (c.descales) {
     call.q_descale = qs.data();
     call.k_descale = ks.data();
@@ -231,6 +246,8 @@ bool check_fp8(const Fp8Case& c) {
   problem.window_right = c.window_right;
   problem.softcap = double(c.softcap);
   if (c.sinks) problem.sinks.assign(sinks.begin(), sinks.end());
+  if (c.alibi) problem.alibi_slopes.assign(slopes.begin(), slopes.end());
+  problem.q_offset = c.q_offset;
   const int group = c.heads / c.kv_heads;
   std::vector<double> rq(size_t(c.batch) * c.heads * c.seq_q * D), rk(size_t(c.batch) * c.kv_heads * c.seq_k * D, 0.0),
       rv(rk.size(), 0.0);
@@ -261,8 +278,8 @@ bool check_fp8(const Fp8Case& c) {
         const size_t r = (size_t(b) * c.heads + h) * c.seq_q + row;
         // The row's visible keys and probabilities, for the bound (the reference's mask rule; the
         // sink left out of l, which only makes P_j and the bound larger).
-        const reference::KeyRange keys =
-            reference::visible_key_range(row, c.seq_q, key_len(b), c.causal, c.window_left, c.window_right);
+        const reference::RowKeys placed = reference::row_keys(problem, b, row);
+        const reference::KeyRange keys = placed.keys;
         const int seen = keys.end - keys.begin;
         std::vector<double> x(size_t(c.seq_k), -INFINITY);
         double m = -INFINITY;
@@ -272,6 +289,7 @@ bool check_fp8(const Fp8Case& c) {
             dot += rq[r * D + e] * rk[((size_t(b) * c.kv_heads + h / group) * c.seq_k + j) * D + e];
           double score = dot * problem.scale;
           if (c.softcap > 0) score = c.softcap * std::tanh(score / c.softcap);
+          if (c.alibi) score -= double(slopes[size_t(h)]) * std::fabs(double(placed.aligned) - double(j));
           x[size_t(j)] = score;
           m = std::max(m, score);
         }
@@ -448,9 +466,9 @@ TEST(FusedHopperFp8, HeadDim256) {
   EXPECT_TRUE(check_fp8(d256({1, 2, 2, 65, 130, top_left, DType::bf16, false, {}})));
 }
 
-// Sliding windows (tiles skipped before a window, masked inside), softcap and sinks act on the
-// descaled scores.
-TEST(FusedHopperFp8, WindowSoftcapAndSinksOnTheTrueScores) {
+// Sliding windows (tiles skipped before a window, masked inside), softcap, sinks and ALiBi act on
+// the descaled scores; q_offset places the rows.
+TEST(FusedHopperFp8, WindowSoftcapSinksAlibiAndQOffsetOnTheTrueScores) {
   Fp8Case windowed{2, 2, 1, 150, 700, bottom_right, DType::bf16, true, {700, 401}};
   windowed.window_left = 200;
   windowed.window_right = 30;
@@ -462,6 +480,14 @@ TEST(FusedHopperFp8, WindowSoftcapAndSinksOnTheTrueScores) {
   Fp8Case sinks_without_keys{2, 2, 1, 9, 140, top_left, DType::bf16, true, {0, 140}};
   sinks_without_keys.sinks = true;
   EXPECT_TRUE(check_fp8(sinks_without_keys));
+  // ALiBi's distances and q_offset's placement of the rows (a chunk of a longer sequence).
+  Fp8Case offset_alibi{2, 2, 1, 60, 400, bottom_right, DType::f16, true, {400, 333}};
+  offset_alibi.alibi = true;
+  offset_alibi.q_offset = {130, 0};
+  EXPECT_TRUE(check_fp8(offset_alibi));
+  offset_alibi.head_dim = 256;
+  offset_alibi.window_left = 90;
+  EXPECT_TRUE(check_fp8(offset_alibi));
 }
 
 }  // namespace

@@ -49,6 +49,9 @@ _PYTHON_NAMES = {
     "cache.lengths": "lengths",
     "cache.block_table": "block_table",
     "cache.max_pages_per_seq": "block_table.shape[1]",
+    "cache.k_scale": "k_scale",
+    "cache.v_scale": "v_scale",
+    "cache.scale_count": "k_scale.size",
 }
 
 # self_attention's weights are 2-D arrays; the library speaks of them as matrices.

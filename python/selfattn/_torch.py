@@ -29,6 +29,9 @@ have no autograd formula: the public functions refuse inputs that require grad w
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
 alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops.
+The KV-cache ops (append_kv, attention_with_kv_cache and its out variant) take an FP8 cache's
+scales last, k_scale and v_scale (float32 tensors, default None, so calls written before them still
+bind): the public functions turn a float into a tensor of one entry before the op.
 Dropout (dropout_p: float, dropout_seed, dropout_offset: int, each with a default of 0, so calls
 written before it still bind) comes last in the attention ops, their out variants and backward ops:
 after sinks (whose gradient the autograd formula finds just before them) or return_lse /
@@ -285,17 +288,19 @@ def _register():
                   batch_index: Optional[Tensor], k_new: Tensor, v_new: Tensor, layout: str,
                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
                   rotary_positions: Optional[Tensor], rotary_position_step: int, validate_metadata: bool,
-                  cu_seqlens_new: Optional[Tensor], max_seqlen_new: int) -> Tensor:
+                  cu_seqlens_new: Optional[Tensor], max_seqlen_new: int, k_scale: Optional[Tensor] = None,
+                  v_scale: Optional[Tensor] = None) -> Tensor:
         from ._kv_cache import _append_kv
         return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                           return_lengths=True, validate_metadata=validate_metadata, context=None,
                           batch_index=batch_index, rotary_positions=rotary_positions,
                           rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
-                          max_seqlen_new=None if cu_seqlens_new is None else max_seqlen_new)
+                          max_seqlen_new=None if cu_seqlens_new is None else max_seqlen_new, k_scale=k_scale,
+                          v_scale=v_scale)
 
     @append_kv.register_fake
-    def _(k_cache, v_cache, lengths, *options):
+    def _(k_cache, v_cache, lengths, *options, **keywords):
         return lengths.new_empty(lengths.shape, dtype=torch.int32)  # the updated lengths
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache", mutates_args=())
@@ -308,7 +313,8 @@ def _register():
                                 alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                                 q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                 validate_metadata: bool, cu_seqlens_q: Optional[Tensor],
-                                max_seqlen_q: int) -> Tuple[Tensor, Tensor]:
+                                max_seqlen_q: int, k_scale: Optional[Tensor] = None,
+                                v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _attention_with_kv_cache
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                         causal=causal, scale=scale, path=path, return_lse=True, out=None,
@@ -319,7 +325,8 @@ def _register():
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                         q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                         batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
-                                        max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
+                                        max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q,
+                                        k_scale=k_scale, v_scale=v_scale)
 
     def kv_lse_shape(q, layout, packed):
         """The lse of a KV-cache attention: [batch, heads, seq_q], or [heads, total_q] when packed."""
@@ -328,9 +335,16 @@ def _register():
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return (q.shape[0], heads, seq_q)
 
+    # The fakes find the options they need by name: the FP8 scales (k_scale, v_scale) came last,
+    # with defaults, so calls written before them still bind, and positions from the end would move.
+    def kv_options(op, args, first):
+        names = [argument.name for argument in op._opoverload._schema.arguments][first:]
+        return dict(zip(names, args))
+
     @attention_with_kv_cache.register_fake
-    def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options):
-        packed = options[-2] is not None  # cu_seqlens_q
+    def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options, **keywords):
+        named = {**kv_options(attention_with_kv_cache, options, 7), **keywords}
+        packed = named["cu_seqlens_q"] is not None
         return q.new_empty(q.shape), q.new_empty(kv_lse_shape(q, layout, packed), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
@@ -344,7 +358,8 @@ def _register():
                                     alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                                     key_start: Optional[Tensor], q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                     validate_metadata: bool, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
-                                    return_lse: bool) -> Tensor:
+                                    return_lse: bool, k_scale: Optional[Tensor] = None,
+                                    v_scale: Optional[Tensor] = None) -> Tensor:
         from ._kv_cache import _attention_with_kv_cache
         result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                           causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -355,13 +370,15 @@ def _register():
                                           alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                           q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                           batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
-                                          max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
+                                          max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q,
+                                          k_scale=k_scale, v_scale=v_scale)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_with_kv_cache_out.register_fake
-    def _(q, k_cache, v_cache, lengths, block_table, batch_index, out, layout, *options):
-        packed = options[-3] is not None  # cu_seqlens_q
-        return lse_or_nothing(options[-1], q, kv_lse_shape(q, layout, packed))
+    def _(q, k_cache, v_cache, lengths, block_table, batch_index, out, layout, *options, **keywords):
+        named = {**kv_options(attention_with_kv_cache_out, options, 8), **keywords}
+        packed = named["cu_seqlens_q"] is not None
+        return lse_or_nothing(named["return_lse"], q, kv_lse_shape(q, layout, packed))
 
     @torch.library.custom_op("selfattn::merge_states", mutates_args=())
     def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, layout: str) -> Tuple[Tensor, Tensor]:

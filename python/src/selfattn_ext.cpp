@@ -125,7 +125,8 @@ NB_MODULE(_selfattn, m) {
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
         nb::arg("rotary_positions").none(), nb::arg("rotary_position_step"), nb::arg("updated_lengths").none(),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_new").none(), nb::arg("max_seqlen_new"),
-        nb::arg("bf16_as_uint16"),
+        nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(),
         "Low level: every array as a [batch or pages, kv_heads, seq, head_dim] view (packed, with cu_seqlens_new: "
         "k_new, v_new as [1, kv_heads, total_new, head_dim]). Use selfattn.append_kv().");
   m.def("attention_with_kv_cache", &attention_with_kv_cache, nb::arg("context"), nb::arg("q"), nb::arg("k_cache"),
@@ -136,7 +137,8 @@ NB_MODULE(_selfattn, m) {
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
         nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"),
-        nb::arg("bf16_as_uint16"),
+        nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(),
         "Low level: q, out and the cache as [batch or pages, heads, seq, head_dim] views (packed, with cu_seqlens_q: "
         "q, out as [1, heads, total_q, head_dim]). Use selfattn.attention_with_kv_cache().");
   m.def("rotary_embedding", &rotary_embedding, nb::arg("context"), nb::arg("x"), nb::arg("out"), nb::arg("rotary_cos"),

@@ -45,15 +45,15 @@ included.
 """
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _max_seqlen,
-                     _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._calls import (_check_keywords, _check_positive_floats, _context_for, _float32_or_none, _float_or_none,
+                     _host_positive_floats, _int32_or_none, _max_seqlen, _packed, _score_mods, _torch_requiring_grad,
+                     _window_sides, torch_ops)
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -437,32 +437,9 @@ def _scale_tensor(name, scale, like):
         return scale.to(device=like.device, dtype=torch.float32)
     if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.generic)):
         # A Python number in plain Python (torch.compile traces no NumPy calls), made a tensor of one entry.
-        _check_scale_values(name, [float(scale)])
+        _check_positive_floats(name, [float(scale)])
         return torch.full((1,), float(scale), dtype=torch.float32, device=like.device)
-    return _torch_from_host(_host_scales(name, scale), like)
-
-
-def _host_scales(name, scale):
-    """A host value of scales (a number, a sequence, a NumPy array) as a float32 NumPy array of at
-    least one dimension, each entry checked to be finite and > 0."""
-    try:
-        array = np.asarray(scale)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED}, got {type(scale).__name__}") from None
-    if array.dtype.kind not in "fiu":
-        raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED}, got dtype {array.dtype}")
-    array = np.ascontiguousarray(np.atleast_1d(array), dtype=np.float32)
-    _check_scale_values(name, array)
-    return array
-
-
-def _check_scale_values(name, values):
-    """Host scales (a float32 NumPy array, or a list of floats): each finite and > 0, else
-    InvalidArgument naming the first entry that is not."""
-    for at, value in enumerate(values.reshape(-1).tolist() if isinstance(values, np.ndarray) else values):
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidArgument(f"{name} expected finite scales > 0 (real value = stored x scale), got "
-                                  f"{name}[{at}] = {value}")
+    return _torch_from_host(_host_positive_floats(name, scale, _SCALES_EXPECTED), like)
 
 
 def _cache_scales(arrays, as_bhsd, k_scale, v_scale):
@@ -501,14 +478,15 @@ def _scale_array(name, scale, cache, kv_heads):
         array = (array.reshape(1) if array.ndim == 0 else array).contiguous()
         _check_scale_shape(name, tuple(array.shape), kv_heads)
         if scale.device.type == "cpu":
-            _check_scale_values(name, array.cpu().numpy())
+            _check_positive_floats(name, array.cpu().numpy())
         return array
     on_device = hasattr(scale, "__dlpack__") and not isinstance(scale, np.ndarray)
     if on_device and _arrays.device_of(scale)[0] != _arrays.CPU:
         array = _arrays.float32_array(name, scale, like=cache)  # a device array: read on the device, unchecked
         _check_scale_shape(name, tuple(array.shape), kv_heads)
         return array
-    array = _host_scales(name, scale.cpu().numpy() if _arrays.is_torch(scale) else scale)
+    array = _host_positive_floats(name, scale.cpu().numpy() if _arrays.is_torch(scale) else scale,
+                                  _SCALES_EXPECTED)
     _check_scale_shape(name, array.shape, kv_heads)
     return _torch_from_host(array, cache) if _arrays.is_torch(cache) else \
         _arrays.float32_array(name, array, like=cache)

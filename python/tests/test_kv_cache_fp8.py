@@ -233,10 +233,10 @@ def test_bad_scales_are_refused_by_name(call):
         (dict(k_scale=[0.5, 0.5, 0.5], v_scale=1.0),
          "k_scale expected .*1 \\(per tensor\\) or kv_heads = 2 \\(per kv head\\).*got shape \\(3,\\)"),
         (dict(k_scale=1.0, v_scale=np.ones((2, 1), np.float32)), "v_scale expected .*got shape \\(2, 1\\)"),
-        (dict(k_scale=0.0, v_scale=1.0), "k_scale expected finite scales > 0.*k_scale\\[0\\] = 0.0"),
-        (dict(k_scale=1.0, v_scale=[1.0, -2.0]), "v_scale expected finite scales > 0.*v_scale\\[1\\] = -2.0"),
-        (dict(k_scale=np.nan, v_scale=1.0), "k_scale expected finite scales > 0.*nan"),
-        (dict(k_scale=1.0, v_scale=np.inf), "v_scale expected finite scales > 0.*inf"),
+        (dict(k_scale=0.0, v_scale=1.0), "k_scale expected finite values > 0.*k_scale\\[0\\] = 0.0"),
+        (dict(k_scale=1.0, v_scale=[1.0, -2.0]), "v_scale expected finite values > 0.*v_scale\\[1\\] = -2.0"),
+        (dict(k_scale=np.nan, v_scale=1.0), "k_scale expected finite values > 0.*nan"),
+        (dict(k_scale=1.0, v_scale=np.inf), "v_scale expected finite values > 0.*inf"),
         (dict(k_scale="big", v_scale=1.0), "k_scale expected a float or a 1-D array"),
         (dict(v_scale=1.0), "k_scale expected .*float8_e4m3fn: real value = stored x scale\\), got None"),
         (dict(k_scale=1.0), "v_scale expected .*got None"),
@@ -363,7 +363,7 @@ def test_torch_refusals():
     k_cache = torch.zeros(1, 2, 4, 8, dtype=torch.float8_e5m2)
     lengths = torch.tensor([1], dtype=torch.int32)
     q = torch.zeros(1, 2, 1, 8)
-    with pytest.raises(selfattn.InvalidArgument, match="k_scale expected finite scales > 0.*k_scale\\[1\\] = -1.0"):
+    with pytest.raises(selfattn.InvalidArgument, match="k_scale expected finite values > 0.*k_scale\\[1\\] = -1.0"):
         selfattn.attention_with_kv_cache(q, k_cache, k_cache, lengths, k_scale=torch.tensor([1.0, -1.0]),
                                          v_scale=1.0)
     with pytest.raises(selfattn.InvalidArgument, match="v_scale expected .*got shape \\(3,\\)"):

@@ -168,9 +168,12 @@ def layout_view(layout):
 
 def empty_like(like, shape, dtype=None):
     """A new array of `shape` from like's framework, on like's device (dtype: like's, or the name
-    "float32" or "int32")."""
+    "float32", "float16", "bfloat16" or "int32")."""
     framework = _framework(like)
     if framework == "numpy":
+        if dtype == "bfloat16":
+            import ml_dtypes  # NumPy's bfloat16 (README's set-up installs it)
+            return np.empty(shape, dtype=ml_dtypes.bfloat16)
         return np.empty(shape, dtype=np.dtype(dtype) if dtype else like.dtype)
     if framework == "torch":
         import torch

@@ -29,6 +29,10 @@ have no autograd formula: the public functions refuse inputs that require grad w
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
 alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops.
+FP8 inputs: the attention op takes q_descale, k_descale, v_descale (float32 [batch, kv_heads]
+tensors) and out_dtype (the result's dtype) after dropout's options, attention_out the descales
+(out's dtype is the result's), all with defaults (None), so calls written before them still bind.
+FP8 calls record no autograd graph: the public function refuses FP8 tensors that require grad.
 The KV-cache ops (append_kv, attention_with_kv_cache and its out variant) take an FP8 cache's
 scales last, k_scale and v_scale (float32 tensors, default None, so calls written before them still
 bind): the public functions turn a float into a tensor of one entry before the op.
@@ -81,19 +85,25 @@ def _register():
                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                   key_start: Optional[Tensor], q_offset: Optional[Tensor],
                   sinks: Optional[Tensor], dropout_p: float = 0.0, dropout_seed: int = 0,
-                  dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
+                  dropout_offset: int = 0, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                  v_descale: Optional[Tensor] = None,
+                  out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention  # deterministic is the backward's (the forward is deterministic already)
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
                           softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                          q_offset=q_offset, dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                          q_offset=q_offset, dropout=dropout_of(dropout_p, dropout_seed, dropout_offset),
+                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
 
     @attention.register_fake
     def _(q, k, v, causal, scale, path, key_lengths, layout, deterministic, window_left, window_right, softcap,
-          alibi_slopes, bias, key_start, q_offset, sinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
-        # out has q's shape in either layout; lse is [batch, heads, seq_q].
+          alibi_slopes, bias, key_start, q_offset, sinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+          q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+        # out has q's shape in either layout (FP8 q: out_dtype, which the public function always sets
+        # then); lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+        return (q.new_empty(q.shape, dtype=out_dtype or q.dtype),
+                q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32))
 
     # The out variants (see the module's doc): the caller's out is written in place and the op
     # returns lse only (an op's output may not alias an input), or an empty float32 [0] without
@@ -107,18 +117,21 @@ def _register():
                       softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                       key_start: Optional[Tensor], q_offset: Optional[Tensor],
                       sinks: Optional[Tensor], return_lse: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                      dropout_offset: int = 0) -> Tensor:
+                      dropout_offset: int = 0, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                      v_descale: Optional[Tensor] = None) -> Tensor:
         from ._forward import _attention
         result = _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                             return_lse=return_lse, out=out, layout=layout, context=None,
                             window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                             sinks=sinks, key_start=key_start, q_offset=q_offset,
-                            dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                            dropout=dropout_of(dropout_p, dropout_seed, dropout_offset), q_descale=q_descale,
+                            k_descale=k_descale, v_descale=v_descale)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_out.register_fake
     def _(q, k, v, out, causal, scale, path, key_lengths, layout, window_left, window_right, softcap, alibi_slopes,
-          bias, key_start, q_offset, sinks, return_lse, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+          bias, key_start, q_offset, sinks, return_lse, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+          q_descale=None, k_descale=None, v_descale=None):
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return lse_or_nothing(return_lse, q, (q.shape[0], heads, seq_q))
 
@@ -192,8 +205,10 @@ def _register():
             for i, saved in zip(ctx.tensor_options, saved_options):
                 options[i] = saved
             return_dsinks = ctx.needs_input_grad[3 + sinks_at]
+            # After sinks: dropout's three options (the FP8 arguments past them never come here: FP8
+            # inputs that require grad are refused before the op).
             dq, dk, dv, dsinks = backward_op(q, k, v, out, dout, lse, dlse, *options[:sinks_at + 1], return_dsinks,
-                                             *options[sinks_at + 1:])
+                                             *options[sinks_at + 1:sinks_at + 4])
             option_gradients[sinks_at] = dsinks if return_dsinks else None
             return (dq, dk, dv, *option_gradients)
         return gradients

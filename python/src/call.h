@@ -215,8 +215,9 @@ Holds data_kind(bool bf16_as_uint16);
 struct AttentionArgs {
   const Arg &q, &k, &v, &out;
 };
+// fp8: the format of FP8 q, k, v (passed as uint8, see dtype_of), or nullopt.
 AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-                                 bool bf16_as_uint16);
+                                 bool bf16_as_uint16, std::optional<selfattn::DType> fp8 = std::nullopt);
 
 // The arrays every backward call takes: q, k, v, out, dout and the forward's lse read; dq, dk, dv
 // written (each q's dtype or float32).

@@ -16,7 +16,8 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
-               uint64_t dropout_seed, uint64_t dropout_offset);
+               uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
+               std::optional<InArray> q_descale, std::optional<InArray> k_descale, std::optional<InArray> v_descale);
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                       std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,

@@ -87,7 +87,10 @@ NB_MODULE(_selfattn, m) {
         nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(),
         nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
         nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
-        "Low level: q, k, v, out as [batch, heads, seq, head_dim] views. Use selfattn.attention().");
+        nb::arg("fp8").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        "Low level: q, k, v, out as [batch, heads, seq, head_dim] views (FP8 q, k, v as uint8 with fp8 their "
+        "format). Use selfattn.attention().");
   m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),

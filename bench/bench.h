@@ -17,6 +17,7 @@ namespace selfattn_bench {
 using selfattn::Backend;
 using selfattn::Causal;
 using selfattn::DType;
+using selfattn::is_fp8;
 using selfattn::Path;
 
 enum class Layout { bhsd, bshd };
@@ -47,6 +48,9 @@ struct DecodeShape {
   int prefill_rows = 0;
   // New query rows of sequence b.
   int rows_of(int b) const { return b == 0 && prefill_rows > 0 ? prefill_rows : new_tokens; }
+  // The cache's dtype: Case::dtype (q's and out's), or an FP8 format (--kv-dtype: K/V stored in
+  // e4m3/e5m2 with fp32 scales per tensor, kv_cache.h), whose bytes are what the cache reads count.
+  DType kv_dtype = DType::bf16;
 };
 
 // What a case times: the forward (attention()), the backward alone (attention_backward() on the
@@ -150,7 +154,9 @@ const char* name(FusedKernel kernel);
 // sequence's own rows.
 double attention_flops(const Case& c);
 // Forward: q, k, v read once and out written once. Backward: q, k, v, out and dout read, dq, dk, dv
-// written (LSE and D, one float a row, not counted). fwd+bwd: both.
+// written (LSE and D, one float a row, not counted). fwd+bwd: both. Each at its own dtype's size: an
+// FP8 decode cache's K/V one byte an element (DecodeShape::kv_dtype; its scales, a float a tensor,
+// not counted).
 double attention_bytes(const Case& c);
 
 // sweep.cpp: a sweep is the product of its lists; the default one depends on the backend.
@@ -213,6 +219,7 @@ struct DecodeSweep {
   std::vector<int> prefill_rows{0};  // DecodeShape::prefill_rows; 0: the dense call
   int heads = 32, kv_heads = 8, head_dim = 128;
   DType dtype = DType::bf16;
+  std::optional<DType> kv_dtype;  // --kv-dtype: an FP8 cache (e4m3, e5m2) beside q/out of `dtype`; unset: `dtype`
   int splits = 0;  // 0: the library's heuristic
   std::vector<Path> paths{Path::fused, Path::cublas, Path::naive};
 };

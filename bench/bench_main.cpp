@@ -19,6 +19,10 @@ namespace {
 
 // Command-line words for the enums.
 const std::map<std::string, sb::DType> kDTypes = {{"fp32", sb::DType::f32}, {"fp16", sb::DType::f16}, {"bf16", sb::DType::bf16}};
+// --kv-dtype (decode's cache): the input dtypes and the FP8 formats of kv_cache.h.
+const std::map<std::string, sb::DType> kKvDTypes = {{"fp32", sb::DType::f32}, {"fp16", sb::DType::f16},
+                                                    {"bf16", sb::DType::bf16}, {"e4m3", sb::DType::e4m3},
+                                                    {"e5m2", sb::DType::e5m2}};
 const std::map<std::string, sb::Causal> kCausals = {
     {"none", sb::Causal::none}, {"top_left", sb::Causal::top_left}, {"bottom_right", sb::Causal::bottom_right}};
 const std::map<std::string, sb::Layout> kLayouts = {{"bhsd", sb::Layout::bhsd}, {"bshd", sb::Layout::bshd}};
@@ -141,6 +145,11 @@ int main(int argc, char** argv) {
       ->group("Decode (--mode decode)");
   app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
       ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
+  std::string kv_dtype_word;
+  app.add_option("--kv-dtype", kv_dtype_word,
+                 "decode: the cache's dtype: e4m3 or e5m2 (an FP8 cache with fp32 scales per tensor; q and out stay "
+                 "--dtype; bytes count K/V at one byte) or fp32/fp16/bf16 (default: --dtype)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "e4m3", "e5m2"}))->group("Decode (--mode decode)");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
   bool profile = false;
   std::string profile_gpu = "H200";
@@ -158,6 +167,21 @@ int main(int argc, char** argv) {
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+
+  // --kv-dtype: decode's cache only; a 16- or 32-bit cache has q's dtype (kv_cache.h), an FP8 one
+  // differs from it.
+  if (!kv_dtype_word.empty()) {
+    const std::string q_word = dtype_words.empty() ? "bf16" : dtype_words.front();
+    if (mode != "decode") {
+      std::fprintf(stderr, "selfattn-bench: --kv-dtype is the decode cache's dtype (--mode decode)\n");
+      return 2;
+    }
+    if (!sb::is_fp8(kKvDTypes.at(kv_dtype_word)) && kv_dtype_word != q_word) {
+      std::fprintf(stderr, "selfattn-bench: --kv-dtype %s: a 16- or 32-bit cache has q's dtype (--dtype %s); an "
+                   "FP8 one is e4m3 or e5m2\n", kv_dtype_word.c_str(), q_word.c_str());
+      return 2;
+    }
+  }
 
   // Refused before a cuda context is made, so the message is the same on a machine without a GPU.
   const char* profile_on_cuda = "selfattn-bench: --profile counts on the sim only (--backend sim); on a GPU run the "
@@ -228,6 +252,7 @@ int main(int argc, char** argv) {
     if (!new_tokens.empty()) decode.new_tokens = new_tokens;
     if (!prefill_rows.empty()) decode.prefill_rows = prefill_rows;
     decode.splits = splits;
+    if (!kv_dtype_word.empty()) decode.kv_dtype = kKvDTypes.at(kv_dtype_word);
     try {
       if (!path_words.empty()) decode.paths = parse_paths(path_words);
     } catch (const CLI::Error& e) {

@@ -429,14 +429,12 @@ double attention_flops(const Case& c) {
 }
 
 double attention_bytes(const Case& c) {
-  const double q_elems = query_rows(c) * c.heads * c.head_dim;
-  const double kv_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
-  const double forward = 2 * q_elems + 2 * kv_elems;   // q, k, v read, out written
-  const double backward = 4 * q_elems + 4 * kv_elems;  // q, k, v, out, dout read; dq, dk, dv written
-  const double elements = c.direction == Direction::fwd   ? forward
-                          : c.direction == Direction::bwd ? backward
-                                                          : forward + backward;
-  return elements * double(selfattn::dtype_size(c.dtype));
+  const double q_bytes = query_rows(c) * c.heads * c.head_dim * double(selfattn::dtype_size(c.dtype));
+  const DType kv_dtype = c.decode ? c.decode->kv_dtype : c.dtype;
+  const double kv_bytes = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim * double(selfattn::dtype_size(kv_dtype));
+  const double forward = 2 * q_bytes + 2 * kv_bytes;   // q, k, v read, out written
+  const double backward = 4 * q_bytes + 4 * kv_bytes;  // q, k, v, out, dout read; dq, dk, dv written
+  return c.direction == Direction::fwd ? forward : c.direction == Direction::bwd ? backward : forward + backward;
 }
 
 }  // namespace selfattn_bench

@@ -62,6 +62,15 @@ enum class Direction { fwd, bwd, fwd_bwd };
 // Hopper kernel is measured against in the same run.
 enum class FusedKernel { automatic, mma_sync };
 
+// A case's dtype is its inputs' (q, k, v); FP8 inputs (--dtype e4m3|e5m2, attention.h's FP8
+// forward, with descales per (batch, kv head)) give out in bf16, FlashAttention-3's output dtype.
+struct Case;
+DType out_dtype(const Case& c);
+// FP8 inputs' descale of tensor `which` (0 q, 1 k, 2 v) at (batch b, kv head g): four values of few
+// significant bits (code x descale is exact in bf16), chosen so normal(0, 1) inputs stay far inside
+// either format's finite range.
+float fp8_descale(int which, int b, int g);
+
 struct Case {
   Path path = Path::fused;
   Direction direction = Direction::fwd;
@@ -73,6 +82,8 @@ struct Case {
   std::optional<DecodeShape> decode;  // set on --mode decode cases
   FusedKernel fused_kernel = FusedKernel::automatic;  // fused path only
 };
+
+inline DType out_dtype(const Case& c) { return is_fp8(c.dtype) ? DType::bf16 : c.dtype; }
 
 // "w256,0 cap30 alibi bias=heads sinks", or "-" without modifiers.
 std::string describe_mods(const ScoreMods& mods);
@@ -154,9 +165,10 @@ const char* name(FusedKernel kernel);
 // sequence's own rows.
 double attention_flops(const Case& c);
 // Forward: q, k, v read once and out written once. Backward: q, k, v, out and dout read, dq, dk, dv
-// written (LSE and D, one float a row, not counted). fwd+bwd: both. Each at its own dtype's size: an
-// FP8 decode cache's K/V one byte an element (DecodeShape::kv_dtype; its scales, a float a tensor,
-// not counted).
+// written (LSE and D, one float a row, not counted). fwd+bwd: both. Each at its own dtype's size:
+// FP8 inputs one byte an element and out two (bf16), an FP8 decode cache's K/V one byte
+// (DecodeShape::kv_dtype); the scales and descales (a float per tensor or per (batch, kv head)) are
+// not counted.
 double attention_bytes(const Case& c);
 
 // sweep.cpp: a sweep is the product of its lists; the default one depends on the backend.

@@ -183,7 +183,8 @@ def _fp8_forward(function, q, k, v, sinks, out, q_descale, k_descale, v_descale,
                 raise InvalidArgument(f"{function}: {what} expected None: q.dtype is {_arrays._dtype_name(q)}, not "
                                       f"FP8 (descales and out_dtype are for FP8 inputs)")
         return False
-    wanting = _torch_requiring_grad(dict(q=q, k=k, v=v, sinks=sinks, out=out))
+    wanting = _torch_requiring_grad(dict(q=q, k=k, v=v, sinks=sinks, out=out, q_descale=q_descale,
+                                         k_descale=k_descale, v_descale=v_descale))
     if wanting:
         raise NotAvailable(f"{function}: {wanting[0]} requires grad, but FP8 inputs have no backward; detach them or "
                            f"run under torch.no_grad()")

@@ -89,7 +89,7 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     """
     _check_keywords(None, layout, "auto")
     _refuse_gradients("append_kv", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos,
-                      rotary_sin=rotary_sin)
+                      rotary_sin=rotary_sin, k_scale=k_scale, v_scale=v_scale)
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
@@ -181,7 +181,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
-                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out)
+                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out, k_scale=k_scale,
+                      v_scale=v_scale)
     _check_num_splits(num_splits)
     op = None
     if bias is None or _arrays.is_torch(bias):

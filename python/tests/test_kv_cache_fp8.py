@@ -375,5 +375,8 @@ def test_torch_refusals():
     with pytest.raises(selfattn.InvalidArgument, match="k_cache.dtype float8_e4m3fnuz is not an FP8 format"):
         selfattn.attention_with_kv_cache(q, k_cache.to(torch.float8_e4m3fnuz), k_cache, lengths, k_scale=1.0,
                                          v_scale=1.0)
+    with pytest.raises(selfattn.NotAvailable, match="append_kv: v_scale requires grad"):
+        selfattn.append_kv(k_cache, k_cache.clone(), lengths, q[:, :1], q[:, :1], k_scale=1.0,
+                           v_scale=torch.ones(1, requires_grad=True))
     with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: q requires grad"):
         selfattn.attention_with_kv_cache(q.requires_grad_(), k_cache, k_cache, lengths, k_scale=1.0, v_scale=1.0)

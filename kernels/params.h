@@ -7,6 +7,10 @@ namespace selfattn::kernels {
 
 enum class Element : uint8_t { f32, f16, bf16 };
 
+// An FP8 element (selfattn::DType::e4m3 / e5m2): __nv_fp8_e4m3 / __nv_fp8_e5m2, real value = stored x
+// a scale (a KV cache's KvPagesView::k_scale, v_scale; FP8 attention inputs' descales).
+enum class CacheElement : uint8_t { e4m3, e5m2 };
+
 // A bias's elements: the tensors' types, or b8 (booleans: nonzero may attend, 0 masks the key,
 // as an additive 0 / -inf; selfattn::DType::b8).
 enum class BiasElement : uint8_t { f32, f16, bf16, b8 };
@@ -73,6 +77,26 @@ struct GemmKeyRepairParams {
   int key_offset, row_begin, seq_q, seq_k;
   CausalMask causal;
   int window_left, window_right;  // -1: unbounded on that side
+};
+
+// dequantize_fp8.cuh: one FP8 tensor (attention's q, k or v; any strides) into a contiguous
+// [batch, heads, seq, head_dim] buffer of the path's element, each value stored x the descale of
+// its (batch, kv head): descale[b * kv_heads + h / heads_per_descale] (null: 1). Varlen views are
+// [1, heads, total, d]: row r's "batch" is then its sequence, the last s with cu_seqlens[s] <= r.
+// Its launch (the host sizes the grid with it): (ceil(seq / kRowsPerBlock), heads, batch).
+struct DequantizeFp8Traits {
+  static constexpr int kThreads = 256;
+  static constexpr int kRowsPerBlock = 8;  // 8 rows of 128 values: 4 per thread, enough to hide a load
+};
+struct DequantizeFp8Params {
+  const void* in;
+  void* out;
+  const float* descale;
+  int64_t in_stride_batch, in_stride_head, in_stride_row;
+  int batch, heads, seq, head_dim;
+  int kv_heads, heads_per_descale;  // q: heads / kv_heads query heads share a descale; k, v: 1
+  const int32_t* cu_seqlens;        // varlen: [sequences + 1] (any values: the search stays in range)
+  int sequences;
 };
 
 struct FillParams {

@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -340,6 +340,18 @@ mutant fp8_gather_v_scale_dropped kernels/decode/kv_gather.cuh 1 \
 mutant fp8_scale_per_tensor_only kernels/decode/kv_pages.cuh 1 \
   'return scales[scale_count > 1 ?' 'return scales[scale_count > 100000 ?' \
   'every kv head takes kv head 0'"'"'s scale (per-kv-head scales ignored)'
+
+# Issue 37 item 3: FP8 attention inputs, dequantized for every path but the Hopper FP8 kernel.
+mutant fp8_input_descale_batch_0 kernels/forward/dequantize_fp8.cuh 1 \
+  '? dequantize_sequence_of(p.cu_seqlens, p.sequences, row) : b;' \
+  '? dequantize_sequence_of(p.cu_seqlens, p.sequences, row) : 0;' \
+  'every batch of a padded call takes batch 0'"'"'s descales'
+mutant fp8_input_descale_per_query_head kernels/forward/dequantize_fp8.cuh 1 \
+  'const int kv_head = head / p.heads_per_descale;' 'const int kv_head = head % p.kv_heads;' \
+  'GQA: query head h takes kv head h % kv_heads'"'"'s q descale instead of h / group'"'"'s'
+mutant fp8_input_sequence_search_low kernels/forward/dequantize_fp8.cuh 1 \
+  'if (cu_seqlens[mid] <= row) {' 'if (cu_seqlens[mid] < row) {' \
+  'a varlen row that starts its sequence takes the previous sequence'"'"'s descales'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

@@ -9,10 +9,6 @@
 
 namespace selfattn::kernels {
 
-// An FP8 cache's element (selfattn::DType::e4m3 / e5m2): __nv_fp8_e4m3 / __nv_fp8_e5m2, real value =
-// stored x scale (KvPagesView::k_scale, v_scale).
-enum class CacheElement : uint8_t { e4m3, e5m2 };
-
 // A cache as the kernels see it: a pool of pages [num_pages, kv_heads, page_size, head_dim] (any
 // strides). A contiguous cache is the same thing with one page per sequence (page_size = capacity,
 // block_table null: sequence b is page b). Token t of sequence b lives in page

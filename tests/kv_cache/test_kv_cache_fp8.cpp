@@ -449,14 +449,17 @@ TEST(KvCacheFp8, BadArgumentsNamedNothingWritten) {
       attend_with(cache.view, q.view, out_bf16.view));
   expect_named("append_kv: v_new.dtype expected bf16 (k_new.dtype; with an FP8 cache",
                append_with(cache.view, k_new.view, v_new16.view));
-  // FP8 is a cache's format only: not q, nor attention()'s tensors.
+  // FP8 is a cache's format and attention()'s q, k and v together (with out 16- or 32-bit), not a
+  // cache call's q, nor k and v beside a 16-bit q.
   TensorView q_fp8 = q.view;
   q_fp8.dtype = DType::e4m3;
-  expect_named("attention_with_kv_cache: q.dtype expected f32, f16 or bf16, got e4m3 (FP8 is a KV cache's format only)",
-               attend_with(cache.view, q_fp8, out.view));
+  expect_named(
+      "attention_with_kv_cache: q.dtype expected f32, f16 or bf16, got e4m3 (FP8 is for a KV cache's K "
+      "and V and for attention()'s q, k and v)",
+      attend_with(cache.view, q_fp8, out.view));
   TensorView k_fp8 = cache.view.k, v_fp8 = cache.view.v;
   k_fp8.shape[0] = v_fp8.shape[0] = 2;
-  expect_named("attention: k.dtype expected f32, f16 or bf16, got e4m3",
+  expect_named("attention: k.dtype expected f16 (q.dtype), got e4m3",
                [&] { attention(ctx, q.view, k_fp8, v_fp8, out.view); });
   ctx.synchronize();
   EXPECT_EQ(out.device.to_host(), out_before);

@@ -125,13 +125,22 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         }
         double weighted_magnitude = 0;
         for (int j = keys.begin; j < keys.end; ++j) {
+          // FP8 P: the unnormalised probability is what the kernel rounds (the normalised ones of a
+          // long row would mostly be subnormal in e4m3).
+          if (arithmetic.p_fp8) probs[j] = round_to(*arithmetic.p_fp8, probs[j]);
           probs[j] = sink != -INFINITY ? probs[j] * inverse : probs[j] / sum;
           weighted_magnitude += double(probs[j]) * magnitude[j];
           // Dropout after the softmax (its LSE is the one before): kept ones times the library's
           // float 1 / (1 - p), the others 0 (kernels/common/dropout.cuh).
           probs[j] *= float(reference::dropout_factor(p, row, j));
-          if (arithmetic.p_rounded) probs[j] = round_to(arithmetic.dtype, probs[j]);
+          if (arithmetic.p_rounded && !arithmetic.p_fp8) probs[j] = round_to(arithmetic.dtype, probs[j]);
         }
+        // FP8 P's absolute error below the smallest normal, in normalised units (per key: half the
+        // subnormal step of the unnormalised value, over the row's l).
+        const double p_fp8_unit = arithmetic.p_fp8 ? unit_roundoff(*arithmetic.p_fp8) : 0.0;
+        const double p_fp8_subnormal =
+            arithmetic.p_fp8 ? reference::fp8_value(*arithmetic.p_fp8, 1) / 2 * (sink != -INFINITY ? inverse : 1 / sum)
+                             : 0.0;
         const double fp32_steps = 4 + std::sqrt(double(n)) + 2 * max_magnitude;
 
         const float lse = lse_shift + documented_log(sum);
@@ -141,16 +150,18 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
 
         for (size_t c = 0; c < d; ++c) {
           float acc = 0;
-          double terms2 = 0;
+          double terms2 = 0, values2 = 0;
           for (int j = keys.begin; j < keys.end; ++j) {
             acc += probs[j] * float(v_head[j * d + c]);
             const double term = double(probs[j]) * v_head[j * d + c];
             terms2 += term * term;
+            values2 += v_head[j * d + c] * v_head[j * d + c];
           }
           const size_t at = row * d + c;
           e.out.allowed[at] = round_to(arithmetic.dtype, acc);
           e.out.scale[at] = std::abs(exact.out[at]) + std::sqrt(terms2);
-          e.out.floor[at] = rounding_floor(arithmetic.dtype, fp32_steps, e.out.scale[at]);
+          e.out.floor[at] = rounding_floor(arithmetic.dtype, fp32_steps, e.out.scale[at]) +
+                            p_fp8_unit * std::sqrt(terms2) + p_fp8_subnormal * std::sqrt(values2);
         }
       }
     }

@@ -31,6 +31,7 @@
 //                                               the max it is shifted by)
 //   out_c  (u_out + u c) scale(out_c)          one rounding of the stored value, plus fp32
 //   lse    u (|lse| + c)                       a few ulps of the row's magnitude, plus fp32
+#include <optional>
 #include <vector>
 
 #include "judge.h"
@@ -42,6 +43,13 @@ namespace selfattn::testing {
 struct AttentionArithmetic {
   DType dtype = DType::f32;  // of q, k, v and out; inputs are already representable in it
   bool p_rounded = false;    // P rounded to dtype before P V
+  // The Hopper FP8 kernel's P V (FlashAttention-3's): each unnormalised probability e^(x_j - m) is
+  // rounded to this FP8 format and the sum of the products divided by the fp32 l. Its relative
+  // error (2^-4 e4m3) joins the floor, and so does its absolute error below the format's smallest
+  // normal (half the subnormal step, 2^-10 e4m3, per unnormalised probability): the kernel rounds
+  // e^(x_j - m_t) at each tile's running max m_t, not at the row's, so its roundings are other
+  // draws of the same size, which twice the allowed computation's error alone need not cover.
+  std::optional<DType> p_fp8;
 };
 
 struct AttentionExpected {

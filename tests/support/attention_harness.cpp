@@ -36,6 +36,7 @@ std::string AttentionCase::name() const {
   s << mods.name();
   if (misalign) s << " misalign=" << misalign;
   if (keys == Keys::rising) s << " keys=rising";
+  if (fp8) s << " fp8=" << selfattn::to_string(*fp8);
   return s.str();
 }
 
@@ -164,6 +165,32 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
   return false;
 }
 
+bool hopper_fp8_kernel_runs(Context& /*ctx*/, Path /*path*/, const TensorView& /*q*/, const TensorView& /*k*/,
+                            const TensorView& /*v*/, const TensorView& /*out*/, const AttentionOptions& /*options*/) {
+  return false;  // no Hopper FP8 kernel is shipped yet
+}
+
+void set_probability_rounding(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const AttentionOptions& options, AttentionArithmetic& arithmetic) {
+  if (!is_fp8(q.dtype)) {
+    arithmetic.p_rounded = rounds_probabilities(ctx, path, q, k, v, out, options);
+    return;
+  }
+  if (hopper_fp8_kernel_runs(ctx, path, q, k, v, out, options)) {
+    arithmetic.p_rounded = true;
+    arithmetic.p_fp8 = DType::e4m3;
+    return;
+  }
+  // The copies: contiguous, 256-byte aligned (any such address: only alignment and strides matter).
+  alignas(256) static unsigned char copy_address[256];
+  auto copy_of = [&](const TensorView& view) {
+    return TensorView::bhsd(copy_address, out.dtype, view.batch(), view.heads(), view.seq(), view.head_dim());
+  };
+  AttentionOptions copy_options = options;
+  copy_options.q_descale = copy_options.k_descale = copy_options.v_descale = nullptr;
+  arithmetic.p_rounded = rounds_probabilities(ctx, path, copy_of(q), copy_of(k), copy_of(v), out, copy_options);
+}
+
 using namespace harness;
 
 ::testing::AssertionResult check_attention(Context& ctx, const AttentionCase& c, Measured* measured) {
@@ -171,6 +198,18 @@ using namespace harness;
   Operand q = make_operand(ctx, c, Role::q, c.heads, c.seq_q, rng, "test q");
   Operand k = make_operand(ctx, c, Role::k, c.kv_heads, c.seq_k, rng, "test k", c.keys, true);
   Operand v = make_operand(ctx, c, Role::v, c.kv_heads, c.seq_k, rng, "test v", Keys::random, true);
+  DeviceBuffer<float> descales[3];
+  if (c.fp8) {
+    const int group = c.heads / c.kv_heads;
+    apply_fp8_descales(q, Role::q, c.batch, c.heads, group, c.seq_q, c.head_dim);
+    apply_fp8_descales(k, Role::k, c.batch, c.kv_heads, 1, c.seq_k, c.head_dim);
+    apply_fp8_descales(v, Role::v, c.batch, c.kv_heads, 1, c.seq_k, c.head_dim);
+    for (Role role : {Role::q, Role::k, Role::v}) {
+      DeviceBuffer<float>& buffer = descales[int(role)];
+      buffer = DeviceBuffer<float>(ctx, std::max(c.batch * c.kv_heads, 1), "test descale");
+      buffer.copy_from_host(fp8_descales(role, c.batch, c.kv_heads));
+    }
+  }
 
   const size_t lse_count = size_t(c.batch) * c.heads * c.seq_q;
   DeviceTensor out_tensor = make_tensor(ctx, c, Role::out, c.heads, c.seq_q, "test out");
@@ -189,6 +228,11 @@ using namespace harness;
   options.key_start = upload_ints(ctx, key_start, c.key_start, "test key_start");
   options.q_offset = upload_ints(ctx, q_offset, c.q_offset, "test q_offset");
   if (c.with_lse) options.lse = lse_buffer.data();
+  if (c.fp8) {
+    options.q_descale = descales[0].data();
+    options.k_descale = descales[1].data();
+    options.v_descale = descales[2].data();
+  }
   ScoreModsData mods;
   if (c.mods.any()) {
     mods = make_score_mods(ctx, c.mods, c.dtype, c.batch, c.heads, c.seq_q, c.seq_k, rng);
@@ -217,7 +261,7 @@ using namespace harness;
   if (c.mods.any()) mods.apply(c.mods, problem);
   AttentionArithmetic arithmetic;
   arithmetic.dtype = c.dtype;
-  arithmetic.p_rounded = rounds_probabilities(ctx, c.path, q.tensor.view, k.tensor.view, v.tensor.view, out, options);
+  set_probability_rounding(ctx, c.path, q.tensor.view, k.tensor.view, v.tensor.view, out, options, arithmetic);
   const AttentionExpected expected = expected_attention(problem, q.logical, k.logical, v.logical, arithmetic);
 
   const std::vector<unsigned char> out_host = download(out_tensor, c.batch);

@@ -73,6 +73,9 @@ struct AttentionCase {
   // start on 16 bytes).
   int misalign = 0;
   Keys keys = Keys::random;
+  // FP8 inputs (AttentionOptions::q_descale): q, k and v stored in this format, each with a descale
+  // per (batch, kv head) from fp8_descale(); dtype is then out's (and the allowed computation's).
+  std::optional<DType> fp8;
 
   // "f16 b2 h4/2 q113 k64 d32 causal=top_left keys=[0,64] bshd lse naive": names a failing case.
   std::string name() const;
@@ -105,6 +108,18 @@ inline uint64_t input_seed(const AttentionCase& c) { return input_seed(c.name())
 // follows the choices of host/src/path_*.cpp and the registry; the allowed computation follows it.
 bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const AttentionOptions& options);
+
+// Whether the Hopper FP8 kernel runs this FP8 call as it is (host/src/forward/path_fused.cpp,
+// fused_takes_fp8), rounding P to e4m3 for P V.
+bool hopper_fp8_kernel_runs(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& options);
+
+// Sets arithmetic.p_rounded and p_fp8 as the kernel that runs the call rounds P: rounds_probabilities()
+// for 16- and 32-bit inputs; for FP8 inputs e4m3 on the Hopper FP8 kernel, else what
+// rounds_probabilities() says of the call on q, k and v dequantized into out's dtype (the library's
+// contiguous copies in its workspace: fp8_inputs.cpp).
+void set_probability_rounding(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const AttentionOptions& options, AttentionArithmetic& arithmetic);
 
 // How close a case came to its bounds (judge.h): ratios <= 1 pass.
 struct Measured {
@@ -150,6 +165,7 @@ struct VarlenCase {
   // Empty, or one entry per sequence: the keys it uses (options.key_lengths, FlashAttention's
   // seqused_k); its key rows past them hold NaN, as rows before a key_start do.
   std::vector<int32_t> key_lengths = {};
+  std::optional<DType> fp8;  // as AttentionCase::fp8, the descales per (sequence, kv head)
   std::string name() const;
 };
 
@@ -159,6 +175,12 @@ struct VarlenCase {
 // The same with masks and score modifiers; the bias is [sequences, heads, max_q, max_k].
 ::testing::AssertionResult check_attention_varlen(Context& ctx, const VarlenCase& c, const ScoreModsCase& mods,
                                                   Measured* measured = nullptr);
+
+// The descale of FP8 input `role` (q, k or v) of batch (varlen: sequence) b and kv head g, the
+// real value being stored x descale: one of 0.375, 0.625, 0.75, 1.25, 2.5, varying along b, g and
+// role. Two or three significant bits, so a stored e4m3/e5m2 value times one is exact in f16 and
+// bf16: every path's dequantized inputs are the reference's exactly.
+double fp8_descale(Role role, int b, int g);
 
 // Host conversions used to round inputs to the device dtype (round to nearest even).
 uint16_t float_to_half_bits(float x);

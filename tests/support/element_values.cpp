@@ -52,6 +52,11 @@ float load_element(const void* bytes, DType dtype, size_t index) {
   return 0;
 }
 
+double fp8_descale(Role role, int b, int g) {
+  static constexpr double kDescales[] = {0.375, 0.625, 0.75, 1.25, 2.5};
+  return kDescales[size_t(3 * b + 2 * g + int(role)) % 5];
+}
+
 float round_to(DType dtype, float value) {
   switch (dtype) {
     case DType::f32: return value;

@@ -6,11 +6,17 @@
 
 namespace selfattn::testing::harness {
 
+DType stored_dtype(const AttentionCase& c, Role role) {
+  const bool input = role == Role::q || role == Role::k || role == Role::v;
+  return input && c.fp8 ? *c.fp8 : c.dtype;
+}
+
 DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int heads, int seq, const char* label) {
   DeviceTensor t;
-  t.element = dtype_size(c.dtype);
+  const DType dtype = stored_dtype(c, role);
+  t.element = dtype_size(dtype);
   t.misalign_bytes = size_t(c.misalign) * t.element;
-  t.view = strided_view(nullptr, c.dtype, c.batch, heads, seq, c.head_dim,
+  t.view = strided_view(nullptr, dtype, c.batch, heads, seq, c.head_dim,
                         tensor_layout(c.layout, c.row_gap, c.strides, role), c.batch_gap);
   const int64_t block = batch_block_elements(t.view);
   t.batch_bytes = size_t(block) * t.element;
@@ -70,7 +76,7 @@ Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads,
       for (int s = 0; s < seq; ++s)
         for (int d = 0; d < c.head_dim; ++d, ++i) {
           const float drawn = keys == Keys::rising ? float(first_row[d] * (1 + kRisingKeyStep * s)) : normal(rng);
-          const float value = round_to(c.dtype, drawn);
+          const float value = round_to(stored_dtype(c, role), drawn);
           op.logical[i] = value;
           // Keys past a batch's key length are padding nobody may use: NaN on the device (what
           // an inference engine's unused cache rows may hold), so a kernel that multiplies a zero
@@ -80,7 +86,7 @@ Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads,
                                (padded_rows && !c.key_start.empty() && s < c.key_start[size_t(b)]) ||
                                s >= seq - unowned_rows;
           if (s >= seq - unowned_rows) op.logical[i] = 0;
-          store_element(host.data(), c.dtype, host_index(op.tensor, b, h, s, d), padding ? NAN : value);
+          store_element(host.data(), stored_dtype(c, role), host_index(op.tensor, b, h, s, d), padding ? NAN : value);
         }
     }
   upload(op.tensor, host, c.batch);
@@ -109,6 +115,24 @@ std::vector<double> out_values(const DeviceTensor& out, const std::vector<unsign
     if (!lse_verdict) return ::testing::AssertionFailure() << name << ": " << lse_verdict.message();
   }
   return ::testing::AssertionSuccess();
+}
+
+void apply_fp8_descales(Operand& op, Role role, int batch, int heads, int group, int seq, int head_dim,
+                        const std::vector<int>& row_batch) {
+  size_t i = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < seq; ++s) {
+        const double descale = fp8_descale(role, row_batch.empty() ? b : row_batch[size_t(s)], h / group);
+        for (int d = 0; d < head_dim; ++d, ++i) op.logical[i] *= descale;
+      }
+}
+
+std::vector<float> fp8_descales(Role role, int batch, int kv_heads) {
+  std::vector<float> values;
+  for (int b = 0; b < batch; ++b)
+    for (int g = 0; g < kv_heads; ++g) values.push_back(float(fp8_descale(role, b, g)));
+  return values;
 }
 
 }  // namespace selfattn::testing::harness

@@ -55,6 +55,16 @@ struct Operand {
 Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads, int seq, std::mt19937_64& rng,
                      const char* label, Keys keys = Keys::random, bool padded_rows = false, int unowned_rows = 0);
 
+// The dtype a tensor of the case is stored in: c.fp8 for q, k and v when set, else c.dtype.
+DType stored_dtype(const AttentionCase& c, Role role);
+
+// FP8 inputs: op's logical values (the stored ones) times fp8_descale(role, b', h / group), b' the
+// batch, or row_batch[s] when given (a packed varlen tensor: each row's sequence).
+void apply_fp8_descales(Operand& op, Role role, int batch, int heads, int group, int seq, int head_dim,
+                        const std::vector<int>& row_batch = {});
+// fp8_descale(role, b, g) for every (b, g): what options.*_descale point at.
+std::vector<float> fp8_descales(Role role, int batch, int kv_heads);
+
 // The values of out as the reference orders them ([b, h, s, d]), read from the host copy.
 std::vector<double> out_values(const DeviceTensor& out, const std::vector<unsigned char>& host, int batch, int heads,
                                int first_row, int rows);

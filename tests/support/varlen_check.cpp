@@ -26,6 +26,7 @@ std::string VarlenCase::name() const {
   if (unowned_q_rows || unowned_k_rows) s << " unowned=" << unowned_q_rows << "/" << unowned_k_rows;
   s << harness::values_name("key_start", key_start) << harness::values_name("q_offset", q_offset)
     << harness::values_name("key_lengths", key_lengths);
+  if (fp8) s << " fp8=" << selfattn::to_string(*fp8);
   return s.str();
 }
 
@@ -52,12 +53,32 @@ std::string VarlenCase::name() const {
   packed.layout = c.layout;
   packed.strides = c.strides;
   packed.misalign = c.misalign;
+  packed.fp8 = c.fp8;
   std::mt19937_64 rng(input_seed(c.name()));
   Operand q = make_operand(ctx, packed, Role::q, c.heads, total_q, rng, "test q", Keys::random, false, c.unowned_q_rows);
   Operand k = make_operand(ctx, packed, Role::k, c.kv_heads, total_k, rng, "test k", Keys::random, false,
                            c.unowned_k_rows);
   Operand v = make_operand(ctx, packed, Role::v, c.kv_heads, total_k, rng, "test v", Keys::random, false,
                            c.unowned_k_rows);
+  DeviceBuffer<float> descales[3];
+  if (c.fp8) {
+    // Each row's sequence (rows no sequence owns: the last one; their logical values are 0).
+    auto sequence_of_rows = [&](const std::vector<int32_t>& cu, int total) {
+      std::vector<int> rows(size_t(total), std::max(batch - 1, 0));
+      for (int b = 0; b < batch; ++b)
+        for (int r = cu[b]; r < cu[b + 1]; ++r) rows[size_t(r)] = b;
+      return rows;
+    };
+    apply_fp8_descales(q, Role::q, 1, c.heads, c.heads / c.kv_heads, total_q, c.head_dim,
+                       sequence_of_rows(cu_q, total_q));
+    apply_fp8_descales(k, Role::k, 1, c.kv_heads, 1, total_k, c.head_dim, sequence_of_rows(cu_k, total_k));
+    apply_fp8_descales(v, Role::v, 1, c.kv_heads, 1, total_k, c.head_dim, sequence_of_rows(cu_k, total_k));
+    for (Role role : {Role::q, Role::k, Role::v}) {
+      DeviceBuffer<float>& buffer = descales[int(role)];
+      buffer = DeviceBuffer<float>(ctx, std::max(batch * c.kv_heads, 1), "test descale");
+      buffer.copy_from_host(fp8_descales(role, batch, c.kv_heads));
+    }
+  }
   // Key rows a sequence does not use (before its key_start, past its key length) hold NaN on the device.
   for (Operand* op : {&k, &v}) {
     std::vector<unsigned char> bytes = download(op->tensor, 1);
@@ -68,7 +89,7 @@ std::string VarlenCase::name() const {
         if (!before && !past) continue;
         for (int h = 0; h < c.kv_heads; ++h)
           for (int e = 0; e < c.head_dim; ++e)
-            store_element(bytes.data(), c.dtype, host_index(op->tensor, 0, h, cu_k[b] + r, e), NAN);
+            store_element(bytes.data(), op->tensor.view.dtype, host_index(op->tensor, 0, h, cu_k[b] + r, e), NAN);
       }
     upload(op->tensor, bytes, 1);
   }
@@ -85,6 +106,11 @@ std::string VarlenCase::name() const {
   options.path = c.path;
   options.causal = c.causal;
   if (c.with_lse) options.lse = lse_buffer.data();
+  if (c.fp8) {
+    options.q_descale = descales[0].data();
+    options.k_descale = descales[1].data();
+    options.v_descale = descales[2].data();
+  }
   DeviceBuffer<int32_t> key_start, q_offset, key_lengths;
   options.key_lengths = upload_ints(ctx, key_lengths, c.key_lengths, "test key_lengths");
   options.key_start = upload_ints(ctx, key_start, c.key_start, "test key_start");
@@ -122,8 +148,8 @@ std::string VarlenCase::name() const {
 
   AttentionArithmetic arithmetic;
   arithmetic.dtype = c.dtype;
-  arithmetic.p_rounded = rounds_probabilities(ctx, c.path, q.tensor.view, k.tensor.view, v.tensor.view,
-                                              out_tensor.view, options);
+  set_probability_rounding(ctx, c.path, q.tensor.view, k.tensor.view, v.tensor.view, out_tensor.view, options,
+                           arithmetic);
   // Each sequence against the reference run on it alone; the parts are judged as one result.
   AttentionExpected expected;
   expected.out.row_length = c.head_dim;

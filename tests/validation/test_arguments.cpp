@@ -68,7 +68,17 @@ TEST(AttentionArguments, ShapeMismatches) {
 TEST(AttentionArguments, DtypeMismatch) {
   { Call c; c.v.dtype = DType::f16; EXPECT_REJECTED(c, "v.dtype expected f32", "got f16"); }
   { Call c; c.out.dtype = DType::bf16; EXPECT_REJECTED(c, "out.dtype expected f32", "got bf16"); }
-  { Call c; c.k.dtype = DType(7); EXPECT_REJECTED(c, "k.dtype expected f32, f16 or bf16", "7"); }
+  {
+    Call c;
+    c.k.dtype = DType(7);
+    EXPECT_REJECTED(c, "k.dtype expected f32, f16, bf16, e4m3 or e5m2", "7");
+  }
+  {
+    Call c;
+    c.q.dtype = c.k.dtype = c.v.dtype = DType::e4m3;
+    c.out.dtype = DType::e5m2;
+    EXPECT_REJECTED(c, "out.dtype expected f32, f16 or bf16, got e5m2");
+  }
 }
 
 TEST(AttentionArguments, HeadDimStrideMustBeOne) {

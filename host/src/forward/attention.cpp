@@ -69,6 +69,9 @@ bool run_without_keys(ContextState& state, const AttentionCall& call) {
 // Plans (every check that can throw), sizes the workspace for the plan, runs it.
 void run_attention(ContextState& state, const AttentionCall& call, Path requested, const char* function) {
   if (run_without_keys(state, call)) return;
+  if (call.fp8() && !detail::runs_fp8_natively(state, call, requested)) {
+    return detail::run_fp8_dequantized(state, call, requested, function);
+  }
   const detail::PlannedAttention planned = detail::plan_attention(state, call, requested, function);
   const char* use = planned.path == Path::fused ? ": the fused path's ordered cu_seqlens" : ": scores S/P";
   void* workspace = state.workspace.reserve(planned.workspace_bytes(), std::string(function) + use);
@@ -95,13 +98,19 @@ void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, co
 Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                   const AttentionOptions& options) {
   ContextState& state = ctx.state();
-  // out only has to be valid for validation: a view shaped like q at a distinct (never used) address.
+  // out only has to be valid for validation: a view shaped like q at a distinct (never used) address;
+  // FP8 inputs are taken as giving bf16 out.
   alignas(256) static unsigned char distinct_address[256];
-  TensorView out = TensorView::bhsd(distinct_address, q.dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
+  const DType out_dtype = is_fp8(q.dtype) ? DType::bf16 : q.dtype;
+  TensorView out = TensorView::bhsd(distinct_address, out_dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
   AttentionOptions checked = options;
   checked.lse = nullptr;
   const AttentionCall call =
       detail::validate_attention("resolve_path", q, k, v, out, checked, /*check_out_overlap=*/false);
+  if (call.fp8() && !detail::runs_fp8_natively(state, call, options.path)) {
+    // The path that runs the dequantized copies (their addresses: any 256-aligned ones).
+    return choose_attention_path(state, detail::dequantized_call(call, distinct_address), options.path, "resolve_path");
+  }
   return choose_attention_path(state, call, options.path, "resolve_path");
 }
 

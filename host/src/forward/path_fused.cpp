@@ -168,6 +168,8 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
 
 }  // namespace
 
+bool fused_takes_fp8(const ContextState& /*ctx*/, const AttentionCall& /*call*/) { return false; }
+
 bool hopper_kernels_usable(const ContextState& ctx) {
   const bool built = ctx.device->backend() == Backend::sim || SELFATTN_HAVE_HOPPER_KERNELS;
   return ctx.hopper_kernels && built && ctx.device->compute_capability() == kHopperComputeCapability;

@@ -140,6 +140,16 @@ void zero_fill(Device& device, const TensorView& view);
 void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_fused(ContextState& ctx, const AttentionCall& call, void* workspace);
+// FP8 inputs (fp8_inputs.cpp). runs_fp8_natively: the call runs as it is, on the fused path's
+// Hopper FP8 kernel (fused_takes_fp8, path_fused.cpp), when `requested` allows that path. Every
+// other FP8 call goes through run_fp8_dequantized: q, k and v dequantized into out's dtype in the
+// workspace (dequantized_call(call, base) is the call on those copies at `base`), then planned and
+// run as a 16- or 32-bit call; it reserves the workspace itself.
+bool fused_takes_fp8(const ContextState& ctx, const AttentionCall& call);
+bool runs_fp8_natively(const ContextState& ctx, const AttentionCall& call, Path requested);
+AttentionCall dequantized_call(const AttentionCall& call, void* base);
+void run_fp8_dequantized(ContextState& ctx, const AttentionCall& call, Path requested, const char* function);
+
 // Whether the fused forward may run the Hopper kernel on this context at all (path_fused.cpp):
 // the context allows it, the device has compute capability 9.0, the build has the kernels.
 bool hopper_kernels_usable(const ContextState& ctx);

@@ -43,13 +43,14 @@ void expect_same_dtype(const char* function, const char* name, const TensorView&
 // against each other (dtype, head_dim, heads vs kv_heads, k vs v), then out against the inputs.
 void check_common(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, bool check_out_overlap) {
-  check_view(function, "q", q);
-  check_view(function, "k", k);
-  check_view(function, "v", v);
+  // FP8 inputs (AttentionOptions::q_descale): q, k and v share the format, out is f16, bf16 or f32.
+  check_view(function, "q", q, /*fp8=*/true);
+  check_view(function, "k", k, /*fp8=*/true);
+  check_view(function, "v", v, /*fp8=*/true);
   check_view(function, "out", out);
   expect_same_dtype(function, "k", k, q);
   expect_same_dtype(function, "v", v, q);
-  expect_same_dtype(function, "out", out, q);
+  if (!is_fp8(q.dtype)) expect_same_dtype(function, "out", out, q);
   for (int i : {0, 3}) {
     expect_same_dim(function, "k", k, i, "q", q, i);
     expect_same_dim(function, "v", v, i, "q", q, i);
@@ -121,6 +122,31 @@ void check_key_lengths(const char* function, const AttentionOptions& options, in
                        check_out_overlap);
   check_batch_metadata(function, "options.q_offset", options.q_offset, options, batch, lse_rows, out,
                        check_out_overlap);
+}
+
+// The descales are read while out and lse are written; they belong to FP8 inputs only.
+void check_descales(const char* function, const AttentionOptions& options, int64_t batch, int64_t kv_heads,
+                    const TensorView& q, const TensorView& out, int64_t lse_rows, bool check_out_overlap,
+                    AttentionCall& call) {
+  const std::pair<const char*, const float*> descales[] = {{"options.q_descale", options.q_descale},
+                                                           {"options.k_descale", options.k_descale},
+                                                           {"options.v_descale", options.v_descale}};
+  for (const auto& [name, values] : descales) {
+    if (values == nullptr) continue;
+    if (!is_fp8(q.dtype)) {
+      fail(function, std::string(name) + " expected null (descales scale FP8 inputs; q.dtype is " + to_string(q.dtype) +
+                         "), got a pointer");
+    }
+    expect_aligned(function, name, values, alignof(float));
+    const ByteRange range = byte_range(values, size_t(batch * kv_heads) * sizeof(float));
+    if (check_out_overlap) expect_disjoint(function, name, range, "out", byte_range(out));
+    if (options.lse) {
+      expect_disjoint(function, name, range, "options.lse", byte_range(options.lse, size_t(lse_rows) * sizeof(float)));
+    }
+  }
+  call.q_descale = options.q_descale;
+  call.k_descale = options.k_descale;
+  call.v_descale = options.v_descale;
 }
 
 AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -204,10 +230,13 @@ void check_score_mods(const char* function, const AttentionOptions& options, int
 
   if (options.bias) {
     TensorView bias = *options.bias;
-    if (bias.dtype != DType::f32 && bias.dtype != DType::b8 && bias.dtype != q.dtype) {
+    // FP8 inputs compute in out's dtype: a bias in "q's dtype" is in that one.
+    const bool fp8_inputs = is_fp8(q.dtype);
+    const DType values_dtype = fp8_inputs ? out.dtype : q.dtype;
+    if (bias.dtype != DType::f32 && bias.dtype != DType::b8 && bias.dtype != values_dtype) {
       const bool known = bias.dtype == DType::f16 || bias.dtype == DType::bf16;
-      fail(function, std::string("options.bias.dtype expected f32, b8 (a boolean mask) or q.dtype (") +
-                         to_string(q.dtype) + "), got " +
+      fail(function, std::string("options.bias.dtype expected f32, b8 (a boolean mask) or ") +
+                         (fp8_inputs ? "out.dtype (" : "q.dtype (") + to_string(values_dtype) + "), got " +
                          (known ? std::string(to_string(bias.dtype)) : "value " + std::to_string(int(bias.dtype))));
     }
     const std::array<const char*, 4> bias_dims{"batch", "heads", "seq_q", seq_k_name};
@@ -270,7 +299,7 @@ void check_view(const char* function, const char* name, const TensorView& view, 
     fail(function, std::string(name) + ".dtype expected f32, f16" + (fp8 ? ", bf16, e4m3 or e5m2" : " or bf16") +
                        ", got " +
                        (named ? std::string(to_string(view.dtype)) : "value " + std::to_string(int(view.dtype))) +
-                       (fp8_dtype ? " (FP8 is a KV cache's format only)" : ""));
+                       (fp8_dtype ? " (FP8 is for a KV cache's K and V and for attention()'s q, k and v)" : ""));
   }
   for (int i = 0; i < 4; ++i) {
     if (view.shape[i] < 0) fail(function, dim(name, i) + " expected >= 0, got " + std::to_string(view.shape[i]));
@@ -366,6 +395,7 @@ std::string describe(const AttentionCall& call) {
   if (call.sinks) text += " sinks";
   if (call.dropout_p > 0) text += " dropout_p=" + std::to_string(call.dropout_p);
   if (call.varlen()) text += " varlen";
+  if (call.fp8()) text += std::string(" out=") + to_string(call.out.dtype);
   return text;
 }
 
@@ -378,6 +408,8 @@ AttentionCall validate_attention(const char* function, const TensorView& q, cons
   AttentionCall call = make_call(q, k, v, out, options, checked_scale(function, options, q.head_dim()));
   check_score_mods(function, options, q.batch(), q.heads(), q.seq(), k.seq(), q, out, q.batch() * q.heads() * q.seq(),
                    check_out_overlap, call);
+  check_descales(function, options, q.batch(), k.heads(), q, out, q.batch() * q.heads() * q.seq(), check_out_overlap,
+                 call);
   return call;
 }
 
@@ -427,6 +459,7 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
   call.cu_seqlens_k = cu_seqlens_k;
   check_score_mods(function, options, batch, q.heads(), max_seqlen_q, max_seqlen_k, q, out, q.heads() * q.seq(), true,
                    call);
+  check_descales(function, options, batch, k.heads(), q, out, q.heads() * q.seq(), true, call);
   return call;
 }
 

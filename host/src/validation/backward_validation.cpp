@@ -41,6 +41,10 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
                             const AttentionOptions& options, const BackwardOptions& backward) {
   const TensorView& q = forward.q;
   const TensorView& k = forward.k;
+  if (forward.fp8()) {
+    fail(function, std::string("q.dtype expected f32, f16 or bf16, got ") + to_string(q.dtype) +
+                       " (the backward does not take FP8 inputs)");
+  }
   check_view(function, "dout", dout);
   check_view(function, "dq", dq);
   check_view(function, "dk", dk);

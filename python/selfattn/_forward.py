@@ -132,7 +132,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
         options = (causal, _float_or_none("scale", scale), path, lengths, layout)
         mods = _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, q)
         # The FP8 arguments are the ops' last (with defaults), passed only for FP8 inputs.
-        extra = _op_fp8(q, k, layout, q_descale, k_descale, v_descale, out_dtype, out) if fp8 else ()
+        extra = _op_fp8(q, _descale_shape(q, k, layout), q_descale, k_descale, v_descale, out_dtype) if fp8 else ()
         if out is None:  # deterministic goes to the backward op through the autograd formula
             result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout), *extra)
         else:
@@ -203,12 +203,18 @@ def _fp8_out_dtype(like, out_dtype):
     return "bfloat16" if _arrays.is_torch(like) else "float32"
 
 
-def _op_fp8(q, k, layout, q_descale, k_descale, v_descale, out_dtype, out):
-    """The FP8 arguments of the attention op: the descales as float32 tensors where q lives (a
-    float made a filled [batch, kv_heads], its value checked here in plain Python), and out's
-    dtype (a torch dtype) for the op without out=."""
+def _descale_shape(q, k, layout=None, cu_seqlens_q=None):
+    """The descales' [batch, kv_heads]: a row per batch entry, or per sequence of a varlen call."""
+    if cu_seqlens_q is not None:  # varlen: k [total_k, kv_heads, head_dim]
+        return int(cu_seqlens_q.shape[0]) - 1, int(k.shape[1])
+    return int(q.shape[0]), int(k.shape[2] if layout == "bshd" else k.shape[1])
+
+
+def _op_fp8(q, shape, q_descale, k_descale, v_descale, out_dtype):
+    """The FP8 arguments of the attention ops: the descales as float32 tensors where q lives (a
+    float made a filled `shape`, [batch, kv_heads], its value checked here in plain Python), and
+    out's dtype (a torch dtype) for the ops without out=."""
     import torch
-    shape = (q.shape[0], k.shape[2] if layout == "bshd" else k.shape[1])
     descales = []
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if isinstance(value, torch.Tensor):
@@ -222,12 +228,11 @@ def _op_fp8(q, k, layout, q_descale, k_descale, v_descale, out_dtype, out):
     return (*descales, getattr(torch, _fp8_out_dtype(q, out_dtype)))
 
 
-def _descales(arrays, layout, q_descale, k_descale, v_descale):
-    """The descales as the compiled module takes them: float32 [batch, kv_heads] contiguous where q
-    lives (a float fills one), host values checked to be finite and > 0. None for 16- and 32-bit
-    inputs (refused with descales by _fp8_forward)."""
-    q, k = arrays["q"], arrays["k"]
-    shape = (int(q.shape[0]), int(_arrays.layout_view(layout)(k).shape[1]))
+def _descales(arrays, shape, q_descale, k_descale, v_descale):
+    """The descales as the compiled module takes them: float32 `shape` ([batch, kv_heads])
+    contiguous where q lives (a float fills one), host values checked to be finite and > 0. None for
+    16- and 32-bit inputs (refused with descales by _fp8_forward)."""
+    q = arrays["q"]
     converted = []
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is None:
@@ -305,7 +310,7 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     out_dtype = _fp8_out_dtype(q, out_dtype) if fp8 else None
     arrays, ctx, out = _qkv_out(q, k, v, out, 4, context, out_dtype)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
-    descales = _descales(arrays, layout, q_descale, k_descale, v_descale)
+    descales = _descales(arrays, _descale_shape(q, k, layout), q_descale, k_descale, v_descale)
     as_bhsd = _arrays.layout_view(layout)
     bhsd_q = as_bhsd(q)
     lse = _arrays.empty_like(q, tuple(bhsd_q.shape[:3]), "float32") if return_lse else None
@@ -325,7 +330,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                      sinks: Any = None, key_start: Any = None, q_offset: Any = None, key_lengths: Any = None,
                      deterministic: bool = False, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
-                     dropout_offset: int = 0, generator: Any = None, context: Optional[Context] = None) -> Any:
+                     dropout_offset: int = 0, generator: Any = None, q_descale: Any = None, k_descale: Any = None,
+                     v_descale: Any = None, out_dtype: Any = None, context: Optional[Context] = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -350,9 +356,11 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     ``selfattn::attention_varlen_out`` (in place, traced by torch.compile, no autograd graph:
     inputs that require grad are refused with it, as with attention()). dropout_p, dropout_seed,
     dropout_offset and generator as for attention(); the mask's batch is the sequence, its rows and
-    keys counted within it.
+    keys counted within it. FP8 q, k, v as for attention(): q_descale, k_descale, v_descale float32
+    [batch, kv_heads], a row per sequence; out_dtype; no backward.
     """
     _check_keywords(causal, "bhsd", path)
+    fp8 = _fp8_forward("attention_varlen", q, k, v, sinks, out, q_descale, k_descale, v_descale, out_dtype)
     dropout = _dropout("attention_varlen", dropout_p, dropout_seed, dropout_offset, generator, q)
     op = _torch_op("attention_varlen", (q, k, v, alibi_slopes, bias, sinks), out, context)
     if op is not None:
@@ -362,25 +370,32 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                    _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k), causal,
                    _float_or_none("scale", scale), path, _int32_or_none("key_lengths", key_lengths, q))
         mods = _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, q)
+        extra = _op_fp8(q, _descale_shape(q, k, cu_seqlens_q=cu_q), q_descale, k_descale, v_descale,
+                        out_dtype) if fp8 else ()
         if out is None:  # deterministic goes to the backward op through the autograd formula
-            result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout))
+            result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout), *extra)
         else:
-            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse), *_op_dropout(dropout))
+            result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse), *_op_dropout(dropout), *extra[:3])
         return (result, lse) if return_lse else result
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
                              softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context,
-                             key_start=key_start, q_offset=q_offset, key_lengths=key_lengths, dropout=dropout)
+                             key_start=key_start, q_offset=q_offset, key_lengths=key_lengths, dropout=dropout,
+                             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,
                       return_lse, out, window, softcap, alibi_slopes, bias, sinks, context, key_start=None,
-                      q_offset=None, key_lengths=None, dropout=(0.0, 0, 0)):
+                      q_offset=None, key_lengths=None, dropout=(0.0, 0, 0), q_descale=None, k_descale=None,
+                      v_descale=None, out_dtype=None):
     """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
-    arrays, ctx, out = _qkv_out(q, k, v, out, 3, context)
+    fp8 = _fp8_forward("attention_varlen", q, k, v, sinks, out, q_descale, k_descale, v_descale, out_dtype)
+    out_dtype = _fp8_out_dtype(q, out_dtype) if fp8 else None
+    arrays, ctx, out = _qkv_out(q, k, v, out, 3, context, out_dtype)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
+    descales = _descales(arrays, _descale_shape(q, k, cu_seqlens_q=cu_q), q_descale, k_descale, v_descale)
     lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
 
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
@@ -390,7 +405,7 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), PACKED)):
         _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, max_q, max_k, causal, _float_or_none("scale", scale),
                                    path, _int32_or_none("key_lengths", key_lengths, q), lse, *mods,
-                                   arrays.bf16_as_uint16, *dropout)
+                                   arrays.bf16_as_uint16, *dropout, arrays.fp8, *descales)
     return (out, lse) if return_lse else out
 
 

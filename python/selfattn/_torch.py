@@ -29,9 +29,10 @@ have no autograd formula: the public functions refuse inputs that require grad w
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
 alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops.
-FP8 inputs: the attention op takes q_descale, k_descale, v_descale (float32 [batch, kv_heads]
-tensors) and out_dtype (the result's dtype) after dropout's options, attention_out the descales
-(out's dtype is the result's), all with defaults (None), so calls written before them still bind.
+FP8 inputs: the attention and attention_varlen ops take q_descale, k_descale, v_descale (float32
+[batch, kv_heads] tensors) and out_dtype (the result's dtype) after dropout's options, their out
+variants the descales (out's dtype is the result's), all with defaults (None), so calls written
+before them still bind.
 FP8 calls record no autograd graph: the public function refuses FP8 tensors that require grad.
 The KV-cache ops (append_kv, attention_with_kv_cache and its out variant) take an FP8 cache's
 scales last, k_scale and v_scale (float32 tensors, default None, so calls written before them still
@@ -70,6 +71,10 @@ def _register():
     # package's root, which imports this module) when they run: a reference held from here would
     # keep the package (and its default contexts) alive in torch's op registry at interpreter exit,
     # which nanobind reports as leaks.
+
+    def op_argument_names(op):
+        """The names of a custom op's arguments, in its schema's order (fakes find options by name)."""
+        return [argument.name for argument in op._opoverload._schema.arguments]
 
     # The ops take dropout's seed and offset as int64 (a schema's int): _calls._op_dropout maps
     # [0, 2^64) onto it and this maps it back.
@@ -225,7 +230,9 @@ def _register():
                          softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          key_start: Optional[Tensor], q_offset: Optional[Tensor],
                          sinks: Optional[Tensor], dropout_p: float = 0.0, dropout_seed: int = 0,
-                         dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
+                         dropout_offset: int = 0, q_descale: Optional[Tensor] = None,
+                         k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                         out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention_varlen  # deterministic: as for attention, the backward's
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
@@ -233,11 +240,14 @@ def _register():
                                  out=None, window=(window_left, window_right), softcap=softcap,
                                  alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                  q_offset=q_offset, context=None,
-                                 dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                                 dropout=dropout_of(dropout_p, dropout_seed, dropout_offset), q_descale=q_descale,
+                                 k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
 
     @attention_varlen.register_fake
-    def _(q, k, v, *options):
-        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    def _(q, k, v, *options, **keywords):
+        named = {**dict(zip(op_argument_names(attention_varlen)[3:], options)), **keywords}
+        out_dtype = named.get("out_dtype") or q.dtype  # FP8 q: out_dtype, which the public function sets then
+        return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_varlen_out", mutates_args=("out",))
     def attention_varlen_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -247,7 +257,8 @@ def _register():
                              alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                              q_offset: Optional[Tensor], sinks: Optional[Tensor],
                              return_lse: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                             dropout_offset: int = 0) -> Tensor:
+                             dropout_offset: int = 0, q_descale: Optional[Tensor] = None,
+                             k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Tensor:
         from ._forward import _attention_varlen
         result = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
@@ -255,13 +266,14 @@ def _register():
                                    return_lse=return_lse, out=out, window=(window_left, window_right),
                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                    key_start=key_start, q_offset=q_offset, context=None,
-                                   dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                                   dropout=dropout_of(dropout_p, dropout_seed, dropout_offset), q_descale=q_descale,
+                                   k_descale=k_descale, v_descale=v_descale)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_varlen_out.register_fake
     def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, path, key_lengths,
           window_left, window_right, softcap, alibi_slopes, bias, key_start, q_offset, sinks, return_lse,
-          dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+          dropout_p=0.0, dropout_seed=0, dropout_offset=0, q_descale=None, k_descale=None, v_descale=None):
         return lse_or_nothing(return_lse, q, (q.shape[1], q.shape[0]))
 
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
@@ -353,8 +365,7 @@ def _register():
     # The fakes find the options they need by name: the FP8 scales (k_scale, v_scale) came last,
     # with defaults, so calls written before them still bind, and positions from the end would move.
     def kv_options(op, args, first):
-        names = [argument.name for argument in op._opoverload._schema.arguments][first:]
-        return dict(zip(names, args))
+        return dict(zip(op_argument_names(op)[first:], args))
 
     @attention_with_kv_cache.register_fake
     def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options, **keywords):

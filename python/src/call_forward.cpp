@@ -84,12 +84,16 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                       std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                       std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16,
-                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
+                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
+                      std::optional<InArray> q_descale, std::optional<InArray> k_descale,
+                      std::optional<InArray> v_descale) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
-  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16, parse_fp8(fp8));
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
+  // A row of descales per sequence.
+  const Descales descales = add_descales(call, q_descale, k_descale, v_descale, cu.batch, tensor_view(a.k).heads());
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
@@ -101,6 +105,7 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
+    set_descales(options, descales);
     selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
                                static_cast<const int32_t*>(cu.q.data), static_cast<const int32_t*>(cu.k.data),
                                int(cu.batch), max_seqlen_q, max_seqlen_k, options);

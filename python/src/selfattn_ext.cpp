@@ -98,7 +98,10 @@ NB_MODULE(_selfattn, m) {
         nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(),
         nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
         nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
-        "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
+        nb::arg("fp8").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        "Low level: q, out as [1, heads, total_q, head_dim] views (FP8 q, k, v as uint8 with fp8 their format; "
+        "descales [batch, kv_heads], a row per sequence). Use selfattn.attention_varlen().");
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),

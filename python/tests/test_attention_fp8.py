@@ -3,9 +3,10 @@ float8_e4m3fn / float8_e5m2 (NumPy) or torch's (CPU tensors, on the sim) with q_
 k_descale=, v_descale= per (batch, kv head) and out_dtype=, against the float64 reference over the
 dequantized inputs (code value x descale: the descales have few significant bits, so the
 dequantized values are exact in every dtype the library computes in), dense, GQA, causal, key
-lengths; the torch op (default out bfloat16, out=, torch.compile fullgraph, the fake's dtype); the
-refusals, each naming its argument (inputs that require grad: FP8 has no backward). The tests that
-need the library's FP8 forward skip, with the library's reason, where this build refuses FP8 q."""
+lengths, and packed (attention_varlen, a row of descales per sequence); the torch ops (default out
+bfloat16, out=, torch.compile fullgraph, the fake's dtype); the refusals, each naming its argument
+(inputs that require grad: FP8 has no backward). The tests that need the library's FP8 forward
+skip, with the library's reason, where a build refuses FP8 q."""
 import numpy as np
 import pytest
 
@@ -109,6 +110,59 @@ def test_torch_fp8_forward(rng):
                                                                 **descales), backend="eager", fullgraph=True)
     assert torch.equal(compiled(tq, tk, tv), selfattn.attention(tq, tk, tv, causal="bottom_right",
                                                                 out_dtype=torch.float16, **descales))
+
+
+@needs_fp8_forward
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_numpy_fp8_varlen(rng, fmt):
+    # Packed sequences of FP8 q, k, v, each sequence with its own row of descales: each against the
+    # reference of it alone (dense fp8_inputs of batch = the sequences, packed here).
+    lengths_q, lengths_k, heads, kv_heads, dim = [3, 1, 5], [4, 6, 2], 4, 2, 64
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    (q, k, v), (cq, ck, cv), (dq, dk, dv) = fp8_inputs(rng, fmt, 3, heads, kv_heads, max(lengths_q), max(lengths_k),
+                                                       dim)
+
+    def packed(a, lengths):  # [batch, h, rows, d] -> [total, h, d], the first lengths[b] rows of each
+        return np.concatenate([a[b, :, :n].transpose(1, 0, 2) for b, n in enumerate(lengths)])
+
+    out, lse = selfattn.attention_varlen(packed(q, lengths_q), packed(k, lengths_k), packed(v, lengths_k), cu_q, cu_k,
+                                         causal="bottom_right", q_descale=dq, k_descale=dk, v_descale=dv,
+                                         out_dtype="bfloat16", return_lse=True)
+    assert out.dtype.name == "bfloat16" and lse.shape == (heads, cu_q[-1])
+    for b in range(3):
+        rows_q, rows_k = slice(0, lengths_q[b]), slice(0, lengths_k[b])
+        want, want_lse = reference(dequantized(cq[b:b + 1, :, rows_q], dq[b:b + 1], fmt, heads),
+                                   dequantized(ck[b:b + 1, :, rows_k], dk[b:b + 1], fmt, kv_heads),
+                                   dequantized(cv[b:b + 1, :, rows_k], dv[b:b + 1], fmt, kv_heads), "bottom_right")
+        got = out[cu_q[b]:cu_q[b + 1]].transpose(1, 0, 2)[None]
+        assert relative_error(got, want) <= TOLERANCE["bfloat16"], b
+        np.testing.assert_allclose(lse[:, cu_q[b]:cu_q[b + 1]], want_lse[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(selfattn.InvalidArgument, match="q_descale expected .*= \\[3, 2\\], got shape \\(2, 2\\)"):
+        selfattn.attention_varlen(packed(q, lengths_q), packed(k, lengths_k), packed(v, lengths_k), cu_q, cu_k,
+                                  q_descale=dq[:2])
+
+
+@needs_fp8_forward
+def test_torch_fp8_varlen_compiles(rng):
+    torch = pytest.importorskip("torch")
+    (q, k, v), (cq, ck, cv), (dq, dk, dv) = fp8_inputs(rng, "e5m2", 2, 2, 1, 4, 4, 64)
+    # Two sequences of 4 rows: [batch, h, 4, d] packed as [total, h, d].
+    tq, tk, tv = (torch.from_numpy(c.transpose(0, 2, 1, 3).reshape(-1, c.shape[1], c.shape[3]).copy())
+                  .view(torch.float8_e5m2) for c in (cq, ck, cv))
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    descales = dict(q_descale=torch.from_numpy(dq), k_descale=torch.from_numpy(dk), v_descale=torch.from_numpy(dv))
+
+    def call(a, b, c):
+        return selfattn.attention_varlen(a, b, c, cu, cu, max_seqlen_q=4, max_seqlen_k=4, **descales)
+
+    eager = call(tq, tk, tv)
+    assert eager.dtype == torch.bfloat16
+    compiled = torch.compile(call, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(tq, tk, tv), eager)
+    want, _ = reference(dequantized(cq, dq, "e5m2", 2), dequantized(ck, dk, "e5m2", 1), dequantized(cv, dv, "e5m2", 1))
+    got = eager.float().numpy().reshape(2, 4, 2, 64).transpose(0, 2, 1, 3)
+    assert relative_error(got, want) <= TOLERANCE["bfloat16"]
 
 
 def test_the_fake_gives_out_dtype():

@@ -115,9 +115,12 @@ double default_tolerance(DType dtype) {
     case DType::f32: return 1e-5;
     case DType::f16: return 2e-3;
     case DType::bf16: return 1e-2;
-    case DType::b8:
+    // FP8 inputs, out bf16: the inputs are exact (the check reads code x descale), but the Hopper
+    // kernel rounds P to e4m3 for P V as FlashAttention-3 does (3 mantissa bits, ~4% per weight,
+    // averaging to a few percent of out); the other paths dequantize into bf16 and land near 1e-2.
     case DType::e4m3:
-    case DType::e5m2: break;  // never an input of a case
+    case DType::e5m2: return 1e-1;
+    case DType::b8: break;  // never an input of a case
   }
   return 1e-2;
 }

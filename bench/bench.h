@@ -17,6 +17,7 @@ namespace selfattn_bench {
 using selfattn::Backend;
 using selfattn::Causal;
 using selfattn::DType;
+using selfattn::is_fp8;
 using selfattn::Path;
 
 enum class Layout { bhsd, bshd };
@@ -47,6 +48,9 @@ struct DecodeShape {
   int prefill_rows = 0;
   // New query rows of sequence b.
   int rows_of(int b) const { return b == 0 && prefill_rows > 0 ? prefill_rows : new_tokens; }
+  // The cache's dtype: Case::dtype (q's and out's), or an FP8 format (--kv-dtype: K/V stored in
+  // e4m3/e5m2 with fp32 scales per tensor, kv_cache.h), whose bytes are what the cache reads count.
+  DType kv_dtype = DType::bf16;
 };
 
 // What a case times: the forward (attention()), the backward alone (attention_backward() on the
@@ -57,6 +61,15 @@ enum class Direction { fwd, bwd, fwd_bwd };
 // device), or the mma.sync kernel pinned (ContextOptions::hopper_kernels = false) - the baseline the
 // Hopper kernel is measured against in the same run.
 enum class FusedKernel { automatic, mma_sync };
+
+// A case's dtype is its inputs' (q, k, v); FP8 inputs (--dtype e4m3|e5m2, attention.h's FP8
+// forward, with descales per (batch, kv head)) give out in bf16, FlashAttention-3's output dtype.
+struct Case;
+DType out_dtype(const Case& c);
+// FP8 inputs' descale of tensor `which` (0 q, 1 k, 2 v) at (batch b, kv head g): four values of few
+// significant bits (code x descale is exact in bf16), chosen so normal(0, 1) inputs stay far inside
+// either format's finite range.
+float fp8_descale(int which, int b, int g);
 
 struct Case {
   Path path = Path::fused;
@@ -69,6 +82,8 @@ struct Case {
   std::optional<DecodeShape> decode;  // set on --mode decode cases
   FusedKernel fused_kernel = FusedKernel::automatic;  // fused path only
 };
+
+inline DType out_dtype(const Case& c) { return is_fp8(c.dtype) ? DType::bf16 : c.dtype; }
 
 // "w256,0 cap30 alibi bias=heads sinks", or "-" without modifiers.
 std::string describe_mods(const ScoreMods& mods);
@@ -150,7 +165,10 @@ const char* name(FusedKernel kernel);
 // sequence's own rows.
 double attention_flops(const Case& c);
 // Forward: q, k, v read once and out written once. Backward: q, k, v, out and dout read, dq, dk, dv
-// written (LSE and D, one float a row, not counted). fwd+bwd: both.
+// written (LSE and D, one float a row, not counted). fwd+bwd: both. Each at its own dtype's size:
+// FP8 inputs one byte an element and out two (bf16), an FP8 decode cache's K/V one byte
+// (DecodeShape::kv_dtype); the scales and descales (a float per tensor or per (batch, kv head)) are
+// not counted.
 double attention_bytes(const Case& c);
 
 // sweep.cpp: a sweep is the product of its lists; the default one depends on the backend.
@@ -213,6 +231,7 @@ struct DecodeSweep {
   std::vector<int> prefill_rows{0};  // DecodeShape::prefill_rows; 0: the dense call
   int heads = 32, kv_heads = 8, head_dim = 128;
   DType dtype = DType::bf16;
+  std::optional<DType> kv_dtype;  // --kv-dtype: an FP8 cache (e4m3, e5m2) beside q/out of `dtype`; unset: `dtype`
   int splits = 0;  // 0: the library's heuristic
   std::vector<Path> paths{Path::fused, Path::cublas, Path::naive};
 };

@@ -18,7 +18,11 @@ namespace sb = selfattn_bench;
 namespace {
 
 // Command-line words for the enums.
-const std::map<std::string, sb::DType> kDTypes = {{"fp32", sb::DType::f32}, {"fp16", sb::DType::f16}, {"bf16", sb::DType::bf16}};
+// --dtype (the inputs': e4m3/e5m2 are the FP8 forward's, out bf16) and --kv-dtype (decode's cache).
+const std::map<std::string, sb::DType> kDTypes = {{"fp32", sb::DType::f32}, {"fp16", sb::DType::f16},
+                                                  {"bf16", sb::DType::bf16}, {"e4m3", sb::DType::e4m3},
+                                                  {"e5m2", sb::DType::e5m2}};
+const std::map<std::string, sb::DType>& kKvDTypes = kDTypes;
 const std::map<std::string, sb::Causal> kCausals = {
     {"none", sb::Causal::none}, {"top_left", sb::Causal::top_left}, {"bottom_right", sb::Causal::bottom_right}};
 const std::map<std::string, sb::Layout> kLayouts = {{"bhsd", sb::Layout::bhsd}, {"bshd", sb::Layout::bshd}};
@@ -88,8 +92,10 @@ int main(int argc, char** argv) {
   sizes("--seq-q", seq_q, "query lengths (default: seq-k, else 1024 on cuda, 64 on sim)");
   sizes("--seq-k", seq_k, "key lengths (default: seq-q)");
   sizes("--head-dim", head_dim, "head dimensions (default 128 on cuda, 64 on sim)");
-  app.add_option("--dtype", dtype_words, "fp32, fp16, bf16 (default bf16)")
-      ->delimiter(',')->check(CLI::IsMember({"fp32", "fp16", "bf16"}))->option_text("DTYPE,...");
+  app.add_option("--dtype", dtype_words,
+                 "fp32, fp16, bf16 (default bf16), or e4m3, e5m2: FP8 q, k, v with descales per (batch, kv head), "
+                 "out bf16 (forward only)")
+      ->delimiter(',')->check(CLI::IsMember({"fp32", "fp16", "bf16", "e4m3", "e5m2"}))->option_text("DTYPE,...");
   app.add_option("--causal", causal_words, "none, top_left, bottom_right (default: none; default sweep: none,top_left)")
       ->delimiter(',')->check(CLI::IsMember({"none", "top_left", "bottom_right"}))->option_text("MASK,...");
   app.add_option("--direction", direction_words,
@@ -115,7 +121,8 @@ int main(int argc, char** argv) {
   app.add_flag("--check", settings.check,
                "compare each case with the double-precision CPU reference (sampled rows for large shapes); "
                "exit 1 when any check fails");
-  app.add_option("--tolerance", tolerance, "relative-error bound for --check (default: fp32 1e-5, fp16 2e-3, bf16 1e-2)")
+  app.add_option("--tolerance", tolerance,
+                 "relative-error bound for --check (default: fp32 1e-5, fp16 2e-3, bf16 1e-2, e4m3/e5m2 1e-1)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--check-whole-limit", settings.whole_check_macs,
                  "problems with more multiply-adds than this are checked on sampled rows, not whole (default 3e7)")
@@ -141,6 +148,11 @@ int main(int argc, char** argv) {
       ->group("Decode (--mode decode)");
   app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
       ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
+  std::string kv_dtype_word;
+  app.add_option("--kv-dtype", kv_dtype_word,
+                 "decode: the cache's dtype: e4m3 or e5m2 (an FP8 cache with fp32 scales per tensor; q and out stay "
+                 "--dtype; bytes count K/V at one byte) or fp32/fp16/bf16 (default: --dtype)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "e4m3", "e5m2"}))->group("Decode (--mode decode)");
   app.add_flag("--no-ceilings", no_ceilings, "skip measuring the cuBLAS GEMM and copy ceilings (cuda)");
   bool profile = false;
   std::string profile_gpu = "H200";
@@ -158,6 +170,27 @@ int main(int argc, char** argv) {
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+
+  // Decode's q is 16- or 32-bit (an FP8 cache is --kv-dtype).
+  if (mode == "decode" && !dtype_words.empty() && sb::is_fp8(kDTypes.at(dtype_words.front()))) {
+    std::fprintf(stderr, "selfattn-bench: --mode decode --dtype %s: decode's q and out are fp32, fp16 or bf16; an FP8 "
+                 "cache is --kv-dtype %s\n", dtype_words.front().c_str(), dtype_words.front().c_str());
+    return 2;
+  }
+  // --kv-dtype: decode's cache only; a 16- or 32-bit cache has q's dtype (kv_cache.h), an FP8 one
+  // differs from it.
+  if (!kv_dtype_word.empty()) {
+    const std::string q_word = dtype_words.empty() ? "bf16" : dtype_words.front();
+    if (mode != "decode") {
+      std::fprintf(stderr, "selfattn-bench: --kv-dtype is the decode cache's dtype (--mode decode)\n");
+      return 2;
+    }
+    if (!sb::is_fp8(kKvDTypes.at(kv_dtype_word)) && kv_dtype_word != q_word) {
+      std::fprintf(stderr, "selfattn-bench: --kv-dtype %s: a 16- or 32-bit cache has q's dtype (--dtype %s); an "
+                   "FP8 one is e4m3 or e5m2\n", kv_dtype_word.c_str(), q_word.c_str());
+      return 2;
+    }
+  }
 
   // Refused before a cuda context is made, so the message is the same on a machine without a GPU.
   const char* profile_on_cuda = "selfattn-bench: --profile counts on the sim only (--backend sim); on a GPU run the "
@@ -228,6 +261,7 @@ int main(int argc, char** argv) {
     if (!new_tokens.empty()) decode.new_tokens = new_tokens;
     if (!prefill_rows.empty()) decode.prefill_rows = prefill_rows;
     decode.splits = splits;
+    if (!kv_dtype_word.empty()) decode.kv_dtype = kKvDTypes.at(kv_dtype_word);
     try {
       if (!path_words.empty()) decode.paths = parse_paths(path_words);
     } catch (const CLI::Error& e) {

@@ -4,8 +4,10 @@
 // written) per second, and its share of the device copy ceiling measured in the same run. With
 // --prefill-rows, sequence 0 has a prefill chunk of new rows beside the others' decode rows, in one
 // packed attention_with_kv_cache_varlen call (a continuous-batching step): the same bytes, and
-// FLOPs summed over each sequence's own rows. With --check the first call of each case is compared
-// with the double reference (accuracy.h).
+// FLOPs summed over each sequence's own rows. With --kv-dtype e4m3|e5m2 the cache is FP8 with fp32
+// scales per tensor (kv_cache.h), q and out stay --dtype: K/V bytes count one byte an element, the
+// saving decode is after. With --check the first call of each case is compared with the double
+// reference (accuracy.h), over the cache as the library reads it (each code's value x its scale).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,7 @@
 
 #include "accuracy.h"
 #include "bench.h"
+#include "selfattn/reference.h"
 
 namespace selfattn_bench {
 namespace {
@@ -29,14 +32,23 @@ using selfattn::TensorView;
 
 // Fills a device buffer with one random chunk repeated (a host copy of a 16 GiB pool would not fit
 // comfortably) and returns the chunk: element i of the buffer holds chunk[i % chunk.size()],
-// already rounded to the dtype, which is all --check needs to rebuild any part of it.
-std::vector<float> fill_random(DeviceBuffer<unsigned char>& buffer, DType dtype, std::mt19937_64& rng) {
+// already rounded to the dtype, which is all --check needs to rebuild any part of it. An FP8 dtype
+// stores each value's code over `fp8_scale` (kv_cache.h's quantization: the quotient in fp32, then
+// round to nearest even) and the chunk holds what the library reads back, the code's value x scale.
+std::vector<float> fill_random(DeviceBuffer<unsigned char>& buffer, DType dtype, std::mt19937_64& rng,
+                               float fp8_scale = 1.0f) {
   const size_t element = selfattn::dtype_size(dtype);
   const size_t chunk_elements = std::min<size_t>(size_t(1) << 20, std::max<size_t>(buffer.size() / element, 1));
   std::vector<float> values(chunk_elements);
   std::vector<unsigned char> chunk(chunk_elements * element);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (size_t i = 0; i < chunk_elements; ++i) {
+    if (selfattn::is_fp8(dtype)) {
+      const uint8_t code = selfattn::reference::fp8_code(dtype, double(uniform(rng) / fp8_scale));
+      chunk[i] = code;
+      values[i] = float(selfattn::reference::fp8_value(dtype, code) * double(fp8_scale));
+      continue;
+    }
     values[i] = round_to(uniform(rng), dtype);
     if (dtype == DType::f32) {
       std::memcpy(chunk.data() + i * 4, &values[i], 4);
@@ -159,9 +171,27 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
                                    const Ceilings& ceilings) {
   const DType dtype = sweep.dtype;
   const size_t element = selfattn::dtype_size(dtype);
-  std::printf("decode: %s, %d query heads over %d kv heads, head_dim %d, copy ceiling %s\n", name(dtype), sweep.heads,
-              sweep.kv_heads, sweep.head_dim,
+  const DType kv_dtype = sweep.kv_dtype.value_or(dtype);
+  const size_t kv_element = selfattn::dtype_size(kv_dtype);
+  const bool fp8 = selfattn::is_fp8(kv_dtype);
+  // An FP8 cache's per-tensor scales: the uniform(-1, 1) values over them stay well inside either
+  // format's range (|x| / scale <= 171 and 103 < 448), and their few significant bits keep
+  // code x scale exact in fp32, f16 and bf16, so --check's reference reads what the kernels read.
+  const float k_scale = 0.375f / 64, v_scale = 0.625f / 64;
+  std::string cache_text = name(kv_dtype);
+  if (fp8) {
+    char scales[96];
+    std::snprintf(scales, sizeof scales, " (scales per tensor: k %g, v %g)", double(k_scale), double(v_scale));
+    cache_text += scales;
+  }
+  std::printf("decode: %s, cache %s, %d query heads over %d kv heads, head_dim %d, copy ceiling %s\n", name(dtype),
+              cache_text.c_str(), sweep.heads, sweep.kv_heads, sweep.head_dim,
               ceilings.copy_gbps > 0 ? (std::to_string(int(ceilings.copy_gbps)) + " GB/s").c_str() : "not measured");
+  std::optional<DeviceBuffer<float>> scales;
+  if (fp8) {
+    scales.emplace(ctx, 2, "decode kv scales");
+    scales->copy_from_host(std::vector<float>{k_scale, v_scale});
+  }
   std::printf("%-7s %6s %8s %5s %6s %7s %10s %9s %7s %9s %s\n", "path", "batch", "cache", "page", "new", "splits", "ms",
               "GB/s", "%copy", "rel_err", "check");
   std::mt19937_64 rng(2024);
@@ -180,7 +210,7 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           c.head_dim = sweep.head_dim;
           c.causal = Causal::bottom_right;
           c.layout = Layout::bshd;
-          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits, prefill_rows};
+          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits, prefill_rows, kv_dtype};
           // The cache holds cache_len tokens per sequence (the new ones among them, appended before).
           DecodeHost host;
           host.first_row.assign(1, 0);
@@ -192,8 +222,8 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           const size_t pool_elements = size_t(num_pages) * page_size * sweep.kv_heads * sweep.head_dim;
           std::optional<DeviceBuffer<unsigned char>> k_pool, v_pool;
           try {
-            k_pool.emplace(ctx, pool_elements * element, "decode k pool");
-            v_pool.emplace(ctx, pool_elements * element, "decode v pool");
+            k_pool.emplace(ctx, pool_elements * kv_element, "decode k pool");
+            v_pool.emplace(ctx, pool_elements * kv_element, "decode v pool");
           } catch (const std::exception& e) {
             for (Path path : sweep.paths) {
               CaseResult r;
@@ -206,17 +236,24 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
             }
             continue;
           }
-          host.k = fill_random(*k_pool, dtype, rng);
-          host.v = fill_random(*v_pool, dtype, rng);
+          host.k = fill_random(*k_pool, kv_dtype, rng, k_scale);
+          host.v = fill_random(*v_pool, kv_dtype, rng, v_scale);
           host.table.resize(size_t(num_pages));
           std::iota(host.table.begin(), host.table.end(), 0);
           std::shuffle(host.table.begin(), host.table.end(), rng);  // pages in any order, as an engine's allocator leaves them
           DeviceBuffer<int32_t> block_table(ctx, host.table.size(), "block table"), lengths(ctx, size_t(batch), "lengths");
           block_table.copy_from_host(host.table);
           lengths.copy_from_host(std::vector<int32_t>(size_t(batch), cache_len));
-          const TensorView k = TensorView::bshd(k_pool->data(), dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
-          const TensorView v = TensorView::bshd(v_pool->data(), dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
-          const KvCache cache = KvCache::paged_pool(k, v, block_table.data(), batch, host.pages_per_seq, lengths.data());
+          const TensorView k =
+              TensorView::bshd(k_pool->data(), kv_dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
+          const TensorView v =
+              TensorView::bshd(v_pool->data(), kv_dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
+          KvCache cache = KvCache::paged_pool(k, v, block_table.data(), batch, host.pages_per_seq, lengths.data());
+          if (fp8) {
+            cache.k_scale = scales->data();
+            cache.v_scale = scales->data() + 1;
+            cache.scale_count = 1;
+          }
           const size_t q_elements = size_t(total_rows) * sweep.heads * sweep.head_dim;
           DeviceBuffer<unsigned char> q(ctx, q_elements * element, "q"), out(ctx, q_elements * element, "out");
           host.q = fill_random(q, dtype, rng);

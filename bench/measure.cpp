@@ -12,6 +12,7 @@
 
 #include "accuracy.h"
 #include "bench.h"
+#include "selfattn/reference.h"
 
 namespace selfattn_bench {
 
@@ -116,11 +117,13 @@ std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, co
 
 namespace {
 
-// The case's bias as a device view over `storage` (filled here), in the input dtype.
+// The case's bias as a device view over `storage` (filled here), in out's dtype (the input dtype,
+// or bf16 beside FP8 inputs).
 selfattn::TensorView make_bias(selfattn::Context& ctx, const Case& c, selfattn::DeviceBuffer<unsigned char>& storage) {
   const int batch = c.mods.bias == BiasKind::heads ? 1 : c.batch;
   const int heads = c.mods.bias == BiasKind::batch ? 1 : c.heads;
-  const size_t elem = selfattn::dtype_size(c.dtype);
+  const DType dtype = out_dtype(c);
+  const size_t elem = selfattn::dtype_size(dtype);
   std::vector<unsigned char> bytes(size_t(batch) * heads * c.seq_q * c.seq_k * elem);
   size_t at = 0;
   for (int b = 0; b < batch; ++b)
@@ -128,16 +131,39 @@ selfattn::TensorView make_bias(selfattn::Context& ctx, const Case& c, selfattn::
       for (int row = 0; row < c.seq_q; ++row)
         for (int key = 0; key < c.seq_k; ++key, at += elem) {
           const float x = bias_value(c, b, h, row, key);
-          if (c.dtype == DType::f32) {
+          if (dtype == DType::f32) {
             std::memcpy(&bytes[at], &x, 4);
           } else {
-            const uint16_t bits = to_half_bits(x, c.dtype);
+            const uint16_t bits = to_half_bits(x, dtype);
             std::memcpy(&bytes[at], &bits, 2);
           }
         }
   storage = selfattn::DeviceBuffer<unsigned char>(ctx, std::max<size_t>(bytes.size(), 1), "bench bias");
   storage.copy_from_host(bytes);
-  return selfattn::TensorView::bhsd(storage.data(), c.dtype, batch, heads, c.seq_q, c.seq_k);
+  return selfattn::TensorView::bhsd(storage.data(), dtype, batch, heads, c.seq_q, c.seq_k);
+}
+
+// FP8 inputs (--dtype e4m3|e5m2): tensor `which` (0 q, 1 k, 2 v; `heads` and `seq` its extents) as
+// device codes in the case's layout, each normal(0, 1) value over its (batch, kv head)'s descale
+// rounded as the formats define it (reference::fp8_code); `values` (BHSD) receives what the
+// library reads, each code's value x its descale, for --check.
+template <class Normal>
+std::vector<unsigned char> fp8_inputs(const Case& c, int which, int heads, int seq, Normal& normal,
+                                      std::vector<float>& values) {
+  std::vector<unsigned char> codes(values.size());
+  const int group = which == 0 ? c.heads / c.kv_heads : 1;  // q head h reads kv head h / group
+  size_t i = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < heads; ++h) {
+      const float descale = fp8_descale(which, b, h / group);
+      for (int s = 0; s < seq; ++s)
+        for (int x = 0; x < c.head_dim; ++x, ++i) {
+          const uint8_t code = selfattn::reference::fp8_code(c.dtype, double(normal()) / double(descale));
+          values[i] = float(selfattn::reference::fp8_value(c.dtype, code) * double(descale));
+          codes[size_t(layout_offset(c.layout, b, h, s, x, heads, seq, c.head_dim))] = code;
+        }
+    }
+  return codes;
 }
 
 bool same_shape(const Case& a, const Case& b) {
@@ -151,7 +177,13 @@ float bias_value(const Case& c, int b, int h, int row, int key) {
   if (c.mods.bias == BiasKind::heads) b = 0;
   if (c.mods.bias == BiasKind::batch) h = 0;
   // Structure of about one unit, varying with the distance, the head and the batch.
-  return round_to(0.5f * std::sin(0.37f * float(row - key) + 0.9f * float(h) + 1.7f * float(b)), c.dtype);
+  // In out's dtype: FP8 inputs take a bias in out's (attention.h), any other case in its dtype.
+  return round_to(0.5f * std::sin(0.37f * float(row - key) + 0.9f * float(h) + 1.7f * float(b)), out_dtype(c));
+}
+
+float fp8_descale(int which, int b, int g) {
+  static const float steps[] = {0.375f, 0.5f, 0.625f, 0.75f};
+  return steps[(which + b + g) % 4] / 16;  // |normal| <= 6 over 0.375 / 16: 256, below e4m3's 448
 }
 
 // The inputs of the last shape measured: the host values (for the check) and the device copies.
@@ -159,7 +191,8 @@ float bias_value(const Case& c, int b, int h, int row, int key) {
 // first time a backward case of the shape runs.
 struct InputCache::Inputs {
   Case shape;
-  std::vector<float> q, k, v;  // BHSD, rounded to the dtype
+  std::vector<float> q, k, v;  // BHSD, rounded to the dtype (FP8: each code's value x its descale)
+  selfattn::DeviceBuffer<float> descales;  // FP8 inputs: q's, k's, v's [batch, kv_heads], one after another
   std::vector<float> dout;     // BHSD, rounded; empty until a backward case needs it
   struct Set {
     selfattn::DeviceBuffer<unsigned char> q, k, v, out;
@@ -200,24 +233,41 @@ InputCache::Inputs& InputCache::get(selfattn::Context& ctx, const Case& c) {
   const int64_t q_elems = int64_t(c.batch) * c.heads * c.seq_q * c.head_dim;
   const int64_t kv_elems = int64_t(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
   NormalSource normal{0xA77E5710ull ^ (uint64_t(q_elems) << 20) ^ uint64_t(kv_elems)};
+  std::vector<std::vector<unsigned char>> bytes;
+  int which = 0;
   for (auto* t : {&in->q, &in->k, &in->v}) {
     t->resize(t == &in->q ? q_elems : kv_elems);
-    for (float& x : *t) x = round_to(normal(), c.dtype);
+    const int heads = t == &in->q ? c.heads : c.kv_heads, seq = t == &in->q ? c.seq_q : c.seq_k;
+    if (is_fp8(c.dtype)) {
+      bytes.push_back(fp8_inputs(c, which, heads, seq, normal, *t));
+    } else {
+      for (float& x : *t) x = round_to(normal(), c.dtype);
+      bytes.push_back(to_device_bytes(*t, c.layout, c.dtype, c.batch, heads, seq, c.head_dim));
+    }
+    ++which;
   }
-  const size_t elem = selfattn::dtype_size(c.dtype);
-  const size_t set_bytes = size_t(2 * q_elems + 2 * kv_elems) * elem;
+  if (is_fp8(c.dtype)) {
+    std::vector<float> descales;
+    for (int w = 0; w < 3; ++w)
+      for (int b = 0; b < c.batch; ++b)
+        for (int g = 0; g < c.kv_heads; ++g) descales.push_back(fp8_descale(w, b, g));
+    in->descales = selfattn::DeviceBuffer<float>(ctx, descales.size(), "bench descales");
+    in->descales.copy_from_host(descales);
+  }
+  const size_t out_bytes = size_t(q_elems) * selfattn::dtype_size(out_dtype(c));
+  const size_t set_bytes = bytes[0].size() + bytes[1].size() + bytes[2].size() + out_bytes;
   const size_t l2 = device_l2_bytes(ctx);
   int copies = kMinCopies;
   if (l2 > 0) copies = int(std::clamp(std::ceil(kL2Multiple * double(l2) / double(set_bytes)), double(kMinCopies), double(kMaxCopies)));
-  const auto q_bytes = to_device_bytes(in->q, c.layout, c.dtype, c.batch, c.heads, c.seq_q, c.head_dim);
-  const auto k_bytes = to_device_bytes(in->k, c.layout, c.dtype, c.batch, c.kv_heads, c.seq_k, c.head_dim);
-  const auto v_bytes = to_device_bytes(in->v, c.layout, c.dtype, c.batch, c.kv_heads, c.seq_k, c.head_dim);
+  const auto& q_bytes = bytes[0];
+  const auto& k_bytes = bytes[1];
+  const auto& v_bytes = bytes[2];
   for (int i = 0; i < copies; ++i) {
     Inputs::Set set;
     set.q = {ctx, q_bytes.size(), "bench q"};
     set.k = {ctx, k_bytes.size(), "bench k"};
     set.v = {ctx, v_bytes.size(), "bench v"};
-    set.out = {ctx, q_bytes.size(), "bench out"};
+    set.out = {ctx, out_bytes, "bench out"};
     set.q.copy_from_host(q_bytes);
     set.k.copy_from_host(k_bytes);
     set.v.copy_from_host(v_bytes);
@@ -240,13 +290,27 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     return result;
   }
 
+  if (is_fp8(c.dtype) && c.direction != Direction::fwd) {
+    result.note = "FP8 inputs have no backward (attention.h): forward only";
+    return result;
+  }
+
   InputCache::Inputs& in = cache.get(ctx, c);
   result.copies = int(in.sets.size());
+  auto view_of = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq, DType dtype) {
+    return c.layout == Layout::bhsd ? selfattn::TensorView::bhsd(buffer.data(), dtype, c.batch, heads, seq, c.head_dim)
+                                    : selfattn::TensorView::bshd(buffer.data(), dtype, c.batch, heads, seq, c.head_dim);
+  };
   auto view = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq) {
-    return c.layout == Layout::bhsd ? selfattn::TensorView::bhsd(buffer.data(), c.dtype, c.batch, heads, seq, c.head_dim)
-                                    : selfattn::TensorView::bshd(buffer.data(), c.dtype, c.batch, heads, seq, c.head_dim);
+    return view_of(buffer, heads, seq, c.dtype);
   };
   selfattn::AttentionOptions options;
+  if (is_fp8(c.dtype)) {
+    const size_t per_tensor = size_t(c.batch) * c.kv_heads;
+    options.q_descale = in.descales.data();
+    options.k_descale = in.descales.data() + per_tensor;
+    options.v_descale = in.descales.data() + 2 * per_tensor;
+  }
   options.path = c.path;
   options.causal = c.causal;
   options.window_left = c.mods.window_left;
@@ -281,7 +345,7 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     selfattn::AttentionOptions with_lse = options;
     with_lse.lse = lse;
     selfattn::attention(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
-                        view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q), with_lse);
+                        view(set.v, c.kv_heads, c.seq_k), view_of(set.out, c.heads, c.seq_q, out_dtype(c)), with_lse);
   };
   auto run = [&](int copy) {
     InputCache::Inputs::Set& set = in.sets[size_t(copy) % in.sets.size()];
@@ -327,7 +391,9 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     return result;
   }
   if (settings.check) {
-    const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), c);
+    Case stored = c;  // out as the device holds it: FP8 inputs give bf16
+    stored.dtype = out_dtype(c);
+    const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), stored);
     const double tolerance = settings.tolerance.value_or(default_tolerance(c.dtype));
     if (c.direction != Direction::bwd)
       record_check(check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs), result);
@@ -431,12 +497,11 @@ double attention_flops(const Case& c) {
 double attention_bytes(const Case& c) {
   const double q_elems = query_rows(c) * c.heads * c.head_dim;
   const double kv_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
-  const double forward = 2 * q_elems + 2 * kv_elems;   // q, k, v read, out written
-  const double backward = 4 * q_elems + 4 * kv_elems;  // q, k, v, out, dout read; dq, dk, dv written
-  const double elements = c.direction == Direction::fwd   ? forward
-                          : c.direction == Direction::bwd ? backward
-                                                          : forward + backward;
-  return elements * double(selfattn::dtype_size(c.dtype));
+  const double in = double(selfattn::dtype_size(c.dtype)), out = double(selfattn::dtype_size(out_dtype(c)));
+  const double kv = double(selfattn::dtype_size(c.decode ? c.decode->kv_dtype : c.dtype));
+  const double forward = q_elems * (in + out) + 2 * kv_elems * kv;  // q, k, v read, out written
+  const double backward = (4 * q_elems + 4 * kv_elems) * in;        // q, k, v, out, dout read; dq, dk, dv written
+  return c.direction == Direction::fwd ? forward : c.direction == Direction::bwd ? backward : forward + backward;
 }
 
 }  // namespace selfattn_bench

@@ -9,6 +9,13 @@
 #            rows, one packed call); exit 0; the JSON holds every case with the decode fields, each
 #            checked and passed, and its bytes are K/V read + q read + out written.
 #   decode_fail: --mode decode with an impossible tolerance (0): every check fails, exit code 1.
+#   decode_fp8: --mode decode --kv-dtype e4m3 (an FP8 cache, q/out bf16), every path, --check, dense and
+#            packed; exit 0; every case passed with kv_dtype "e4m3" and bytes counting K/V at one byte.
+#            Then e5m2 passes too, e4m3 at tolerance 0 fails (the judge reads the dequantized cache, it
+#            is not vacuous), and --kv-dtype outside decode or a 16-bit one other than --dtype exit 2.
+#   sweep_fp8: --dtype e4m3,e5m2 (FP8 q, k, v with descales, out bf16), head dims 64 and 128, both masks,
+#            every path, --check; exit 0; every case ran and passed, its bytes q, k, v at one byte and out at
+#            two. Then the backward of FP8 inputs is skipped with the reason, and tolerance 0 fails.
 #   backward: --direction bwd,fwd+bwd, odd small shapes, every path, --check; exit 0; every case ran and
 #            passed its check, and its FLOPs are 2.5x (bwd) or 3.5x (fwd+bwd) the forward's.
 #   fused_kernels: --fused-kernel auto,mma.sync on fused and cublas, --check; exit 0; every case ran and
@@ -39,6 +46,18 @@ elseif(MODE STREQUAL "decode")
   set(args --backend sim --mode decode --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1
            --batch ${decode_batch} --heads ${decode_heads} --kv-heads ${decode_kv_heads} --head-dim ${decode_head_dim}
            --cache-len 7,33 --page-size 1,16 --new-tokens 1,3 --prefill-rows 0,5 --splits 3 --dtype fp16)
+elseif(MODE STREQUAL "decode_fp8")
+  set(decode_batch 2)
+  set(decode_heads 4)
+  set(decode_kv_heads 2)
+  set(decode_head_dim 64)
+  set(fp8_common --backend sim --mode decode --path all --check --warmup 0 --iters 1 --batch ${decode_batch}
+                 --heads ${decode_heads} --kv-heads ${decode_kv_heads} --head-dim ${decode_head_dim} --dtype bf16)
+  set(args ${fp8_common} --json ${json} --csv ${csv} --cache-len 7,33 --page-size 16 --new-tokens 1
+           --prefill-rows 0,5 --splits 3 --kv-dtype e4m3)
+elseif(MODE STREQUAL "sweep_fp8")
+  set(args --backend sim --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1 --batch 2 --heads 4
+           --kv-heads 2 --seq-q 7,64 --seq-k 64 --head-dim 64,128 --causal none,bottom_right --dtype e4m3,e5m2)
 elseif(MODE STREQUAL "decode_fail")
   set(args --backend sim --mode decode --path all --check --tolerance 0 --json ${json} --warmup 0 --iters 1
            --batch 1 --heads 2 --kv-heads 1 --head-dim 64 --cache-len 17 --page-size 16 --new-tokens 2 --dtype bf16)
@@ -54,7 +73,8 @@ elseif(MODE STREQUAL "profile")
   set(args --backend sim --path fused --profile --gpu h200 --json ${json} --warmup 0 --iters 1 --batch 1 --heads 2
            --seq-q 64 --head-dim 64 --dtype bf16 --direction fwd,bwd)
 else()
-  message(FATAL_ERROR "MODE must be sweep, fail, default, decode, decode_fail, backward, fused_kernels or profile")
+  message(FATAL_ERROR "MODE must be sweep, sweep_fp8, fail, default, decode, decode_fail, decode_fp8, backward, "
+                      "fused_kernels or profile")
 endif()
 
 # check_profile(CASE WHAT): the --profile object of one case (bench/README.md documents its fields).
@@ -112,13 +132,15 @@ if(count EQUAL 0)
 endif()
 set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim causal
            layout status ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas vs_mma_sync
-           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits prefill_rows profile)
+           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits prefill_rows kv_dtype profile)
 set(checked_mode OFF)
 if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
-   MODE STREQUAL "backward" OR MODE STREQUAL "fused_kernels")
+   MODE STREQUAL "decode_fp8" OR MODE STREQUAL "sweep_fp8" OR MODE STREQUAL "backward" OR
+   MODE STREQUAL "fused_kernels")
   set(checked_mode ON)
 endif()
 set(decode_checks 0)
+set(fp8_checks 0)
 set(backward_checks 0)
 set(pinned_lines 0)
 set(speedups 0)
@@ -174,8 +196,18 @@ foreach(i RANGE ${last})
       math(EXPR flop_checks "${flop_checks} + 1")
     endif()
     # A decode case: its fields, and bytes = K/V of the cached tokens read + q read + out written
-    # (fp16: 2 bytes an element).
-    if(MODE STREQUAL "decode")
+    # (fp16, bf16: 2 bytes an element; an FP8 cache's K/V 1).
+    if(MODE STREQUAL "decode" OR MODE STREQUAL "decode_fp8")
+      set(kv_size 2)
+      set(want_kv_dtype fp16)
+      if(MODE STREQUAL "decode_fp8")
+        set(kv_size 1)
+        set(want_kv_dtype e4m3)
+      endif()
+      string(JSON kv_dtype GET "${case}" kv_dtype)
+      if(NOT kv_dtype STREQUAL want_kv_dtype)
+        message(FATAL_ERROR "cases[${i}].kv_dtype = '${kv_dtype}', expected ${want_kv_dtype}")
+      endif()
       string(JSON case_mode GET "${case}" mode)
       string(JSON cache_len GET "${case}" cache_len)
       string(JSON new_tokens GET "${case}" new_tokens)
@@ -190,8 +222,8 @@ foreach(i RANGE ${last})
       if(prefill_rows GREATER 0)
         math(EXPR rows "${prefill_rows} + (${decode_batch} - 1) * ${new_tokens}")
       endif()
-      math(EXPR wanted "2 * (2 * ${rows} * ${decode_heads} * ${decode_head_dim}
-                       + 2 * ${decode_batch} * ${decode_kv_heads} * ${cache_len} * ${decode_head_dim})")
+      math(EXPR wanted "2 * 2 * ${rows} * ${decode_heads} * ${decode_head_dim}
+                       + ${kv_size} * 2 * ${decode_batch} * ${decode_kv_heads} * ${cache_len} * ${decode_head_dim}")
       if(bytes LESS wanted OR bytes GREATER wanted)
         message(FATAL_ERROR "cases[${i}].bytes = ${bytes}, expected ${wanted} (K/V read + q read + out written)")
       endif()
@@ -199,6 +231,21 @@ foreach(i RANGE ${last})
         message(FATAL_ERROR "cases[${i}] (${path}) check is '${check}': ${case}")
       endif()
       math(EXPR decode_checks "${decode_checks} + 1")
+    endif()
+    # An FP8 forward case: checked and passed; bytes q, k, v read at one byte, out written at two.
+    if(MODE STREQUAL "sweep_fp8")
+      string(JSON dtype GET "${case}" dtype)
+      string(JSON d GET "${case}" head_dim)
+      string(JSON bytes GET "${case}" bytes)
+      math(EXPR wanted "2 * 4 * ${sq} * ${d} * 3 + 2 * 2 * 2 * 64 * ${d}")
+      if(NOT dtype MATCHES "^e(4m3|5m2)$" OR bytes LESS wanted OR bytes GREATER wanted)
+        message(FATAL_ERROR "cases[${i}]: dtype ${dtype}, bytes ${bytes}: expected e4m3/e5m2, ${wanted}")
+      endif()
+      if(NOT check STREQUAL "pass")
+        string(JSON note GET "${case}" note)
+        message(FATAL_ERROR "cases[${i}] (${path} ${dtype} d${d}) check is '${check}': ${note}")
+      endif()
+      math(EXPR fp8_checks "${fp8_checks} + 1")
     endif()
     # A backward case: checked and passed, FLOPs 2.5x / 3.5x the forward's 4 * b * h * d * pairs
     # (seq_k 40, no mask: 40 * seq_q pairs; bottom_right 7 x 40: rows see 34..40 keys, 259 pairs;
@@ -280,6 +327,49 @@ elseif(MODE STREQUAL "decode")
                         "cases ran and passed, expected 48 (2 caches x 2 page sizes x 2 new-token counts x 2 prefill "
                         "chunks x 3 paths):\n${err}")
   endif()
+elseif(MODE STREQUAL "sweep_fp8")
+  if(NOT rc EQUAL 0 OR NOT fp8_checks EQUAL 48 OR NOT count EQUAL 48)
+    message(FATAL_ERROR "the checked FP8 sweep: exit ${rc}, ${fp8_checks} of ${count} cases ran and passed, expected "
+                        "48 (2 formats x 2 seq_q x 2 head dims x 2 masks x 3 paths):\n${err}")
+  endif()
+  set(fp8_small --backend sim --path all --check --warmup 0 --iters 1 --heads 2 --kv-heads 1 --seq-q 17 --seq-k 33
+                --head-dim 64 --dtype e4m3)
+  execute_process(COMMAND ${BENCH} ${fp8_small} --direction bwd RESULT_VARIABLE bwd_rc OUTPUT_VARIABLE bwd_out
+                  ERROR_VARIABLE bwd_err)
+  if(NOT bwd_rc EQUAL 0 OR NOT bwd_out MATCHES "0 of 3 cases ran, 3 skipped" OR NOT bwd_out MATCHES "no backward")
+    message(FATAL_ERROR "--dtype e4m3 --direction bwd: exit ${bwd_rc}, expected every case skipped:\n${bwd_out}")
+  endif()
+  execute_process(COMMAND ${BENCH} ${fp8_small} --tolerance 0 RESULT_VARIABLE zero_rc OUTPUT_VARIABLE zero_out
+                  ERROR_VARIABLE zero_err)
+  if(NOT zero_rc EQUAL 1 OR NOT zero_out MATCHES "3 of 3 cases ran, 0 skipped, 3 failed the check")
+    message(FATAL_ERROR "--dtype e4m3 --tolerance 0: exit ${zero_rc} (expected 1):\n${zero_out}\n${zero_err}")
+  endif()
+elseif(MODE STREQUAL "decode_fp8")
+  if(NOT rc EQUAL 0 OR failed GREATER 0 OR NOT decode_checks EQUAL 12 OR NOT count EQUAL 12)
+    message(FATAL_ERROR "the checked FP8 decode sweep: exit ${rc}, ${failed} failed checks, ${decode_checks} of "
+                        "${count} cases ran and passed, expected 12 (2 caches x 2 prefill chunks x 3 paths):\n${err}")
+  endif()
+  # e5m2 as well (one cache, pages of 1), checked.
+  execute_process(COMMAND ${BENCH} ${fp8_common} --cache-len 33 --page-size 1 --new-tokens 2 --kv-dtype e5m2
+                  RESULT_VARIABLE e5m2_rc OUTPUT_VARIABLE e5m2_out ERROR_VARIABLE e5m2_err)
+  if(NOT e5m2_rc EQUAL 0 OR NOT e5m2_out MATCHES "3 of 3 decode cases ran, 0 errors, 0 failed the check"
+     OR NOT e5m2_out MATCHES "cache e5m2 \\(scales per tensor")
+    message(FATAL_ERROR "--kv-dtype e5m2: exit ${e5m2_rc}:\n${e5m2_out}\n${e5m2_err}")
+  endif()
+  # Tolerance 0: every check fails, so the comparison with the dequantized cache is a real one.
+  execute_process(COMMAND ${BENCH} ${fp8_common} --cache-len 17 --page-size 16 --kv-dtype e4m3 --tolerance 0
+                  RESULT_VARIABLE zero_rc OUTPUT_VARIABLE zero_out ERROR_VARIABLE zero_err)
+  if(NOT zero_rc EQUAL 1 OR NOT zero_out MATCHES "3 of 3 decode cases ran, 0 errors, 3 failed the check")
+    message(FATAL_ERROR "--kv-dtype e4m3 --tolerance 0: exit ${zero_rc} (expected 1):\n${zero_out}\n${zero_err}")
+  endif()
+  # Usage errors, before any work: --kv-dtype outside decode, a 16-bit cache other than q's dtype.
+  foreach(refused "--kv-dtype;e4m3;--seq-q;8" "--mode;decode;--dtype;bf16;--kv-dtype;fp16")
+    execute_process(COMMAND ${BENCH} --backend sim ${refused} RESULT_VARIABLE usage_rc OUTPUT_VARIABLE usage_out
+                    ERROR_VARIABLE usage_err)
+    if(NOT usage_rc EQUAL 2 OR NOT usage_err MATCHES "--kv-dtype")
+      message(FATAL_ERROR "${refused}: exit ${usage_rc} (expected 2), stderr: ${usage_err}")
+    endif()
+  endforeach()
 elseif(MODE STREQUAL "backward")
   if(NOT rc EQUAL 0 OR NOT backward_checks EQUAL 24 OR NOT count EQUAL 24)
     message(FATAL_ERROR "the checked backward sweep: exit ${rc}, ${backward_checks} of ${count} cases ran and passed, "

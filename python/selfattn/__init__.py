@@ -23,8 +23,13 @@ every mask and score modifier (``loss.backward()`` reaches the library's backwar
 custom ops' autograd formulas, see _torch.py), attention sinks included; calls that would leave a
 tensor that requires grad without its gradient raise NotAvailable instead.
 
+FP8: :func:`attention` and :func:`attention_varlen` take q, k, v of float8_e4m3fn / float8_e5m2
+(torch's dtypes, or ml_dtypes' for NumPy) with ``q_descale=``, ``k_descale=``, ``v_descale=`` and
+``out_dtype=``, forward only (see attention()'s doc).
+
 Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cache the caller owns
-(contiguous or paged), :func:`merge_states` combines partial results (see _kv_cache.py).
+(contiguous or paged, also in FP8: float8_e4m3fn / float8_e5m2 with ``k_scale=``, ``v_scale=``),
+:func:`merge_states` combines partial results (see _kv_cache.py).
 
 The calls live by family, as host/src has them: _forward.py, _backward.py and _kv_cache.py, with
 what they share in _calls.py, _arrays.py and _messages.py; _torch.py registers the custom ops over

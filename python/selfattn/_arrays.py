@@ -34,6 +34,41 @@ def _is_bfloat16(a) -> bool:
     return isinstance(a, np.ndarray) and a.dtype.name == "bfloat16"
 
 
+# The FP8 formats the library takes (OCP FP8, selfattn/types.h), by the name NumPy (ml_dtypes) and
+# torch give their dtypes, and the compiled module's name for each.
+_FP8_FORMATS = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def _dtype_name(a) -> str:
+    dtype = getattr(a, "dtype", None)
+    return str(dtype).replace("torch.", "") if is_torch(a) else getattr(dtype, "name", str(dtype))
+
+
+def fp8_format(a):
+    """The compiled module's name of a's FP8 format ("e4m3", "e5m2"), or None for any other dtype.
+    Other 8-bit float formats (float8_e4m3fnuz, ml_dtypes' float8_e4m3 with infinities, ...) are
+    refused here, naming the two the library takes: their bytes would read as garbage."""
+    if a is None or not (isinstance(a, np.ndarray) or is_torch(a)):
+        return None
+    name = _dtype_name(a)
+    if name in _FP8_FORMATS:
+        return _FP8_FORMATS[name]
+    if name.startswith("float8"):
+        raise InvalidArgument(f"dtype {name} is not an FP8 format selfattn takes: float8_e4m3fn or float8_e5m2 (OCP "
+                              f"FP8)")
+    return None
+
+
+def fp8_dtype(like, fmt):
+    """The dtype of FP8 format `fmt` ("e4m3", "e5m2") in like's framework (ml_dtypes for NumPy)."""
+    name = {v: k for k, v in _FP8_FORMATS.items()}[fmt]
+    if is_torch(like):
+        import torch
+        return getattr(torch, name)
+    import ml_dtypes
+    return np.dtype(getattr(ml_dtypes, name))
+
+
 class Arguments:
     """The array arguments of one call: checked to be DLPack arrays of one framework on one device,
     with the right number of dimensions, and handed to the compiled module through dl()."""
@@ -42,6 +77,8 @@ class Arguments:
         self._arrays = {}
         self._first = None
         self.bf16_as_uint16 = False
+        self.fp8 = None  # the FP8 format of the call's FP8 arrays ("e4m3", "e5m2"), passed as uint8
+        self._fp8_first = None
         for name, a in named.items():
             if a is not None:
                 if name == "out":
@@ -66,6 +103,16 @@ class Arguments:
         if is_torch(a):
             a = a.detach()  # DLPack refuses tensors that require grad; torch gradients come from _torch.py
         self.bf16_as_uint16 = self.bf16_as_uint16 or _is_bfloat16(a)
+        try:
+            fmt = fp8_format(a)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"{name}.{error}") from None
+        if fmt is not None:
+            # The compiled module takes one FP8 format per call (every uint8 data array is read as it).
+            if self.fp8 is not None and fmt != self.fp8:
+                raise InvalidArgument(f"{name}.dtype expected {_dtype_name(self._fp8_first[1])} "
+                                      f"({self._fp8_first[0]}.dtype: one FP8 format per call), got {_dtype_name(a)}")
+            self.fp8, self._fp8_first = fmt, (name, a)
         self._arrays[name] = a
         return a
 
@@ -91,7 +138,18 @@ class Arguments:
 
     @staticmethod
     def dl(a):
-        return a.view(np.uint16) if _is_bfloat16(a) else a
+        """a as the compiled module takes it: bfloat16 NumPy arrays as uint16, FP8 arrays as uint8
+        (same bytes, same strides in elements); anything else as it is."""
+        if a is None:
+            return None
+        if _is_bfloat16(a):
+            return a.view(np.uint16)
+        if fp8_format(a) is not None:
+            if is_torch(a):
+                import torch
+                return a.view(torch.uint8)
+            return a.view(np.uint8)
+        return a
 
 
 def swap_axes_1_2(a):
@@ -110,9 +168,12 @@ def layout_view(layout):
 
 def empty_like(like, shape, dtype=None):
     """A new array of `shape` from like's framework, on like's device (dtype: like's, or the name
-    "float32" or "int32")."""
+    "float32", "float16", "bfloat16" or "int32")."""
     framework = _framework(like)
     if framework == "numpy":
+        if dtype == "bfloat16":
+            import ml_dtypes  # NumPy's bfloat16 (README's set-up installs it)
+            return np.empty(shape, dtype=ml_dtypes.bfloat16)
         return np.empty(shape, dtype=np.dtype(dtype) if dtype else like.dtype)
     if framework == "torch":
         import torch

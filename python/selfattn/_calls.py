@@ -4,7 +4,10 @@ the torch custom ops (torch_ops), and the varlen calls' view of a packed array a
 forward's and the backward's)."""
 from __future__ import annotations
 
+import math
 import numbers
+
+import numpy as np
 
 from . import _arrays
 from ._selfattn import Context, InvalidArgument
@@ -185,3 +188,37 @@ def _max_seqlen(function, given, cu_seqlens, rows, packed):
 def _packed(a):
     """A varlen array [total, heads, head_dim] viewed as the library's [1, heads, total, head_dim]."""
     return _arrays.swap_axes_1_2(a[None])
+
+
+def _host_positive_floats(name, values, expected):
+    """A host value of scale factors (a number, a sequence, a NumPy array; an FP8 cache's scales,
+    FP8 inputs' descales) as a contiguous float32 NumPy array of at least one dimension, each entry
+    checked to be finite and > 0. expected: what `name` takes, for the message."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{name} expected {expected}, got {type(values).__name__}") from None
+    if array.dtype.kind not in "fiu":
+        raise InvalidArgument(f"{name} expected {expected}, got dtype {array.dtype}")
+    array = np.ascontiguousarray(np.atleast_1d(array), dtype=np.float32)
+    _check_positive_floats(name, array)
+    return array
+
+
+def _check_positive_floats(name, values):
+    """Scale factors on the host (a NumPy array, or a list of floats): each finite and > 0 (the
+    library reads them on the device and checks none), else InvalidArgument naming the first entry
+    that is not. A list is checked in plain Python (torch.compile traces no NumPy calls)."""
+    if isinstance(values, list):
+        for at, value in enumerate(values):
+            if not (math.isfinite(value) and value > 0):
+                raise InvalidArgument(f"{name} expected finite values > 0 (real value = stored x {name}), got "
+                                      f"{name}[{at}] = {value}")
+        return
+    array = np.asarray(values, dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(array) & (array > 0)))
+    if bad.size:
+        at = np.unravel_index(int(bad[0]), array.shape) if array.ndim else ()
+        index = ", ".join(str(int(i)) for i in at)
+        raise InvalidArgument(f"{name} expected finite values > 0 (real value = stored x {name}), got "
+                              f"{name}[{index}] = {float(array.reshape(-1)[bad[0]])}")

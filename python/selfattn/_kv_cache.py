@@ -20,6 +20,19 @@ cu_seqlens_new= (append_kv), int32 [batch + 1] starting at 0, with q / k_new / v
 0 allowed); max_seqlen_q / max_seqlen_new bound each sequence's rows (computed from the offsets
 when not given: for CUDA tensors that waits for the GPU, and torch.compile cannot trace it).
 
+FP8 caches: k_cache and v_cache of torch.float8_e4m3fn or torch.float8_e5m2 (NumPy: ml_dtypes'
+float8_e4m3fn / float8_e5m2; OCP FP8, both of one format) store each value divided by a float32
+dequantization scale, real value = stored x scale (vLLM's and FlashInfer's convention), given as
+k_scale= and v_scale= to both calls: a float (per tensor), or a 1-D array/tensor of 1 or kv_heads
+entries (per kv head, head h's at [h]); a per-tensor one beside a per-head one is broadcast. An FP8
+cache needs both (the library requires them); a 16-bit or float32 cache refuses them. Scales given
+as host values (floats, NumPy arrays, CPU tensors) must be finite and > 0 (InvalidArgument naming
+the scale and the entry); CUDA tensors are read on the device, unchecked, as the library reads them.
+append_kv takes k_new / v_new in float32, float16 or bfloat16 and quantizes them (after rotary): in
+fp32, value / scale rounded to nearest even, saturated to the format's finite range (+-448 e4m3,
++-57344 e5m2), NaN kept. attention_with_kv_cache takes q (and returns out) in float32, float16 or
+bfloat16 and attends to stored x scale. kv_cache.h says which kernels do it.
+
 Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, [max_position, rotary_dim / 2]
 in float32, or float16/bfloat16 (read as they are, no copy per call; NumPy: float16): the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
 rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
@@ -32,13 +45,15 @@ included.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _max_seqlen,
-                     _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._calls import (_check_keywords, _check_positive_floats, _context_for, _float32_or_none, _float_or_none,
+                     _host_positive_floats, _int32_or_none, _max_seqlen, _packed, _score_mods, _torch_requiring_grad,
+                     _window_sides, torch_ops)
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -47,7 +62,8 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
               batch_index: Any = None, layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None,
               rotary_interleaved: bool = False, rotary_positions: Any = None, rotary_position_step: int = 1,
               return_lengths: bool = False, validate_metadata: bool = False, cu_seqlens_new: Any = None,
-              max_seqlen_new: Optional[int] = None, context: Optional[Context] = None) -> Any:
+              max_seqlen_new: Optional[int] = None, k_scale: Any = None, v_scale: Any = None,
+              context: Optional[Context] = None) -> Any:
     """Writes token t of k_new and v_new at position lengths[b] + t of sequence b, in place, across
     page boundaries; lengths itself is not changed.
 
@@ -64,6 +80,8 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     - cu_seqlens_new: int32 [batch + 1]: a packed call, k_new and v_new [total_new, kv_heads,
       head_dim] with sequence b's tokens at rows [cu_seqlens_new[b], cu_seqlens_new[b+1]), its own
       count n_b (0 allowed; max_seqlen_new bounds them, see the module's doc); seq_new is then n_b
+    - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); k_new and v_new
+      are then float32, float16 or bfloat16 (the two alike), quantized on the way in
     - returns None, or with return_lengths=True a new int32 [batch] array of
       min(lengths[b] + seq_new, capacity): the lengths for the next attention call.
 
@@ -71,25 +89,27 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     """
     _check_keywords(None, layout, "auto")
     _refuse_gradients("append_kv", k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos,
-                      rotary_sin=rotary_sin)
+                      rotary_sin=rotary_sin, k_scale=k_scale, v_scale=v_scale)
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
         updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
                      layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
-                     bool(validate_metadata), *_packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new))
+                     bool(validate_metadata), *_packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new),
+                     *_op_scales(k_scale, v_scale, k_new))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                       return_lengths=return_lengths, validate_metadata=validate_metadata, context=context,
                       batch_index=batch_index, rotary_positions=rotary_positions,
                       rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
-                      max_seqlen_new=max_seqlen_new)
+                      max_seqlen_new=max_seqlen_new, k_scale=k_scale, v_scale=v_scale)
 
 
 def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, rotary_cos, rotary_sin,
                rotary_interleaved, return_lengths, validate_metadata, context, batch_index=None,
-               rotary_positions=None, rotary_position_step=1, cu_seqlens_new=None, max_seqlen_new=None):
+               rotary_positions=None, rotary_position_step=1, cu_seqlens_new=None, max_seqlen_new=None, k_scale=None,
+               v_scale=None):
     """append_kv() without the torch.library dispatch (the custom op's implementation calls this)."""
     packed = cu_seqlens_new is not None
     arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=3 if packed else 4)
@@ -107,11 +127,12 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
     as_bhsd = _arrays.layout_view(layout)
     new_view = _packed if packed else as_bhsd
+    scales = _cache_scales(arrays, as_bhsd, k_scale, v_scale)
     with _cache_terms(("k_new", "v_new"), layout, block_table, packed):
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
                             *metadata, arrays.dl(new_view(arrays["k_new"])), arrays.dl(new_view(arrays["v_new"])), cos,
                             sin, bool(rotary_interleaved), positions, _step(rotary_position_step), updated,
-                            bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16)
+                            bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16, arrays.fp8, *scales)
     return updated
 
 
@@ -124,7 +145,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                             softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                             sinks: Any = None, key_start: Any = None, q_offset: Any = None,
                             validate_metadata: bool = False, cu_seqlens_q: Any = None,
-                            max_seqlen_q: Optional[int] = None, context: Optional[Context] = None) -> Any:
+                            max_seqlen_q: Optional[int] = None, k_scale: Any = None, v_scale: Any = None,
+                            context: Optional[Context] = None) -> Any:
     """Attention of the new query rows of each sequence to its cached tokens (append them first).
 
     - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
@@ -152,12 +174,15 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       then n_b, bias [batch or 1, heads or 1, max_seqlen_q, capacity] and lse [heads, total_q]. The
       fused path serves every sequence in one launch (graph-safe once warm); naive and cublas read
       cu_seqlens_q back. Rows no sequence owns are not written.
+    - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); q and out are
+      then float32, float16 or bfloat16
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
       (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
-                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out)
+                      bias=bias, sinks=sinks, rotary_cos=rotary_cos, rotary_sin=rotary_sin, out=out, k_scale=k_scale,
+                      v_scale=v_scale)
     _check_num_splits(num_splits)
     op = None
     if bias is None or _arrays.is_torch(bias):
@@ -172,10 +197,11 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                    bool(validate_metadata),
                    *_packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q))
         metadata = _cache_metadata(lengths, block_table, q, batch_index)
+        scales = _op_scales(k_scale, v_scale, q)
         if out is None:
-            result, lse = op(q, k_cache, v_cache, *metadata, *options)
+            result, lse = op(q, k_cache, v_cache, *metadata, *options, *scales)
         else:
-            result, lse = out, op(q, k_cache, v_cache, *metadata, out, *options, bool(return_lse))
+            result, lse = out, op(q, k_cache, v_cache, *metadata, out, *options, bool(return_lse), *scales)
         return (result, lse) if return_lse else result
     return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                     causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -185,14 +211,14 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                                     softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                     validate_metadata=validate_metadata, context=context, key_start=key_start,
                                     q_offset=q_offset, batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
-                                    max_seqlen_q=max_seqlen_q)
+                                    max_seqlen_q=max_seqlen_q, k_scale=k_scale, v_scale=v_scale)
 
 
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
                              alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None,
                              batch_index=None, rotary_positions=None, rotary_position_step=1, cu_seqlens_q=None,
-                             max_seqlen_q=None):
+                             max_seqlen_q=None, k_scale=None, v_scale=None):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
     packed = cu_seqlens_q is not None
@@ -210,13 +236,15 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     offsets, max_seqlen = _packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
+    scales = _cache_scales(arrays, as_bhsd, k_scale, v_scale)
     with _cache_terms(("q", "out"), layout, block_table, packed):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                                           arrays.dl(q_view(arrays["out"])), causal, _float_or_none("scale", scale),
                                           path, lse, cos, sin, bool(rotary_interleaved), positions,
                                           _step(rotary_position_step), num_splits, *mods,
-                                          bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16)
+                                          bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16,
+                                          arrays.fp8, *scales)
     return (out, lse) if return_lse else out
 
 
@@ -386,6 +414,104 @@ def _step(position_step):
     if isinstance(position_step, bool) or position_step not in (0, 1):
         raise InvalidArgument(f"rotary_position_step expected 0 or 1, got {position_step!r}")
     return int(position_step)
+
+
+def _scales_expected(kv_heads="kv_heads"):
+    return f"a float or a 1-D array of 1 (per tensor) or {kv_heads} (per kv head) float32 entries"
+
+
+_SCALES_EXPECTED = _scales_expected()
+
+
+def _op_scales(k_scale, v_scale, like):
+    """k_scale and v_scale as the torch ops take them: None, or float32 tensors where `like` lives
+    (a float becomes a tensor of one entry; a float's value is checked here, where it is known
+    without a host read)."""
+    return tuple(_scale_tensor(name, scale, like) for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
+
+
+def _scale_tensor(name, scale, like):
+    if scale is None:
+        return None
+    import torch
+    if isinstance(scale, torch.Tensor):
+        return scale.to(device=like.device, dtype=torch.float32)
+    if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.generic)):
+        # A Python number in plain Python (torch.compile traces no NumPy calls), made a tensor of one entry.
+        _check_positive_floats(name, [float(scale)])
+        return torch.full((1,), float(scale), dtype=torch.float32, device=like.device)
+    return _torch_from_host(_host_positive_floats(name, scale, _SCALES_EXPECTED), like)
+
+
+def _cache_scales(arrays, as_bhsd, k_scale, v_scale):
+    """k_scale and v_scale as the compiled module takes them: None for a 16-bit or float32 cache
+    (which refuses scales), else contiguous float32 1-D arrays of one length (1 or kv_heads: a
+    per-tensor one beside a per-head one is repeated, as the library takes one count for both)
+    where the cache lives. Host values are checked to be finite and > 0; CUDA tensors are not read."""
+    cache = arrays["k_cache"]
+    if arrays.fp8 is None or _arrays.fp8_format(cache) is None:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None:
+                raise InvalidArgument(f"{name} expected None: k_cache.dtype is {_arrays._dtype_name(cache)}, not FP8 "
+                                      f"(scales dequantize an FP8 cache)")
+        return None, None
+    kv_heads = int(as_bhsd(cache).shape[1])
+    scales = []
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED} (k_cache.dtype is "
+                                  f"{_arrays._dtype_name(cache)}: real value = stored x scale), got None")
+        scales.append(_scale_array(name, scale, cache, kv_heads))
+    k, v = scales
+    if k.shape[0] != v.shape[0]:  # one per tensor, one per kv head: repeat the single one
+        k, v = (_repeat(s, kv_heads) for s in (k, v))
+    return k, v
+
+
+def _scale_array(name, scale, cache, kv_heads):
+    """One scale argument as a float32 1-D array where the cache lives, its shape and (host values)
+    entries checked."""
+    if _arrays.is_torch(cache) and _arrays.is_torch(scale):
+        import torch
+        if scale.is_complex() or scale.dtype == torch.bool:
+            raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED}, got dtype {scale.dtype}")
+        array = scale.detach().to(device=cache.device, dtype=torch.float32)
+        array = (array.reshape(1) if array.ndim == 0 else array).contiguous()
+        _check_scale_shape(name, tuple(array.shape), kv_heads)
+        if scale.device.type == "cpu":
+            _check_positive_floats(name, array.cpu().numpy())
+        return array
+    on_device = hasattr(scale, "__dlpack__") and not isinstance(scale, np.ndarray)
+    if on_device and _arrays.device_of(scale)[0] != _arrays.CPU:
+        array = _arrays.float32_array(name, scale, like=cache)  # a device array: read on the device, unchecked
+        _check_scale_shape(name, tuple(array.shape), kv_heads)
+        return array
+    array = _host_positive_floats(name, scale.cpu().numpy() if _arrays.is_torch(scale) else scale,
+                                  _SCALES_EXPECTED)
+    _check_scale_shape(name, array.shape, kv_heads)
+    return _torch_from_host(array, cache) if _arrays.is_torch(cache) else \
+        _arrays.float32_array(name, array, like=cache)
+
+
+def _torch_from_host(array, like):
+    """A float32 NumPy array as a tensor on like's device."""
+    import torch
+    return torch.from_numpy(array).to(like.device)
+
+
+def _check_scale_shape(name, shape, kv_heads):
+    if len(shape) != 1 or shape[0] not in (1, kv_heads):
+        raise InvalidArgument(f"{name} expected {_scales_expected(f'kv_heads = {kv_heads}')}, got shape "
+                              f"{tuple(shape)}")
+
+
+def _repeat(scales, count):
+    """A scale array of 1 or `count` entries as `count` entries (a copy where it repeats)."""
+    if scales.shape[0] == count:
+        return scales
+    if _arrays.is_torch(scales):
+        return scales.expand(count).contiguous()
+    return np.ascontiguousarray(np.repeat(scales, count))
 
 
 def _refuse_gradients(function, **named):

@@ -42,6 +42,9 @@ _PYTHON_NAMES = {
     "options.rotary.sin": "rotary_sin",
     "options.rotary.max_position": "rotary_cos.shape[0] (max_position)",
     "options.rotary.rotary_dim": "2 * rotary_cos.shape[1] (rotary_dim)",
+    "options.q_descale": "q_descale",
+    "options.k_descale": "k_descale",
+    "options.v_descale": "v_descale",
     "backward.dlse": "dlse",
     "backward.dsinks": "dsinks",
     "cache.k": "k_cache",
@@ -49,6 +52,9 @@ _PYTHON_NAMES = {
     "cache.lengths": "lengths",
     "cache.block_table": "block_table",
     "cache.max_pages_per_seq": "block_table.shape[1]",
+    "cache.k_scale": "k_scale",
+    "cache.v_scale": "v_scale",
+    "cache.scale_count": "k_scale.size",
 }
 
 # self_attention's weights are 2-D arrays; the library speaks of them as matrices.

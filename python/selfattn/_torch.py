@@ -29,6 +29,14 @@ have no autograd formula: the public functions refuse inputs that require grad w
 
 Every op takes the modifiers in one order, the library's: window_left, window_right, softcap,
 alibi_slopes, bias, sinks; deterministic comes just before them in the forward and backward ops.
+FP8 inputs: the attention and attention_varlen ops take q_descale, k_descale, v_descale (float32
+[batch, kv_heads] tensors) and out_dtype (the result's dtype) after dropout's options, their out
+variants the descales (out's dtype is the result's), all with defaults (None), so calls written
+before them still bind.
+FP8 calls record no autograd graph: the public function refuses FP8 tensors that require grad.
+The KV-cache ops (append_kv, attention_with_kv_cache and its out variant) take an FP8 cache's
+scales last, k_scale and v_scale (float32 tensors, default None, so calls written before them still
+bind): the public functions turn a float into a tensor of one entry before the op.
 Dropout (dropout_p: float, dropout_seed, dropout_offset: int, each with a default of 0, so calls
 written before it still bind) comes last in the attention ops, their out variants and backward ops:
 after sinks (whose gradient the autograd formula finds just before them) or return_lse /
@@ -64,6 +72,10 @@ def _register():
     # keep the package (and its default contexts) alive in torch's op registry at interpreter exit,
     # which nanobind reports as leaks.
 
+    def op_argument_names(op):
+        """The names of a custom op's arguments, in its schema's order (fakes find options by name)."""
+        return [argument.name for argument in op._opoverload._schema.arguments]
+
     # The ops take dropout's seed and offset as int64 (a schema's int): _calls._op_dropout maps
     # [0, 2^64) onto it and this maps it back.
     def dropout_of(dropout_p, dropout_seed, dropout_offset):
@@ -78,19 +90,25 @@ def _register():
                   window_right: int, softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                   key_start: Optional[Tensor], q_offset: Optional[Tensor],
                   sinks: Optional[Tensor], dropout_p: float = 0.0, dropout_seed: int = 0,
-                  dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
+                  dropout_offset: int = 0, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                  v_descale: Optional[Tensor] = None,
+                  out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention  # deterministic is the backward's (the forward is deterministic already)
         return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=True,
                           out=None, layout=layout, context=None, window=(window_left, window_right),
                           softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                          q_offset=q_offset, dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                          q_offset=q_offset, dropout=dropout_of(dropout_p, dropout_seed, dropout_offset),
+                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
 
     @attention.register_fake
     def _(q, k, v, causal, scale, path, key_lengths, layout, deterministic, window_left, window_right, softcap,
-          alibi_slopes, bias, key_start, q_offset, sinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
-        # out has q's shape in either layout; lse is [batch, heads, seq_q].
+          alibi_slopes, bias, key_start, q_offset, sinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+          q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+        # out has q's shape in either layout (FP8 q: out_dtype, which the public function always sets
+        # then); lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return q.new_empty(q.shape), q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32)
+        return (q.new_empty(q.shape, dtype=out_dtype or q.dtype),
+                q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32))
 
     # The out variants (see the module's doc): the caller's out is written in place and the op
     # returns lse only (an op's output may not alias an input), or an empty float32 [0] without
@@ -104,18 +122,21 @@ def _register():
                       softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                       key_start: Optional[Tensor], q_offset: Optional[Tensor],
                       sinks: Optional[Tensor], return_lse: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                      dropout_offset: int = 0) -> Tensor:
+                      dropout_offset: int = 0, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                      v_descale: Optional[Tensor] = None) -> Tensor:
         from ._forward import _attention
         result = _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
                             return_lse=return_lse, out=out, layout=layout, context=None,
                             window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                             sinks=sinks, key_start=key_start, q_offset=q_offset,
-                            dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                            dropout=dropout_of(dropout_p, dropout_seed, dropout_offset), q_descale=q_descale,
+                            k_descale=k_descale, v_descale=v_descale)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_out.register_fake
     def _(q, k, v, out, causal, scale, path, key_lengths, layout, window_left, window_right, softcap, alibi_slopes,
-          bias, key_start, q_offset, sinks, return_lse, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+          bias, key_start, q_offset, sinks, return_lse, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+          q_descale=None, k_descale=None, v_descale=None):
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return lse_or_nothing(return_lse, q, (q.shape[0], heads, seq_q))
 
@@ -189,8 +210,10 @@ def _register():
             for i, saved in zip(ctx.tensor_options, saved_options):
                 options[i] = saved
             return_dsinks = ctx.needs_input_grad[3 + sinks_at]
+            # After sinks: dropout's three options (the FP8 arguments past them never come here: FP8
+            # inputs that require grad are refused before the op).
             dq, dk, dv, dsinks = backward_op(q, k, v, out, dout, lse, dlse, *options[:sinks_at + 1], return_dsinks,
-                                             *options[sinks_at + 1:])
+                                             *options[sinks_at + 1:sinks_at + 4])
             option_gradients[sinks_at] = dsinks if return_dsinks else None
             return (dq, dk, dv, *option_gradients)
         return gradients
@@ -207,7 +230,9 @@ def _register():
                          softcap: Optional[float], alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                          key_start: Optional[Tensor], q_offset: Optional[Tensor],
                          sinks: Optional[Tensor], dropout_p: float = 0.0, dropout_seed: int = 0,
-                         dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
+                         dropout_offset: int = 0, q_descale: Optional[Tensor] = None,
+                         k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                         out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
         from ._forward import _attention_varlen  # deterministic: as for attention, the backward's
         return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
@@ -215,11 +240,14 @@ def _register():
                                  out=None, window=(window_left, window_right), softcap=softcap,
                                  alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                  q_offset=q_offset, context=None,
-                                 dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                                 dropout=dropout_of(dropout_p, dropout_seed, dropout_offset), q_descale=q_descale,
+                                 k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
 
     @attention_varlen.register_fake
-    def _(q, k, v, *options):
-        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    def _(q, k, v, *options, **keywords):
+        named = {**dict(zip(op_argument_names(attention_varlen)[3:], options)), **keywords}
+        out_dtype = named.get("out_dtype") or q.dtype  # FP8 q: out_dtype, which the public function sets then
+        return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_varlen_out", mutates_args=("out",))
     def attention_varlen_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -229,7 +257,8 @@ def _register():
                              alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                              q_offset: Optional[Tensor], sinks: Optional[Tensor],
                              return_lse: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                             dropout_offset: int = 0) -> Tensor:
+                             dropout_offset: int = 0, q_descale: Optional[Tensor] = None,
+                             k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Tensor:
         from ._forward import _attention_varlen
         result = _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                    max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, path=path,
@@ -237,13 +266,14 @@ def _register():
                                    return_lse=return_lse, out=out, window=(window_left, window_right),
                                    softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                    key_start=key_start, q_offset=q_offset, context=None,
-                                   dropout=dropout_of(dropout_p, dropout_seed, dropout_offset))
+                                   dropout=dropout_of(dropout_p, dropout_seed, dropout_offset), q_descale=q_descale,
+                                   k_descale=k_descale, v_descale=v_descale)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_varlen_out.register_fake
     def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, path, key_lengths,
           window_left, window_right, softcap, alibi_slopes, bias, key_start, q_offset, sinks, return_lse,
-          dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+          dropout_p=0.0, dropout_seed=0, dropout_offset=0, q_descale=None, k_descale=None, v_descale=None):
         return lse_or_nothing(return_lse, q, (q.shape[1], q.shape[0]))
 
     @torch.library.custom_op("selfattn::attention_varlen_backward", mutates_args=())
@@ -285,17 +315,19 @@ def _register():
                   batch_index: Optional[Tensor], k_new: Tensor, v_new: Tensor, layout: str,
                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
                   rotary_positions: Optional[Tensor], rotary_position_step: int, validate_metadata: bool,
-                  cu_seqlens_new: Optional[Tensor], max_seqlen_new: int) -> Tensor:
+                  cu_seqlens_new: Optional[Tensor], max_seqlen_new: int, k_scale: Optional[Tensor] = None,
+                  v_scale: Optional[Tensor] = None) -> Tensor:
         from ._kv_cache import _append_kv
         return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                           return_lengths=True, validate_metadata=validate_metadata, context=None,
                           batch_index=batch_index, rotary_positions=rotary_positions,
                           rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
-                          max_seqlen_new=None if cu_seqlens_new is None else max_seqlen_new)
+                          max_seqlen_new=None if cu_seqlens_new is None else max_seqlen_new, k_scale=k_scale,
+                          v_scale=v_scale)
 
     @append_kv.register_fake
-    def _(k_cache, v_cache, lengths, *options):
+    def _(k_cache, v_cache, lengths, *options, **keywords):
         return lengths.new_empty(lengths.shape, dtype=torch.int32)  # the updated lengths
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache", mutates_args=())
@@ -308,7 +340,8 @@ def _register():
                                 alibi_slopes: Optional[Tensor], bias: Optional[Tensor], key_start: Optional[Tensor],
                                 q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                 validate_metadata: bool, cu_seqlens_q: Optional[Tensor],
-                                max_seqlen_q: int) -> Tuple[Tensor, Tensor]:
+                                max_seqlen_q: int, k_scale: Optional[Tensor] = None,
+                                v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _attention_with_kv_cache
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                         causal=causal, scale=scale, path=path, return_lse=True, out=None,
@@ -319,7 +352,8 @@ def _register():
                                         alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                         q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                         batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
-                                        max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
+                                        max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q,
+                                        k_scale=k_scale, v_scale=v_scale)
 
     def kv_lse_shape(q, layout, packed):
         """The lse of a KV-cache attention: [batch, heads, seq_q], or [heads, total_q] when packed."""
@@ -328,9 +362,15 @@ def _register():
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
         return (q.shape[0], heads, seq_q)
 
+    # The fakes find the options they need by name: the FP8 scales (k_scale, v_scale) came last,
+    # with defaults, so calls written before them still bind, and positions from the end would move.
+    def kv_options(op, args, first):
+        return dict(zip(op_argument_names(op)[first:], args))
+
     @attention_with_kv_cache.register_fake
-    def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options):
-        packed = options[-2] is not None  # cu_seqlens_q
+    def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options, **keywords):
+        named = {**kv_options(attention_with_kv_cache, options, 7), **keywords}
+        packed = named["cu_seqlens_q"] is not None
         return q.new_empty(q.shape), q.new_empty(kv_lse_shape(q, layout, packed), dtype=torch.float32)
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
@@ -344,7 +384,8 @@ def _register():
                                     alibi_slopes: Optional[Tensor], bias: Optional[Tensor],
                                     key_start: Optional[Tensor], q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                     validate_metadata: bool, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
-                                    return_lse: bool) -> Tensor:
+                                    return_lse: bool, k_scale: Optional[Tensor] = None,
+                                    v_scale: Optional[Tensor] = None) -> Tensor:
         from ._kv_cache import _attention_with_kv_cache
         result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                           causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -355,13 +396,15 @@ def _register():
                                           alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
                                           q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                           batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
-                                          max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
+                                          max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q,
+                                          k_scale=k_scale, v_scale=v_scale)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_with_kv_cache_out.register_fake
-    def _(q, k_cache, v_cache, lengths, block_table, batch_index, out, layout, *options):
-        packed = options[-3] is not None  # cu_seqlens_q
-        return lse_or_nothing(options[-1], q, kv_lse_shape(q, layout, packed))
+    def _(q, k_cache, v_cache, lengths, block_table, batch_index, out, layout, *options, **keywords):
+        named = {**kv_options(attention_with_kv_cache_out, options, 8), **keywords}
+        packed = named["cu_seqlens_q"] is not None
+        return lse_or_nothing(named["return_lse"], q, kv_lse_shape(q, layout, packed))
 
     @torch.library.custom_op("selfattn::merge_states", mutates_args=())
     def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, layout: str) -> Tuple[Tensor, Tensor]:

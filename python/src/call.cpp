@@ -33,10 +33,12 @@ std::string dtype_name(nb::dlpack::dtype dt) {
   return code + std::to_string(dt.bits) + (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : "");
 }
 
-selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf16_as_uint16) {
+selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf16_as_uint16,
+                         std::optional<selfattn::DType> fp8_as_uint8) {
   using code = nb::dlpack::dtype_code;
   const bool is_bias = std::string(name) == "bias";
   if (dt.lanes == 1) {
+    if (fp8_as_uint8 && dt.code == uint8_t(code::UInt) && dt.bits == 8) return *fp8_as_uint8;
     if (dt.code == uint8_t(code::Float) && dt.bits == 32) return selfattn::DType::f32;
     if (dt.code == uint8_t(code::Float) && dt.bits == 16) return selfattn::DType::f16;
     if (dt.code == uint8_t(code::Bfloat) && dt.bits == 16) return selfattn::DType::bf16;
@@ -46,6 +48,13 @@ selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf1
   }
   invalid(std::string(name) + ".dtype expected float32, float16" + (is_bias ? ", bfloat16 or bool" : " or bfloat16") +
           ", got " + dtype_name(dt));
+}
+
+std::optional<selfattn::DType> parse_fp8(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  if (*name == "e4m3") return selfattn::DType::e4m3;
+  if (*name == "e5m2") return selfattn::DType::e5m2;
+  invalid("fp8 expected None, 'e4m3' or 'e5m2', got '" + *name + "'");
 }
 
 void SimStaging::stage(selfattn::Context& ctx, std::vector<Arg*>& args) {

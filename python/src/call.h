@@ -70,8 +70,14 @@ selfattn::Causal parse_causal(const std::optional<std::string>& name);
 std::string dtype_name(nb::dlpack::dtype dt);
 
 // The library's dtype of a float array. NumPy cannot export ml_dtypes' bfloat16 through DLPack, so
-// the Python layer passes such arrays viewed as uint16 with `bf16_as_uint16` set.
-selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf16_as_uint16);
+// the Python layer passes such arrays viewed as uint16 with `bf16_as_uint16` set. FP8 arrays
+// (ml_dtypes' and torch's float8_e4m3fn / float8_e5m2) come the same way, viewed as uint8, with
+// `fp8_as_uint8` their format: DLPack has no FP8 codes that NumPy or every torch version exports.
+selfattn::DType dtype_of(const char* name, const nb::dlpack::dtype& dt, bool bf16_as_uint16,
+                         std::optional<selfattn::DType> fp8_as_uint8 = std::nullopt);
+
+// The Python layer's name of an FP8 format ("e4m3", "e5m2", or None: no FP8 array in the call).
+std::optional<selfattn::DType> parse_fp8(const std::optional<std::string>& name);
 
 // What an argument holds: attention data (f32/f16/bf16, checked on arrival) or an index/LSE vector
 // (int32/fp32, checked by expect_int32_vector / expect_contiguous_float32).
@@ -89,11 +95,13 @@ struct Arg {
   bool written;                         // out, lse: copied back after a sim run
   selfattn::DType dtype = selfattn::DType::f32;  // for Holds::data*
 
+  // fp8_as_uint8: the FP8 format of the call's data arrays that arrive as uint8 (see dtype_of).
   template <class Array>
-  Arg(const char* name, const Array& a, bool written, Holds holds)
+  Arg(const char* name, const Array& a, bool written, Holds holds,
+      std::optional<selfattn::DType> fp8_as_uint8 = std::nullopt)
       : name(name), data(const_cast<void*>(static_cast<const void*>(a.data()))), device_type(a.device_type()),
         device_id(a.device_id()), ndim(a.ndim()), item(a.dtype().bits / 8), written(written) {
-    if (holds != Holds::vector) dtype = dtype_of(name, a.dtype(), holds == Holds::data_bf16_as_uint16);
+    if (holds != Holds::vector) dtype = dtype_of(name, a.dtype(), holds == Holds::data_bf16_as_uint16, fp8_as_uint8);
     for (size_t i = 0; i < ndim; ++i) {
       shape.push_back(int64_t(a.shape(i)));
       strides.push_back(a.stride(i));
@@ -207,8 +215,9 @@ Holds data_kind(bool bf16_as_uint16);
 struct AttentionArgs {
   const Arg &q, &k, &v, &out;
 };
+// fp8: the format of FP8 q, k, v (passed as uint8, see dtype_of), or nullopt.
 AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-                                 bool bf16_as_uint16);
+                                 bool bf16_as_uint16, std::optional<selfattn::DType> fp8 = std::nullopt);
 
 // The arrays every backward call takes: q, k, v, out, dout and the forward's lse read; dq, dk, dv
 // written (each q's dtype or float32).
@@ -260,15 +269,22 @@ void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExt
 // added by the caller, written or not), lengths (int32 [batch]) and, for a paged pool,
 // block_table (int32 [batch, max_pages_per_seq], row-major: the library reads it from a bare
 // pointer, so its layout is checked here). batch is block_table's rows, else k's batch extent.
-// batch_index (contiguous only, int32 [batch]): sequence b's row of the cache.
+// batch_index (contiguous only, int32 [batch]): sequence b's row of the cache. k_scale, v_scale:
+// an FP8 cache's fp32 scales, 1-D contiguous and of one length (the library takes one
+// scale_count for both; the Python layer broadcasts a per-tensor one beside a per-head one); the
+// library checks that they are there exactly for an FP8 cache and their count.
 struct KvCacheArgs {
   const Arg &k, &v, &lengths;
   const Arg* block_table;
   const Arg* batch_index;
   int64_t batch, max_pages_per_seq;
+  const Arg* k_scale;
+  const Arg* v_scale;
 };
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
-                         const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index);
+                         const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index,
+                         const std::optional<InArray>& k_scale = std::nullopt,
+                         const std::optional<InArray>& v_scale = std::nullopt);
 // After staging.
 selfattn::KvCache kv_cache(const KvCacheArgs& cache);
 

@@ -3,31 +3,68 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "entry_points.h"
 
 namespace selfattn_python {
 
 AttentionArgs add_attention_args(Call& call, const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-                                 bool bf16_as_uint16) {
+                                 bool bf16_as_uint16, std::optional<selfattn::DType> fp8) {
   const Holds data = data_kind(bf16_as_uint16);
-  return {call.add(Arg("q", q, false, data)), call.add(Arg("k", k, false, data)), call.add(Arg("v", v, false, data)),
-          call.add(Arg("out", out, true, data))};
+  return {call.add(Arg("q", q, false, data, fp8)), call.add(Arg("k", k, false, data, fp8)),
+          call.add(Arg("v", v, false, data, fp8)), call.add(Arg("out", out, true, data, fp8))};
 }
+
+namespace {
+
+// FP8 inputs' descales (AttentionOptions::q_descale, ...): fp32 [batch, kv_heads] contiguous each,
+// read from bare pointers, so their shapes are checked here; the library refuses them beside
+// 16- and 32-bit inputs.
+struct Descales {
+  const Arg *q, *k, *v;
+};
+
+Descales add_descales(Call& call, const std::optional<InArray>& q_descale, const std::optional<InArray>& k_descale,
+                      const std::optional<InArray>& v_descale, int64_t batch, int64_t kv_heads) {
+  const std::pair<const char*, const std::optional<InArray>*> named[] = {
+      {"q_descale", &q_descale}, {"k_descale", &k_descale}, {"v_descale", &v_descale}};
+  const Arg* added[3] = {nullptr, nullptr, nullptr};
+  for (int i = 0; i < 3; ++i) {
+    const std::optional<InArray>& array = *named[i].second;
+    if (!array) continue;
+    added[i] = &call.add(Arg(named[i].first, *array, false, Holds::vector));
+    expect_lse(*added[i], array->dtype(), {batch, kv_heads}, "batch, kv_heads");
+  }
+  return {added[0], added[1], added[2]};
+}
+
+// After staging.
+void set_descales(selfattn::AttentionOptions& options, const Descales& descales) {
+  const auto pointer = [](const Arg* a) { return a ? static_cast<const float*>(a->data) : nullptr; };
+  options.q_descale = pointer(descales.q);
+  options.k_descale = pointer(descales.k);
+  options.v_descale = pointer(descales.v);
+}
+
+}  // namespace
 
 void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
-               uint64_t dropout_seed, uint64_t dropout_offset) {
+               uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
+               std::optional<InArray> q_descale, std::optional<InArray> k_descale, std::optional<InArray> v_descale) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
-  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16, parse_fp8(fp8));
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
+  const Descales descales =
+      add_descales(call, q_descale, k_descale, v_descale, q_shape.batch(), tensor_view(a.k).heads());
   const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
                                     q_shape.heads(), bf16_as_uint16);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
@@ -36,6 +73,7 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
+    set_descales(options, descales);
     selfattn::attention(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out), options);
   });
 }
@@ -46,12 +84,16 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                       std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                       std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16,
-                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
+                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
+                      std::optional<InArray> q_descale, std::optional<InArray> k_descale,
+                      std::optional<InArray> v_descale) {
   selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
-  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16);
+  const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16, parse_fp8(fp8));
   const CuSeqlens cu = add_cu_seqlens(call, cu_seqlens_q, cu_seqlens_k);
+  // A row of descales per sequence.
+  const Descales descales = add_descales(call, q_descale, k_descale, v_descale, cu.batch, tensor_view(a.k).heads());
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
@@ -63,6 +105,7 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
     options.lse = alse ? static_cast<float*>(alse->data) : nullptr;
     set_mod_options(options, mods);
+    set_descales(options, descales);
     selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
                                static_cast<const int32_t*>(cu.q.data), static_cast<const int32_t*>(cu.k.data),
                                int(cu.batch), max_seqlen_q, max_seqlen_k, options);

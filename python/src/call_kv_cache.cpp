@@ -1,6 +1,7 @@
 // The KV cache's entry points (host/src/kv_cache.cpp): append_kv, attention_with_kv_cache,
 // merge_states and cu_seqlens_from_lengths, and the cache's and the rotary tables' arrays (call.h
 // declares them).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -10,8 +11,32 @@
 
 namespace selfattn_python {
 
+namespace {
+
+// An FP8 cache's scales (k_scale, v_scale): fp32, 1-D, contiguous; the library reads scale_count of
+// them from a bare pointer, so the length (1 or kv_heads, checked by the library) is taken here.
+const Arg* add_scales(Call& call, const char* name, const std::optional<InArray>& scales) {
+  if (!scales) return nullptr;
+  const Arg& a = call.add(Arg(name, *scales, false, Holds::vector));
+  expect_contiguous_float32(a, scales->dtype());
+  if (a.ndim != 1) {
+    invalid(std::string(name) + " expected a 1-D array of 1 (per tensor) or kv_heads (per kv head) entries, got "
+            "shape " + shape_text(a));
+  }
+  return &a;
+}
+
+}  // namespace
+
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
-                         const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index) {
+                         const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index,
+                         const std::optional<InArray>& k_scale, const std::optional<InArray>& v_scale) {
+  const Arg* ak_scale = add_scales(call, "k_scale", k_scale);
+  const Arg* av_scale = add_scales(call, "v_scale", v_scale);
+  if (ak_scale && av_scale && ak_scale->shape != av_scale->shape) {
+    invalid("v_scale expected k_scale's shape " + shape_text(*ak_scale) + " (one count of scales for both), got " +
+            shape_text(*av_scale));
+  }
   const Arg& alengths = call.add(Arg("lengths", lengths, false, Holds::vector));
   const Arg* table = block_table ? &call.add(Arg("block_table", *block_table, false, Holds::vector)) : nullptr;
   int64_t batch = k.ndim == 4 ? k.shape[0] : 0, max_pages = 0;
@@ -42,22 +67,28 @@ KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& 
                       table   ? "batch: block_table's rows"
                       : index ? "batch: batch_index's entries"
                               : "batch");
-  return {k, v, alengths, table, index, batch, max_pages};
+  return {k, v, alengths, table, index, batch, max_pages, ak_scale, av_scale};
 }
 
 selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
   const auto* lengths = static_cast<const int32_t*>(cache.lengths.data);
+  selfattn::KvCache view;
   if (!cache.block_table) {
-    selfattn::KvCache contiguous = selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
+    view = selfattn::KvCache::contiguous(tensor_view(cache.k), tensor_view(cache.v), lengths);
     if (cache.batch_index) {
-      contiguous.batch_index = static_cast<const int32_t*>(cache.batch_index->data);
-      contiguous.batch = int(cache.batch);
+      view.batch_index = static_cast<const int32_t*>(cache.batch_index->data);
+      view.batch = int(cache.batch);
     }
-    return contiguous;
+  } else {
+    view = selfattn::KvCache::paged_pool(tensor_view(cache.k), tensor_view(cache.v),
+                                         static_cast<const int32_t*>(cache.block_table->data), int(cache.batch),
+                                         int(cache.max_pages_per_seq), lengths);
   }
-  return selfattn::KvCache::paged_pool(tensor_view(cache.k), tensor_view(cache.v),
-                                       static_cast<const int32_t*>(cache.block_table->data), int(cache.batch),
-                                       int(cache.max_pages_per_seq), lengths);
+  const Arg* counted = cache.k_scale ? cache.k_scale : cache.v_scale;
+  view.k_scale = cache.k_scale ? static_cast<const float*>(cache.k_scale->data) : nullptr;
+  view.v_scale = cache.v_scale ? static_cast<const float*>(cache.v_scale->data) : nullptr;
+  view.scale_count = counted ? int(std::min<int64_t>(counted->shape[0], INT32_MAX)) : 0;
+  return view;
 }
 
 RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
@@ -121,15 +152,18 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
                std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
                std::optional<InArray> rotary_positions, int rotary_position_step,
                std::optional<OutArray> updated_lengths, bool validate_metadata, std::optional<InArray> cu_seqlens_new,
-               int max_seqlen_new, bool bf16_as_uint16) {
+               int max_seqlen_new, bool bf16_as_uint16, std::optional<std::string> fp8,
+               std::optional<InArray> k_scale, std::optional<InArray> v_scale) {
   const Holds data = data_kind(bf16_as_uint16);
+  // Every data array gets the format, so an FP8 k_new is named as such by the library's refusal.
+  const std::optional<selfattn::DType> fp8_dtype = parse_fp8(fp8);
   Call call(context);
-  const KvCacheArgs cache =
-      add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data)), call.add(Arg("v_cache", v_cache, true, data)),
-                   lengths, block_table, batch_index);
+  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data, fp8_dtype)),
+                                         call.add(Arg("v_cache", v_cache, true, data, fp8_dtype)), lengths,
+                                         block_table, batch_index, k_scale, v_scale);
   const Arg* offsets = add_packed_offsets(call, "cu_seqlens_new", cu_seqlens_new, cache.batch);
-  const Arg& ak = call.add(Arg("k_new", k_new, false, data));
-  const Arg& av = call.add(Arg("v_new", v_new, false, data));
+  const Arg& ak = call.add(Arg("k_new", k_new, false, data, fp8_dtype));
+  const Arg& av = call.add(Arg("v_new", v_new, false, data, fp8_dtype));
   const RotaryArgs tables =
       add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
   const Arg* aupdated =
@@ -159,16 +193,19 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
                              std::optional<InArray> sinks, std::optional<InArray> key_start,
                              std::optional<InArray> q_offset, bool validate_metadata,
-                             std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16) {
+                             std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16,
+                             std::optional<std::string> fp8, std::optional<InArray> k_scale,
+                             std::optional<InArray> v_scale) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
   selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
   const Holds data = data_kind(bf16_as_uint16);
+  const std::optional<selfattn::DType> fp8_dtype = parse_fp8(fp8);
   Call call(context);
-  const Arg& aq = call.add(Arg("q", q, false, data));
-  const KvCacheArgs cache =
-      add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data)), call.add(Arg("v_cache", v_cache, false, data)),
-                   lengths, block_table, batch_index);
-  const Arg& aout = call.add(Arg("out", out, true, data));
+  const Arg& aq = call.add(Arg("q", q, false, data, fp8_dtype));
+  const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data, fp8_dtype)),
+                                         call.add(Arg("v_cache", v_cache, false, data, fp8_dtype)), lengths,
+                                         block_table, batch_index, k_scale, v_scale);
+  const Arg& aout = call.add(Arg("out", out, true, data, fp8_dtype));
   const RotaryArgs tables =
       add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;

@@ -16,14 +16,17 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
                std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
-               uint64_t dropout_seed, uint64_t dropout_offset);
+               uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
+               std::optional<InArray> q_descale, std::optional<InArray> k_descale, std::optional<InArray> v_descale);
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                       std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
                       std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
                       std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
                       std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16,
-                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset);
+                      float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
+                      std::optional<InArray> q_descale, std::optional<InArray> k_descale,
+                      std::optional<InArray> v_descale);
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
@@ -57,7 +60,8 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
                std::optional<InArray> rotary_cos, std::optional<InArray> rotary_sin, bool rotary_interleaved,
                std::optional<InArray> rotary_positions, int rotary_position_step,
                std::optional<OutArray> updated_lengths, bool validate_metadata, std::optional<InArray> cu_seqlens_new,
-               int max_seqlen_new, bool bf16_as_uint16);
+               int max_seqlen_new, bool bf16_as_uint16, std::optional<std::string> fp8,
+               std::optional<InArray> k_scale, std::optional<InArray> v_scale);
 void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
                              std::optional<InArray> block_table, std::optional<InArray> batch_index, OutArray out,
                              std::optional<std::string> causal, std::optional<float> scale, std::string path,
@@ -68,7 +72,9 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
                              std::optional<InArray> sinks, std::optional<InArray> key_start,
                              std::optional<InArray> q_offset, bool validate_metadata,
-                             std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16);
+                             std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16,
+                             std::optional<std::string> fp8, std::optional<InArray> k_scale,
+                             std::optional<InArray> v_scale);
 void rotary_embedding(BoundContext& context, InArray x, OutArray out, InArray rotary_cos, InArray rotary_sin,
                       bool rotary_interleaved, std::optional<InArray> rotary_positions, int rotary_position_step,
                       bool bf16_as_uint16);

@@ -87,7 +87,10 @@ NB_MODULE(_selfattn, m) {
         nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(),
         nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
         nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
-        "Low level: q, k, v, out as [batch, heads, seq, head_dim] views. Use selfattn.attention().");
+        nb::arg("fp8").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        "Low level: q, k, v, out as [batch, heads, seq, head_dim] views (FP8 q, k, v as uint8 with fp8 their "
+        "format). Use selfattn.attention().");
   m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
@@ -95,7 +98,10 @@ NB_MODULE(_selfattn, m) {
         nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(),
         nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
         nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
-        "Low level: q, out as [1, heads, total_q, head_dim] views. Use selfattn.attention_varlen().");
+        nb::arg("fp8").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        "Low level: q, out as [1, heads, total_q, head_dim] views (FP8 q, k, v as uint8 with fp8 their format; "
+        "descales [batch, kv_heads], a row per sequence). Use selfattn.attention_varlen().");
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
@@ -125,7 +131,8 @@ NB_MODULE(_selfattn, m) {
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
         nb::arg("rotary_positions").none(), nb::arg("rotary_position_step"), nb::arg("updated_lengths").none(),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_new").none(), nb::arg("max_seqlen_new"),
-        nb::arg("bf16_as_uint16"),
+        nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(),
         "Low level: every array as a [batch or pages, kv_heads, seq, head_dim] view (packed, with cu_seqlens_new: "
         "k_new, v_new as [1, kv_heads, total_new, head_dim]). Use selfattn.append_kv().");
   m.def("attention_with_kv_cache", &attention_with_kv_cache, nb::arg("context"), nb::arg("q"), nb::arg("k_cache"),
@@ -136,7 +143,8 @@ NB_MODULE(_selfattn, m) {
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
         nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"),
-        nb::arg("bf16_as_uint16"),
+        nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(),
         "Low level: q, out and the cache as [batch or pages, heads, seq, head_dim] views (packed, with cu_seqlens_q: "
         "q, out as [1, heads, total_q, head_dim]). Use selfattn.attention_with_kv_cache().");
   m.def("rotary_embedding", &rotary_embedding, nb::arg("context"), nb::arg("x"), nb::arg("out"), nb::arg("rotary_cos"),

@@ -511,3 +511,36 @@ def test_library_errors_are_runtime_errors_too():
     # The KV cache has no backward (as in FlashAttention): refused as NotAvailable, a RuntimeError.
     with pytest.raises(FlashAttnNotSupported, match="requires grad"):
         flash_attn_with_kvcache(q.requires_grad_(), *cache(58, 1, 8), cache_seqlens=3)
+
+
+
+def test_fp8_descales_as_flash_attention_3_takes_them():
+    # FP8 q, k, v with FlashAttention-3's q_descale/k_descale/v_descale ([batch, nheads_k]): out in
+    # bfloat16 against the reference over the real values (stored x descale). The descales have few
+    # significant bits, so the dequantized values are exact; the error is bf16 attention's.
+    g = torch.Generator().manual_seed(5)
+    batch, heads, kv_heads, dim = 2, 4, 2, 64
+    q = torch.randn(batch, 7, heads, dim, generator=g).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(batch, 33, kv_heads, dim, generator=g).to(torch.float8_e4m3fn) for _ in range(2))
+    choices = torch.tensor([0.375, 0.625, 1.25, 2.5])
+    q_d, k_d, v_d = (choices[torch.randint(0, 4, (batch, kv_heads), generator=g)] for _ in range(3))
+
+    def real(x, descale):  # [b, s, h, d] stored values x their kv head's descale
+        return x.float() * descale.repeat_interleave(x.shape[2] // kv_heads, 1)[:, None, :, None]
+
+    out = flash_attn_func(q, k, v, causal=True, q_descale=q_d, k_descale=k_d, v_descale=v_d)
+    assert out.dtype == torch.bfloat16
+    want, _ = reference(real(q, q_d), real(k, k_d), real(v, v_d), causal=True)
+    assert_close(out, want, "bfloat16")
+    # Packed: sequence b (rows of q[0], k[0], v[0]) takes row b of each descale.
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 20, 33], dtype=torch.int32)
+    packed = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 4, 20, q_descale=q_d, k_descale=k_d,
+                                    v_descale=v_d)
+    for b in range(batch):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        want, _ = reference(real(q[0:1, rows], q_d[b:b + 1]), real(k[0:1, keys], k_d[b:b + 1]),
+                            real(v[0:1, keys], v_d[b:b + 1]))
+        assert_close(packed[None, rows], want, "bfloat16")
+    with pytest.raises(FlashAttnNotSupported, match="q_descale with block_table"):
+        flash_attn_varlen_func(q[0], k, v, cu_q, cu_k, 4, 20, block_table=torch.zeros(2, 1, dtype=torch.int32),
+                               q_descale=q_d)

@@ -22,6 +22,10 @@ attention_with_kv_cache with layout="bshd", FlashAttention's [batch, seqlen, nhe
   backward that loss.backward() runs (bitwise-identical gradients run to run; the fused path then
   computes dQ in a second kernel instead of with atomics). The forward is deterministic either way.
 - num_splits: the library's num_splits (0: it chooses).
+- q_descale, k_descale, v_descale (flash_attn_func and flash_attn_varlen_func without block_table;
+  keyword arguments, as FlashAttention-3's FP8 forward names them): FP8 inputs, q, k and v all
+  torch.float8_e4m3fn or all float8_e5m2, float32 [batch, nheads_k] each (None: 1), the real value
+  being stored x descale; out is bfloat16 (FlashAttention-3's choice). No backward for FP8 inputs.
 
 Conventions FlashAttention's users rely on, kept here:
 
@@ -171,8 +175,15 @@ def _refuse_training_options(function, dropout_p, return_attn_probs):
     return float(dropout_p)
 
 
+def _descales(q_descale, k_descale, v_descale):
+    """FlashAttention-3's FP8 descales as selfattn.attention's keyword arguments (only those given)."""
+    given = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, q_descale=None,
+                    k_descale=None, v_descale=None):
     """Attention of q [batch, seqlen_q, nheads, headdim] to k, v [batch, seqlen_k, nheads_k,
     headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q.
     Differentiable in q, k and v. See the module's doc for each argument and what is refused."""
@@ -181,14 +192,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q, k, v = _tensor(name, "q", q, 4), _tensor(name, "k", k, 4), _tensor(name, "v", v, 4)
     options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
                    window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
-                   deterministic=bool(deterministic), dropout_p=dropout_p)
+                   deterministic=bool(deterministic), dropout_p=dropout_p,
+                   **_descales(q_descale, k_descale, v_descale))
     with _runtime_errors(name):
         return selfattn.attention(q, k, v, layout="bshd", **options)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *, q_descale=None,
+                           k_descale=None, v_descale=None):
     """Attention over sequences packed without padding: q [total_q, nheads, headdim], k, v
     [total_k, nheads_k, headdim], cu_seqlens_q/k int32 [batch + 1] (sequence b owns rows
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
@@ -198,6 +211,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     paged = block_table is not None
     if paged and dropout_p > 0:
         _refuse(name, f"dropout_p={dropout_p} with block_table: the paged KV-cache call has no dropout (inference)")
+    descales = _descales(q_descale, k_descale, v_descale)
+    if paged and descales:
+        _refuse(name, f"{', '.join(descales)} with block_table: an FP8 cache takes its scales through "
+                      "selfattn.attention_with_kv_cache(k_scale=, v_scale=)")
     q = _tensor(name, "q", q, 3)
     k, v = _tensor(name, "k", k, 4 if paged else 3), _tensor(name, "v", v, 4 if paged else 3)
     for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -214,7 +231,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                                     **options)
         return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
                                          max_seqlen_k=int(max_seqlen_k), deterministic=bool(deterministic),
-                                         dropout_p=dropout_p, **options)
+                                         dropout_p=dropout_p, **descales, **options)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

@@ -122,7 +122,8 @@ print("wgmma and tma (cp.async.bulk.tensor): the Hopper kernels, built for sm_90
 regs = {}
 for r in rows:
     m = re.match(r"void (flash_fwd_kernel|flash_fwd_simt_kernel|flash_fwd_hopper_kernel|"
-                 r"flash_fwd_hopper_fp8_kernel)<f16(?:, (?:FlashFwdTraits|FlashFwdHopperTraits|FlashFwdHopperFp8Traits)<(\d+))?", r[0])
+                 r"flash_fwd_hopper_fp8_kernel)<f16"
+                 r"(?:, (?:FlashFwdTraits|FlashFwdHopperTraits|FlashFwdHopperFp8Traits)<(\d+))?", r[0])
     if m:
         regs[(m.group(1), int(m.group(2)) if m.group(2) else None)] = int(r[1])
 print()

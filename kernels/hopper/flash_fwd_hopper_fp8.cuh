@@ -54,7 +54,7 @@ struct FlashFwdHopperFp8Traits {
   // __launch_bounds__(kThreads, 1); the counts moved must fit that pool exactly or less.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;  // 168 for 384 threads
   static constexpr int kProducerRegisters = 24;   // one thread issues copies
-  static constexpr int kConsumerRegisters = 240;  // S 64 + O 64 floats + P 16 registers, and the rest
+  static constexpr int kConsumerRegisters = 240;  // S + O + P: 64 + 64 + 16 (d128), 32 + 128 + 8 (d256)
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= kLaunchRegisters * kThreads,
                 "setmaxnreg asks for more registers than the launch gives the block: the consumers' inc would hang");
   static constexpr uint32_t kQBytes = uint32_t(kBlockRows) * HeadDim;

@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward tests/forward/test_fused_hopper_fp8}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -352,6 +352,23 @@ mutant fp8_input_descale_per_query_head kernels/forward/dequantize_fp8.cuh 1 \
 mutant fp8_input_sequence_search_low kernels/forward/dequantize_fp8.cuh 1 \
   'if (cu_seqlens[mid] <= row) {' 'if (cu_seqlens[mid] < row) {' \
   'a varlen row that starts its sequence takes the previous sequence'"'"'s descales'
+# Issue 37 item 3: the Hopper FP8 forward (kernels/hopper/flash_fwd_hopper_fp8.cuh, its V^T
+# pre-pass transpose_v_fp8.cuh), judged by tests/forward/test_fused_hopper_fp8 (in the default
+# MUTATE_TESTS; set it to that program alone to run these quickly). Planted by hand once (sim,
+# seeds 1 and 2): each fails FusedHopperFp8.{GqaKeyLengthsWithNaNPaddingAndDescales,HeadDim256,
+# WindowSoftcapSinksAlibiAndQOffsetOnTheTrueScores}, all but the last two more (tests/README.md).
+mutant fp8_qk_descale_ignored kernels/hopper/flash_fwd_hopper_fp8.cuh 1 \
+  'if (qk_descale != 1.0f) {' 'if (false && qk_descale != 1.0f) {' \
+  'the FP8 kernel'"'"'s scores left as stored (q_descale * k_descale ignored)'
+mutant fp8_v_descale_ignored kernels/hopper/flash_fwd_hopper_fp8.cuh 1 \
+  'if (v_descale != 1.0f) {' 'if (false && v_descale != 1.0f) {' \
+  'the FP8 kernel'"'"'s O left without v_descale'
+mutant fp8_vt_permutation_off_by_one kernels/hopper/transpose_v_fp8.cuh 1 \
+  'fp8_pv_key(column % 16)' 'fp8_pv_key((column + 1) % 16)' \
+  'V^T'"'"'s keys stored one place off P'"'"'s permutation'
+mutant fp8_vt_reads_past_key_length kernels/hopper/transpose_v_fp8.cuh 1 \
+  'if (key < k_len) value' 'if (key < p.seq_k) value' \
+  'the pre-pass copies V'"'"'s rows past a batch'"'"'s key length (NaN there) instead of zeros'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

@@ -32,10 +32,16 @@ cat > "$work/geometry.cpp" <<'CPP'
 #include "forward/flash_fwd.cuh"
 #include "forward/flash_fwd_simt.cuh"
 #include "hopper/flash_fwd_hopper.cuh"
+#include "hopper/flash_fwd_hopper_fp8.cuh"
 using namespace selfattn::kernels;
 template <int D> void hopper() {
   using T = typename FlashFwdHopperConfig<D>::Traits;
   std::printf("flash_fwd_hopper_kernel %d %d %d %d %zu %d %d\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys,
+              T::kSmemBytes, T::kProducerRegisters, T::kConsumerRegisters);
+}
+template <int D> void hopper_fp8() {
+  using T = typename FlashFwdHopperFp8Config<D>::Traits;
+  std::printf("flash_fwd_hopper_fp8_kernel %d %d %d %d %zu %d %d\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys,
               T::kSmemBytes, T::kProducerRegisters, T::kConsumerRegisters);
 }
 template <int D> void tensor_core() {
@@ -48,6 +54,7 @@ int main() {
   for (int d : {32, 64, 128, 256})
     std::printf("flash_fwd_simt_kernel %d %d %d %d %zu\n", d, S::kThreads, S::kBlockRows, S::kBlockKeys, S::smem_bytes(d));
   hopper<64>(); hopper<128>(); hopper<256>();
+  hopper_fp8<128>(); hopper_fp8<256>();
 }
 CPP
 cuda_include=$(dirname "$(dirname "$nvcc")")/include
@@ -114,17 +121,18 @@ print("wgmma and tma (cp.async.bulk.tensor): the Hopper kernels, built for sm_90
 # 64 warps and 32 blocks per SM; registers are allocated per warp in units of 256.
 regs = {}
 for r in rows:
-    m = re.match(r"void (flash_fwd_kernel|flash_fwd_simt_kernel|flash_fwd_hopper_kernel)<f16"
-                 r"(?:, (?:FlashFwdTraits|FlashFwdHopperTraits)<(\d+))?", r[0])
+    m = re.match(r"void (flash_fwd_kernel|flash_fwd_simt_kernel|flash_fwd_hopper_kernel|"
+                 r"flash_fwd_hopper_fp8_kernel)<f16"
+                 r"(?:, (?:FlashFwdTraits|FlashFwdHopperTraits|FlashFwdHopperFp8Traits)<(\d+))?", r[0])
     if m:
         regs[(m.group(1), int(m.group(2)) if m.group(2) else None)] = int(r[1])
 print()
-print(f"{'kernel (f16 build)':28} {'threads':>7} {'rows':>5} {'keys':>5} {'smem_B':>8} {'regs':>5} {'blocks/SM':>9} {'warps/SM':>8}")
+print(f"{'kernel (f16 out build)':34} {'threads':>7} {'rows':>5} {'keys':>5} {'smem_B':>8} {'regs':>5} {'blocks/SM':>9} {'warps/SM':>8}")
 hopper_registers = []
 for line in open(os.path.join(work, "geometry.txt")):
     kind, d, threads, block_rows, keys, smem = line.split()[:6]
-    if kind == "flash_fwd_hopper_kernel":
-        hopper_registers.append((int(d), int(threads), *map(int, line.split()[6:8])))
+    if kind in ("flash_fwd_hopper_kernel", "flash_fwd_hopper_fp8_kernel"):
+        hopper_registers.append((kind, int(d), int(threads), *map(int, line.split()[6:8])))
     d, threads, smem = int(d), int(threads), int(smem)
     reg = regs.get((kind, d), regs.get((kind, None)))
     if reg is None:
@@ -134,10 +142,10 @@ for line in open(os.path.join(work, "geometry.txt")):
     by_regs = 65536 // (per_warp * warps)
     by_smem = (228 * 1024) // (smem + 1024)
     blocks = min(by_regs, by_smem, 64 // warps, 32)
-    print(f"{kind + ' hd' + str(d):28} {threads:>7} {block_rows:>5} {keys:>5} {smem:>8} {reg:>5} {blocks:>9} {blocks * warps:>8}")
-for d, threads, producer, consumer in hopper_registers:
-    reg = regs.get(("flash_fwd_hopper_kernel", d))
-    print(f"flash_fwd_hopper_kernel hd{d}: ptxas's {reg} registers are the launch-time allocation "
+    print(f"{kind + ' hd' + str(d):34} {threads:>7} {block_rows:>5} {keys:>5} {smem:>8} {reg:>5} {blocks:>9} {blocks * warps:>8}")
+for kind, d, threads, producer, consumer in hopper_registers:
+    reg = regs.get((kind, d))
+    print(f"{kind} hd{d}: ptxas's {reg} registers are the launch-time allocation "
           f"(__launch_bounds__({threads}, 1)); setmaxnreg then moves registers at run time: producer warpgroup "
           f"{producer}, consumer warpgroups {consumer} ({128 * producer} + {(threads - 128) * consumer} = "
           f"{128 * producer + (threads - 128) * consumer} of the block's pool, {reg} x {threads} = "

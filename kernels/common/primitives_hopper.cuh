@@ -166,13 +166,14 @@ namespace sim_hopper {
 // and where its shared-memory operands and results are.
 struct WgmmaOp {
   int n = 0;
+  int k = 16, element_bytes = 2;  // m64nNk16 on 16-bit inputs, m64nNk32 on 8-bit (e4m3)
   bool accumulate = false, a_in_registers = false, transpose_b = false;
   bool chained = false;  // accumulates into the registers of an earlier op still in flight
   std::shared_ptr<WgmmaOp> predecessor;  // that op, whose result is this one's C
   std::vector<float> result;  // D (64 x n) once performed, until wgmma_fence_operands writes it back
   sim_warp::Operand type = sim_warp::Operand::f16;
   uint64_t desc_a = 0, desc_b = 0;
-  std::vector<float> a, c;   // A (64 x 16) when in registers; C (64 x n) as issued
+  std::vector<float> a, c;   // A (64 x k) when in registers; C (64 x n) as issued
   float* d[128] = {};        // each thread's accumulator array
   // Each thread's A registers and what they held at issue: the hardware may read them until the
   // wait, so a kernel that changes them before it is told so at the wait (wgmma_perform).
@@ -198,14 +199,15 @@ struct WgmmaHandle {
 };
 
 inline float operand_value(sim_warp::Operand type, uint16_t bits) {
+  if (type == sim_warp::Operand::e4m3) return e4m3_bits_to_float(uint8_t(bits));
   return type == sim_warp::Operand::f16 ? sim_warp::f16_bits_to_float(bits) : sim_warp::bf16_bits_to_float(bits);
 }
 
-// The byte ranges an operand of `rows` x 16 elements occupies, merged.
+// The byte offsets of an operand of `rows` x k elements.
 SELFATTN_SIM_UNCHECKED inline void add_operand_ranges(std::vector<uint32_t>& offsets, uint64_t desc, bool k_major,
-                                                      int rows) {
+                                                      int rows, int k_extent, int element_bytes) {
   for (int r = 0; r < rows; ++r)
-    for (int k = 0; k < 16; ++k) offsets.push_back(gmma_element_offset(desc, k_major, r, k));
+    for (int k = 0; k < k_extent; ++k) offsets.push_back(gmma_element_offset(desc, k_major, r, k, element_bytes));
 }
 
 SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* ins, WgmmaHandle* const* outs) {
@@ -221,12 +223,17 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
   op->a_in_registers = first.a_in_registers;
   op->transpose_b = first.transpose_b;
   op->type = first.type;
+  if (op->type == sim_warp::Operand::e4m3) {
+    op->k = 32;
+    op->element_bytes = 1;
+    if (op->transpose_b) sim_warp::fail("wgmma.mma_async", "8-bit operands are K-major only (no transpose)");
+  }
   op->desc_a = first.desc_a;
   op->desc_b = first.desc_b;
   op->site = first.site;
   op->first_thread = sim::current_thread().linear_tid / 128 * 128;
   op->c.assign(size_t(64) * op->n, 0.0f);
-  if (op->a_in_registers) op->a.assign(64 * 16, 0.0f);
+  if (op->a_in_registers) op->a.assign(size_t(64) * op->k, 0.0f);
   // A wgmma that accumulates into the registers of one still in flight (the k-steps of one
   // product) takes as C that one's result, as the hardware chains them: it reads its C when it is
   // performed, after its predecessor. Otherwise C is read now and the registers become NaN, as
@@ -250,30 +257,41 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_issue_combine(const WgmmaIssue* const* 
     if (op->a_in_registers) {
       op->a_registers[t] = x.a_registers;
       std::memcpy(op->a_issued[t], x.a, sizeof x.a);
-      for (int i = 0; i < 8; ++i) {
-        const FragmentCoord at = wgmma_a_coord(t, i);
-        op->a[at.row * 16 + at.col] = operand_value(op->type, sim_warp::register_half(x.a[i / 2], i & 1));
+      if (op->element_bytes == 1) {
+        for (int i = 0; i < 16; ++i) {
+          const FragmentCoord at = wgmma_a8_coord(t, i);
+          op->a[at.row * 32 + at.col] = operand_value(op->type, uint16_t((x.a[i / 4] >> (8 * (i % 4))) & 0xffu));
+        }
+      } else {
+        for (int i = 0; i < 8; ++i) {
+          const FragmentCoord at = wgmma_a_coord(t, i);
+          op->a[at.row * 16 + at.col] = operand_value(op->type, sim_warp::register_half(x.a[i / 2], i & 1));
+        }
       }
     }
   }
   std::vector<uint32_t> offsets;
-  if (!op->a_in_registers) add_operand_ranges(offsets, op->desc_a, true, 64);
-  add_operand_ranges(offsets, op->desc_b, !op->transpose_b, op->n);
+  if (!op->a_in_registers) add_operand_ranges(offsets, op->desc_a, true, 64, op->k, op->element_bytes);
+  add_operand_ranges(offsets, op->desc_b, !op->transpose_b, op->n, op->k, op->element_bytes);
   std::sort(offsets.begin(), offsets.end());
   const sim::ThreadContext& ctx = sim::current_thread();
+  const uint32_t eb = uint32_t(op->element_bytes);
   for (uint32_t off : offsets) {
-    if (off + 2 > ctx.dynamic_smem_bytes)
+    if (off + eb > ctx.dynamic_smem_bytes)
       sim_warp::fail("wgmma.mma_async", "a shared-memory operand reaches past the block's dynamic shared memory");
     if (!op->smem_ranges.empty() && op->smem_ranges.back().second >= off) {
-      op->smem_ranges.back().second = std::max(op->smem_ranges.back().second, off + 2);
+      op->smem_ranges.back().second = std::max(op->smem_ranges.back().second, off + eb);
     } else {
-      op->smem_ranges.push_back({off, off + 2});
+      op->smem_ranges.push_back({off, off + eb});
     }
   }
   for (const auto& r : op->smem_ranges)
     sim::racecheck_async_read_begin(op->first_thread, ctx.dynamic_smem + r.first, r.second - r.first, op->site);
   if (sim::profiling())  // once per warpgroup
-    sim::profile_tensor_op(64, unsigned(op->n), 16, op->type == sim_warp::Operand::f16 ? "f16" : "bf16");
+    sim::profile_tensor_op(64, unsigned(op->n), unsigned(op->k),
+                           op->type == sim_warp::Operand::f16    ? "f16"
+                           : op->type == sim_warp::Operand::bf16 ? "bf16"
+                                                                 : "e4m3");
   for (int t = 0; t < 128; ++t) outs[t]->op = op;
 }
 
@@ -296,22 +314,26 @@ SELFATTN_SIM_UNCHECKED inline void wgmma_perform(WgmmaOp& op) {
   // Unchecked like the function: a lambda does not inherit its attribute, and the racecheck (and the
   // profiler) would charge these reads, made for the warpgroup, to the thread running the wait.
   auto element = [&](uint32_t offset) SELFATTN_SIM_UNCHECKED {
-    uint16_t bits;
-    std::memcpy(&bits, smem + offset, 2);
+    uint16_t bits = 0;
+    std::memcpy(&bits, smem + offset, size_t(op.element_bytes));  // little-endian: a byte lands in the low half
     return operand_value(op.type, bits);
   };
   if (op.chained) {
     op.c = op.predecessor->result;  // performed before this one: an earlier group, or earlier in this one
     op.predecessor.reset();
   }
-  std::vector<float> a(64 * 16), b(size_t(16) * op.n), d = op.c;
+  const int kk = op.k, eb = op.element_bytes;
+  std::vector<float> a(size_t(64) * kk), b(size_t(kk) * op.n), d = op.c;
   for (int r = 0; r < 64; ++r)
-    for (int k = 0; k < 16; ++k)
-      a[r * 16 + k] = op.a_in_registers ? op.a[r * 16 + k] : element(gmma_element_offset(op.desc_a, true, r, k));
+    for (int k = 0; k < kk; ++k)
+      a[r * kk + k] = op.a_in_registers ? op.a[r * kk + k] : element(gmma_element_offset(op.desc_a, true, r, k, eb));
   for (int col = 0; col < op.n; ++col)
-    for (int k = 0; k < 16; ++k) b[size_t(k) * op.n + col] = element(gmma_element_offset(op.desc_b, !op.transpose_b, col, k));
+    for (int k = 0; k < kk; ++k)
+      b[size_t(k) * op.n + col] = element(gmma_element_offset(op.desc_b, !op.transpose_b, col, k, eb));
   if (op.type == sim_warp::Operand::f16) {
     wgmma_tile<sim_warp::Operand::f16>(op.n, a.data(), b.data(), d.data(), op.accumulate);
+  } else if (op.type == sim_warp::Operand::e4m3) {
+    wgmma_tile<sim_warp::Operand::e4m3>(op.n, a.data(), b.data(), d.data(), op.accumulate);
   } else {
     wgmma_tile<sim_warp::Operand::bf16>(op.n, a.data(), b.data(), d.data(), op.accumulate);
   }
@@ -484,6 +506,51 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #else
   constexpr auto type = std::is_same<T, __half>::value ? sim_warp::Operand::f16 : sim_warp::Operand::bf16;
   sim_hopper::wgmma_issue<type, N>(d, a, 0, desc_b, accumulate, TransposeB != 0);
+#endif
+}
+
+// FP8 wgmma: D (64 x N, f32) {=, +=} A (64 x 32) * B (32 x N), e4m3 x e4m3 (m64nNk32). Both operands
+// K-major (8-bit wgmma has no transpose): A from shared memory or from registers (4 registers of
+// 4 e4m3 each; element i is byte i%4 of register i/4, at (row, col) = wgmma_a8_coord), B from
+// shared memory. A 1-byte K-major tile with the 128-byte swizzle holds 128 elements per row, so a
+// k-step of 32 elements advances the descriptor's start by 32 bytes (kernels/hopper/smem_layout.h).
+// The accumulator fragment is the 16-bit wgmma's.
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "the shipped FP8 wgmma shapes (scripts/gen_wgmma_ptx.py)");
+#if !SELFATTN_SIM
+  if constexpr (N == 64) wgmma_ss_m64n64k32_e4m3(d, desc_a, desc_b, accumulate);
+  else if constexpr (N == 128) wgmma_ss_m64n128k32_e4m3(d, desc_a, desc_b, accumulate);
+  else wgmma_ss_m64n256k32_e4m3(d, desc_a, desc_b, accumulate);
+#else
+  sim_hopper::wgmma_issue<sim_warp::Operand::e4m3, N>(d, nullptr, desc_a, desc_b, accumulate, false);
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                              bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "the shipped FP8 wgmma shapes (scripts/gen_wgmma_ptx.py)");
+#if !SELFATTN_SIM
+  if constexpr (N == 64) wgmma_rs_m64n64k32_e4m3(d, a, desc_b, accumulate);
+  else if constexpr (N == 128) wgmma_rs_m64n128k32_e4m3(d, a, desc_b, accumulate);
+  else wgmma_rs_m64n256k32_e4m3(d, a, desc_b, accumulate);
+#else
+  sim_hopper::wgmma_issue<sim_warp::Operand::e4m3, N>(d, a, 0, desc_b, accumulate, false);
+#endif
+}
+
+// Four floats as four e4m3 in one register, x0 in the low byte: round to nearest even, saturating
+// to +-448 (cvt.rn.satfinite.e4m3x2.f32 puts its first source in the high byte).
+__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+#if !SELFATTN_SIM
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
+  return uint32_t(lo) | uint32_t(hi) << 16;
+#else
+  auto byte = [](float x) { return uint32_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)); };
+  return byte(x0) | byte(x1) << 8 | byte(x2) << 16 | byte(x3) << 24;
 #endif
 }
 

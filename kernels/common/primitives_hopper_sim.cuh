@@ -63,7 +63,8 @@ inline GmmaDescFields gmma_desc_fields(uint64_t desc) {
   return f;
 }
 
-// Byte offset of element (mn, k), 0 <= k < 16, of a 16-bit wgmma operand described by `desc`.
+// Byte offset of element (mn, k), 0 <= k < 16 (k < 32 for 8-bit), of a wgmma operand of
+// `element_bytes`-byte elements described by `desc`.
 // k_major: K is the contiguous dimension (A with tnspA = 0, B with tnspB = 0); otherwise M or N
 // is (MN-major, tnsp = 1). The canonical layouts (PTX ISA "Shared Memory Matrix Layout"; CuTe's
 // make_gmma_desc spells them as the same layouts in 16-byte units), with W the swizzle's row in
@@ -78,10 +79,20 @@ inline GmmaDescFields gmma_desc_fields(uint64_t desc) {
 // (1024 / 512 / 256 bytes for 128B / 64B / 32B) does not start on that boundary; read here as
 // shifting the row bits by it. CuTe and our kernels always use 0, so only 0 is checked against
 // CuTe; the non-zero reading is the ISA text's, unverified on hardware.
-inline uint32_t gmma_element_offset(uint64_t desc, bool k_major, int mn, int k) {
+// 8-bit operands (FP8 wgmma, m64nNk32) are K-major only (the ISA has no transpose for them): the
+// same layouts in bytes, a core matrix 8 rows of 16 one-byte elements, so element k sits k bytes
+// into its row (K-major, W: (mn%8)*W + (mn/8)*SBO + k; none: ... + (k%16) + (k/16)*LBO).
+inline uint32_t gmma_element_offset(uint64_t desc, bool k_major, int mn, int k, int element_bytes = 2) {
   const GmmaDescFields f = gmma_desc_fields(desc);
   const uint32_t m = uint32_t(mn), kk = uint32_t(k);
   uint32_t linear;
+  if (element_bytes == 1) {
+    // Callers never pass MN-major here: the sim's wgmma refuses it first.
+    linear = f.swizzle_bytes == 0 ? (m % 8) * 16 + (m / 8) * f.stride_bytes + (kk % 16) + (kk / 16) * f.leading_bytes
+                                  : (m % 8) * uint32_t(f.swizzle_bytes) + (m / 8) * f.stride_bytes + kk;
+    return f.swizzle_bytes == 0 ? f.start_bytes + linear
+                                : swizzle_address(f.start_bytes + linear, f.swizzle_bytes, f.base_offset);
+  }
   if (f.swizzle_bytes == 0) {
     linear = k_major ? (m % 8) * 16 + (m / 8) * f.stride_bytes + (kk % 8) * 2 + (kk / 8) * f.leading_bytes
                      : (m % 8) * 2 + (m / 8) * f.stride_bytes + (kk % 8) * 16 + (kk / 8) * f.leading_bytes;
@@ -112,6 +123,21 @@ inline FragmentCoord wgmma_a_coord(int thread, int i) {
   const FragmentCoord a = mma_m16n8k16_a(lane, i);
   return {16 * warp + a.row, a.col};
 }
+// 8-bit A from registers (m64nNk32, 64 x 32; PTX ISA "Register Fragments", wgmma .m64nNk32 A):
+// element i is byte i%4 of register i/4; registers 0 and 2 hold row 16w + lane/4, 1 and 3 that
+// row + 8; registers 0 and 1 hold columns 4*(lane%4) + i%4, 2 and 3 those + 16. (CuTe:
+// MMA_Traits<SM90_64xNx32_F32E4M3E4M3_RS...>::ALayout, checked by test_hopper_layouts.) The
+// accumulator of an 8-bit wgmma is the 16-bit one's (wgmma_accumulator_coord).
+inline FragmentCoord wgmma_a8_coord(int thread, int i) {
+  const int warp = thread / 32, lane = thread % 32, reg = i / 4;
+  return {16 * warp + lane / 4 + 8 * (reg % 2), 4 * (lane % 4) + i % 4 + 16 * (reg / 2)};
+}
+// An e4m3 byte as a float (exact: every e4m3 value is one).
+inline float e4m3_bits_to_float(uint8_t bits) {
+  __nv_fp8_e4m3 x;
+  x.__x = bits;
+  return float(x);
+}
 
 // ---- wgmma arithmetic ---------------------------------------------------------------------------
 // d (64 x n, row-major) = a (64 x 16, row-major) * b (16 x n, row-major) + (accumulate ? d : 0).
@@ -119,15 +145,17 @@ inline FragmentCoord wgmma_a_coord(int thread, int i) {
 // primitives_sim.cuh: each product of two 16-bit inputs is exact in f32, and the products are added
 // to the accumulator one at a time in k order with fmaf (round to nearest even); without
 // `accumulate` the sum starts from +0. The GPU's adder tree differs by a few f32 ulps of
-// sum |a*b|; tests compare with a tolerance. T is the operand type, which fixes nothing here beyond
-// the exactness of the products: both types' products fit f32.
+// sum |a*b|; tests compare with a tolerance. T is the operand type, which fixes K (16 for 16-bit
+// inputs, 32 for e4m3: a is then 64 x 32, b 32 x n) and the exactness of the products: every
+// type's products fit f32. (The GPU's FP8 wgmma is known to keep fewer accumulator bits than f32
+// inside one instruction; the sim's rounding is f32's, and the tests' tolerances allow more.)
 template <sim_warp::Operand T>
 void wgmma_tile(int n, const float* a, const float* b, float* d, bool accumulate) {
-  static_assert(T == sim_warp::Operand::f16 || T == sim_warp::Operand::bf16, "16-bit operands");
+  constexpr int K = T == sim_warp::Operand::e4m3 ? 32 : 16;
   for (int row = 0; row < 64; ++row)
     for (int col = 0; col < n; ++col) {
       float sum = accumulate ? d[size_t(row) * n + col] : 0.0f;
-      for (int k = 0; k < 16; ++k) sum = std::fmaf(a[row * 16 + k], b[size_t(k) * n + col], sum);
+      for (int k = 0; k < K; ++k) sum = std::fmaf(a[row * K + k], b[size_t(k) * n + col], sum);
       d[size_t(row) * n + col] = sum;
     }
 }

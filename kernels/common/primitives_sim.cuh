@@ -27,7 +27,8 @@ constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 // ---- 16-bit operands ------------------------------------------------------------------------
-enum class Operand { f16, bf16 };
+// e4m3: 8-bit, only for the Hopper FP8 wgmma (primitives_hopper*.cuh); mma.sync's twins take f16/bf16.
+enum class Operand { f16, bf16, e4m3 };
 
 inline uint16_t register_half(uint32_t reg, int i) { return uint16_t(i ? reg >> 16 : reg & 0xffffu); }
 

@@ -28,4 +28,36 @@ struct FlashFwdHopperInstance {
   size_t smem_bytes = 0;
 };
 
+// The FP8 (e4m3) forward (flash_fwd_hopper_fp8.cuh). q and k as above with 1-byte elements and
+// boxes of 128 columns (128 bytes, the swizzle's row); vt_map is over the V^T buffer the pre-pass
+// (transpose_v_fp8.cuh) writes into the workspace: (keys_padded, head_dim, kv_heads, batch), box
+// (128 keys, head_dim rows). The descales are fp32 [batch, kv_heads] (AttentionOptions::q_descale),
+// null for 1.
+struct FlashFwdHopperFp8Params {
+  TmaDescriptor q_map, k_map, vt_map;  // first: 64-byte aligned at the start of the parameter
+  FlashFwdParams base;
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int kv_heads;
+};
+
+// The pre-pass: V (e4m3, [batch, kv_heads, seq_k, head_dim] with any row/head/batch strides) to
+// vt [batch, kv_heads, head_dim, keys_padded], keys permuted inside each 16-key group and zero from
+// the batch's key length on (smem_layout.h, fp8_pv_key).
+struct TransposeVFp8Params {
+  const void* v;
+  int64_t v_stride_batch, v_stride_head, v_stride_row;  // elements (bytes)
+  void* vt;
+  const int32_t* key_lengths;  // [batch] or null
+  int seq_k, keys_padded, head_dim;
+};
+
+struct TransposeVFp8Instance {
+  KernelRef kernel;
+  int keys = 0;  // keys per block: keys_padded is a multiple of it, grid.x = keys_padded / keys
+  int threads = 0;
+  size_t smem_bytes = 0;
+};
+
 }  // namespace selfattn::kernels

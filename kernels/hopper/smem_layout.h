@@ -60,4 +60,44 @@ __host__ __device__ inline uint64_t mn_major_desc(uint32_t tile_address, int row
   return gmma_desc(start, uint32_t(rows) * 128u, 1024u, GmmaSwizzle::b128);
 }
 
+// ---- 8-bit (e4m3) tiles: the FP8 forward (flash_fwd_hopper_fp8.cuh) ----
+// TMA writes 1-byte boxes of W columns (W bytes, the swizzle's row: W = 128, or 64 for V^T tiles of
+// 64 keys) by R rows with the W-byte swizzle: a row tile of R rows x C columns (C a multiple of W) is
+// C/W column blocks, block c at byte c * R * W, element (r, col) at byte col % W of row r, then the
+// 16-byte chunk index XORed with address bits 7.. (3 bits for W = 128, 2 for 64). That is CuTe's
+// tile_to_shape(GMMA::Layout_K_SW{128,64}_Atom<float_e4m3_t>, (R, C)) (atoms: 8 rows x W
+// elements); test_hopper_layouts checks it and the descriptors against CuTe.
+__host__ __device__ inline uint32_t row_tile_offset_8bit(int rows, int row, int col, int row_bytes = 128) {
+  const uint32_t w = uint32_t(row_bytes);
+  const uint32_t linear = uint32_t(col) / w * uint32_t(rows) * w + uint32_t(row) * w + uint32_t(col) % w;
+  return linear ^ (((linear >> 7) & (w / 16 - 1)) << 4);
+}
+
+// 8-bit wgmma K-major operand (A or B; 8-bit wgmma is K-major only): the 64 (A) or N (B) rows from
+// row0 (a multiple of 8) and the 32 columns from k0 (a multiple of 32): a k-step advances the start
+// by 32 bytes inside the W-byte row. LBO as for 16 bits (unused), SBO 8 rows of W bytes.
+__host__ __device__ inline uint64_t k_major_desc_8bit(uint32_t tile_address, int rows, int row0, int k0,
+                                                      int row_bytes = 128) {
+  const uint32_t w = uint32_t(row_bytes);
+  const uint32_t start = tile_address + uint32_t(k0) / w * uint32_t(rows) * w + uint32_t(row0) * w + uint32_t(k0) % w;
+  return gmma_desc(start, 16u, 8u * w, w == 128 ? GmmaSwizzle::b128 : GmmaSwizzle::b64);
+}
+
+// P as the A operand of the FP8 P V, without shuffles. S's accumulator gives thread (g = lane/4,
+// t = lane%4) keys 8n + 2t and 8n + 2t + 1 of each 8-key column tile n (registers 4n + {0,1} for row
+// g, 4n + {2,3} for row g + 8); the 8-bit A fragment of a k32 step wants, in its register 0 (row
+// g), A-columns 4t..4t+3, in register 2 columns 16 + 4t..16 + 4t + 3 (1 and 3: row g + 8). Each
+// register is packed from the thread's own scores: register r of k32 step m, byte b, holds S
+// register fp8_p_score_index(m, r, b) (column tiles 4m + 2*(r/2) + b/2). So A-column c of each
+// 16-key half holds key fp8_pv_key(c) of that half: a fixed permutation of the keys inside every
+// aligned 16-key group. The V^T pre-pass (transpose_v_fp8.cuh) stores V^T's keys in the same order
+// inside each 16-key group, counted from the sequence's first key (key tiles start at multiples of
+// 16 from it), so that sum_c P[:, c] Vt[:, c] = sum_key P[:, key] V[key, :]: the right product.
+__host__ __device__ constexpr int fp8_pv_key(int column) {  // column of a 16-key group -> its key
+  return 8 * ((column % 4) >> 1) + 2 * (column / 4) + (column & 1);
+}
+__host__ __device__ constexpr int fp8_p_score_index(int step, int reg, int byte) {
+  return 4 * (4 * step + 2 * (reg / 2) + byte / 2) + 2 * (reg % 2) + byte % 2;
+}
+
 SELFATTN_KERNELS_END

@@ -7,7 +7,8 @@
 #   cmake -DNVCC=... -DKERNELS_DIR=... -DTESTS_DIR=... -DOUT=<dir> -P check_hopper_ptx.cmake
 cmake_minimum_required(VERSION 3.25)  # today's policies: list() keeps empty elements
 set(ptx "")
-foreach(source "${TESTS_DIR}/hopper_test_kernels.cuh" "${KERNELS_DIR}/instances/flash_fwd_hopper_bf16.cu")
+foreach(source "${TESTS_DIR}/hopper_test_kernels.cuh" "${KERNELS_DIR}/instances/flash_fwd_hopper_bf16.cu"
+               "${KERNELS_DIR}/instances/flash_fwd_hopper_e4m3.cu")
   get_filename_component(name "${source}" NAME_WE)
   execute_process(
     COMMAND ${NVCC} -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -ptx -x cu
@@ -60,15 +61,31 @@ foreach(i RANGE 0 ${last} 2)
   endforeach()
 endforeach()
 
-# wgmma.mma_async: D is N/2 f32 registers for m64nNk16; the descriptors 64-bit; scale-d a predicate;
-# scale-a and scale-b +1; A K-major (shared-memory A: its transpose flag 0); B's transpose 0 or 1.
+# wgmma.mma_async: D is N/2 f32 registers for m64nNk16 (f16/bf16) and m64nNk32 (e4m3); the
+# descriptors 64-bit; scale-d a predicate; scale-a and scale-b +1; 16-bit: A K-major (shared-memory
+# A: its transpose flag 0), B's transpose 0 or 1; 8-bit: no transpose operands (K-major only).
 string(REGEX MATCHALL "wgmma\\.mma_async[^;]*" uses "${ptx}")
 if(NOT uses)
   message(FATAL_ERROR "the PTX has no wgmma.mma_async")
 endif()
 foreach(use IN LISTS uses)
+  if(use MATCHES "^wgmma\\.mma_async\\.sync\\.aligned\\.m64n([0-9]+)k32\\.f32\\.e4m3\\.e4m3 {([^}]*)}, (.*)$")
+    set(n "${CMAKE_MATCH_1}")
+    set(accumulators "${CMAKE_MATCH_2}")
+    if(NOT CMAKE_MATCH_3 MATCHES "^(${RD}, ${RD}, p, 1, 1|{${R}, ${R}, ${R}, ${R}}, ${RD}, p, 1, 1)$")
+      message(FATAL_ERROR "${use}\n  does not have the operands A-descriptor or 4 A registers, a B descriptor, "
+                          "predicate scale-d, scale-a 1, scale-b 1 (8-bit: no transpose operands)")
+    endif()
+    string(REGEX MATCHALL "%f[0-9]+" registers "${accumulators}")
+    list(LENGTH registers count)
+    math(EXPR want "${n} / 2")
+    if(NOT count EQUAL want)
+      message(FATAL_ERROR "${use}\n  has ${count} accumulator registers; m64n${n}k32 has ${want} per thread")
+    endif()
+    continue()
+  endif()
   if(NOT use MATCHES "^wgmma\\.mma_async\\.sync\\.aligned\\.m64n([0-9]+)k16\\.f32\\.(f16\\.f16|bf16\\.bf16) {([^}]*)}, (.*)$")
-    message(FATAL_ERROR "${use}\n  is not an m64nNk16 f32 += f16/bf16 wgmma")
+    message(FATAL_ERROR "${use}\n  is not an m64nNk16 f32 += f16/bf16 or m64nNk32 f32 += e4m3 wgmma")
   endif()
   set(n "${CMAKE_MATCH_1}")
   set(accumulators "${CMAKE_MATCH_3}")

@@ -243,4 +243,118 @@ TEST(HopperLayouts, WgmmaTileIsTheMatrixProduct) {
   for (float x : d) ASSERT_EQ(x, 8.0f);
 }
 
+// ---- 8-bit (FP8) wgmma: K-major SW128 operands, fragments, arithmetic, P's permutation -----------
+// A (MN = 64) or B (MN = N) operand of 128 e4m3 columns (four k32 steps) laid out by CuTe's
+// Layout_K_SW128_Atom (8 rows x 128 elements) or Layout_K_SW64_Atom (8 x 64: the FP8 kernel's V^T
+// tiles of 64 keys) for 1-byte elements; CuTe's descriptor of each (MN, 32) k-step, read through
+// gmma_element_offset with 1-byte elements, must find each element where CuTe put it, and
+// smem_layout.h's row_tile_offset_8bit / k_major_desc_8bit must be CuTe's placement and descriptor
+// bit for bit.
+template <int MN, int RowBytes = 128>
+void check_operand_8bit(uint32_t base) {
+  using T = cute::float_e4m3_t;
+  constexpr int KW = 128;
+  using Atom = std::conditional_t<RowBytes == 128, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_K_SW64_Atom<T>>;
+  auto layout = cute::tile_to_shape(Atom{}, Shape<Int<MN>, Int<KW>>{});
+  auto tensor = cute::make_tensor(cute::make_smem_ptr(smem_at<T>(base)), layout);
+  ASSERT_LE(base + uint32_t(cute::cosize(layout)), Smem::kBytes);
+  std::memset(smem().bytes, 0, Smem::kBytes);
+  // Distinct per (mn, kk) within one row and one column (bytes repeat across the tile; the offsets
+  // are compared exactly, the bytes only as a check that nothing else was read).
+  auto id = [](int mn, int kk) { return uint8_t(1 + (mn * 7 + kk) % 255); };
+  for (int mn = 0; mn < MN; ++mn)
+    for (int kk = 0; kk < KW; ++kk) {
+      const uint8_t v = id(mn, kk);
+      std::memcpy(&tensor(mn, kk), &v, 1);
+      ASSERT_EQ(offset_of(&tensor(mn, kk)), base + k::row_tile_offset_8bit(MN, mn, kk, RowBytes)) << mn << "," << kk;
+    }
+  for (int ks = 0; ks < KW / 32; ++ks) {
+    auto sub = cute::local_tile(tensor, Shape<Int<MN>, Int<32>>{}, cute::make_coord(0, ks));
+    const uint64_t desc = GMMA::make_gmma_desc<GMMA::Major::K>(sub);
+    expect_fields_match(desc);
+    EXPECT_EQ(k::k_major_desc_8bit(base, MN, 0, 32 * ks, RowBytes), desc) << "k-step " << ks;
+    int wrong = 0;
+    for (int mn = 0; mn < MN; ++mn)
+      for (int kk = 0; kk < 32; ++kk) {
+        const uint32_t ours = hs::gmma_element_offset(desc, true, mn, kk, 1);
+        const uint32_t cutes = offset_of(&sub(mn, kk));
+        if ((ours != cutes || smem().bytes[ours] != id(mn, 32 * ks + kk)) && wrong++ < 4)
+          ADD_FAILURE() << "element (" << mn << "," << kk << ") of k-step " << ks << ": ours at " << ours
+                        << ", CuTe's at " << cutes;
+      }
+    EXPECT_EQ(wrong, 0) << "k-step " << ks << " of an MN=" << MN << " 8-bit operand";
+  }
+  // A descriptor for rows from row0 (the consumer warpgroup's 64 rows of a 128-row tile).
+  if (MN == 128) {
+    auto rows = cute::local_tile(tensor, Shape<_64, Int<32>>{}, cute::make_coord(1, 2));
+    EXPECT_EQ(k::k_major_desc_8bit(base, MN, 64, 64, RowBytes), GMMA::make_gmma_desc<GMMA::Major::K>(rows));
+  }
+}
+
+TEST(HopperLayouts, GmmaDescriptorsReadCuTe8BitKMajorSw128AndSw64) {
+  for (uint32_t base : {0u, 5u * 1024u}) {
+    SCOPED_TRACE("base " + std::to_string(base));
+    check_operand_8bit<64>(base);
+    check_operand_8bit<128>(base);
+    check_operand_8bit<256>(base);
+    check_operand_8bit<256, 64>(base);  // V^T of head_dim 256 in 64-key tiles
+    check_operand_8bit<128, 64>(base);
+  }
+}
+
+TEST(HopperLayouts, Wgmma8BitFragmentsAreCuTeLayouts) {
+  using RS = cute::MMA_Traits<cute::SM90_64x128x32_F32E4M3E4M3_RS_TN<>>;
+  using A = typename RS::ALayout;
+  static_assert(decltype(cute::size<0>(A{}))::value == 128 && decltype(cute::size<1>(A{}))::value == 16);
+  for (int t = 0; t < 128; ++t)
+    for (int i = 0; i < 16; ++i) {
+      const int index = int(A{}(t, i));
+      const auto at = hs::wgmma_a8_coord(t, i);
+      ASSERT_EQ(at.row, index % 64) << "thread " << t << " element " << i;
+      ASSERT_EQ(at.col, index / 64) << "thread " << t << " element " << i;
+    }
+  check_accumulator_layout<cute::MMA_Traits<cute::SM90_64x128x32_F32E4M3E4M3_SS_TN<>>, 128>();
+  check_accumulator_layout<cute::MMA_Traits<cute::SM90_64x256x32_F32E4M3E4M3_SS_TN<>>, 256>();
+  check_accumulator_layout<RS, 128>();
+}
+
+// The FP8 kernel's P: register r of k32 step m, byte b, packed from S register
+// fp8_p_score_index(m, r, b), must sit at A-column c whose key (by S's accumulator layout) is
+// fp8_pv_key(c % 16) of c's 16-key half: the permutation the V^T pre-pass stores keys in.
+TEST(HopperLayouts, Fp8ProbabilitiesPermuteKeysWithinEach16) {
+  bool seen[16] = {};
+  for (int c = 0; c < 16; ++c) seen[k::fp8_pv_key(c)] = true;
+  for (bool b : seen) EXPECT_TRUE(b) << "fp8_pv_key is not a permutation of 0..15";
+  for (int t = 0; t < 128; ++t)
+    for (int step = 0; step < 4; ++step)  // 128 keys
+      for (int reg = 0; reg < 4; ++reg)
+        for (int byte = 0; byte < 4; ++byte) {
+          const auto s_at = hs::wgmma_accumulator_coord(t, k::fp8_p_score_index(step, reg, byte));
+          const auto a_at = hs::wgmma_a8_coord(t, 4 * reg + byte);
+          ASSERT_EQ(s_at.row, a_at.row) << t << " " << reg << " " << byte;
+          const int column = 32 * step + a_at.col;
+          ASSERT_EQ(s_at.col, column / 16 * 16 + k::fp8_pv_key(column % 16)) << t << " " << reg << " " << byte;
+        }
+}
+
+TEST(HopperLayouts, Wgmma8BitTileIsTheMatrixProduct) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> whole(-16, 16);
+  for (int n : {128, 256})
+    for (bool accumulate : {false, true}) {
+      std::vector<float> a(64 * 32), b(size_t(32) * n), c(size_t(64) * n), d;
+      for (float& x : a) x = float(whole(rng)) / 4;  // exact in e4m3 and every product exact
+      for (float& x : b) x = float(whole(rng));
+      for (float& x : c) x = float(whole(rng));
+      d = c;
+      hs::wgmma_tile<warp::Operand::e4m3>(n, a.data(), b.data(), d.data(), accumulate);
+      for (int row = 0; row < 64; ++row)
+        for (int col = 0; col < n; ++col) {
+          double exact = accumulate ? c[size_t(row) * n + col] : 0.0;
+          for (int kk = 0; kk < 32; ++kk) exact += double(a[row * 32 + kk]) * double(b[size_t(kk) * n + col]);
+          ASSERT_EQ(d[size_t(row) * n + col], exact) << row << "," << col << " n " << n;
+        }
+    }
+}
+
 }  // namespace

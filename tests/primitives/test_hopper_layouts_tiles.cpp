@@ -107,6 +107,68 @@ TEST(HopperLayouts, TmaBoxRefusals) {
   EXPECT_EQ(image.size(), size_t(384)) << "a refused copy leaves the image alone";
 }
 
+// 1-byte elements (the FP8 forward's q, k and V^T maps): boxes of 128 (or 64) columns, the 128-
+// (64-) byte swizzle's row, by R rows land as CuTe's Layout_K_SW128_Atom (SW64) for 1-byte elements
+// (8 rows x 128 or 64) tiled to the box, which is smem_layout.h's row_tile_offset_8bit; out of
+// bounds reads zeros.
+template <int Rows, int Cols = 128>
+void check_tma_box_8bit(const int32_t (&coords)[3], uint32_t dst) {
+  SCOPED_TRACE("8-bit box {" + std::to_string(Cols) + "," + std::to_string(Rows) + "} at (" +
+               std::to_string(coords[0]) + "," + std::to_string(coords[1]) + "," + std::to_string(coords[2]) +
+               ") to " + std::to_string(dst));
+  // 300 columns in rows of 304 bytes (TMA strides are multiples of 16), 150 rows, 2 planes; never 0.
+  constexpr int kCols = 300, kPitch = 304, kRows = 150, kPlanes = 2;
+  std::vector<uint8_t> data(size_t(kPitch) * kRows * kPlanes);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(1 + i % 251);
+  auto at = [&](int plane, int row, int col) -> uint8_t {
+    if (plane < 0 || plane >= kPlanes || row < 0 || row >= kRows || col < 0 || col >= kCols) return 0;
+    return data[(size_t(plane) * kRows + row) * kPitch + col];
+  };
+  k::TmaTiledSpec spec;
+  spec.base = data.data();
+  spec.rank = 3;
+  spec.element_bytes = 1;
+  spec.dims[0] = kCols, spec.dims[1] = kRows, spec.dims[2] = kPlanes;
+  spec.strides_bytes[1] = kPitch, spec.strides_bytes[2] = uint64_t(kPitch) * kRows;
+  spec.box[0] = Cols, spec.box[1] = Rows, spec.box[2] = 1;
+  spec.swizzle = Cols == 128 ? k::TmaSwizzle::b128 : k::TmaSwizzle::b64;
+  k::TmaDescriptor desc;
+  ASSERT_EQ(k::sim_encode_tma_tiled(&desc, spec), "");
+  k::SimTmaMap m;
+  std::memcpy(&m, desc.bytes, sizeof m);
+  std::vector<unsigned char> image;
+  ASSERT_EQ(hs::tma_box_image(m, coords, dst, image), "");
+  ASSERT_EQ(image.size(), size_t(Cols) * Rows);
+  std::memset(smem().bytes, 0xff, Smem::kBytes);
+  std::memcpy(smem().bytes + dst, image.data(), image.size());
+  using Atom = std::conditional_t<Cols == 128, GMMA::Layout_K_SW128_Atom<cute::float_e4m3_t>,
+                                  GMMA::Layout_K_SW64_Atom<cute::float_e4m3_t>>;
+  auto layout = cute::tile_to_shape(Atom{}, Shape<Int<Rows>, Int<Cols>>{});
+  auto tensor = cute::make_tensor(cute::make_smem_ptr(smem_at<cute::float_e4m3_t>(dst)), layout);
+  int wrong = 0;
+  for (int r = 0; r < Rows; ++r)
+    for (int c = 0; c < Cols; ++c) {
+      const uint32_t where = offset_of(&tensor(r, c));
+      const uint8_t expected = at(coords[2], coords[1] + r, coords[0] + c);
+      if (dst % 1024 == 0) EXPECT_EQ(where, dst + k::row_tile_offset_8bit(Rows, r, c, Cols));
+      if (smem().bytes[where] != expected && wrong++ < 4)
+        ADD_FAILURE() << "(row " << r << ", col " << c << ") at " << where << ": " << int(smem().bytes[where])
+                      << ", expected " << int(expected);
+    }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(HopperLayouts, TmaBoxOf1ByteElementsLandsAsCuTeSw128AndSw64Atoms) {
+  const int32_t in_bounds[3] = {128, 16, 1}, cols_past_end[3] = {256, 8, 0}, negative[3] = {-16, -5, 0},
+                rows_past_end[3] = {0, 120, 1};
+  for (uint32_t dst : {0u, 3u * 1024u, 5u * 128u})
+    for (const auto* c : {&in_bounds, &cols_past_end, &negative, &rows_past_end}) {
+      check_tma_box_8bit<128>(*c, dst);
+      check_tma_box_8bit<64>(*c, dst);
+      check_tma_box_8bit<256, 64>(*c, dst);  // a V^T tile of head_dim 256 x 64 keys, 64-byte swizzle
+    }
+}
+
 // ---- the kernel's tiles: kernels/hopper/smem_layout.h --------------------------------------------
 // Rows x D row tile at `base` (1024-aligned) as the TMA lands it: CuTe's tile_to_shape of the
 // 128B K-major atom over (R, D), whose default (column-major) order stacks the 8 x 64 atoms down

@@ -137,6 +137,16 @@ void print_report(const std::string& name, const Measured& m) {
               m.lse.element, m.lse.all, m.lse.allowed_element, m.lse.allowed_all);
 }
 
+namespace {
+// Whether every row of the view starts on 16 bytes (the tensor-core kernels' and TMA's condition).
+bool rows_on_16_bytes(const TensorView& view) {
+  const int64_t element = int64_t(dtype_size(view.dtype));
+  bool aligned = reinterpret_cast<uintptr_t>(view.data) % 16 == 0;
+  for (int i = 0; i < 3; ++i) aligned = aligned && (view.strides[i] * element) % 16 == 0;
+  return aligned;
+}
+}  // namespace
+
 bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const AttentionOptions& options) {
   if (q.dtype == DType::f32) return false;
@@ -151,12 +161,6 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
     }
     case Path::fused: {
       // path_fused.cpp: tensor cores for the shipped head dims when every row starts on 16 bytes.
-      auto rows_on_16_bytes = [](const TensorView& view) {
-        const int64_t element = int64_t(dtype_size(view.dtype));
-        bool aligned = reinterpret_cast<uintptr_t>(view.data) % 16 == 0;
-        for (int i = 0; i < 3; ++i) aligned = aligned && (view.strides[i] * element) % 16 == 0;
-        return aligned;
-      };
       const bool shipped = head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
       return shipped && rows_on_16_bytes(q) && rows_on_16_bytes(k) && rows_on_16_bytes(v) && rows_on_16_bytes(out);
     }
@@ -165,18 +169,23 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
   return false;
 }
 
-bool hopper_fp8_kernel_runs(Context& /*ctx*/, Path /*path*/, const TensorView& /*q*/, const TensorView& /*k*/,
-                            const TensorView& /*v*/, const TensorView& /*out*/, const AttentionOptions& /*options*/) {
-  return false;  // no Hopper FP8 kernel is shipped yet
+bool hopper_fp8_kernel_runs(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& options, bool varlen) {
+  const bool shipped =
+      (q.head_dim() == 128 || q.head_dim() == 256) && (out.dtype == DType::f16 || out.dtype == DType::bf16);
+  return (path == Path::fused || path == Path::automatic) && ctx.uses_hopper_kernels() && q.dtype == DType::e4m3 &&
+         shipped && !varlen && options.key_start == nullptr && options.dropout_p == 0 && rows_on_16_bytes(q) &&
+         rows_on_16_bytes(k) && rows_on_16_bytes(v) && rows_on_16_bytes(out);
 }
 
 void set_probability_rounding(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
-                              const TensorView& out, const AttentionOptions& options, AttentionArithmetic& arithmetic) {
+                              const TensorView& out, const AttentionOptions& options, AttentionArithmetic& arithmetic,
+                              bool varlen) {
   if (!is_fp8(q.dtype)) {
     arithmetic.p_rounded = rounds_probabilities(ctx, path, q, k, v, out, options);
     return;
   }
-  if (hopper_fp8_kernel_runs(ctx, path, q, k, v, out, options)) {
+  if (hopper_fp8_kernel_runs(ctx, path, q, k, v, out, options, varlen)) {
     arithmetic.p_rounded = true;
     arithmetic.p_fp8 = DType::e4m3;
     return;

@@ -110,16 +110,18 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
                           const TensorView& out, const AttentionOptions& options);
 
 // Whether the Hopper FP8 kernel runs this FP8 call as it is (host/src/forward/path_fused.cpp,
-// fused_takes_fp8), rounding P to e4m3 for P V.
+// fused_takes_fp8: e4m3, head_dim 128 or 256, f16/bf16 out, rows on 16 bytes, not varlen, no
+// key_start or dropout, Hopper kernels in use), rounding P to e4m3 for P V.
 bool hopper_fp8_kernel_runs(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out, const AttentionOptions& options);
+                            const TensorView& out, const AttentionOptions& options, bool varlen);
 
 // Sets arithmetic.p_rounded and p_fp8 as the kernel that runs the call rounds P: rounds_probabilities()
 // for 16- and 32-bit inputs; for FP8 inputs e4m3 on the Hopper FP8 kernel, else what
 // rounds_probabilities() says of the call on q, k and v dequantized into out's dtype (the library's
 // contiguous copies in its workspace: fp8_inputs.cpp).
 void set_probability_rounding(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
-                              const TensorView& out, const AttentionOptions& options, AttentionArithmetic& arithmetic);
+                              const TensorView& out, const AttentionOptions& options, AttentionArithmetic& arithmetic,
+                              bool varlen = false);
 
 // How close a case came to its bounds (judge.h): ratios <= 1 pass.
 struct Measured {

@@ -149,7 +149,7 @@ std::string VarlenCase::name() const {
   AttentionArithmetic arithmetic;
   arithmetic.dtype = c.dtype;
   set_probability_rounding(ctx, c.path, q.tensor.view, k.tensor.view, v.tensor.view, out_tensor.view, options,
-                           arithmetic);
+                           arithmetic, /*varlen=*/true);
   // Each sequence against the reference run on it alone; the parts are judged as one result.
   AttentionExpected expected;
   expected.out.row_length = c.head_dim;

@@ -263,6 +263,12 @@ step gpu-tests 150 ctest --test-dir "$BUILD" -L gpu -j 4 --no-tests=error --outp
 if [ $ON_GPU = 1 ]; then
   step sweep 150 "$BENCH" --backend cuda --check --json "$OUTDIR/bench.json" --csv "$LOGS/bench.csv"
   TABLE_FROM=$LOGS/sweep.log
+  # FP8 forward (issue 37; bench/NOTES.md, "FP8 forward on Hopper"): e4m3 beside bf16 on the same
+  # shapes in one run, d128 and d256, checked at a small size first.
+  step fp8-smoke 60 "$BENCH" --backend cuda --path fused --batch 1 --heads 2 --seq-q 7,300 --head-dim 128,256 \
+    --dtype e4m3 --causal none,bottom_right --direction fwd --warmup 0 --iters 1 --no-ceilings --check
+  step fp8-sweep 120 "$BENCH" --backend cuda --path fused --batch 2 --heads 16 --seq-q 4096,8192 \
+    --head-dim 128,256 --dtype e4m3,bf16 --causal none,bottom_right --direction fwd --json "$OUTDIR/bench_fp8.json"
 else
   step sim-sweep 300 "$BENCH" --backend sim --check --json "$OUTDIR/sim.json" --csv "$LOGS/sim.csv"
   TABLE_FROM=$LOGS/sim-sweep.log

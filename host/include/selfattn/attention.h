@@ -101,12 +101,13 @@ struct AttentionOptions {
   //   k[b, g, j, c] = stored x k_descale[b, g],   v[b, g, j, c] = stored x v_descale[b, g]
   // Each is device fp32 [batch, kv_heads] contiguous (varlen: a row per sequence), finite and > 0
   // (device memory: not checked), or null for 1. Given with 16- or 32-bit inputs they are refused.
-  // How it runs: the Hopper kernel takes e4m3 at head_dim 128 on a 9.0 device (scores from the
-  // stored values in fp32, then descaled; P rounded to e4m3 for P V, as FlashAttention-3 does;
-  // bf16/f16 out), with the options it takes for 16-bit inputs. Every other call - other formats,
-  // head dims, GPUs, paths, options - dequantizes q, k and v into out's dtype in the workspace
-  // (stored x descale, rounded once) and runs that path's 16-bit or fp32 kernels. The backward does
-  // not take FP8 inputs.
+  // How it runs: on a 9.0 device the fused path's Hopper FP8 kernel takes e4m3 at head_dim 128 and
+  // 256 with f16/bf16 out and rows on 16 bytes (scores from the stored values in fp32, then
+  // descaled; P rounded to e4m3 for P V, as FlashAttention-3 does), not varlen, without key_start
+  // or dropout; it takes V^T (head_dim x seq_k bytes per (batch, kv head)) in the workspace. Every
+  // other call - e5m2, other head dims, GPUs, paths, options - dequantizes q, k and v into out's
+  // dtype in the workspace (stored x descale, rounded once) and runs that path's 16-bit or fp32
+  // kernels. The backward does not take FP8 inputs.
   const float* q_descale = nullptr;
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;

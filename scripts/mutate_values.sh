@@ -353,10 +353,8 @@ mutant fp8_input_sequence_search_low kernels/forward/dequantize_fp8.cuh 1 \
   'if (cu_seqlens[mid] <= row) {' 'if (cu_seqlens[mid] < row) {' \
   'a varlen row that starts its sequence takes the previous sequence'"'"'s descales'
 # Issue 37 item 3: the Hopper FP8 forward (kernels/hopper/flash_fwd_hopper_fp8.cuh, its V^T
-# pre-pass transpose_v_fp8.cuh), judged by tests/forward/test_fused_hopper_fp8 (in the default
-# MUTATE_TESTS; set it to that program alone to run these quickly). Planted by hand once (sim,
-# seeds 1 and 2): each fails FusedHopperFp8.{GqaKeyLengthsWithNaNPaddingAndDescales,HeadDim256,
-# WindowSoftcapSinksAlibiAndQOffsetOnTheTrueScores}, all but the last two more (tests/README.md).
+# pre-pass transpose_v_fp8.cuh), judged by tests/forward/test_fused_hopper_fp8 and test_fp8_forward
+# (set MUTATE_TESTS to those two to run these quickly); what catches each: tests/README.md.
 mutant fp8_qk_descale_ignored kernels/hopper/flash_fwd_hopper_fp8.cuh 1 \
   'if (qk_descale != 1.0f) {' 'if (false && qk_descale != 1.0f) {' \
   'the FP8 kernel'"'"'s scores left as stored (q_descale * k_descale ignored)'

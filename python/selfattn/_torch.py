@@ -42,7 +42,11 @@ written before it still bind) comes last in the attention ops, their out variant
 after sinks (whose gradient the autograd formula finds just before them) or return_lse /
 return_dsinks. The public functions resolve the seed (a torch.Generator's draw) before the op, so
 the op is a pure function of its arguments and the autograd formula hands the forward's seed and
-offset to the backward op, which regenerates the forward's mask."""
+offset to the backward op, which regenerates the forward's mask.
+
+The schemas are an interface that exported programs and cached graphs call by position: an op keeps
+its name, arguments (order, types, defaults) and returns; a new argument goes last with a default,
+and a new op gets its line in python/tests/op_schemas.txt, which test_op_schemas.py checks."""
 from typing import Optional, Tuple
 
 _ops = None

@@ -58,6 +58,9 @@ struct SoftmaxParams {
   int heads;
   int bh_begin, row_begin, rows;
   int seq_k;
+  // attention_probabilities' form of dropout: a dropped probability is written negated (-P) and a
+  // kept one as it is, unscaled, instead of 0 and P / (1 - p). Only read when dropout is on.
+  bool dropout_signs;
 };
 
 // O = P V for the chunk, O in the output dtype and strides. P is fp32; keys past the last visible

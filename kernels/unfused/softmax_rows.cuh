@@ -7,7 +7,8 @@
 // exp(-inf - -inf) is ever evaluated, and the sum is tested, not the count). With a sink the row's
 // probabilities sum to less than 1 (softmax_row_end, score_mods.cuh), and a row without keys gets
 // LSE = the sink's logit. With dropout (dropout.cuh) the P written is the kept probabilities times
-// 1 / (1 - p), zeros where dropped; the LSE is the softmax's, before dropout.
+// 1 / (1 - p), zeros where dropped (with SoftmaxParams::dropout_signs: the probabilities unscaled,
+// negated where dropped); the LSE is the softmax's, before dropout.
 //
 // A "row group" of Group threads owns one row: a warp (Group 32, 4 rows per 128-thread block) for
 // short rows, the whole block (Group 256) for long ones. Cached: the row is read once into registers
@@ -88,9 +89,14 @@ __global__ void __launch_bounds__(Group == 32 ? 32 * SoftmaxTraits::kWarpRowsPer
     const float scaled = s_value * p.scale;
     return p.mods.changes_values ? modified_score(p.mods, mods, scaled, query, aligned, key) : scaled;
   };
-  // A probability as P V takes it: after dropout (dropout.cuh), which the LSE and sum never see.
+  // A probability as P V takes it: after dropout (dropout.cuh), which the LSE and sum never see; or,
+  // with dropout_signs, kept as it is or negated where dropout drops it (attention_probabilities).
   const auto dropped = [&](float prob, int key) {
-    return p.mods.dropout_threshold != 0 ? dropout_apply(p.mods, mods.dropout_stream, query, key, prob) : prob;
+    if (p.mods.dropout_threshold == 0) return prob;
+    if (!p.dropout_signs) return dropout_apply(p.mods, mods.dropout_stream, query, key, prob);
+    if (key < seen.begin || key >= seen.end) return 0.0f;  // the sign marks dropped weights of seen keys only
+    return dropout_keep(p.mods.dropout_seed, p.mods.dropout_offset, p.mods.dropout_threshold, mods.dropout_stream,
+                        query, key) ? prob : -prob;
   };
 
   const float* s = p.s + int64_t(blockIdx.y) * p.s_bh_stride + int64_t(row) * p.s_row_stride;

@@ -154,6 +154,29 @@ void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, co
                       const TensorView& out, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
                       int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});
 
+// The attention probabilities of attention(ctx, q, k, v, out, options), for inspection and tests
+// (FlashAttention's S_dmask): probs[b, h, i, j] = the softmax's weight of key j in row i after every
+// mask and modifier, exp(s_ij - lse_i), 0 for a key the row does not see (a row's weights sum to 1,
+// or to less with a sink; a row that sees no key is 0), in fp32, as the naive path forms them. With
+// dropout (options.dropout_p > 0) a weight that dropout drops is written negated (-P; -0.0 where P
+// is 0) and a kept one as it is, unscaled: attention()'s weight is P / (1 - dropout_p) where
+// probs[b, h, i, j] has its sign bit clear, else 0. Keys a row does not see are +0 either way.
+//   probs: contiguous fp32 [batch, heads, seq_q, seq_k], apart from every input.
+// q, k, v and options are validated as attention() validates them; v is not read. options.lse must
+// be null and options.path automatic or naive (the naive path's kernels form P on every backend);
+// FP8 inputs are refused (NotAvailable). The scores of a chunk of rows pass through the workspace,
+// as in the naive path. Cost: the naive path's Q K^T and softmax, and batch x heads x seq_q x seq_k
+// floats written; throws as attention() does, with nothing written.
+void attention_probabilities(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& probs, const AttentionOptions& options = {});
+// The same for attention_varlen()'s arguments: probs is contiguous fp32 [batch, heads, max_seqlen_q,
+// max_seqlen_k], sequence b's rows and keys counted from 0 in its slice; entries no sequence's row
+// and key own are 0. cu_seqlens are read back to the host (synchronizing the stream) and checked,
+// as the naive path does.
+void attention_probabilities_varlen(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& probs, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                    int batch, int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options = {});
+
 // The path attention() would run for this call: options.path if it supports the call, the choice
 // of `automatic` otherwise. Throws as attention() would (InvalidArgument, NotAvailable).
 Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -46,6 +46,12 @@ struct Result {
 Result attention(const Problem& problem, const std::vector<double>& q, const std::vector<double>& k,
                  const std::vector<double>& v);
 
+// The softmax weights attention() gives each key, [batch, heads, seq_q, seq_k]: exp(s_ij - lse_i)
+// over the keys row i sees (the masks, modifiers and sink as attention() applies them), 0 for the
+// others; before dropout (selfattn::attention_probabilities writes these, with dropout's signs).
+std::vector<double> attention_probabilities(const Problem& problem, const std::vector<double>& q,
+                                            const std::vector<double>& k);
+
 // The gradients of attention() (selfattn/backward.h) in double precision: dq like q, dk and dv like
 // k, for the upstream gradient dout [batch, heads, seq_q, head_dim]. Computed from q, k, v and dout
 // alone (the forward is redone exactly). Rows that see no key get dq = 0; keys no row sees get

@@ -46,32 +46,39 @@ ScoreLayout naive_score_layout(const AttentionCall& padded) {
 }
 
 namespace {
+
+// S = Q K^T for one chunk into `scores` (row stride layout.s_row_stride, pairs packed after each other).
+void launch_scores(ContextState& ctx, const NaiveKernels& naive, const AttentionCall& call, const ScoreLayout& layout,
+                   const Chunk& chunk, float* scores) {
+  const int64_t pair_stride = layout.s_row_stride * chunk.rows;
+  kernels::QkParams qk{};
+  qk.q = heads_view(call.q);
+  qk.k = heads_view(call.k);
+  qk.s = scores;
+  qk.s_bh_stride = pair_stride;
+  qk.s_row_stride = layout.s_row_stride;
+  qk.heads = call.heads;
+  qk.heads_per_kv = call.heads / call.kv_heads;
+  qk.bh_begin = chunk.pair_begin;
+  qk.row_begin = chunk.row_begin;
+  qk.rows = chunk.rows;
+  qk.seq_k = call.seq_k;
+  qk.head_dim = call.head_dim;
+  qk.mask = key_mask(call);
+  kernels::LaunchShape qk_shape;
+  qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
+  qk_shape.block = dim3(unsigned(naive.qk.threads));
+  qk_shape.dynamic_smem_bytes = naive.qk.smem_bytes;
+  if (call.seq_k > 0) ctx.device->launch(naive.qk.kernel, qk_shape, &qk);  // none: softmax and P V write 0 / -inf
+}
+
 void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall& chunked, void* workspace) {
   const AttentionCall& call = chunked.call;
   const ScoreLayout& layout = chunked.layout;
   for_each_chunk(chunked, [&](const Chunk& chunk) {
     float* scores = static_cast<float*>(workspace);
     const int64_t pair_stride = layout.s_row_stride * chunk.rows;
-
-    kernels::QkParams qk{};
-    qk.q = heads_view(call.q);
-    qk.k = heads_view(call.k);
-    qk.s = scores;
-    qk.s_bh_stride = pair_stride;
-    qk.s_row_stride = layout.s_row_stride;
-    qk.heads = call.heads;
-    qk.heads_per_kv = call.heads / call.kv_heads;
-    qk.bh_begin = chunk.pair_begin;
-    qk.row_begin = chunk.row_begin;
-    qk.rows = chunk.rows;
-    qk.seq_k = call.seq_k;
-    qk.head_dim = call.head_dim;
-    qk.mask = key_mask(call);
-    kernels::LaunchShape qk_shape;
-    qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
-    qk_shape.block = dim3(unsigned(naive.qk.threads));
-    qk_shape.dynamic_smem_bytes = naive.qk.smem_bytes;
-    if (call.seq_k > 0) ctx.device->launch(naive.qk.kernel, qk_shape, &qk);  // none: softmax and P V write 0 / -inf
+    launch_scores(ctx, naive, call, layout, chunk, scores);
 
     launch_softmax(ctx, call, chunk, scores, layout.s_row_stride, scores, kernels::Element::f32, layout.s_row_stride,
                    call.scale, chunked.lse_pair_stride);
@@ -102,13 +109,38 @@ void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall&
 }
 }  // namespace
 
-void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace) {
-  if (plan.calls.empty()) return;
-  // Every padded call of a plan has the call's dtype and head_dim: one lookup serves them all.
+namespace {
+// Every padded call of a plan has the call's dtype and head_dim: one lookup serves them all.
+NaiveKernels plan_kernels(ContextState& ctx, const ScorePlan& plan) {
   const AttentionCall& first = plan.calls.front().call;
   const NaiveKernels naive = lookup(ctx.device->backend(), element_of(first.dtype), first.head_dim);
   if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
+  return naive;
+}
+}  // namespace
+
+void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace) {
+  if (plan.calls.empty()) return;
+  const NaiveKernels naive = plan_kernels(ctx, plan);
   for (const ChunkedCall& chunked : plan.calls) run_padded(ctx, naive, chunked, workspace);
+}
+
+void run_naive_probabilities(ContextState& ctx, const ScorePlan& plan, const TensorView& probs, void* workspace) {
+  if (plan.calls.empty()) return;
+  const NaiveKernels naive = plan_kernels(ctx, plan);
+  for (const ChunkedCall& chunked : plan.calls) {
+    // The softmax writes P straight into probs: the padded call's (batch, head) pairs and rows
+    // there, from its sequence's slice (varlen) or batch 0.
+    float* base = static_cast<float*>(probs.data) + chunked.sequence * probs.strides[0];
+    for_each_chunk(chunked, [&](const Chunk& chunk) {
+      float* scores = static_cast<float*>(workspace);
+      launch_scores(ctx, naive, chunked.call, chunked.layout, chunk, scores);
+      float* p = base + chunk.pair_begin * probs.strides[1] + chunk.row_begin * probs.strides[2];
+      launch_softmax(ctx, chunked.call, chunk, scores, chunked.layout.s_row_stride, p, kernels::Element::f32,
+                     probs.strides[2], chunked.call.scale, chunked.lse_pair_stride, probs.strides[1],
+                     /*dropout_signs=*/true);
+    });
+  }
 }
 
 }  // namespace selfattn::detail

@@ -79,6 +79,7 @@ struct ChunkedCall {
   // Where this padded call's rows start in the varlen call's packed views (0 otherwise): the
   // backward slices its own views (dout, dq, the dK/dV accumulators) with them.
   int64_t q_row_offset = 0, k_row_offset = 0;
+  int sequence = 0;  // the varlen call's sequence this padded call is (0 otherwise)
 };
 
 // Every chunk of a call, fixed before anything runs; workspace_bytes holds the largest.
@@ -138,6 +139,10 @@ void zero_fill(Device& device, const TensorView& view);
 // Each runs a plan of a call its *_unsupported accepted; run_fused takes fused_workspace_bytes(call)
 // bytes of workspace at `workspace` (null when that is 0).
 void run_naive(ContextState& ctx, const ScorePlan& plan, void* workspace);
+// attention_probabilities(): the naive path's Q K^T and softmax of a naive plan, P written into
+// `probs` (contiguous fp32 [batch, heads, seq_q, seq_k], varlen: a [max_q, max_k] slice per
+// sequence) with dropout's signs; plan.workspace_bytes at `workspace`.
+void run_naive_probabilities(ContextState& ctx, const ScorePlan& plan, const TensorView& probs, void* workspace);
 void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_fused(ContextState& ctx, const AttentionCall& call, void* workspace);
 // FP8 inputs (fp8_inputs.cpp). runs_fp8_natively: the call runs as it is, on the fused path's

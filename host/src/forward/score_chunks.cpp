@@ -154,7 +154,7 @@ ScorePlan plan_scores(ContextState& ctx, const AttentionCall& call, ScoreLayout 
   ScorePlan plan;
   for (const PaddedCall& padded : padded_calls(ctx, call, function)) {
     ChunkedCall chunked{padded.call, padded.lse_pair_stride, layout_of(padded.call), 0, 0, padded.q_row_offset,
-                        padded.k_row_offset};
+                        padded.k_row_offset, std::max(padded.sequence, 0)};
     chunked.layout.row_bytes = std::max<size_t>(chunked.layout.row_bytes, 16);
     const size_t row_bytes = chunked.layout.row_bytes;
     if (row_bytes > budget) {
@@ -193,7 +193,7 @@ void for_each_chunk(const ChunkedCall& chunked, const std::function<void(const C
 
 void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& chunk, const float* s,
                     int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale,
-                    int64_t lse_pair_stride) {
+                    int64_t lse_pair_stride, int64_t p_pair_stride, bool dropout_signs) {
   const kernels::SoftmaxKernel softmax = SELFATTN_KERNEL_FOR(ctx.device->backend(), softmax_rows_instance(p_elem, call.seq_k));
   if (!softmax.kernel) throw NotAvailable("attention: no softmax_rows kernel for this backend");
 
@@ -203,7 +203,7 @@ void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& c
   params.s_row_stride = s_row_stride;
   params.s_bh_stride = s_row_stride * chunk.rows;
   params.p_row_stride = p_row_stride;
-  params.p_bh_stride = p_row_stride * chunk.rows;
+  params.p_bh_stride = p_pair_stride >= 0 ? p_pair_stride : p_row_stride * chunk.rows;
   params.lse = call.lse;
   params.lse_pair_stride = lse_pair_stride;
   params.mask = key_mask(call);
@@ -214,6 +214,7 @@ void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& c
   params.row_begin = chunk.row_begin;
   params.rows = chunk.rows;
   params.seq_k = call.seq_k;
+  params.dropout_signs = dropout_signs;
 
   kernels::LaunchShape shape;
   shape.grid = dim3(unsigned((chunk.rows + softmax.rows_per_block - 1) / softmax.rows_per_block), unsigned(chunk.pairs));

@@ -63,8 +63,11 @@ void zero_chunk_rows(Device& device, const TensorView& view, int heads, const Ch
 
 // P = softmax(scale * S + mask) for one chunk: S fp32 with row stride s_row_stride, P (element
 // p_elem, row stride p_row_stride) possibly over S; LSE when the call asks (see ChunkedCall).
+// P's (batch, head) pairs follow each other p_pair_stride elements apart (-1: p_row_stride x the
+// chunk's rows, packed like S). dropout_signs: attention_probabilities' form of dropout
+// (SoftmaxParams::dropout_signs).
 void launch_softmax(ContextState& ctx, const AttentionCall& call, const Chunk& chunk, const float* s,
                     int64_t s_row_stride, void* p, kernels::Element p_elem, int64_t p_row_stride, float scale,
-                    int64_t lse_pair_stride);
+                    int64_t lse_pair_stride, int64_t p_pair_stride = -1, bool dropout_signs = false);
 
 }  // namespace selfattn::detail

@@ -136,23 +136,22 @@ void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size
 
 }  // namespace
 
-Result attention(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                 const std::vector<double>& v) {
-  check_problem(p, q.size(), k.size(), v.size());
+namespace {
+
+// The softmax of every row (attention.h's rule: the masks, the modifiers, the sink; before
+// dropout): visit(row, b, h, keys, weights, lse) for each row that sees a key or has a sink, with
+// row the flat [batch, heads, seq_q] index and weights[j] the weight of key j for j in keys. Rows
+// with neither are not visited (they give 0 and LSE -inf).
+template <class Visit>
+void for_each_softmax_row(const Problem& p, const std::vector<double>& q, const std::vector<double>& k, Visit visit) {
   const double scale = p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(std::max(p.head_dim, 1)));
   const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;  // query heads per kv head
   const size_t d = size_t(p.head_dim);
-
-  Result result;
-  result.out.assign(size_t(p.batch) * p.heads * p.seq_q * d, 0.0);
-  result.lse.assign(size_t(p.batch) * p.heads * p.seq_q, -std::numeric_limits<double>::infinity());
   std::vector<double> scores(size_t(p.seq_k));
-
   for (int b = 0; b < p.batch; ++b) {
     for (int h = 0; h < p.heads; ++h) {
       const int kv_h = h / group;
       const double* k_head = k.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
-      const double* v_head = v.data() + (size_t(b) * p.kv_heads + kv_h) * p.seq_k * d;
       const double slope = alibi_slope(p, b, h);
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
@@ -176,7 +175,7 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
         // The sink joins the softmax as one more score whose value row is 0.
         const double sink = sink_logit(p, h);
         max_score = std::max(max_score, sink);
-        // No key (or only keys the bias masks) and no sink: output 0, LSE -inf (already there).
+        // No key (or only keys the bias masks) and no sink: output 0, LSE -inf.
         if (max_score == -std::numeric_limits<double>::infinity()) continue;
         // Subtracting the row maximum keeps exp() in range; it cancels in the normalisation.
         double sum = std::exp(sink - max_score);
@@ -184,16 +183,44 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
           scores[j] = std::exp(scores[j] - max_score);
           sum += scores[j];
         }
-        double* out_row = result.out.data() + row * d;
-        for (int j = keys.begin; j < keys.end; ++j) {
-          const double weight = scores[j] / sum * dropout_factor(p, row, j);
-          for (size_t e = 0; e < d; ++e) out_row[e] += weight * v_head[size_t(j) * d + e];
-        }
-        result.lse[row] = max_score + std::log(sum);
+        for (int j = keys.begin; j < keys.end; ++j) scores[j] /= sum;
+        visit(row, b, h, keys, scores, max_score + std::log(sum));
       }
     }
   }
+}
+
+}  // namespace
+
+Result attention(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
+                 const std::vector<double>& v) {
+  check_problem(p, q.size(), k.size(), v.size());
+  const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
+  const size_t d = size_t(p.head_dim);
+  Result result;
+  result.out.assign(size_t(p.batch) * p.heads * p.seq_q * d, 0.0);
+  result.lse.assign(size_t(p.batch) * p.heads * p.seq_q, -std::numeric_limits<double>::infinity());
+  for_each_softmax_row(p, q, k, [&](size_t row, int b, int h, KeyRange keys, const std::vector<double>& weights,
+                                    double lse) {
+    const double* v_head = v.data() + (size_t(b) * p.kv_heads + h / group) * p.seq_k * d;
+    double* out_row = result.out.data() + row * d;
+    for (int j = keys.begin; j < keys.end; ++j) {
+      const double weight = weights[j] * dropout_factor(p, row, j);
+      for (size_t e = 0; e < d; ++e) out_row[e] += weight * v_head[size_t(j) * d + e];
+    }
+    result.lse[row] = lse;
+  });
   return result;
+}
+
+std::vector<double> attention_probabilities(const Problem& p, const std::vector<double>& q,
+                                            const std::vector<double>& k) {
+  check_problem(p, q.size(), k.size(), /*v_size=*/k.size());  // v is not needed: any size k may have
+  std::vector<double> probs(size_t(p.batch) * p.heads * p.seq_q * p.seq_k, 0.0);
+  for_each_softmax_row(p, q, k, [&](size_t row, int, int, KeyRange keys, const std::vector<double>& weights, double) {
+    for (int j = keys.begin; j < keys.end; ++j) probs[row * p.seq_k + j] = weights[j];
+  });
+  return probs;
 }
 
 }  // namespace selfattn::reference

@@ -416,8 +416,9 @@ AttentionCall validate_attention(const char* function, const TensorView& q, cons
 AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& out, const int32_t* cu_seqlens_q,
                                         const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
-                                        const AttentionOptions& options, const char* function) {
-  check_common(function, q, k, v, out, true);
+                                        const AttentionOptions& options, const char* function,
+                                        bool check_out_overlap) {
+  check_common(function, q, k, v, out, check_out_overlap);
   check_causal(function, options.causal);
   // Packed sequences live in one row range per tensor: the batch dimension of every view is 1.
   for (const auto& [name, view] : {std::pair<const char*, const TensorView&>{"q", q}, {"k", k}, {"v", v}, {"out", out}}) {
@@ -440,14 +441,14 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
   if (batch > 0 && cu_seqlens_k == nullptr) fail(function, "cu_seqlens_k expected non-null (batch > 0), got null");
   expect_aligned(function, "cu_seqlens_q", cu_seqlens_q, alignof(int32_t));
   expect_aligned(function, "cu_seqlens_k", cu_seqlens_k, alignof(int32_t));
-  check_lse(function, options, q.heads() * q.seq(), q, k, v, out, true);
-  check_key_lengths(function, options, batch, q.heads() * q.seq(), out, true);
+  check_lse(function, options, q.heads() * q.seq(), q, k, v, out, check_out_overlap);
+  check_key_lengths(function, options, batch, q.heads() * q.seq(), out, check_out_overlap);
   // The offsets are read while out and lse are written: they must not lie in either.
   const ByteRange lse_range = byte_range(options.lse, size_t(q.heads() * q.seq()) * sizeof(float));
   for (const auto& [name, offsets] : {std::pair<const char*, const int32_t*>{"cu_seqlens_q", cu_seqlens_q},
                                       {"cu_seqlens_k", cu_seqlens_k}}) {
     const ByteRange range = byte_range(offsets, batch > 0 ? size_t(batch + 1) * sizeof(int32_t) : 0);
-    expect_disjoint(function, name, range, "out", byte_range(out));
+    if (check_out_overlap) expect_disjoint(function, name, range, "out", byte_range(out));
     expect_disjoint(function, name, range, "options.lse", lse_range);
   }
 
@@ -457,9 +458,9 @@ AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k
   call.seq_k = max_seqlen_k;
   call.cu_seqlens_q = cu_seqlens_q;
   call.cu_seqlens_k = cu_seqlens_k;
-  check_score_mods(function, options, batch, q.heads(), max_seqlen_q, max_seqlen_k, q, out, q.heads() * q.seq(), true,
-                   call);
-  check_descales(function, options, batch, k.heads(), q, out, q.heads() * q.seq(), true, call);
+  check_score_mods(function, options, batch, q.heads(), max_seqlen_q, max_seqlen_k, q, out, q.heads() * q.seq(),
+                   check_out_overlap, call);
+  check_descales(function, options, batch, k.heads(), q, out, q.heads() * q.seq(), check_out_overlap, call);
   return call;
 }
 

@@ -9,14 +9,15 @@
 namespace selfattn::detail {
 
 // Validates a padded-batch call; messages start with `function` (the entry point the user called).
-// check_out_overlap is false only for resolve_path(), which has no out.
+// check_out_overlap is false only for the calls without an out (resolve_path(), attention_probabilities()).
 AttentionCall validate_attention(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& out, const AttentionOptions& options, bool check_out_overlap = true);
 
 AttentionCall validate_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& out, const int32_t* cu_seqlens_q,
                                         const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k,
-                                        const AttentionOptions& options, const char* function = "attention_varlen");
+                                        const AttentionOptions& options, const char* function = "attention_varlen",
+                                        bool check_out_overlap = true);
 
 // The window, softcap, ALiBi and bias of a call whose logical extent is [batch, heads, seq_q, seq_k]
 // (varlen: sequences and max lengths; KV cache: seq_k is the capacity), checked and stored in

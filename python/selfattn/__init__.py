@@ -23,6 +23,9 @@ every mask and score modifier (``loss.backward()`` reaches the library's backwar
 custom ops' autograd formulas, see _torch.py), attention sinks included; calls that would leave a
 tensor that requires grad without its gradient raise NotAvailable instead.
 
+Inspection: :func:`attention_probabilities` writes the softmax weights a call forms (dropped ones
+negated: FlashAttention's S_dmask), :func:`dropout_keep_mask` the keep flags of its dropout.
+
 FP8: :func:`attention` and :func:`attention_varlen` take q, k, v of float8_e4m3fn / float8_e5m2
 (torch's dtypes, or ml_dtypes' for NumPy) with ``q_descale=``, ``k_descale=``, ``v_descale=`` and
 ``out_dtype=``, forward only (see attention()'s doc).
@@ -31,7 +34,8 @@ Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cac
 (contiguous or paged, also in FP8: float8_e4m3fn / float8_e5m2 with ``k_scale=``, ``v_scale=``),
 :func:`merge_states` combines partial results (see _kv_cache.py).
 
-The calls live by family, as host/src has them: _forward.py, _backward.py and _kv_cache.py, with
+The calls live by family, as host/src has them: _forward.py, _backward.py, _kv_cache.py and
+_probabilities.py, with
 what they share in _calls.py, _arrays.py and _messages.py; _torch.py registers the custom ops over
 them. This module puts the package together: it re-exports the calls and hands the call modules the
 custom ops (_calls.torch_ops).
@@ -45,10 +49,12 @@ from ._backward import attention_backward, attention_varlen_backward
 from ._calls import default_context, install_torch_ops
 from ._forward import attention, attention_varlen, self_attention
 from ._kv_cache import append_kv, attention_with_kv_cache, cu_seqlens_from_lengths, merge_states, rotary_embedding
+from ._probabilities import attention_probabilities, dropout_keep_mask
 from ._selfattn import (BackendError, Context, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall,
                         __version__)
 
 __all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "self_attention",
+           "attention_probabilities", "dropout_keep_mask",
            "append_kv", "attention_with_kv_cache", "merge_states", "cu_seqlens_from_lengths", "rotary_embedding",
            "Context", "default_context", "backends", "paths", "version",
            "Error", "InvalidArgument", "NotAvailable", "WorkspaceTooSmall", "BackendError", "__version__"]
@@ -57,7 +63,8 @@ __all__ = ["attention", "attention_backward", "attention_varlen", "attention_var
 # (selfattn._selfattn.Error, selfattn._forward.attention). The KV-cache calls and default_context
 # keep their modules' names, as they always have.
 for _public in (Error, InvalidArgument, NotAvailable, WorkspaceTooSmall, BackendError, attention, attention_varlen,
-                self_attention, attention_backward, attention_varlen_backward):
+                self_attention, attention_backward, attention_varlen_backward, attention_probabilities,
+                dropout_keep_mask):
     _public.__module__ = __name__
 del _public
 

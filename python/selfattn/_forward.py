@@ -6,15 +6,12 @@ implementations call _attention() and _attention_varlen() here; the package's __
 calls as a whole."""
 from __future__ import annotations
 
-import numbers
 from typing import Any, Optional
 
-import numpy as np
-
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _check_positive_floats, _context_for, _dropout, _float32_or_none,
-                     _float_or_none, _host_positive_floats, _int32_or_none, _max_seqlen, _op_dropout, _packed,
-                     _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._calls import (_check_keywords, _context_for, _dropout, _float32_or_none, _float_or_none, _int32_or_none,
+                     _max_seqlen, _op_dropout, _packed, _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._fp8_inputs import _descale_shape, _descales, _fp8_forward, _fp8_out_dtype, _op_fp8
 from ._messages import BHSD, PACKED, ROWS, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -26,7 +23,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
               q_offset: Any = None, deterministic: bool = False, dropout_p: float = 0.0,
               dropout_seed: Optional[int] = None, dropout_offset: int = 0, generator: Any = None,
               q_descale: Any = None, k_descale: Any = None, v_descale: Any = None, out_dtype: Any = None,
-              context: Optional[Context] = None) -> Any:
+              context: Optional[Context] = None, return_dropout_seed: bool = False) -> Any:
     """Scaled dot-product attention, ``out = softmax(scale * q k^T + mask) v`` per (batch, head).
 
     Shapes (layout="bhsd"; with layout="bshd" swap the heads and seq axes of every array):
@@ -105,7 +102,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
     reproducible), which advances it: two calls get two masks; loss.backward() regenerates the
     forward's mask. Other arrays need dropout_seed (an int in [0, 2^64)). dropout_offset is
     PyTorch's philox offset: calls that share a seed get independent masks when their offsets differ
-    by at least batch * heads. dropout_p=0 is no dropout.
+    by at least batch * heads. dropout_p=0 is no dropout. return_dropout_seed=True returns the seed
+    the call used (drawn or given; 0 without dropout) after out and lse, as FlashAttention returns
+    its RNG state: pass it as dropout_seed= (with the same dropout_offset) to attention_backward(),
+    attention_probabilities() or dropout_keep_mask() to get this call's mask again.
 
     FP8 inputs (FlashAttention-3's FP8 forward; selfattn/attention.h has the rule): q, k and v all
     float8_e4m3fn or all float8_e5m2 (torch's dtypes, or ml_dtypes' for NumPy), each real value its
@@ -137,120 +137,20 @@ def attention(q: Any, k: Any, v: Any, *, causal: Optional[str] = None, scale: Op
             result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout), *extra)
         else:
             result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse), *_op_dropout(dropout), *extra[:3])
-        return (result, lse) if return_lse else result
-    return _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths,
-                      return_lse=return_lse, out=out, layout=layout, context=context, window=window,
-                      softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start,
-                      q_offset=q_offset, dropout=dropout, q_descale=q_descale, k_descale=k_descale,
-                      v_descale=v_descale, out_dtype=out_dtype)
+        return _with_dropout_seed((result, lse) if return_lse else result, dropout, return_dropout_seed)
+    return _with_dropout_seed(
+        _attention(q, k, v, causal=causal, scale=scale, path=path, key_lengths=key_lengths, return_lse=return_lse,
+                   out=out, layout=layout, context=context, window=window, softcap=softcap,
+                   alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, key_start=key_start, q_offset=q_offset,
+                   dropout=dropout, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                   out_dtype=out_dtype), dropout, return_dropout_seed)
 
 
-_OUT_DTYPES = ("float32", "float16", "bfloat16")
-_DESCALES_EXPECTED = "a float or a float32 array [batch, kv_heads]"
-
-
-def _out_dtype_name(out_dtype):
-    """out_dtype (None, a name, a torch dtype, a NumPy dtype or type) as one of _OUT_DTYPES, or None."""
-    if out_dtype is None:
-        return None
-    if isinstance(out_dtype, str):
-        name = out_dtype
-    elif type(out_dtype).__module__.split(".")[0] == "torch":
-        name = str(out_dtype).replace("torch.", "")
-    else:
-        try:
-            name = np.dtype(out_dtype).name
-        except TypeError:
-            name = repr(out_dtype)
-    if name not in _OUT_DTYPES:
-        raise InvalidArgument(f"out_dtype expected None, float32, float16 or bfloat16, got {out_dtype!r}")
-    return name
-
-
-def _fp8_forward(function, q, k, v, sinks, out, q_descale, k_descale, v_descale, out_dtype):
-    """Whether q is FP8 (the library then checks that k and v are too), after the refusals that
-    only the Python layer can make: inputs that require grad (FP8 has no backward), descales or
-    out_dtype without FP8 inputs, an out_dtype that contradicts out's."""
-    try:
-        fp8 = _arrays.fp8_format(q) is not None
-    except InvalidArgument as error:
-        raise InvalidArgument(f"q.{error}") from None
-    name = _out_dtype_name(out_dtype)
-    if not fp8:
-        for what, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale),
-                            ("out_dtype", out_dtype)):
-            if value is not None:
-                raise InvalidArgument(f"{function}: {what} expected None: q.dtype is {_arrays._dtype_name(q)}, not "
-                                      f"FP8 (descales and out_dtype are for FP8 inputs)")
-        return False
-    wanting = _torch_requiring_grad(dict(q=q, k=k, v=v, sinks=sinks, out=out, q_descale=q_descale,
-                                         k_descale=k_descale, v_descale=v_descale))
-    if wanting:
-        raise NotAvailable(f"{function}: {wanting[0]} requires grad, but FP8 inputs have no backward; detach them or "
-                           f"run under torch.no_grad()")
-    if out is not None and name is not None and _arrays._dtype_name(out) != name:
-        raise InvalidArgument(f"{function}: out_dtype expected None or out.dtype ({_arrays._dtype_name(out)}), got "
-                              f"{name}")
-    return True
-
-
-def _fp8_out_dtype(like, out_dtype):
-    """The result's dtype name of an FP8 call without out=: out_dtype, else bfloat16 for torch and
-    float32 for other arrays."""
-    name = _out_dtype_name(out_dtype)
-    if name is not None:
-        return name
-    return "bfloat16" if _arrays.is_torch(like) else "float32"
-
-
-def _descale_shape(q, k, layout=None, cu_seqlens_q=None):
-    """The descales' [batch, kv_heads]: a row per batch entry, or per sequence of a varlen call."""
-    if cu_seqlens_q is not None:  # varlen: k [total_k, kv_heads, head_dim]
-        return int(cu_seqlens_q.shape[0]) - 1, int(k.shape[1])
-    return int(q.shape[0]), int(k.shape[2] if layout == "bshd" else k.shape[1])
-
-
-def _op_fp8(q, shape, q_descale, k_descale, v_descale, out_dtype):
-    """The FP8 arguments of the attention ops: the descales as float32 tensors where q lives (a
-    float made a filled `shape`, [batch, kv_heads], its value checked here in plain Python), and
-    out's dtype (a torch dtype) for the ops without out=."""
-    import torch
-    descales = []
-    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if isinstance(value, torch.Tensor):
-            value = value.to(device=q.device, dtype=torch.float32)
-        elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.generic)):
-            _check_positive_floats(name, [float(value)])
-            value = torch.full(shape, float(value), dtype=torch.float32, device=q.device)
-        elif value is not None:
-            value = torch.from_numpy(_host_positive_floats(name, value, _DESCALES_EXPECTED)).to(q.device)
-        descales.append(value)
-    return (*descales, getattr(torch, _fp8_out_dtype(q, out_dtype)))
-
-
-def _descales(arrays, shape, q_descale, k_descale, v_descale):
-    """The descales as the compiled module takes them: float32 `shape` ([batch, kv_heads])
-    contiguous where q lives (a float fills one), host values checked to be finite and > 0. None for
-    16- and 32-bit inputs (refused with descales by _fp8_forward)."""
-    q = arrays["q"]
-    converted = []
-    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if value is None:
-            converted.append(None)
-            continue
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            value = np.full(shape, float(value), np.float32)
-        if _arrays.is_torch(value) and value.device.type == "cpu":
-            value = value.detach().numpy()
-        if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack__"):
-            value = _arrays.float32_array(name, _host_positive_floats(name, value, _DESCALES_EXPECTED), like=q)
-        else:
-            value = _arrays.float32_array(name, value, like=q)  # a device array: read on the device, unchecked
-        if tuple(value.shape) != shape:
-            raise InvalidArgument(f"{name} expected {_DESCALES_EXPECTED} = {list(shape)}, got shape "
-                                  f"{tuple(value.shape)}")
-        converted.append(value)
-    return converted
+def _with_dropout_seed(result, dropout, wanted):
+    """A call's result (out, or (out, lse)), with return_dropout_seed=True its dropout seed appended."""
+    if not wanted:
+        return result
+    return (*result, dropout[1]) if isinstance(result, tuple) else (result, dropout[1])
 
 
 def _op_mods(window, softcap, alibi_slopes, bias, key_start, q_offset, sinks, like):
@@ -331,7 +231,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      sinks: Any = None, key_start: Any = None, q_offset: Any = None, key_lengths: Any = None,
                      deterministic: bool = False, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
                      dropout_offset: int = 0, generator: Any = None, q_descale: Any = None, k_descale: Any = None,
-                     v_descale: Any = None, out_dtype: Any = None, context: Optional[Context] = None) -> Any:
+                     v_descale: Any = None, out_dtype: Any = None, context: Optional[Context] = None,
+                     return_dropout_seed: bool = False) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     - q: [total_q, heads, head_dim]; k, v: [total_k, kv_heads, head_dim] (the tokens of all
@@ -355,9 +256,9 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     tensors it is differentiable as attention() is, sinks included; a torch out= goes through
     ``selfattn::attention_varlen_out`` (in place, traced by torch.compile, no autograd graph:
     inputs that require grad are refused with it, as with attention()). dropout_p, dropout_seed,
-    dropout_offset and generator as for attention(); the mask's batch is the sequence, its rows and
-    keys counted within it. FP8 q, k, v as for attention(): q_descale, k_descale, v_descale float32
-    [batch, kv_heads], a row per sequence; out_dtype; no backward.
+    dropout_offset, generator and return_dropout_seed as for attention(); the mask's batch is the
+    sequence, its rows and keys counted within it. FP8 q, k, v as for attention(): q_descale,
+    k_descale, v_descale float32 [batch, kv_heads], a row per sequence; out_dtype; no backward.
     """
     _check_keywords(causal, "bhsd", path)
     fp8 = _fp8_forward("attention_varlen", q, k, v, sinks, out, q_descale, k_descale, v_descale, out_dtype)
@@ -376,12 +277,14 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
             result, lse = op(q, k, v, *options, bool(deterministic), *mods, *_op_dropout(dropout), *extra)
         else:
             result, lse = out, op(q, k, v, out, *options, *mods, bool(return_lse), *_op_dropout(dropout), *extra[:3])
-        return (result, lse) if return_lse else result
-    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                             causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
-                             softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context,
-                             key_start=key_start, q_offset=q_offset, key_lengths=key_lengths, dropout=dropout,
-                             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
+        return _with_dropout_seed((result, lse) if return_lse else result, dropout, return_dropout_seed)
+    return _with_dropout_seed(
+        _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                          causal=causal, scale=scale, path=path, return_lse=return_lse, out=out, window=window,
+                          softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, context=context,
+                          key_start=key_start, q_offset=q_offset, key_lengths=key_lengths, dropout=dropout,
+                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype),
+        dropout, return_dropout_seed)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal, scale, path,

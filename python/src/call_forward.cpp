@@ -1,5 +1,5 @@
-// The forward calls' entry points (host/src/attention.cpp and self_attention.cpp): attention,
-// attention_varlen and self_attention, and the arrays the first two take (call.h declares them).
+// The forward calls' entry points (host/src/attention.cpp, probabilities.cpp and self_attention.cpp):
+// attention, attention_varlen, attention_probabilities (dense or varlen) and self_attention, and the arrays the first two take (call.h declares them).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -109,6 +109,47 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
     selfattn::attention_varlen(call.ctx(), tensor_view(a.q), tensor_view(a.k), tensor_view(a.v), tensor_view(a.out),
                                static_cast<const int32_t*>(cu.q.data), static_cast<const int32_t*>(cu.k.data),
                                int(cu.batch), max_seqlen_q, max_seqlen_k, options);
+  });
+}
+
+void attention_probabilities(BoundContext& context, InArray q, InArray k, InArray v, OutArray probs,
+                             std::optional<InArray> cu_seqlens_q, std::optional<InArray> cu_seqlens_k,
+                             int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
+                             std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+                             int window_left, int window_right, std::optional<float> softcap,
+                             std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                             std::optional<InArray> sinks, std::optional<InArray> key_start,
+                             std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
+                             uint64_t dropout_seed, uint64_t dropout_offset) {
+  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
+  const Holds data = data_kind(bf16_as_uint16);
+  Call call(context);
+  const Arg& aq = call.add(Arg("q", q, false, data));
+  const Arg& ak = call.add(Arg("k", k, false, data));
+  const Arg& av = call.add(Arg("v", v, false, data));
+  const Arg& aprobs = call.add(Arg("probs", probs, true, Holds::data));
+  const bool varlen = cu_seqlens_q.has_value();
+  std::optional<CuSeqlens> cu;
+  if (varlen) cu.emplace(add_cu_seqlens(call, *cu_seqlens_q, *cu_seqlens_k));
+  const selfattn::TensorView q_shape = tensor_view(aq);
+  const int64_t batch = varlen ? cu->batch : q_shape.batch();
+  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, batch, q_shape.heads(),
+                                    bf16_as_uint16);
+  const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
+  if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), batch, "batch");
+  run_call(context, call, [&] {
+    options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;
+    set_mod_options(options, mods);
+    if (varlen) {
+      selfattn::attention_probabilities_varlen(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av),
+                                               tensor_view(aprobs), static_cast<const int32_t*>(cu->q.data),
+                                               static_cast<const int32_t*>(cu->k.data), int(cu->batch), max_seqlen_q,
+                                               max_seqlen_k, options);
+    } else {
+      selfattn::attention_probabilities(call.ctx(), tensor_view(aq), tensor_view(ak), tensor_view(av),
+                                        tensor_view(aprobs), options);
+    }
   });
 }
 

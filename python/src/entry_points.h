@@ -27,6 +27,16 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
                       float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
                       std::optional<InArray> q_descale, std::optional<InArray> k_descale,
                       std::optional<InArray> v_descale);
+// cu_seqlens_q and cu_seqlens_k given: the varlen form (q, k, v [1, heads, total, head_dim] views).
+void attention_probabilities(BoundContext& context, InArray q, InArray k, InArray v, OutArray probs,
+                             std::optional<InArray> cu_seqlens_q, std::optional<InArray> cu_seqlens_k,
+                             int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
+                             std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
+                             int window_left, int window_right, std::optional<float> softcap,
+                             std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
+                             std::optional<InArray> sinks, std::optional<InArray> key_start,
+                             std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
+                             uint64_t dropout_seed, uint64_t dropout_offset);
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
                     std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,

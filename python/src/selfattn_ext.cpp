@@ -102,6 +102,26 @@ NB_MODULE(_selfattn, m) {
         nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
         "Low level: q, out as [1, heads, total_q, head_dim] views (FP8 q, k, v as uint8 with fp8 their format; "
         "descales [batch, kv_heads], a row per sequence). Use selfattn.attention_varlen().");
+  m.def("attention_probabilities", &attention_probabilities, nb::arg("context"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("probs"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
+        nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(),
+        nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("window_left"), nb::arg("window_right"),
+        nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(),
+        nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p"),
+        nb::arg("dropout_seed"), nb::arg("dropout_offset"),
+        "Low level: q, k, v as [batch, heads, seq, head_dim] views (varlen with cu_seqlens: [1, heads, total, "
+        "head_dim]), probs fp32 [batch, heads, seq_q, seq_k]. Use selfattn.attention_probabilities().");
+  m.def(
+      "dropout_keep_mask",
+      [](double dropout_p, uint64_t seed, uint64_t offset, int batch, int heads, int seq_q, int seq_k,
+         int first_batch) {
+        const std::vector<uint8_t> keep =
+            selfattn::reference::dropout_keep_mask(dropout_p, seed, offset, batch, heads, seq_q, seq_k, first_batch);
+        return nb::bytes(reinterpret_cast<const char*>(keep.data()), keep.size());
+      },
+      nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("batch"), nb::arg("heads"), nb::arg("seq_q"),
+      nb::arg("seq_k"), nb::arg("first_batch"),
+      "Low level: the keep flags (1 kept) as bytes [batch, heads, seq_q, seq_k]. Use selfattn.dropout_keep_mask().");
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),

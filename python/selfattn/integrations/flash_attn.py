@@ -1,6 +1,9 @@
-"""FlashAttention's Python calls over selfattn: ``flash_attn_func``, ``flash_attn_varlen_func`` and
-``flash_attn_with_kvcache``, with FlashAttention's argument names, order, defaults, shapes and
-conventions, on torch tensors. A project switches by changing an import::
+"""FlashAttention's Python calls over selfattn: ``flash_attn_func``, ``flash_attn_varlen_func``,
+``flash_attn_with_kvcache`` and the packed forms (``flash_attn_qkvpacked_func``,
+``flash_attn_kvpacked_func``, ``flash_attn_varlen_qkvpacked_func``,
+``flash_attn_varlen_kvpacked_func``, which slice the packed tensor as FlashAttention's wrappers do),
+with FlashAttention's argument names, order, defaults, shapes and conventions, on torch tensors. A
+project switches by changing an import::
 
     # from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
     from selfattn.integrations.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
@@ -14,7 +17,8 @@ attention_with_kv_cache with layout="bshd", FlashAttention's [batch, seqlen, nhe
 - causal=True: causal="bottom_right" (query i sees keys j <= i + seqlen_k - seqlen_q, as in
   FlashAttention; a query that sees no key gives a row of 0); causal=False: no causal mask.
 - window_size=(left, right), -1 unbounded: window=(left, right), both aligned bottom-right as
-  FlashAttention aligns them; (-1, -1): no window.
+  FlashAttention aligns them; (-1, -1): no window. Any two integers: a tuple or list, or a tensor
+  or array of two (FlashAttention's tests pass torch.randint(0, seqlen, (2,))).
 - softcap=0.0: none; softcap > 0: softcap.
 - alibi_slopes: float32 [nheads] or [batch, nheads], -slope * |i + seqlen_k - seqlen_q - j|.
 - softmax_scale=None: 1 / sqrt(headdim).
@@ -29,9 +33,20 @@ attention_with_kv_cache with layout="bshd", FlashAttention's [batch, seqlen, nhe
 
 Conventions FlashAttention's users rely on, kept here:
 
-- softmax_lse (flash_attn_with_kvcache(..., return_softmax_lse=True)): float32 [batch, nheads,
-  seqlen_q], +inf for a row that sees no key (FlashAttention's value; selfattn's own calls give
-  -inf there, and this module maps it).
+- softmax_lse (flash_attn_with_kvcache(..., return_softmax_lse=True), and the second of the
+  three results of return_attn_probs=True): float32 [batch, nheads, seqlen_q] ([nheads, total_q]
+  for the varlen calls), +inf for a row that sees no key (FlashAttention's value; selfattn's own
+  calls give -inf there, and this module maps it).
+- return_attn_probs=True: (out, softmax_lse, S_dmask), as FlashAttention returns them. S_dmask is
+  None without dropout (FlashAttention returns it only with dropout_p > 0); with dropout it is
+  float32 [batch, nheads, seqlen_q, seqlen_k] ([batch, nheads, max_seqlen_q, max_seqlen_k] for the
+  varlen calls, sequence b's rows and keys from 0, 0 elsewhere) in FlashAttention's encoding: row
+  i's unnormalised weights exp(s_ij - m_i), m_i the largest score of the row (FlashAttention's
+  running maximum over one key block: _get_block_size_n() here returns a size past any row), with
+  the entries dropout drops negated, so FlashAttention's tests recover the probabilities and the
+  mask from it. It comes from selfattn.attention_probabilities() with the call's own dropout seed:
+  a second pass on the naive path's kernels, batch x nheads x seqlen_q x seqlen_k floats, for
+  tests (as FlashAttention's is), not for training. No gradient flows through it.
 - Errors: everything this module raises is a :class:`FlashAttnError`, a ``RuntimeError`` (what
   FlashAttention raises), so ``except RuntimeError`` still works. Errors from selfattn's calls are
   re-raised as the subclass that is also the library's own class: :class:`FlashAttnArgumentError`
@@ -40,17 +55,19 @@ Conventions FlashAttention's users rely on, kept here:
   ``loss.backward()`` comes from autograd and is the library's own (rare: the forward checked the
   arguments).
 - The KV cache's capacity is checked on the host: cache_seqlens[b] + seqlen_new must not exceed
-  it (a FlashAttnArgumentError naming cache_seqlens). That reads cache_seqlens back from the GPU;
+  it (a FlashAttnArgumentError naming cache_seqlens, and block_table for a paged cache, whose
+  capacity is block_table's columns x page_block_size). That reads cache_seqlens back from the GPU;
   set ``check_cache_capacity = False`` on this module to skip the check (under torch.compile or
   CUDA graphs), and then tokens past the capacity are dropped, never written outside the cache.
 
-Gradients: flash_attn_func and flash_attn_varlen_func are differentiable in q, k and v through
-selfattn's torch custom ops (loss.backward() runs the library's backward). flash_attn_with_kvcache
-has no backward, as in FlashAttention (tensors that require grad are refused).
+Gradients: flash_attn_func and flash_attn_varlen_func (and the packed forms) are differentiable in
+q, k and v through selfattn's torch custom ops (loss.backward() runs the library's backward).
+flash_attn_with_kvcache and flash_attn_varlen_func with block_table have no backward, as in
+FlashAttention: inputs that require grad are accepted and the forward runs; only asking for a
+gradient through the output raises (FlashAttnNotSupported).
 
 Refused, with a FlashAttnNotSupported naming the argument (none is silently ignored):
 
-- return_attn_probs=True: selfattn never forms the attention probabilities (S_dmask).
 - cache_batch_idx with block_table (FlashAttention refuses it too).
 - dropout_p > 0 in flash_attn_varlen_func with block_table (the paged KV-cache call has no dropout).
 
@@ -58,144 +75,90 @@ flash_attn_varlen_func with block_table (a serving engine's step: each sequence'
 q over a paged cache, FlashAttention's paged varlen call): k and v are the page pools [num_blocks,
 page_block_size, nheads_k, headdim], sequence b's keys are its first cu_seqlens_k[b + 1] -
 cu_seqlens_k[b] cache tokens, and the call is selfattn.attention_with_kv_cache(cu_seqlens_q=...)
-(no backward, as with flash_attn_with_kvcache; graph-safe on the fused path).
+(no backward, as with flash_attn_with_kvcache; graph-safe on the fused path). With
+return_attn_probs=True it returns (out, softmax_lse [nheads, total_q], None).
 
 Rotary embedding follows FlashAttention's positions through selfattn's rotary_positions: new k and
-v token t at (cache_seqlens - cache_leftpad) + t, q's row i there + i when the call is causal or
-local and every row at cache_seqlens - cache_leftpad otherwise.
+v token t at the slot it is written to, cache_seqlens + t (with cache_leftpad too: FlashAttention
+adds the left padding back into the rotary offset, so positions are the cache's slots, not counted
+from the first real token), q's row i at cache_seqlens + i when the call is causal or local and
+every row at cache_seqlens otherwise.
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import numbers
 from typing import Optional, Union
 
 import torch
 
 import selfattn
-from selfattn import BackendError, Error, InvalidArgument, NotAvailable, WorkspaceTooSmall
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "FlashAttnError",
-           "FlashAttnArgumentError", "FlashAttnNotSupported", "FlashAttnOutOfMemory", "FlashAttnBackendError",
-           "check_cache_capacity"]
+from . import _flash_attn_arguments as arguments
+from ._flash_attn_arguments import (FlashAttnArgumentError, FlashAttnBackendError, FlashAttnError,
+                                    FlashAttnNotSupported, FlashAttnOutOfMemory)
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func",
+           "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+           "FlashAttnError", "FlashAttnArgumentError", "FlashAttnNotSupported", "FlashAttnOutOfMemory",
+           "FlashAttnBackendError", "check_cache_capacity"]
+
+for _error in (FlashAttnError, FlashAttnArgumentError, FlashAttnNotSupported, FlashAttnOutOfMemory,
+               FlashAttnBackendError):
+    _error.__module__ = __name__  # shown (and caught) as this module's
+del _error
 
 # The KV cache's capacity is checked on the host (reading cache_seqlens back) unless this is False.
 check_cache_capacity = True
 
 
-class FlashAttnError(RuntimeError):
-    """Every error this module raises (a RuntimeError, as FlashAttention's are)."""
+def _get_block_size_n(device=None, head_dim=None, is_dropout=None, is_causal=None):
+    """The key block of S_dmask's encoding (FlashAttention's helper of the same name, which its
+    tests call): this module encodes each row as one block, so the size is past any row."""
+    return arguments.S_DMASK_BLOCK
 
 
-class FlashAttnArgumentError(FlashAttnError, InvalidArgument):
-    """An invalid argument: a RuntimeError and selfattn.InvalidArgument (a ValueError)."""
-
-
-class FlashAttnNotSupported(FlashAttnError, NotAvailable):
-    """An argument or combination selfattn cannot run (also selfattn.NotAvailable)."""
-
-
-class FlashAttnOutOfMemory(FlashAttnError, WorkspaceTooSmall):
-    """The library's workspace was too small (also selfattn.WorkspaceTooSmall, a MemoryError)."""
-
-
-class FlashAttnBackendError(FlashAttnError, BackendError):
-    """The backend failed (also selfattn.BackendError)."""
-
-
-_AS_MODULE_ERROR = ((InvalidArgument, FlashAttnArgumentError), (NotAvailable, FlashAttnNotSupported),
-                    (WorkspaceTooSmall, FlashAttnOutOfMemory), (BackendError, FlashAttnBackendError),
-                    (Error, FlashAttnError))
-
-
-@contextlib.contextmanager
-def _runtime_errors(function):
-    """selfattn's errors raised inside as this module's, naming `function` (the library's exception
-    is the __cause__)."""
-    try:
-        yield
-    except FlashAttnError:
-        raise
-    except Error as e:
-        cls = next(ours for theirs, ours in _AS_MODULE_ERROR if isinstance(e, theirs))
-        raise cls(f"{function}: {e}") from e
-
-
-def _refuse(function, message):
-    raise FlashAttnNotSupported(f"{function}: {message}")
-
-
-def _invalid(function, message):
-    raise FlashAttnArgumentError(f"{function}: {message}")
-
-
-def _tensor(function, name, x, ndim):
-    if not isinstance(x, torch.Tensor):
-        _invalid(function, f"{name} expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != ndim:
-        _invalid(function, f"{name} expected {ndim} dimensions, got shape {tuple(x.shape)}")
-    return x if x.stride(-1) == 1 else x.contiguous()  # headdim's stride must be 1, as FlashAttention needs
-
-
-def _window(function, window_size):
-    """window_size as the library's window (None for (-1, -1))."""
-    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and
-            all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1 for w in window_size)):
-        _invalid(function, f"window_size expected a pair (left, right) of ints >= -1 (-1: unbounded), "
-                           f"got {window_size!r}")
-    left, right = int(window_size[0]), int(window_size[1])
-    return None if (left, right) == (-1, -1) else (left, right)
-
-
-def _softcap(function, softcap):
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not softcap >= 0:
-        _invalid(function, f"softcap expected a number >= 0 (0.0: none), got {softcap!r}")
-    return None if softcap == 0 else float(softcap)
-
-
-def _scale(function, softmax_scale):
-    if softmax_scale is None:
-        return None
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        _invalid(function, f"softmax_scale expected None or a number, got {softmax_scale!r}")
-    return float(softmax_scale)
-
-
-def _refuse_training_options(function, dropout_p, return_attn_probs):
-    """Checks dropout_p and refuses return_attn_probs; returns dropout_p as a float. dropout_p > 0
-    is attention dropout as FlashAttention applies it (selfattn.attention's dropout_p, its seed drawn
-    from torch's default generator, so torch.manual_seed reproduces it; the backward regenerates
-    the same mask). As in FlashAttention, the caller passes 0.0 in evaluation."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
-        _invalid(function, f"dropout_p expected a probability in [0, 1), got {dropout_p!r}")
-    if return_attn_probs:
-        _refuse(function, "return_attn_probs=True is not supported: selfattn never forms the attention "
-                          "probabilities (S_dmask)")
-    return float(dropout_p)
-
-
-def _descales(q_descale, k_descale, v_descale):
-    """FlashAttention-3's FP8 descales as selfattn.attention's keyword arguments (only those given)."""
-    given = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    return {name: value for name, value in given.items() if value is not None}
+def _with_attn_probs(name, run, probabilities, dropout_p, return_attn_probs):
+    """Runs a differentiable call, `run`(dropout_seed) -> (out, lse); returns out, or with
+    return_attn_probs (out, softmax_lse, S_dmask), S_dmask from `probabilities`(seed) with the
+    seed the call used (None without dropout, as FlashAttention)."""
+    if not return_attn_probs:
+        return run(None, False)
+    seed = None
+    if dropout_p > 0:  # one draw from torch's default generator, shared by the call and S_dmask
+        seed = int(torch.randint(0, 1 << 62, (1,), dtype=torch.int64).item())
+    out, lse = run(seed, True)
+    if dropout_p == 0:
+        return out, arguments.flash_lse(lse), None
+    with torch.no_grad(), arguments.runtime_errors(name):
+        dmask = arguments.s_dmask(probabilities(seed))
+    return out, arguments.flash_lse(lse), dmask
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, q_descale=None,
                     k_descale=None, v_descale=None):
     """Attention of q [batch, seqlen_q, nheads, headdim] to k, v [batch, seqlen_k, nheads_k,
-    headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q.
-    Differentiable in q, k and v. See the module's doc for each argument and what is refused."""
+    headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q (with
+    return_attn_probs=True: out, softmax_lse, S_dmask). Differentiable in q, k and v. See the
+    module's doc for each argument and what is refused."""
     name = "flash_attn_func"
-    dropout_p = _refuse_training_options(name, dropout_p, return_attn_probs)
-    q, k, v = _tensor(name, "q", q, 4), _tensor(name, "k", k, 4), _tensor(name, "v", v, 4)
-    options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
-                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes,
-                   deterministic=bool(deterministic), dropout_p=dropout_p,
-                   **_descales(q_descale, k_descale, v_descale))
-    with _runtime_errors(name):
-        return selfattn.attention(q, k, v, layout="bshd", **options)
+    dropout_p = arguments.dropout_p(name, dropout_p)
+    q, k, v = (arguments.tensor(name, label, x, 4) for label, x in (("q", q), ("k", k), ("v", v)))
+    masks = dict(causal="bottom_right" if causal else None, scale=arguments.scale(name, softmax_scale),
+                 window=arguments.window(name, window_size), softcap=arguments.softcap(name, softcap),
+                 alibi_slopes=alibi_slopes)
+    fp8 = arguments.descales(q_descale, k_descale, v_descale)
+
+    def run(seed, with_lse):
+        with arguments.runtime_errors(name):
+            return selfattn.attention(q, k, v, layout="bshd", deterministic=bool(deterministic), dropout_p=dropout_p,
+                                      dropout_seed=seed, return_lse=with_lse, **fp8, **masks)
+
+    def probabilities(seed):
+        return selfattn.attention_probabilities(q, k, v, layout="bshd", dropout_p=dropout_p, dropout_seed=seed,
+                                                **masks)
+
+    return _with_attn_probs(name, run, probabilities, dropout_p, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -205,33 +168,91 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Attention over sequences packed without padding: q [total_q, nheads, headdim], k, v
     [total_k, nheads_k, headdim], cu_seqlens_q/k int32 [batch + 1] (sequence b owns rows
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
-    like q; differentiable in q, k and v. See the module's doc."""
+    like q (with return_attn_probs=True: out, softmax_lse [nheads, total_q], S_dmask);
+    differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
-    dropout_p = _refuse_training_options(name, dropout_p, return_attn_probs)
+    dropout_p = arguments.dropout_p(name, dropout_p)
     paged = block_table is not None
     if paged and dropout_p > 0:
-        _refuse(name, f"dropout_p={dropout_p} with block_table: the paged KV-cache call has no dropout (inference)")
-    descales = _descales(q_descale, k_descale, v_descale)
-    if paged and descales:
-        _refuse(name, f"{', '.join(descales)} with block_table: an FP8 cache takes its scales through "
-                      "selfattn.attention_with_kv_cache(k_scale=, v_scale=)")
-    q = _tensor(name, "q", q, 3)
-    k, v = _tensor(name, "k", k, 4 if paged else 3), _tensor(name, "v", v, 4 if paged else 3)
+        arguments.refuse(name, f"dropout_p={dropout_p} with block_table: the paged KV-cache call has no dropout "
+                               "(inference)")
+    fp8 = arguments.descales(q_descale, k_descale, v_descale)
+    if paged and fp8:
+        arguments.refuse(name, f"{', '.join(fp8)} with block_table: an FP8 cache takes its scales through "
+                               "selfattn.attention_with_kv_cache(k_scale=, v_scale=)")
+    q = arguments.tensor(name, "q", q, 3)
+    k, v = arguments.tensor(name, "k", k, 4 if paged else 3), arguments.tensor(name, "v", v, 4 if paged else 3)
     for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            _invalid(name, f"{label} expected an int >= 0, got {value!r}")
-    options = dict(causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
-                   window=_window(name, window_size), softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes)
-    with _runtime_errors(name):
-        if paged:  # k, v: page pools; each sequence's key count from cu_seqlens_k, on the device
-            cu_k = _tensor(name, "cu_seqlens_k", cu_seqlens_k, 1)
-            lengths = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
-            return selfattn.attention_with_kv_cache(q, k, v, lengths, block_table=block_table, layout="bshd",
-                                                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q),
-                                                    **options)
-        return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
-                                         max_seqlen_k=int(max_seqlen_k), deterministic=bool(deterministic),
-                                         dropout_p=dropout_p, **descales, **options)
+        if arguments._integer(value) is None or arguments._integer(value) < 0:
+            arguments.invalid(name, f"{label} expected an int >= 0, got {value!r}")
+    max_q, max_k = arguments._integer(max_seqlen_q), arguments._integer(max_seqlen_k)
+    masks = dict(causal="bottom_right" if causal else None, scale=arguments.scale(name, softmax_scale),
+                 window=arguments.window(name, window_size), softcap=arguments.softcap(name, softcap),
+                 alibi_slopes=alibi_slopes)
+    if paged:  # k, v: page pools; each sequence's key count from cu_seqlens_k, on the device
+        cu_k = arguments.tensor(name, "cu_seqlens_k", cu_seqlens_k, 1)
+        lengths = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+
+        def paged_call():
+            with arguments.runtime_errors(name):
+                return selfattn.attention_with_kv_cache(q, k, v, lengths, block_table=block_table, layout="bshd",
+                                                        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_q,
+                                                        return_lse=bool(return_attn_probs), **masks)
+
+        result = arguments.forward_only(name, paged_call, (q, k, v))
+        return (result[0], arguments.flash_lse(result[1]), None) if return_attn_probs else result
+    varlen = dict(max_seqlen_q=max_q, max_seqlen_k=max_k)
+
+    def run(seed, with_lse):
+        with arguments.runtime_errors(name):
+            return selfattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, deterministic=bool(deterministic),
+                                             dropout_p=dropout_p, dropout_seed=seed, return_lse=with_lse, **varlen,
+                                             **fp8, **masks)
+
+    def probabilities(seed):
+        return selfattn.attention_probabilities(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                                dropout_p=dropout_p, dropout_seed=seed, **varlen, **masks)
+
+    return _with_attn_probs(name, run, probabilities, dropout_p, return_attn_probs)
+
+
+# The packed forms slice the packed tensor (views: the gradients reach it through them), as
+# FlashAttention's wrappers do, and pass everything else on.
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on qkv [batch, seqlen, 3, nheads, headdim]."""
+    qkv = arguments.tensor("flash_attn_qkvpacked_func", "qkv", qkv, 5)
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on q and kv [batch, seqlen_k, 2, nheads_k, headdim]."""
+    kv = arguments.tensor("flash_attn_kvpacked_func", "kv", kv, 5)
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func on qkv [total, 3, nheads, headdim], one cu_seqlens for q and k."""
+    qkv = arguments.tensor("flash_attn_varlen_qkvpacked_func", "qkv", qkv, 4)
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func on q and kv [total_k, 2, nheads_k, headdim]."""
+    kv = arguments.tensor("flash_attn_varlen_kvpacked_func", "kv", kv, 4)
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -254,40 +275,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_batch_idx: int32 [batch]: sequence b's row of a contiguous k_cache and v_cache, which may
     have more rows than q's batch (selfattn's batch_index).
     Returns out shaped like q, and with return_softmax_lse=True (out, softmax_lse float32 [batch,
-    nheads, seqlen_q], +inf for a row without keys). No backward. See the module's doc."""
+    nheads, seqlen_q], +inf for a row without keys). No backward: inputs may require grad, but a
+    gradient asked through the output raises. See the module's doc."""
     name = "flash_attn_with_kvcache"
     if cache_batch_idx is not None and block_table is not None:
-        _refuse(name, "cache_batch_idx with block_table is not supported: the block table maps sequences to pages")
-    q = _tensor(name, "q", q, 4)
-    k_cache, v_cache = _tensor(name, "k_cache", k_cache, 4), _tensor(name, "v_cache", v_cache, 4)
+        arguments.refuse(name, "cache_batch_idx with block_table is not supported: the block table maps sequences "
+                               "to pages")
+    q = arguments.tensor(name, "q", q, 4)
+    k_cache, v_cache = arguments.tensor(name, "k_cache", k_cache, 4), arguments.tensor(name, "v_cache", v_cache, 4)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        _invalid(name, "k_cache and v_cache expected a contiguous last dimension (they are written in place)")
+        arguments.invalid(name, "k_cache and v_cache expected a contiguous last dimension (they are written in place)")
     if (k is None) != (v is None):
-        _invalid(name, "k and v expected both or neither")
+        arguments.invalid(name, "k and v expected both or neither")
     if k is not None:
-        k, v = _tensor(name, "k", k, 4), _tensor(name, "v", v, 4)
+        k, v = arguments.tensor(name, "k", k, 4), arguments.tensor(name, "v", v, 4)
     if (rotary_cos is None) != (rotary_sin is None):
-        _invalid(name, "rotary_cos and rotary_sin expected both or neither")
+        arguments.invalid(name, "rotary_cos and rotary_sin expected both or neither")
     if rotary_cos is not None and k is None:
-        _invalid(name, "rotary_cos and rotary_sin apply to the new k and q: they need k and v")
+        arguments.invalid(name, "rotary_cos and rotary_sin apply to the new k and q: they need k and v")
     batch, seqlen_q = q.shape[0], q.shape[1]
     seqlen_new = 0 if k is None else k.shape[1]
     if block_table is not None:
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-            _invalid(name, "block_table expected an int32 tensor [batch, max_blocks_per_seq]")
+            arguments.invalid(name, "block_table expected an int32 tensor [batch, max_blocks_per_seq]")
         capacity = block_table.shape[1] * k_cache.shape[1]
     elif cache_batch_idx is not None:
         capacity = k_cache.shape[1]  # sequence b is the cache's row cache_batch_idx[b] (selfattn's batch_index)
     else:
         if k_cache.shape[0] < batch or v_cache.shape[0] < batch:
-            _invalid(name, f"k_cache and v_cache expected at least q's batch ({batch}) rows, got "
-                           f"{k_cache.shape[0]} and {v_cache.shape[0]}")
+            arguments.invalid(name, f"k_cache and v_cache expected at least q's batch ({batch}) rows, got "
+                                    f"{k_cache.shape[0]} and {v_cache.shape[0]}")
         k_cache, v_cache = k_cache[:batch], v_cache[:batch]  # views: the append still writes the caller's cache
         capacity = k_cache.shape[1]
-    window = _window(name, window_size)
+    window = arguments.window(name, window_size)
     if cache_seqlens is None:
         if k is not None:
-            _invalid(name, "k and v need cache_seqlens (where to write them)")
+            arguments.invalid(name, "k and v need cache_seqlens (where to write them)")
         lengths = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         lengths = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=q.device)
@@ -295,56 +318,36 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             and not cache_seqlens.is_floating_point() and not cache_seqlens.is_complex():
         lengths = cache_seqlens
     else:
-        _invalid(name, f"cache_seqlens expected an int or an int32 tensor [batch={batch}], got "
-                       f"{getattr(cache_seqlens, 'shape', cache_seqlens)!r}")
+        arguments.invalid(name, f"cache_seqlens expected an int or an int32 tensor [batch={batch}], got "
+                                f"{getattr(cache_seqlens, 'shape', cache_seqlens)!r}")
     if check_cache_capacity:
-        _check_capacity(name, lengths, seqlen_new, capacity)
+        arguments.check_capacity(name, lengths, seqlen_new, capacity, paged=block_table is not None)
     rotary = dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=bool(rotary_interleaved))
     q_rotary = dict(rotary)
     if rotary_cos is not None:
-        # FlashAttention's positions, counted from the first real token: the new tokens at
-        # cache_seqlens - cache_leftpad + t; q's rows there + i, or all there (_q_rows_step).
-        first = lengths.to(torch.int32) if cache_leftpad is None else (lengths - cache_leftpad).to(torch.int32)
+        # FlashAttention's positions are the cache's slots, cache_leftpad or not (its kernel adds the
+        # left padding back into the rotary offset): the new tokens at cache_seqlens + t; q's rows
+        # there + i, or all there (q_rows_step).
+        first = lengths.to(torch.int32)
         rotary.update(rotary_positions=first)
         q_rotary.update(rotary_positions=first,
-                        rotary_position_step=_q_rows_step(seqlen_q, causal, window, alibi_slopes, capacity))
-    with _runtime_errors(name):
-        if k is not None:
-            lengths = selfattn.append_kv(k_cache, v_cache, lengths, k, v, block_table=block_table,
-                                         batch_index=cache_batch_idx, layout="bshd", return_lengths=True, **rotary)
-        result = selfattn.attention_with_kv_cache(
-            q, k_cache, v_cache, lengths, block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
-            causal="bottom_right" if causal else None, scale=_scale(name, softmax_scale),
-            return_lse=bool(return_softmax_lse), num_splits=num_splits, window=window,
-            softcap=_softcap(name, softcap), alibi_slopes=alibi_slopes, key_start=cache_leftpad, **q_rotary)
+                        rotary_position_step=arguments.q_rows_step(seqlen_q, causal, window, alibi_slopes, capacity))
+    masks = dict(causal="bottom_right" if causal else None, scale=arguments.scale(name, softmax_scale), window=window,
+                 softcap=arguments.softcap(name, softcap), alibi_slopes=alibi_slopes)
+
+    def step():
+        with arguments.runtime_errors(name):
+            seen = lengths
+            if k is not None:
+                seen = selfattn.append_kv(k_cache, v_cache, lengths, k, v, block_table=block_table,
+                                          batch_index=cache_batch_idx, layout="bshd", return_lengths=True, **rotary)
+            return selfattn.attention_with_kv_cache(
+                q, k_cache, v_cache, seen, block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
+                return_lse=bool(return_softmax_lse), num_splits=num_splits, key_start=cache_leftpad, **masks,
+                **q_rotary)
+
+    result = arguments.forward_only(name, step, (q, k, v, k_cache, v_cache))
     if not return_softmax_lse:
         return result
     out, lse = result
-    return out, _flash_lse(lse)
-
-
-def _flash_lse(lse):
-    """selfattn's LSE in FlashAttention's convention: +inf (not -inf) for a row without keys."""
-    return lse.masked_fill(lse == -math.inf, math.inf)
-
-
-def _check_capacity(name, lengths, seqlen_new, capacity):
-    """cache_seqlens[b] + seqlen_new <= capacity for every b, on the host (FlashAttention checks it)."""
-    for b, length in enumerate(lengths.tolist()):
-        if length < 0 or length + seqlen_new > capacity:
-            what = f"cache_seqlens[{b}] + seqlen_new ({length} + {seqlen_new})" if seqlen_new else \
-                f"cache_seqlens[{b}] ({length})"
-            _invalid(name, f"{what} exceeds the KV cache's capacity ({capacity} tokens)" if length >= 0 else
-                     f"cache_seqlens[{b}] expected >= 0, got {length}")
-
-
-def _q_rows_step(seqlen_q, causal, window, alibi_slopes, capacity):
-    """1 where FlashAttention rotates q's row i at its own position (cache_seqlens + i), 0 where it
-    rotates every row at cache_seqlens. Its rule, restated: with seqlen_q == 1 and no ALiBi the
-    causal mask is dropped (it changes nothing); causal sets the window's right side to 0; a side
-    >= the capacity is unbounded; the rows take their own positions when a side is bounded."""
-    left, right = window if window is not None else (-1, -1)
-    if causal and not (seqlen_q == 1 and alibi_slopes is None):
-        right = 0
-    left, right = (-1 if side >= capacity else side for side in (left, right))
-    return 1 if left >= 0 or right >= 0 else 0
+    return out, arguments.flash_lse(lse)

@@ -18,11 +18,6 @@ constexpr int64_t kMaxBlocks = 65535 * 4;  // both kernels' traits allow this ma
 
 }  // namespace
 
-int64_t backward_query_rows(const BackwardCall& call) {
-  const AttentionCall& f = call.forward;
-  return f.varlen() ? int64_t(f.heads) * f.q.seq() : int64_t(f.batch) * f.heads * f.seq_q;
-}
-
 void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d) {
   const AttentionCall& f = call.forward;
   const kernels::BackwardKernel kernel = SELFATTN_KERNEL_FOR(ctx.device->backend(), backward_dot_instance(element_of(f.dtype)));

@@ -7,23 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/backward_call.h"
 #include "forward/paths.h"
 #include "selfattn/backward.h"
 
 namespace selfattn::detail {
-
-// A validated backward call. `forward` is the forward call it differentiates (its out is the
-// forward's output; its lse is null); the rest are the backward's own arguments.
-// Paths only see calls with at least one query row and one key (attention_backward.cpp).
-struct BackwardCall {
-  AttentionCall forward;
-  TensorView dout;        // q's shape and dtype
-  const float* lse;       // [batch, heads, seq_q] (varlen: [heads, total_q]), fp32, device
-  TensorView dq, dk, dv;  // dq like q, dk/dv like k; each q's dtype or f32
-  bool deterministic = false;
-  const float* dlse = nullptr;  // BackwardOptions::dlse, lse's layout, or null
-  float* dsinks = nullptr;      // BackwardOptions::dsinks, [heads], or null
-};
 
 // The workspace of a plan, one reservation: D (every path), then the path's own parts. Offsets
 // are in bytes from the workspace's start, each 256-byte aligned; `bytes` is the total.
@@ -62,9 +50,6 @@ void run_cublas_backward(ContextState& ctx, const PlannedBackward& planned, void
 void run_fused_backward(ContextState& ctx, const PlannedBackward& planned, void* workspace);
 
 // ---- shared by the paths (backward_common.cpp) ----
-
-// Query rows of the LSE/D layout: batch * heads * seq_q, or heads * total_q for varlen.
-int64_t backward_query_rows(const BackwardCall& call);
 
 // D_i = sum_c dO_ic O_ic in fp32 for every query row, into d (the LSE's layout) - the first kernel of
 // every path.

@@ -15,6 +15,7 @@
 #include "runtime/backend_kernels.h"
 #include "forward/kernel_args.h"
 #include "forward/paths.h"
+#include "runtime/capability.h"
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
@@ -109,8 +110,6 @@ const HopperFp8Entry kHopperFp8Instances[] = {
 };
 #undef SELFATTN_HOPPER_FP8_ENTRY
 #undef SELFATTN_HOPPER_FP8_CUDA
-
-constexpr int kHopperComputeCapability = 90;  // sm_90a code runs on 9.0 only
 
 constexpr int kMaxHeadDim = 256;   // both kernels keep a row's O slice in registers
 constexpr int kMaxGridYZ = 65535;  // heads on grid.y, batch on grid.z
@@ -292,11 +291,6 @@ FlashFwdInstance choose_instance(const ContextState& ctx, const AttentionCall& c
 }
 
 }  // namespace
-
-bool hopper_kernels_usable(const ContextState& ctx) {
-  const bool built = ctx.device->backend() == Backend::sim || SELFATTN_HAVE_HOPPER_KERNELS;
-  return ctx.hopper_kernels && built && ctx.device->compute_capability() == kHopperComputeCapability;
-}
 
 // Declared in kernel_args.h: the fused backward describes the forward call it differentiates with it.
 kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call) {

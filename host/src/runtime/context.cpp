@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "runtime/context_state.h"
-#include "forward/paths.h"
+#include "runtime/capability.h"
 #include "selfattn/context.h"
 #include "selfattn/error.h"
 

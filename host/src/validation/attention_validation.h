@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "forward/paths.h"
+#include "core/attention_call.h"
 
 namespace selfattn::detail {
 

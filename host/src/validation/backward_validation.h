@@ -1,7 +1,7 @@
 #pragma once
 // Argument checking for attention_backward() and attention_varlen_backward(): the forward's rules
 // (attention_validation.h) for q, k, v, out and the options, then the backward's own arguments.
-#include "backward/backward_paths.h"
+#include "core/backward_call.h"
 
 namespace selfattn::detail {
 

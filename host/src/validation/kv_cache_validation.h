@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "runtime/context_state.h"
-#include "forward/paths.h"
+#include "core/attention_call.h"
 #include "selfattn/attention.h"
 #include "selfattn/kv_cache.h"
 

@@ -1,11 +1,8 @@
 """selfattn.integrations.flash_attn (FlashAttention's calls over selfattn) on CPU tensors (the sim),
-against a float64 torch reference written here in FlashAttention's terms ([batch, seqlen, nheads,
-headdim]; masks aligned bottom-right; a row without keys gives 0 and LSE +inf): each argument
-mapped, gradients through autograd, varlen with an empty sequence, the KV cache (append, paged,
-rotary, the capacity check), and the refusals and errors, all RuntimeError. Skipped without
-PyTorch."""
-import math
-
+against the float64 torch reference of flash_attn_support.py (FlashAttention's terms): each
+argument of flash_attn_func and flash_attn_varlen_func mapped, gradients through autograd, varlen
+with an empty sequence, dropout, FP8 descales, and the refusals and errors, all RuntimeError (the KV
+cache calls: test_flash_attn_kvcache.py). Skipped without PyTorch."""
 import numpy as np
 import pytest
 
@@ -14,71 +11,9 @@ from conftest import TOLERANCE, relative_error
 
 torch = pytest.importorskip("torch")
 
-from selfattn.integrations import flash_attn as fa  # noqa: E402  (needs torch)
+from flash_attn_support import DTYPES, assert_close, cache, qkv, reference  # noqa: E402
 from selfattn.integrations.flash_attn import (FlashAttnArgumentError, FlashAttnError, FlashAttnNotSupported,  # noqa: E402
                                               flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache)
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
-              key_lengths=None, key_starts=None):
-    """float64 (out [b, sq, h, d], lse [b, h, sq]) in FlashAttention's terms, differentiable."""
-    q, k, v = (x.double() for x in (q, k, v))
-    batch, seq_q, heads, dim = q.shape
-    seq_k, kv_heads = k.shape[1], k.shape[2]
-    k, v = (x.repeat_interleave(heads // kv_heads, dim=2) for x in (k, v))
-    scale = 1 / math.sqrt(dim) if softmax_scale is None else softmax_scale
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    lengths = [seq_k] * batch if key_lengths is None else [int(n) for n in key_lengths]
-    rows, cols = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
-    visible, distance = [], []
-    for b in range(batch):
-        aligned = rows + lengths[b] - seq_q
-        see = cols < lengths[b]
-        if key_starts is not None:
-            see = see & (cols >= int(key_starts[b]))  # left padding (cache_leftpad)
-        if causal:
-            see = see & (cols <= aligned)
-        if window_size[0] >= 0:
-            see = see & (cols >= aligned - window_size[0])
-        if window_size[1] >= 0:
-            see = see & (cols <= aligned + window_size[1])
-        visible.append(see)
-        distance.append((aligned - cols).abs().double())
-    visible = torch.stack(visible)[:, None]  # [b, 1, sq, sk]
-    if alibi_slopes is not None:
-        slopes = torch.as_tensor(alibi_slopes, dtype=torch.float64).expand(batch, heads)
-        s = s - slopes[:, :, None, None] * torch.stack(distance)[:, None]
-    empty = ~visible.any(-1, keepdim=True)
-    s = s.masked_fill(~visible, -math.inf).masked_fill(empty, 0.0)
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    p = torch.exp(s - lse).masked_fill(empty, 0.0)
-    out = torch.einsum("bhqk,bkhd->bqhd", p, v)
-    lse = lse.squeeze(-1).masked_fill(empty.squeeze(-1).expand_as(lse.squeeze(-1)), math.inf)
-    return out, lse
-
-
-def qkv(seed, batch, seq_q, seq_k, heads=4, kv_heads=2, dim=32, dtype="float32"):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, seq_q, heads, dim, generator=g).to(DTYPES[dtype])
-    k, v = (torch.randn(batch, seq_k, kv_heads, dim, generator=g).to(DTYPES[dtype]) for _ in range(2))
-    return q, k, v
-
-
-def assert_close(got, want, dtype, per_row=True, factor=1):
-    assert got.shape == want.shape
-    assert relative_error(got.detach().double().numpy(), want.detach().numpy(), per_row) <= factor * TOLERANCE[dtype]
-
-
-def assert_lse(got, want):
-    """float32 LSE against the reference's: +inf exactly where a row sees no key (FlashAttention)."""
-    assert got.dtype == torch.float32 and got.shape == want.shape
-    assert torch.equal(torch.isposinf(got), torch.isposinf(want)) and not torch.isneginf(got).any()
-    finite = torch.isfinite(want)
-    np.testing.assert_allclose(got[finite].double().numpy(), want[finite].numpy(), rtol=2e-5, atol=2e-5)
 
 
 # --- flash_attn_func ---
@@ -232,183 +167,6 @@ def test_varlen_gradients_match_autograd_of_the_reference():
         assert_close(got, expected, "float32", per_row=False, factor=2)
 
 
-# --- flash_attn_with_kvcache ---
-
-
-def cache(seed, batch, capacity, kv_heads=2, dim=32, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, capacity, kv_heads, dim, generator=g).to(dtype) for _ in range(2)]
-
-
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("seqlen_new", [0, 1, 3])
-@pytest.mark.parametrize("causal", [False, True])
-def test_kvcache_appends_then_attends(dtype, seqlen_new, causal):
-    k_cache, v_cache = cache(31, 3, 12, dtype=DTYPES[dtype])
-    before_k, before_v = k_cache.clone(), v_cache.clone()
-    seqlens = torch.tensor([0, 5, 9], dtype=torch.int32)
-    q, k, v = qkv(32, 3, max(seqlen_new, 1), seqlen_new, dtype=dtype)
-    new = dict(k=k, v=v) if seqlen_new else {}
-    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=causal,
-                                       return_softmax_lse=True, **new)
-    assert torch.equal(seqlens, torch.tensor([0, 5, 9], dtype=torch.int32))  # the caller advances it
-    for b, n in enumerate(seqlens.tolist()):
-        before_k[b, n:n + seqlen_new], before_v[b, n:n + seqlen_new] = k[b], v[b]
-    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)  # written in place, nothing else
-    want, want_lse = reference(q, k_cache, v_cache, causal=causal, key_lengths=seqlens + seqlen_new)
-    assert_close(out, want, dtype)
-    assert_lse(lse, want_lse)
-    if seqlen_new == 0:
-        assert torch.isposinf(lse[0]).all() and torch.equal(out[0], torch.zeros_like(out[0]))  # no key: +inf, 0
-
-
-@pytest.mark.parametrize("causal, window_size", [(True, (-1, -1)), (False, (-1, -1)), (True, (4, 0))])
-def test_kvcache_cache_leftpad(causal, window_size):
-    # Slots before cache_leftpad[b] are padding (NaN here, never read); new tokens go at cache_seqlens[b].
-    k_cache, v_cache = cache(35, 3, 20)
-    leftpad = torch.tensor([6, 0, 13], dtype=torch.int32)
-    for b, n in enumerate(leftpad.tolist()):
-        k_cache[b, :n], v_cache[b, :n] = math.nan, math.nan
-    seqlens = torch.tensor([11, 4, 13], dtype=torch.int32)  # sequence 2: its first token is the new one
-    q, k, v = qkv(36, 3, 2, 2)
-    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_leftpad=leftpad,
-                                       causal=causal, window_size=window_size, return_softmax_lse=True)
-    want, want_lse = reference(q, k_cache.nan_to_num(), v_cache.nan_to_num(), causal=causal,
-                               window_size=window_size, key_lengths=seqlens + 2, key_starts=leftpad)
-    assert_close(out, want, "float32")
-    assert_lse(lse, want_lse)
-
-
-def test_kvcache_cache_batch_idx():
-    # Sequence b appends to and reads row cache_batch_idx[b] of a cache with more rows than q's batch.
-    k_cache, v_cache = cache(37, 4, 10)
-    before_k = k_cache.clone()
-    rows = torch.tensor([3, 0], dtype=torch.int32)
-    seqlens = torch.tensor([5, 2], dtype=torch.int32)
-    q, k, v = qkv(38, 2, 1, 1)
-    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=rows, causal=True)
-    for b, (row, n) in enumerate(zip(rows.tolist(), seqlens.tolist())):
-        before_k[row, n] = k[b, 0]
-    assert torch.equal(k_cache, before_k)  # rows 1 and 2 untouched
-    want, _ = reference(q, k_cache[rows.long()], v_cache[rows.long()], causal=True, key_lengths=seqlens + 1)
-    assert_close(out, want, "float32")
-
-
-@pytest.mark.parametrize("options", [dict(window_size=(3, 0)), dict(softcap=4.0), dict(softmax_scale=0.2),
-                                     dict(alibi_slopes=[0.5, 0.25, 0.125, 0.0625]), dict(num_splits=3)], ids=str)
-def test_kvcache_options_mapped(options):
-    k_cache, v_cache = cache(33, 2, 40)
-    q, k, v = qkv(34, 2, 2, 2)
-    seqlens = torch.tensor([30, 11], dtype=torch.int32)
-    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True, **options)
-    want, _ = reference(q, k_cache, v_cache, causal=True, key_lengths=seqlens + 2,
-                        **{key: value for key, value in options.items() if key != "num_splits"})
-    assert_close(out, want, "float32")
-
-
-def test_kvcache_int_seqlens_none_seqlens_and_a_larger_cache_batch():
-    k_cache, v_cache = cache(35, 4, 8)  # 4 cache rows for a batch of 2: rows 0 and 1 are used
-    q, k, v = qkv(36, 2, 1, 1)
-    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=6)
-    assert torch.equal(k_cache[:2, 6], k[:, 0])
-    want, _ = reference(q, k_cache[:2], v_cache[:2], key_lengths=[7, 7])
-    assert_close(out, want, "float32")
-    # Without cache_seqlens every cached token is attended.
-    out = flash_attn_with_kvcache(q, k_cache, v_cache)
-    assert_close(out, reference(q, k_cache[:2], v_cache[:2])[0], "float32")
-
-
-def paged(pool, table, capacity):
-    """The contiguous [batch, capacity, kv_heads, d] view of a paged pool through its block table."""
-    page = pool.shape[1]
-    return torch.stack([torch.cat([pool[p] for p in row.tolist()])[:capacity] for row in table])
-
-
-def test_kvcache_paged_with_block_table():
-    # FlashAttention's paged layout [num_blocks, page_block_size, nheads_k, d] is selfattn's bshd pool.
-    g = torch.Generator().manual_seed(37)
-    pool_k, pool_v = (torch.randn(7, 4, 2, 32, generator=g) for _ in range(2))
-    table = torch.tensor([[5, 0, 3], [2, 6, 1]], dtype=torch.int32)
-    seqlens = torch.tensor([3, 9], dtype=torch.int32)
-    q, k, v = qkv(38, 2, 2, 2)
-    out, lse = flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=seqlens, block_table=table,
-                                       causal=True, return_softmax_lse=True)
-    assert torch.equal(pool_k[5, 3], k[0, 0]) and torch.equal(pool_k[0, 0], k[0, 1])  # across a page boundary
-    assert torch.equal(pool_v[1, 1], v[1, 0]) and torch.equal(pool_v[1, 2], v[1, 1])  # tokens 9, 10: page 2
-    want, want_lse = reference(q, paged(pool_k, table, 12), paged(pool_v, table, 12), causal=True,
-                               key_lengths=seqlens + 2)
-    assert_close(out, want, "float32")
-    assert_lse(lse, want_lse)
-
-
-@pytest.mark.parametrize("options", [dict(causal=True), dict(), dict(causal=True, window_size=(3, 0), softcap=5.0)],
-                         ids=str)
-def test_varlen_paged_with_block_table(options):
-    # A serving engine's step: each sequence's new rows packed in q over a paged cache whose first
-    # cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens are sequence b's keys (its new tokens included).
-    g = torch.Generator().manual_seed(39)
-    pool_k, pool_v = (torch.randn(9, 4, 2, 32, generator=g) for _ in range(2))
-    table = torch.tensor([[5, 0, 3], [2, 6, 1], [8, 7, 4]], dtype=torch.int32)
-    lengths_q, lengths_k = [1, 0, 5], [6, 3, 11]
-    cu_q = torch.tensor(np.cumsum([0] + lengths_q), dtype=torch.int32)
-    cu_k = torch.tensor(np.cumsum([0] + lengths_k), dtype=torch.int32)
-    q = torch.randn(int(cu_q[-1]), 4, 32, generator=g)
-    out = flash_attn_varlen_func(q, pool_k, pool_v, cu_q, cu_k, max(lengths_q), max(lengths_k), block_table=table,
-                                 **options)
-    keys_k, keys_v = paged(pool_k, table, 12), paged(pool_v, table, 12)
-    for b in range(3):
-        rows = slice(cu_q[b], cu_q[b + 1])
-        want, _ = reference(q[None, rows], keys_k[b:b + 1, :lengths_k[b]], keys_v[b:b + 1, :lengths_k[b]], **options)
-        assert_close(out[None, rows], want, "float32")
-
-
-def rotate(x, cos, sin, positions, interleaved):
-    """x [b, s, h, d] rotated at positions [b, s] (float64), FlashAttention's rotary rule."""
-    x = x.double()
-    half = cos.shape[1]
-    c, s = cos.double()[positions][:, :, None], sin.double()[positions][:, :, None]  # [b, s, 1, half]
-    if interleaved:
-        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        rotated = torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
-    else:
-        a, b = x[..., :half], x[..., half:2 * half]
-        rotated = torch.cat([a * c - b * s, a * s + b * c], -1)
-    return torch.cat([rotated, x[..., 2 * half:]], -1)
-
-
-@pytest.mark.parametrize("interleaved", [True, False])
-@pytest.mark.parametrize("seqlen_q,seqlen_new,causal,window_size,leftpad", [
-    (3, 3, True, (-1, -1), False), (1, 1, False, (-1, -1), False), (2, 2, False, (4, 0), False),
-    (3, 3, False, (-1, -1), False),   # not causal or local: FlashAttention rotates every q row at cache_seqlens
-    (3, 1, True, (-1, -1), False),    # 3 rows over 1 new token: q's rows at cache_seqlens + i
-    (2, 2, True, (-1, -1), True),     # left padding: positions are the cache's slots, padding or not
-    (3, 3, False, (-1, -1), True)])
-def test_kvcache_rotary_at_flash_attentions_positions(interleaved, seqlen_q, seqlen_new, causal, window_size, leftpad):
-    k_cache, v_cache = cache(39, 2, 16)
-    g = torch.Generator().manual_seed(40)
-    angles = torch.arange(16)[:, None] * torch.rand(1, 8, generator=g)  # rotary_dim 16 of 32
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    q, k, v = qkv(41, 2, seqlen_q, seqlen_new)
-    seqlens = torch.tensor([4, 10], dtype=torch.int32)
-    pads = torch.tensor([3, 1] if leftpad else [0, 0], dtype=torch.int32)
-    before_k = k_cache.clone()
-    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, seqlens, causal=causal,
-                                  window_size=window_size, rotary_interleaved=interleaved,
-                                  cache_leftpad=pads if leftpad else None)
-    first = seqlens[:, None].long()  # FlashAttention adds cache_leftpad back into the rotary offset
-    k_positions = first + torch.arange(seqlen_new)[None, :]
-    rows_own_position = causal or window_size != (-1, -1)
-    q_positions = first + (torch.arange(seqlen_q)[None, :] if rows_own_position else 0 * torch.arange(seqlen_q))
-    k_rotated = rotate(k, cos, sin, k_positions, interleaved)
-    for b, n in enumerate(seqlens.tolist()):
-        before_k[b, n:n + seqlen_new] = k_rotated[b].float()
-    assert_close(k_cache, before_k.double(), "float32")
-    want, _ = reference(rotate(q, cos, sin, q_positions, interleaved), k_cache, v_cache, causal=causal,
-                        window_size=window_size, key_lengths=seqlens + seqlen_new,
-                        key_starts=pads if leftpad else None)
-    assert_close(out, want, "float32")
-
-
 # --- refusals and errors: every one a RuntimeError ---
 
 
@@ -469,28 +227,6 @@ def test_dropout_as_flash_attention_applies_it():
     for bad in (1.0, -0.1):
         with pytest.raises(RuntimeError, match="dropout_p"):
             flash_attn_func(q, k, v, dropout_p=bad)
-
-
-def test_kvcache_capacity_checked_on_the_host():
-    k_cache, v_cache = cache(53, 2, 8)
-    q, k, v = qkv(54, 2, 3, 3)
-    with pytest.raises(RuntimeError, match=r"cache_seqlens\[1\] \+ seqlen_new \(6 \+ 3\) exceeds the KV cache's "
-                                           r"capacity \(8 tokens\)"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 6], dtype=torch.int32))
-    g = torch.Generator().manual_seed(55)
-    pool_k, pool_v = (torch.randn(4, 4, 2, 32, generator=g) for _ in range(2))
-    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
-    with pytest.raises(FlashAttnArgumentError, match=r"cache_seqlens\[0\] \+ seqlen_new \(7 \+ 3\).*8 tokens"):
-        flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=7, block_table=table)
-    with pytest.raises(FlashAttnArgumentError, match=r"cache_seqlens\[0\] expected >= 0"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=-1)
-    # The check can be turned off (no host read); the library then drops what does not fit.
-    fa.check_cache_capacity = False
-    try:
-        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 6], dtype=torch.int32))
-    finally:
-        fa.check_cache_capacity = True
-    assert torch.equal(k_cache[1, 6:], k[1, :2])
 
 
 def test_library_errors_are_runtime_errors_too():

@@ -95,12 +95,14 @@ float alibi_slope(const Case& c, int h);
 // The sink logit of head h: near log(seq_k), where a sink weighs as much as the keys together.
 float sink_logit(const Case& c, int h);
 
-// measure.cpp: host conversions of a float already rounded to f16/bf16 (round to nearest even).
+// inputs.cpp: host conversions of a float already rounded to f16/bf16 (round to nearest even).
 uint16_t to_half_bits(float x, DType dtype);
 float from_half_bits(uint16_t bits, DType dtype);
 float round_to(float x, DType dtype);
 // A case's output as the device stored it (c.layout, c.dtype) to floats in BHSD order.
 std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c);
+// The case's bias as a device view over `storage` (filled with bias_value), in out's dtype.
+selfattn::TensorView make_bias(selfattn::Context& ctx, const Case& c, selfattn::DeviceBuffer<unsigned char>& storage);
 
 // Everything the sweep needs besides the list of cases.
 struct RunSettings {

@@ -103,11 +103,7 @@ NaiveBackwardKernels lookup(const ContextState& ctx, const BackwardCall& call) {
                 call.forward.head_dim);
 }
 
-unsigned tiles(int64_t count, int tile) { return unsigned((count + tile - 1) / tile); }
 
-kernels::HeadsView heads_view(const TensorView& view) {
-  return {view.data, view.strides[0], view.strides[1], view.strides[2]};
-}
 
 ScoreLayout naive_backward_layout(const AttentionCall& padded) {
   // Two fp32 rows per query row: S (P written over it) and dP (dS written over it), 16-byte aligned.
@@ -115,30 +111,6 @@ ScoreLayout naive_backward_layout(const AttentionCall& padded) {
   layout.s_row_stride = layout.p_row_stride = (int64_t(padded.seq_k) + 3) / 4 * 4;
   layout.row_bytes = 2 * size_t(layout.s_row_stride) * sizeof(float);
   return layout;
-}
-
-// S = A B^T for the chunk (qk_tiled): A = q or dO (query heads), B = k or v (kv heads).
-void launch_qk(ContextState& ctx, const kernels::TiledKernel& kernel, const AttentionCall& call, const Chunk& chunk,
-               const TensorView& a, const TensorView& b, float* out, int64_t row_stride) {
-  kernels::QkParams qk{};
-  qk.q = heads_view(a);
-  qk.k = heads_view(b);
-  qk.s = out;
-  qk.s_bh_stride = row_stride * chunk.rows;
-  qk.s_row_stride = row_stride;
-  qk.heads = call.heads;
-  qk.heads_per_kv = call.heads / call.kv_heads;
-  qk.bh_begin = chunk.pair_begin;
-  qk.row_begin = chunk.row_begin;
-  qk.rows = chunk.rows;
-  qk.seq_k = call.seq_k;
-  qk.head_dim = call.head_dim;
-  qk.mask = key_mask(call);
-  kernels::LaunchShape shape;
-  shape.grid = dim3(tiles(call.seq_k, kernel.tile_cols), tiles(chunk.rows, kernel.tile_rows), unsigned(chunk.pairs));
-  shape.block = dim3(unsigned(kernel.threads));
-  shape.dynamic_smem_bytes = kernel.smem_bytes;
-  ctx.device->launch(kernel.kernel, shape, &qk);
 }
 
 // accumulator += scores^T rows_of over the chunk's rows and the GQA group's heads (grad_kv_tiled).
@@ -164,7 +136,7 @@ void launch_grad_kv(ContextState& ctx, const kernels::TiledKernel& kernel, const
   const int kv_first = chunk.pair_begin / g.heads_per_kv;
   const int kv_last = (chunk.pair_begin + chunk.pairs - 1) / g.heads_per_kv;
   kernels::LaunchShape shape;
-  shape.grid = dim3(tiles(call.head_dim, kernel.tile_cols), tiles(call.seq_k, kernel.tile_rows),
+  shape.grid = dim3(tile_count(call.head_dim, kernel.tile_cols), tile_count(call.seq_k, kernel.tile_rows),
                     unsigned(kv_last - kv_first + 1));
   shape.block = dim3(unsigned(kernel.threads));
   shape.dynamic_smem_bytes = kernel.smem_bytes;
@@ -202,7 +174,7 @@ void run_padded(ContextState& ctx, const NaiveBackwardKernels& kernels, const Pl
     sp.rows = chunk.rows;
     sp.seq_k = call.seq_k;
     kernels::LaunchShape sp_shape;
-    sp_shape.grid = dim3(tiles(chunk.rows, kernels.scores.rows_per_block), unsigned(chunk.pairs));
+    sp_shape.grid = dim3(tile_count(chunk.rows, kernels.scores.rows_per_block), unsigned(chunk.pairs));
     sp_shape.block = dim3(unsigned(kernels.scores.threads));
     ctx.device->launch(kernels.scores.kernel, sp_shape, &sp);
 
@@ -225,7 +197,7 @@ void run_padded(ContextState& ctx, const NaiveBackwardKernels& kernels, const Pl
     pv.head_dim = call.head_dim;
     pv.mask = key_mask(call);
     kernels::LaunchShape pv_shape;
-    pv_shape.grid = dim3(tiles(call.head_dim, kernels.dq.tile_cols), tiles(chunk.rows, kernels.dq.tile_rows),
+    pv_shape.grid = dim3(tile_count(call.head_dim, kernels.dq.tile_cols), tile_count(chunk.rows, kernels.dq.tile_rows),
                          unsigned(chunk.pairs));
     pv_shape.block = dim3(unsigned(kernels.dq.threads));
     pv_shape.dynamic_smem_bytes = kernels.dq.smem_bytes;

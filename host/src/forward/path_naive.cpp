@@ -23,12 +23,6 @@ NaiveKernels lookup(Backend backend, kernels::Element elem, int head_dim) {
           SELFATTN_KERNEL_FOR(backend, pv_tiled_instance(elem, head_dim))};
 }
 
-unsigned tiles(int count, int tile) { return unsigned((count + tile - 1) / tile); }
-
-kernels::HeadsView heads_view(const TensorView& view) {
-  return {view.data, view.strides[0], view.strides[1], view.strides[2]};
-}
-
 }  // namespace
 
 const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call) {
@@ -47,38 +41,13 @@ ScoreLayout naive_score_layout(const AttentionCall& padded) {
 
 namespace {
 
-// S = Q K^T for one chunk into `scores` (row stride layout.s_row_stride, pairs packed after each other).
-void launch_scores(ContextState& ctx, const NaiveKernels& naive, const AttentionCall& call, const ScoreLayout& layout,
-                   const Chunk& chunk, float* scores) {
-  const int64_t pair_stride = layout.s_row_stride * chunk.rows;
-  kernels::QkParams qk{};
-  qk.q = heads_view(call.q);
-  qk.k = heads_view(call.k);
-  qk.s = scores;
-  qk.s_bh_stride = pair_stride;
-  qk.s_row_stride = layout.s_row_stride;
-  qk.heads = call.heads;
-  qk.heads_per_kv = call.heads / call.kv_heads;
-  qk.bh_begin = chunk.pair_begin;
-  qk.row_begin = chunk.row_begin;
-  qk.rows = chunk.rows;
-  qk.seq_k = call.seq_k;
-  qk.head_dim = call.head_dim;
-  qk.mask = key_mask(call);
-  kernels::LaunchShape qk_shape;
-  qk_shape.grid = dim3(tiles(call.seq_k, naive.qk.tile_cols), tiles(chunk.rows, naive.qk.tile_rows), unsigned(chunk.pairs));
-  qk_shape.block = dim3(unsigned(naive.qk.threads));
-  qk_shape.dynamic_smem_bytes = naive.qk.smem_bytes;
-  if (call.seq_k > 0) ctx.device->launch(naive.qk.kernel, qk_shape, &qk);  // none: softmax and P V write 0 / -inf
-}
-
 void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall& chunked, void* workspace) {
   const AttentionCall& call = chunked.call;
   const ScoreLayout& layout = chunked.layout;
   for_each_chunk(chunked, [&](const Chunk& chunk) {
     float* scores = static_cast<float*>(workspace);
     const int64_t pair_stride = layout.s_row_stride * chunk.rows;
-    launch_scores(ctx, naive, call, layout, chunk, scores);
+    launch_qk(ctx, naive.qk, call, chunk, call.q, call.k, scores, layout.s_row_stride);
 
     launch_softmax(ctx, call, chunk, scores, layout.s_row_stride, scores, kernels::Element::f32, layout.s_row_stride,
                    call.scale, chunked.lse_pair_stride);
@@ -101,7 +70,7 @@ void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall&
     pv.head_dim = call.head_dim;
     pv.mask = key_mask(call);
     kernels::LaunchShape pv_shape;
-    pv_shape.grid = dim3(tiles(call.head_dim, naive.pv.tile_cols), tiles(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
+    pv_shape.grid = dim3(tile_count(call.head_dim, naive.pv.tile_cols), tile_count(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
     pv_shape.block = dim3(unsigned(naive.pv.threads));
     pv_shape.dynamic_smem_bytes = naive.pv.smem_bytes;
     ctx.device->launch(naive.pv.kernel, pv_shape, &pv);
@@ -134,7 +103,8 @@ void run_naive_probabilities(ContextState& ctx, const ScorePlan& plan, const Ten
     float* base = static_cast<float*>(probs.data) + chunked.sequence * probs.strides[0];
     for_each_chunk(chunked, [&](const Chunk& chunk) {
       float* scores = static_cast<float*>(workspace);
-      launch_scores(ctx, naive, chunked.call, chunked.layout, chunk, scores);
+      launch_qk(ctx, naive.qk, chunked.call, chunk, chunked.call.q, chunked.call.k, scores,
+                chunked.layout.s_row_stride);
       float* p = base + chunk.pair_begin * probs.strides[1] + chunk.row_begin * probs.strides[2];
       launch_softmax(ctx, chunked.call, chunk, scores, chunked.layout.s_row_stride, p, kernels::Element::f32,
                      probs.strides[2], chunked.call.scale, chunked.lse_pair_stride, probs.strides[1],

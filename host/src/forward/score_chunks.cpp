@@ -138,6 +138,29 @@ void gemm_over_visible_keys(ContextState& ctx, const GemmBatch& g, const Attenti
   ctx.device->launch(repair, shape, &params);
 }
 
+void launch_qk(ContextState& ctx, const kernels::TiledKernel& kernel, const AttentionCall& call, const Chunk& chunk,
+               const TensorView& a, const TensorView& b, float* out, int64_t row_stride) {
+  kernels::QkParams qk{};
+  qk.q = heads_view(a);
+  qk.k = heads_view(b);
+  qk.s = out;
+  qk.s_bh_stride = row_stride * chunk.rows;
+  qk.s_row_stride = row_stride;
+  qk.heads = call.heads;
+  qk.heads_per_kv = call.heads / call.kv_heads;
+  qk.bh_begin = chunk.pair_begin;
+  qk.row_begin = chunk.row_begin;
+  qk.rows = chunk.rows;
+  qk.seq_k = call.seq_k;
+  qk.head_dim = call.head_dim;
+  qk.mask = key_mask(call);
+  kernels::LaunchShape shape;
+  shape.grid = dim3(tile_count(call.seq_k, kernel.tile_cols), tile_count(chunk.rows, kernel.tile_rows), unsigned(chunk.pairs));
+  shape.block = dim3(unsigned(kernel.threads));
+  shape.dynamic_smem_bytes = kernel.smem_bytes;
+  if (call.seq_k > 0) ctx.device->launch(kernel.kernel, shape, &qk);  // none: nothing to compute
+}
+
 void zero_chunk_rows(Device& device, const TensorView& view, int heads, const Chunk& chunk) {
   const size_t row_bytes = size_t(view.head_dim()) * dtype_size(view.dtype);
   for (int pair = chunk.pair_begin; pair < chunk.pair_begin + chunk.pairs; ++pair)

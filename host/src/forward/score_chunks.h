@@ -36,6 +36,19 @@ void for_each_chunk(const ChunkedCall& chunked, const std::function<void(const C
 
 kernels::KeyMask key_mask(const AttentionCall& call);
 
+// A view's data and its batch, head and row strides, as the naive kernels take q, k, v and out.
+inline kernels::HeadsView heads_view(const TensorView& view) {
+  return {view.data, view.strides[0], view.strides[1], view.strides[2]};
+}
+// Tiles of `tile` that cover `count`.
+inline unsigned tile_count(int64_t count, int tile) { return unsigned((count + tile - 1) / tile); }
+
+// S = A B^T for the chunk with the naive path's tiled kernel (qk_tiled): A = q or dO (query heads),
+// B = k or v (kv heads), S fp32 at `out` with row stride `row_stride`, the chunk's pairs one after
+// another. Used by the naive forward, its backward and attention_probabilities().
+void launch_qk(ContextState& ctx, const kernels::TiledKernel& kernel, const AttentionCall& call, const Chunk& chunk,
+               const TensorView& a, const TensorView& b, float* out, int64_t row_stride);
+
 // The keys [begin, end) some row of `chunk` may see, known on the host: the union of its rows'
 // visible ranges (both bounds are non-decreasing in the row, so its first and last rows give it).
 // The cublas path's GEMMs run over these keys only, so a key row no row of the chunk sees - a

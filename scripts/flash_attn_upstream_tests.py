@@ -17,8 +17,8 @@ decide as on that GPU. A package named flash_attn is put in front of it, made he
 The test file's cases are many (half a million) and large for a CPU simulator: --sample N runs up
 to N cases of each test function, drawn with --seed among those whose batch x heads x seqlen_q x
 seqlen_k x d/64 stays under --max-tokens (the sizes read from each case's parameters), all when N
-is 0. Prints pytest's
-summary: every case of a feature the library has should pass; a refusal is a FlashAttnNotSupported
+is 0. test_flash_attn_race_condition (250 repeats of a batch-60 call, hunting a GPU's
+nondeterminism) is left out. Prints pytest's summary: every case of a feature the library has should pass; a refusal is a FlashAttnNotSupported
 naming the argument. Needs PyTorch and einops (pip install einops) in the build's Python.
 """
 import argparse
@@ -119,6 +119,11 @@ PACKAGE = {
             return 72 * seq_q * seq_k * max(1, params.get("d", 64)) // 64
 
 
+        # What a CPU simulator cannot run in a session: 250 repeats of a batch-60 forward and backward
+        # looking for a GPU's nondeterminism (the sim's own race checker covers the kernels instead).
+        EXCLUDED = {"test_flash_attn_race_condition"}
+
+
         def pytest_collection_modifyitems(config, items):
             # Up to `sample` cases of each test function (all with 0), drawn among those that fit.
             sample = int(os.environ["SELFATTN_FA_SAMPLE"])
@@ -126,7 +131,7 @@ PACKAGE = {
             draw = random.Random(int(os.environ["SELFATTN_FA_SEED"]))
             by_function = {}
             for item in items:
-                if _tokens(item) <= limit:
+                if item.originalname not in EXCLUDED and _tokens(item) <= limit:
                     by_function.setdefault(item.originalname, []).append(item)
             kept = []
             for cases in by_function.values():

@@ -330,7 +330,7 @@ mutant fp8_quantize_truncates kernels/common/simt_tile.cuh 1 \
   '  uint32_t bits; memcpy(&bits, &x, 4); bits &= 0xFFF00000u; memcpy(&x, &bits, 4); r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);' \
   'e4m3 quantization truncates toward zero instead of rounding to nearest even'
 mutant fp8_mma_v_scale_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
-  'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, v_scale);' \
+  'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, scales.v);' \
   'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, 1.0f);' \
   'the tensor-core decode stages an FP8 cache'"'"'s V without its scale'
 mutant fp8_gather_v_scale_dropped kernels/decode/kv_gather.cuh 1 \

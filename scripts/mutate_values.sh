@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward tests/forward/test_fused_hopper_fp8}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward tests/forward/test_fused_hopper_fp8 tests/kv_cache/test_kv_cache_append tests/kv_cache/test_kv_cache_edges tests/kv_cache/test_kv_cache_varlen_append tests/validation/test_kv_cache_arguments tests/sim/test_sim_profile_memory tests/sim/test_sim_profile_compute}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -330,7 +330,7 @@ mutant fp8_quantize_truncates kernels/common/simt_tile.cuh 1 \
   '  uint32_t bits; memcpy(&bits, &x, 4); bits &= 0xFFF00000u; memcpy(&x, &bits, 4); r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);' \
   'e4m3 quantization truncates toward zero instead of rounding to nearest even'
 mutant fp8_mma_v_scale_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
-  'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, v_scale);' \
+  'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, scales.v);' \
   'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, 1.0f);' \
   'the tensor-core decode stages an FP8 cache'"'"'s V without its scale'
 mutant fp8_gather_v_scale_dropped kernels/decode/kv_gather.cuh 1 \
@@ -367,6 +367,44 @@ mutant fp8_vt_permutation_off_by_one kernels/hopper/transpose_v_fp8.cuh 1 \
 mutant fp8_vt_reads_past_key_length kernels/hopper/transpose_v_fp8.cuh 1 \
   'if (key < k_len) value' 'if (key < p.seq_k) value' \
   'the pre-pass copies V'"'"'s rows past a batch'"'"'s key length (NaN there) instead of zeros'
+
+# Issue 46 item 10: edges no test reached before - the rotary tables' last row and past it, a packed
+# append's offsets out of order, a batch index at the cache's row count, the combine's blocks
+# each serving several rows (ContextState::decode_combine_max_blocks lowered), and the sim
+# profiler's 8-byte bank conflicts and speed-of-light writes (what catches each: tests/README.md).
+mutant rotary_clamp_one_row_late kernels/decode/rotary.cuh 1 \
+  '(position >= r.max_position ? r.max_position - 1' '(position > r.max_position ? r.max_position - 1' \
+  'a position one past the rotary tables reads the row after their last'
+mutant rotary_negative_unclamped kernels/decode/rotary.cuh 1 \
+  'position < 0 ? 0 :' 'position < -1 ? 0 :' \
+  'a position one before 0 reads the row before the rotary tables'"'"' first'
+mutant packed_append_offsets_unordered host/src/kv_cache/kv_cache.cpp 1 \
+  'params.rows = new_rows(k_new, ordered_offsets(state, packed, shape.batch, workspace, function), seq_new);' \
+  'params.rows = new_rows(k_new, packed ? ((void)workspace, packed->cu_seqlens) : nullptr, seq_new);' \
+  'append_kv_varlen reads cu_seqlens_new as given, not through its running maximum'
+mutant batch_index_row_count_in_cache kernels/decode/kv_pages.cuh 1 \
+  'return row >= 0 && row < c.num_pages ? row : -1;' 'return row >= 0 && row <= c.num_pages ? row : -1;' \
+  'a batch index equal to the cache'"'"'s row count taken as a row of it'
+mutant validate_batch_index_row_count_passes host/src/validation/kv_cache_validation.cpp 1 \
+  'rows[size_t(b)] >= shape.num_pages)' 'rows[size_t(b)] > shape.num_pages)' \
+  'validate_metadata passes a batch index equal to the cache'"'"'s row count'
+mutant combine_barrier_between_chunks_only kernels/decode/decode_combine.cuh 1 \
+  '      __syncthreads();  // the previous chunk'"'"'s (or row'"'"'s) weights are read' \
+  '      if (chunk > 0) __syncthreads();  // the previous chunk'"'"'s (or row'"'"'s) weights are read' \
+  'decode_combine rewrites a row'"'"'s weights while its threads may still read the previous row'"'"'s'
+mutant combine_stride_skips_rows kernels/decode/decode_combine.cuh 1 \
+  'row < p.rows; row += gridDim.x) {' 'row < p.rows; row += 2 * gridDim.x) {' \
+  'decode_combine'"'"'s blocks skip every other round of the rows past the grid'
+mutant profile_eight_bytes_one_phase sim/src/profile.cpp 1 \
+  'widest <= 4 ? 1 : widest <= 8 ? 2 : 4' 'widest <= 8 ? 1 : 4' \
+  'the profiler serves a warp'"'"'s 8-byte shared accesses in one phase, not two half-warps'
+mutant profile_phases_interleaved sim/src/profile.cpp 1 \
+  'for (unsigned lane = phase * per_phase; lane < (phase + 1) * per_phase; ++lane) {' \
+  'for (unsigned lane = phase; lane < kWarpSize; lane += phases) {' \
+  'the profiler'"'"'s shared-memory phases take every other lane, not consecutive half- or quarter-warps'
+mutant sol_sm_global_reads_only sim/src/speed_of_light.cpp 1 \
+  '32.0 * double(std::max(reads.sectors, writes.sectors))' '32.0 * double(reads.sectors)' \
+  'the speed of light'"'"'s per-SM global path counts the sectors read, not the larger direction'
 
 # Issue 35 item 4: access-pattern regressions that change no value - an unpadded (conflicting)
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's

@@ -1,16 +1,20 @@
 // append_kv on the sim (kv_cache.h): exactly the new tokens' rows written, across page boundaries
-// and the last partial page, with rotary up to the table's last row, then attention over them.
-// Cache K and V, k_new and v_new each have their own layout (kv_cache_check.h).
+// and the last partial page, with rotary up to the table's last row and past it, a batch index at
+// the cache's row count, then attention over them. Cache K and V, k_new and v_new each have their
+// own layout (kv_cache_check.h); every byte outside the new tokens' rows is compared
+// (kv_append_check.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/decode/kv_append.cuh"
+#include "kv_append_check.h"
 #include "kv_cache_check.h"
 #include "selfattn/selfattn.h"
 
@@ -22,18 +26,25 @@ using namespace kv_test;
 // append_kv writes exactly the new tokens' rows (checked element by element against the reference,
 // every other byte of the pool unchanged), across page boundaries, and attention then sees them.
 // With rotary `positions` ([batch], Rotary::positions), token t of sequence b is rotated at
-// positions[b] + t on the way in, and q's row i at positions[b] + q_step * i.
+// positions[b] + t on the way in, and q's row i at positions[b] + q_step * i. The rotary tables
+// have `table_rows` rows (0: up to the last token appended, rotary_rows_for). `adjust`, when
+// given, changes the cache after it is made and before the append (a view of fewer rows).
 ::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,
                                                     std::optional<std::pair<int, bool>> rotary_spec, Path path,
-                                                    const std::vector<int32_t>& positions = {}, int q_step = 1) {
+                                                    const std::vector<int32_t>& positions = {}, int q_step = 1,
+                                                    int table_rows = 0,
+                                                    const std::function<void(TestCache&)>& adjust = nullptr) {
   AttendCase c = attend(spec, heads, seq_new);
   c.rotary = rotary_spec;
-  const std::string name = "append " + c.name() + " new" + std::to_string(seq_new);
+  const std::string name = "append " + c.name() + " new" + std::to_string(seq_new) +
+                           (table_rows ? " table" + std::to_string(table_rows) : "");
   std::mt19937_64 rng = rng_for(name);
   TestCache cache = make_cache(ctx, spec, rng);
+  if (adjust) adjust(cache);
   std::optional<TestRotary> rotary;
   if (rotary_spec) {
-    rotary = make_rotary(ctx, rotary_rows_for(cache.image, seq_new), rotary_spec->first, rotary_spec->second, rng);
+    rotary = make_rotary(ctx, table_rows ? table_rows : rotary_rows_for(cache.image, seq_new), rotary_spec->first,
+                         rotary_spec->second, rng);
   }
   DeviceBuffer<int32_t> rotary_positions(ctx, std::max<size_t>(positions.size(), 1), "rotary positions");
   if (rotary && !positions.empty()) {
@@ -55,63 +66,14 @@ using namespace kv_test;
 
   reference::KvCacheImage expected = cache.image;
   reference::append_kv(expected, k_new.values, v_new.values, seq_new, rotary ? &rotary->table : nullptr);
-  // Which pool rows the append targets.
-  std::vector<char> target(size_t(expected.num_pages) * expected.page_size, 0);
-  for (int b = 0; b < spec.batch; ++b)
-    for (int t = 0; t < seq_new; ++t) {
-      const int page = expected.page_of(b, expected.length(b) + t);
-      if (page >= 0) target[size_t(page) * expected.page_size + size_t((expected.length(b) + t) % expected.page_size)] = 1;
-    }
-  const size_t element = dtype_size(spec.dtype);
-  for (int which = 0; which < 2; ++which) {
-    const std::vector<unsigned char>& before = which == 0 ? k_before : v_before;
-    const std::vector<unsigned char> after = (which == 0 ? cache.k : cache.v).to_host();
-    const std::vector<double>& image = which == 0 ? expected.k : expected.v;
-    std::vector<float> written;
-    std::vector<double> wanted;
-    for (int page = 0; page < expected.num_pages; ++page)
-      for (int h = 0; h < expected.kv_heads; ++h)
-        for (int row = 0; row < expected.page_size; ++row)
-          for (int e = 0; e < expected.head_dim; ++e) {
-            const size_t index = cache.device_index(which, page, h, row, e);
-            if (target[size_t(page) * expected.page_size + size_t(row)]) {
-              written.push_back(load_element(after.data(), spec.dtype, index));
-              wanted.push_back(image[expected.offset(page, h, row) + size_t(e)]);
-            } else if (std::memcmp(after.data() + index * element, before.data() + index * element, element) != 0) {
-              return ::testing::AssertionFailure() << name << ": cache " << (which ? "v" : "k") << " page " << page
-                                                   << " head " << h << " row " << row << " changed but is no new token's";
-            }
-          }
-    // Without rotary the copy is exact; rotary computes in fp32 and rounds once to the dtype.
-    testing::Expected judged = exact_copy(wanted);
-    if (rotary && which == 0) {
-      // x cos - y sin rounds in proportion to |x cos| + |y sin| <= sqrt(2) |(x, y)|, the norm of
-      // its own pair (a rotation keeps it; the rotated value may be far smaller). Elements past
-      // rotary_dim pass through and stay exact copies.
-      const size_t d = size_t(expected.head_dim), rotary_dim = size_t(rotary->table.rotary_dim);
-      const auto partner = [&](size_t e) {
-        if (rotary->table.interleaved) return e ^ 1;
-        return e < rotary_dim / 2 ? e + rotary_dim / 2 : e - rotary_dim / 2;
-      };
-      for (size_t row = 0; row < wanted.size() / d; ++row)
-        for (size_t e = 0; e < rotary_dim; ++e) {
-          const size_t i = row * d + e, j = row * d + partner(e);
-          judged.allowed[i] = round_to(spec.dtype, float(wanted[i]));
-          judged.scale[i] = std::sqrt(2 * (wanted[i] * wanted[i] + wanted[j] * wanted[j]));
-          judged.floor[i] = testing::rounding_floor(spec.dtype, 4, judged.scale[i]);
-        }
-    }
-    ::testing::AssertionResult result = judge_values(name + (which ? " v" : " k"), written, judged);
-    if (!result) return result;
-  }
+  const std::vector<int> counts(size_t(spec.batch), seq_new);
+  ::testing::AssertionResult result =
+      check_appended_pools(name, cache, expected, k_before, v_before, append_targets(cache.image, counts),
+                           rotary ? &rotary->table : nullptr);
+  if (!result) return result;
   const std::vector<int32_t> new_lengths = updated.to_host();
-  for (int b = 0; b < spec.batch; ++b) {
-    const int wanted = std::min(expected.length(b) + seq_new, expected.capacity());
-    if (new_lengths[size_t(b)] != wanted) {
-      return ::testing::AssertionFailure() << name << ": updated_lengths[" << b << "] = " << new_lengths[size_t(b)]
-                                           << ", expected " << wanted;
-    }
-  }
+  result = check_updated_lengths(name, new_lengths, cache.image, counts);
+  if (!result) return result;
   // Attend with the updated lengths over what the device wrote (the reference fed the rounded cache).
   cache.image.k = download_pool(cache, 0);
   cache.image.v = download_pool(cache, 1);
@@ -174,6 +136,85 @@ TEST(KvCacheAppend, RotaryAtTheCallersPositions) {
   const CacheSpec spec = paged(DType::f16, 3, 2, 64, 16, 3, {9, 0, 20});
   EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 3, std::pair{64, false}, Path::fused, {3, 0, 15}, 1));
   EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 3, std::pair{32, true}, Path::naive, {5, 2, 0}, 0));
+}
+
+// Rotary tables shorter than the positions a call reaches (only wrong lengths or positions do
+// that, kv_cache.h): a position on the tables' last row uses it, a position past the tables uses
+// it too and one before 0 the first row (Rotary: "the nearest row"), for the keys appended and the
+// queries then rotated (the reference clamps alike). Default positions: 3 new tokens after lengths
+// 9, 0, 12 with 12-row tables - sequence 0's last token on the last row, sequence 2's tokens and
+// query rows at 12-14, the first of them exactly one row past. The caller's positions (20-row
+// tables): runs ending on the last row, crossing it (18-21) and starting at -2; with q's
+// position_step 0, every row of a sequence at 19, 23 or -5.
+TEST(KvCacheAppend, RotaryAtTheTablesLastRowAndPastIt) {
+  Context ctx;
+  const std::vector<int32_t> lengths = {9, 0, 12};
+  EXPECT_TRUE(check_append_then_attend(ctx, paged(DType::f16, 3, 2, 64, 16, 2, lengths), 4, 3, std::pair{64, false},
+                                       Path::fused, {}, 1, 12));
+  EXPECT_TRUE(check_append_then_attend(ctx, contiguous(DType::f32, 3, 1, 64, 24, lengths, false), 2, 3,
+                                       std::pair{32, true}, Path::naive, {}, 1, 12));
+  constexpr int kTableRows = 20;
+  const CacheSpec spec = paged(DType::bf16, 3, 2, 64, 16, 3, lengths);
+  EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 4, std::pair{64, true}, Path::fused,
+                                       {kTableRows - 4, kTableRows - 2, -2}, 1, kTableRows));
+  EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 4, std::pair{48, false}, Path::cublas,
+                                       {kTableRows - 1, kTableRows + 3, -5}, 0, kTableRows));
+}
+
+// A batch index equal to the cache's row count: the first row outside it, which reads as no token
+// and is never written (KvCache::batch_index). The cache is the first 3 rows of a buffer of 4; the
+// 4th, just past the view, holds NaN and must keep its bytes, so a kernel that took row 3 as the
+// cache's would read NaN or write it. append_kv drops that sequence's tokens (its updated length
+// still advances), attention then reads it as zeros on every path; validate_metadata refuses the
+// entry, naming it, before anything is written.
+TEST(KvCacheAppend, BatchIndexAtTheCachesRowCount) {
+  Context ctx;
+  constexpr int kRows = 3;
+  CacheSpec spec = contiguous(DType::f16, 3, 2, 64, 20, {3, 5, 7}, true);
+  spec.batch_index = {kRows, 0, 2};
+  spec.cache_rows = kRows + 1;
+  const auto view_rows = [&](TestCache& cache) {
+    for (DeviceBuffer<unsigned char>* pool : {&cache.k, &cache.v}) {
+      std::vector<unsigned char> bytes = pool->to_host();
+      std::fill(bytes.begin() + ptrdiff_t(bytes.size() / (kRows + 1) * kRows), bytes.end(), 0xff);
+      pool->copy_from_host(bytes);
+    }
+    cache.view.k.shape[0] = cache.view.v.shape[0] = kRows;
+    cache.image.num_pages = kRows;
+  };
+  for (Path path : {Path::fused, Path::naive, Path::cublas})
+    EXPECT_TRUE(check_append_then_attend(ctx, spec, 4, 5, std::pair{64, false}, path, {}, 1, 0, view_rows));
+
+  std::mt19937_64 rng = rng_for("batch index at the row count");
+  TestCache cache = make_cache(ctx, spec, rng);
+  view_rows(cache);
+  const std::vector<unsigned char> k_before = cache.k.to_host(), v_before = cache.v.to_host();
+  Tensor k_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, 2, spec.head_dim, rng, kNewKeysLayout);
+  Tensor q = random_tensor(ctx, spec.dtype, spec.batch, 4, 2, spec.head_dim, rng, kQueryLayout);
+  const Output out = poisoned_output(ctx, spec.dtype, spec.batch, 4, 2, spec.head_dim, kOutLayout);
+  DeviceBuffer<int32_t> updated(ctx, size_t(spec.batch), "updated lengths");
+  updated.fill_bytes(0xff);
+  const std::string message = "cache.batch_index[0] expected a row in [0, 3) (cache.k.shape[0]), got 3";
+  const auto expect_refused = [&](const char* call, const std::function<void()>& run) {
+    try {
+      run();
+      ADD_FAILURE() << call << ": a batch index at the row count passed validate_metadata";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  AppendKvOptions append;
+  append.validate_metadata = true;
+  append.updated_lengths = updated.data();
+  expect_refused("append_kv", [&] { append_kv(ctx, cache.view, k_new.view, k_new.view, append); });
+  KvAttentionOptions attend;
+  attend.validate_metadata = true;
+  expect_refused("attention_with_kv_cache",
+                 [&] { attention_with_kv_cache(ctx, q.view, cache.view, out.view, attend); });
+  ctx.synchronize();
+  EXPECT_TRUE(cache.k.to_host() == k_before && cache.v.to_host() == v_before) << "the cache was written";
+  EXPECT_EQ(updated.to_host(), std::vector<int32_t>(size_t(spec.batch), -1)) << "updated_lengths was written";
+  EXPECT_EQ(out.device.to_host(), std::vector<unsigned char>(out.device.size(), 0xff)) << "out was written";
 }
 
 TEST(KvCacheAppend, NewTokensAroundEachBlock) {

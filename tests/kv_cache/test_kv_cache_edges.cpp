@@ -2,8 +2,9 @@
 // kernels' own traits (kernels/decode/*.cuh) rather than chosen: just below, at and above each
 // edge. The split-KV decode kernels (SIMT: f32 and other head dims; tensor cores: f16/bf16 with
 // head_dim 64/128) divide keys into tiles and splits and query rows into blocks; decode_combine
-// strides head_dim over its threads; rotary_rows and kv_gather take rows in fixed groups per block.
-// Every tensor has its own layout (kv_cache_check.h).
+// strides head_dim over its threads and, past its grid's cap, rows over its blocks; rotary_rows
+// and kv_gather take rows in fixed groups per block. Every tensor has its own layout
+// (kv_cache_check.h).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -15,6 +16,7 @@
 #include "kernels/decode/kv_gather.cuh"
 #include "kernels/decode/rotary_rows.cuh"
 #include "kv_cache_check.h"
+#include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -130,6 +132,30 @@ TEST(KvCacheEdges, CombineSplitsAroundEachChunkOfWeights) {
     AttendCase c = attend(cache_for(DType::f16, 2, 64, {3 * kSimtKeys + 7, 40}), 2, 1);
     c.num_splits = splits;
     EXPECT_TRUE(check_attend(ctx, c, Path::fused)) << splits << " splits";
+  }
+}
+
+// decode_combine takes one block per row up to a grid cap (ContextState::decode_combine_max_blocks:
+// 2^20 blocks, more rows than the sim can run), and each block then strides over the rows past
+// the grid, rewriting its shared weights for every row behind the barrier that opens each chunk
+// of them. With the cap lowered to 1 and 5 blocks for 2 sequences x 4 heads x 3 rows = 24 rows, a
+// block serves all 24 rows, or 4 to 5 in turn: the racecheck sees a row's weights written while
+// another thread still reads the previous row's, and every row's out, lse and sink are judged.
+// Both split-KV kernels with 3 splits (one chunk), and one chunk and a split (kThreads + 1).
+TEST(KvCacheEdges, CombineBlockServesSeveralRows) {
+  Context ctx;
+  constexpr int kCombineThreads = kernels::DecodeCombineTraits::kThreads;
+  for (int64_t blocks : {1, 5}) {
+    ctx.state().decode_combine_max_blocks = blocks;
+    for (const DecodeKernelCase& kernel : kDecodeKernels) {
+      AttendCase c = attend(cache_for(kernel.dtype, 2, 64, {3 * kernel.tile_keys + 7, 40}), 4, 3);
+      c.num_splits = 3;
+      c.mods.sinks = blocks == 5;
+      EXPECT_TRUE(check_attend(ctx, c, Path::fused)) << blocks << " combine blocks";
+    }
+    AttendCase c = attend(cache_for(DType::f16, 1, 64, {3 * kSimtKeys + 7, 40}), 2, 2);
+    c.num_splits = kCombineThreads + 1;
+    EXPECT_TRUE(check_attend(ctx, c, Path::fused)) << blocks << " combine blocks, " << c.num_splits << " splits";
   }
 }
 

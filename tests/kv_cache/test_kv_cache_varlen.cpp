@@ -1,8 +1,9 @@
-// Packed calls over a KV cache (kv_cache.h, "Packed calls"): attention_with_kv_cache_varlen and
-// append_kv_varlen, where each sequence has its own number of new rows (0 allowed), as a serving
-// engine's step mixes prefill chunks and single-token decodes. Every path against the reference:
-// sequence b of a packed call is judged as the dense call of that sequence alone (its rows, its
-// cache pages, its slice of every per-sequence option). Rows no sequence owns stay poisoned.
+// Packed calls over a KV cache (kv_cache.h, "Packed calls"): attention_with_kv_cache_varlen (and
+// append_kv_varlen: test_kv_cache_varlen_append.cpp), where each sequence has its own number of new
+// rows (0 allowed), as a serving engine's step mixes prefill chunks and single-token decodes. Every
+// path against the reference: sequence b of a packed call is judged as the dense call of that
+// sequence alone (its rows, its cache pages, its slice of every per-sequence option). Rows no
+// sequence owns stay poisoned.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kv_cache_check.h"
+#include "runtime/context_state.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -31,6 +33,7 @@ struct PackedCase {
   std::vector<int32_t> q_offset;               // empty, or [batch]
   std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved) on q
   std::vector<int32_t> rotary_positions;       // empty, or [batch] (Rotary::positions)
+  int rotary_rows = 0;  // the tables' rows; 0: up to the last position a row reaches (with max_seqlen rows)
   int num_splits = 0;
   testing::ScoreModsCase mods;  // the bias is [batch, heads, max_seqlen_q, capacity]
   std::optional<DType> query_dtype;  // q's and out's when not the cache's (an FP8 cache)
@@ -49,6 +52,7 @@ struct PackedCase {
     s += "] " + std::string(to_string(causal));
     if (!q_offset.empty()) s += " q_offset";
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary_positions.empty() ? "" : " positions");
+    if (rotary_rows) s += " table" + std::to_string(rotary_rows);
     if (num_splits) s += " splits" + std::to_string(num_splits);
     return s + mods.name();
   }
@@ -123,8 +127,11 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
   std::optional<TestRotary> rotary;
   DeviceBuffer<int32_t> positions(ctx, std::max<size_t>(c.rotary_positions.size(), 1), "rotary positions");
   if (c.rotary) {
-    int rows = rotary_rows_for(cache.image, 0);
-    for (int32_t p : c.rotary_positions) rows = std::max(rows, p + max_seqlen);
+    int rows = c.rotary_rows;
+    if (rows == 0) {
+      rows = rotary_rows_for(cache.image, 0);
+      for (int32_t p : c.rotary_positions) rows = std::max(rows, p + max_seqlen);
+    }
     rotary = make_rotary(ctx, rows, c.rotary->first, c.rotary->second, rng);
     if (!c.rotary_positions.empty()) {
       positions.copy_from_host(c.rotary_positions);
@@ -216,7 +223,7 @@ TEST(KvCacheVarlen, MixedPrefillAndDecodeEveryPath) {
 
 // The split-KV kernel's work division: one split, 3, more splits than tiles; a sequence of
 // max_seqlen rows beside ones of 1; every row of out owned (no spare rows), or spare rows that the
-// combine of the splits must leave alone.
+// combine of the splits must leave alone, also when its blocks each serve several rows.
 TEST(KvCacheVarlen, SplitCounts) {
   Context ctx;
   for (int splits : {1, 3, 64})
@@ -226,6 +233,13 @@ TEST(KvCacheVarlen, SplitCounts) {
       c.spare_rows = dtype == DType::f16 ? 0 : 3;
       EXPECT_TRUE(check_packed(ctx, c, Path::fused));
     }
+  // decode_combine with fewer blocks than rows (ContextState::decode_combine_max_blocks): each
+  // block strides over 32 of the 8 heads x 12 rows, skipping the rows no sequence owns.
+  ctx.state().decode_combine_max_blocks = 3;
+  PackedCase c = packed(paged(DType::f32, 3, 1, 64, 16, 8, {113, 1, 64}), 8, {1, 1, 7});
+  c.num_splits = 3;
+  c.spare_rows = 3;
+  EXPECT_TRUE(check_packed(ctx, c, Path::fused)) << "3 combine blocks";
 }
 
 // Per-sequence options follow the sequence: left padding (key_start) and query positions
@@ -254,6 +268,27 @@ TEST(KvCacheVarlen, MasksModifiersAndRotaryPerSequence) {
     rotated.rotary = std::make_pair(64, true);
     rotated.rotary_positions = {3, 0, 17};
     EXPECT_TRUE(check_packed(ctx, rotated, path));
+  }
+}
+
+// Rotary on q with tables shorter than the positions its rows reach (Rotary: a position past the
+// tables uses their last row, one before 0 the first), every path. Default positions (each
+// sequence's last rows, lengths[b] - n_b + i) with 20-row tables: sequence 0's rows end on the
+// last row (16-19), sequence 1's 3 rows over a length of 1 start before 0 (-2..0), sequence 2's
+// run from 16 to 24, past the tables. The caller's positions: runs ending on the last row,
+// starting at -2, and crossing the end (17-25).
+TEST(KvCacheVarlen, RotaryAtTheTablesLastRowAndPastIt) {
+  Context ctx;
+  for (Path path : kPaths) {
+    PackedCase c = packed(paged(DType::f16, 3, 1, 64, 16, 3, {20, 1, 25}), 2, {4, 3, 9});
+    c.rotary = std::make_pair(64, false);
+    c.rotary_rows = 20;
+    EXPECT_TRUE(check_packed(ctx, c, path));
+    c.cache = contiguous(DType::f32, 3, 2, 32, 30, {20, 1, 25}, true);
+    c.heads = 4;
+    c.rotary = std::make_pair(32, true);
+    c.rotary_positions = {16, -2, 17};
+    EXPECT_TRUE(check_packed(ctx, c, path));
   }
 }
 
@@ -340,88 +375,6 @@ TEST(KvCacheVarlen, WrongOffsetsAreClampedOrNamed) {
         EXPECT_NE(std::string(e.what()).find(wrong.message), std::string::npos) << e.what();
       }
     }
-}
-
-// append_kv_varlen writes what append_kv writes for each sequence alone (its tokens, its pages,
-// its rotary positions; checked against the reference in test_kv_cache_append), bit for bit, and
-// nothing else; updated_lengths advance by each sequence's own count. Then attention over the
-// appended tokens with the new lengths.
-TEST(KvCacheVarlen, AppendPackedEqualsAppendPerSequence) {
-  Context ctx;
-  // Paged bf16, contiguous f16, and a paged e4m3 cache (per kv head scales) fed bf16 tokens.
-  for (int variant : {0, 1, 2}) {
-    const bool paged_cache = variant != 1;
-    CacheSpec spec = variant == 0   ? paged(DType::bf16, 4, 2, 64, 16, 4, {0, 15, 30, 62})
-                     : variant == 1 ? contiguous(DType::f16, 4, 2, 64, 40, {3, 0, 20, 38}, false)
-                                    : paged(DType::e4m3, 4, 2, 64, 16, 4, {0, 15, 30, 62});
-    if (variant == 2) {
-      spec.k_scale = {0.375f, 1.25f};
-      spec.v_scale = {0.625f, 0.75f};
-    }
-    const DType new_dtype = is_fp8(spec.dtype) ? DType::bf16 : spec.dtype;
-    const std::vector<int> counts = {5, 0, 17, 1};
-    const std::vector<int32_t> offsets = {0, 5, 5, 22, 23};
-    const int total = 25, seq_max = 17, d = 64;
-    std::mt19937_64 rng = rng_for(spec.name() + " packed append");
-    std::mt19937_64 same = rng;
-    TestCache packed_cache = make_cache(ctx, spec, rng);
-    TestCache single_cache = make_cache(ctx, spec, same);
-    TestRotary rotary = make_rotary(ctx, 64, 32, false, rng);
-    const std::vector<int32_t> rotary_start = {2, 0, 7, 40};
-    DeviceBuffer<int32_t> positions(ctx, rotary_start.size(), "rotary positions");
-    positions.copy_from_host(rotary_start);
-    rotary.view.positions = positions.data();
-    Tensor k_new = random_tensor(ctx, new_dtype, 1, spec.kv_heads, total, d, rng, kNewKeysLayout);
-    Tensor v_new = random_tensor(ctx, new_dtype, 1, spec.kv_heads, total, d, rng, kNewValuesLayout);
-    DeviceBuffer<int32_t> cu_seqlens(ctx, offsets.size(), "cu_seqlens_new");
-    cu_seqlens.copy_from_host(offsets);
-    DeviceBuffer<int32_t> packed_lengths(ctx, 4, "updated lengths"), single_lengths(ctx, 4, "updated lengths");
-    AppendKvOptions options;
-    options.rotary = rotary.view;
-    options.updated_lengths = packed_lengths.data();
-    options.validate_metadata = true;
-    append_kv_varlen(ctx, packed_cache.view, k_new.view, v_new.view, cu_seqlens.data(), seq_max, options);
-    for (int b = 0; b < 4; ++b) {
-      KvCache one = single_cache.view;
-      one.batch = 1;
-      one.lengths = single_cache.view.lengths + b;
-      if (paged_cache) {
-        one.block_table = single_cache.view.block_table + b * one.max_pages_per_seq;
-      } else {
-        one.k.data = static_cast<unsigned char*>(one.k.data) + b * one.k.strides[0] * dtype_size(spec.dtype);
-        one.v.data = static_cast<unsigned char*>(one.v.data) + b * one.v.strides[0] * dtype_size(spec.dtype);
-        one.k.shape[0] = one.v.shape[0] = 1;
-      }
-      TensorView k_b = k_new.view, v_b = v_new.view;
-      for (TensorView* view : {&k_b, &v_b}) {
-        view->data =
-            static_cast<unsigned char*>(view->data) + offsets[size_t(b)] * view->strides[2] * dtype_size(new_dtype);
-        view->shape[2] = counts[size_t(b)];
-      }
-      AppendKvOptions single = options;
-      single.rotary->positions = positions.data() + b;
-      single.updated_lengths = single_lengths.data() + b;
-      append_kv(ctx, one, k_b, v_b, single);
-    }
-    ctx.synchronize();
-    EXPECT_EQ(packed_cache.k.to_host(), single_cache.k.to_host()) << spec.name();
-    EXPECT_EQ(packed_cache.v.to_host(), single_cache.v.to_host()) << spec.name();
-    EXPECT_EQ(packed_lengths.to_host(), single_lengths.to_host()) << spec.name();
-    for (int b = 0; b < 4; ++b)
-      EXPECT_EQ(packed_lengths.to_host()[size_t(b)], spec.lengths[size_t(b)] + counts[size_t(b)]) << b;
-
-    // validate_metadata: a sequence whose new tokens overflow its capacity is named.
-    const std::vector<int32_t> too_many = {0, 5, 5, 22, 25};
-    cu_seqlens.copy_from_host(too_many);
-    options.updated_lengths = nullptr;
-    try {
-      append_kv_varlen(ctx, packed_cache.view, k_new.view, v_new.view, cu_seqlens.data(), seq_max, options);
-      ADD_FAILURE() << "an append past the capacity passed validate_metadata";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("append_kv_varlen: cache.lengths[3] expected <= "), std::string::npos)
-          << e.what();
-    }
-  }
 }
 
 // An FP8 cache (e4m3 per tensor, e5m2 per kv head) under packed calls, every path: mixed prefill

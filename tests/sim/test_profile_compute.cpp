@@ -1,7 +1,7 @@
 // The profiler's compute and synchronisation counts and its speed-of-light estimate (sim/README.md,
 // "The profiler"; selfattn_sim/profile.h): tensor-core instructions and their FLOPs, MUFU
 // operations, barriers and collectives, a TMA box and a wgmma, profiling off recording nothing,
-// and the estimate on hand-computed numbers.
+// and the estimate on hand-computed numbers and on a launch that writes more than it reads.
 #include "sim_test_profile.h"
 
 namespace {
@@ -286,6 +286,41 @@ TEST(SimProfile, SpeedOfLightOfTheSmGlobalPath) {
   // Writes take the larger of the two directions, not their sum: 1024 sectors written beside
   // 524288 read leave the time the reads'.
   EXPECT_NEAR(seconds_of(full, "sm_global"), 32.0 * 524288 / (128.0 * 132 * 1.98e9), 1e-12);
+}
+
+// A launch that writes more sectors than it reads, counted and then estimated: 8 blocks of one
+// warp, lane t of block b reading in[t] (the same 128 bytes, 4 sectors, in every block) and writing
+// out[8 (32 b + t)] (32 bytes apart: a sector of its own). Reads: 8 requests of 4 sectors, 4
+// distinct; writes: 8 requests of 32 sectors, 256 distinct. DRAM moves (4 + 256) x 32 bytes; the
+// 8 SMs' global paths the larger direction, the writes' 256 x 32 bytes, at 128 bytes per SM per
+// clock: 4.04 ns, over DRAM's 1.93 ns (the reads' 32 sectors alone would take 0.51 ns).
+__global__ void scattered_writes(const CopyParams p) {
+  const unsigned t = threadIdx.x;
+  p.out[(blockIdx.x * 32 + t) * 8] = p.in[t];
+}
+
+TEST(SimProfile, SpeedOfLightOfALaunchWritingMoreThanItReads) {
+  SKIP_UNLESS_INSTRUMENTED();
+  DeviceBuffer<float> in(32, "in"), out(8 * 32 * 8, "out");
+  const sim::LaunchProfile p = profile_of([&] {
+    launch<CopyParams, scattered_writes>("scattered", dim3(8), dim3(32), {in.data, out.data});
+  });
+  ASSERT_NE(buffer(p, "in"), nullptr) << sim::format_profile(p);
+  ASSERT_NE(buffer(p, "out"), nullptr);
+  expect_traffic(buffer(p, "in")->read, 8, 8 * 128, 32, 4);
+  expect_traffic(buffer(p, "out")->write, 8, 8 * 128, 256, 256);
+  expect_traffic(p.reads(), 8, 8 * 128, 32, 4);
+  expect_traffic(p.writes(), 8, 8 * 128, 256, 256);
+  EXPECT_EQ(p.dram_bytes_lower_bound(), (4u + 256u) * 32u);
+  const sim::SpeedOfLight s = sim::estimate(p, sim::gpu_h200());
+  EXPECT_NEAR(seconds_of(s, "sm_global"), 256.0 * 32 / (128.0 * 8 * 1.98e9), 1e-15);
+  EXPECT_NEAR(seconds_of(s, "dram"), 260.0 * 32 / 4.3e12, 1e-15);
+  EXPECT_EQ(s.limiter, "sm_global");
+  EXPECT_NEAR(s.lower_bound_seconds, 256.0 * 32 / (128.0 * 8 * 1.98e9), 1e-15);
+  // On the A100 (108 SMs, 1.41 GHz, 2.039 TB/s) too.
+  const sim::SpeedOfLight a100 = sim::estimate(p, sim::gpu_a100_sxm_80gb());
+  EXPECT_NEAR(seconds_of(a100, "sm_global"), 256.0 * 32 / (128.0 * 8 * 1.41e9), 1e-15);
+  EXPECT_NEAR(seconds_of(a100, "dram"), 260.0 * 32 / 2.039e12, 1e-15);
 }
 
 TEST(SimProfile, SpeedOfLightOnTheA100) {

@@ -3,7 +3,8 @@
 //   - global: a coalesced warp load (1 request, 4 sectors), a strided one (32 sectors), a loop (one
 //     request per iteration), a divergent half-warp, 16-byte vectors, cp.async sources, and the
 //     distinct sectors of a grid whose blocks re-read the same data;
-//   - shared: stores conflict-free, 2-way and 32-way, a broadcast read, 8- and 16-byte vectors,
+//   - shared: stores conflict-free, 2-way and 32-way, a broadcast read, 8- and 16-byte vectors
+//     (8-byte ones conflicting on different banks in each half-warp),
 //     ldmatrix on an unswizzled and a swizzled tile, cp.async destinations.
 #include "sim_test_profile.h"
 
@@ -194,6 +195,36 @@ TEST(SimProfile, VectorAccessesAreOneRequestEach) {
   expect_traffic(buffer(p, "out")->write, 1, 256, 8, 8);
   expect_site(only_site(p, sim::SharedOp::store), 1, 512, 4, 4);
   expect_site(only_site(p, sim::SharedOp::load), 1, 256, 2, 2);
+}
+
+// 8-byte accesses conflicting differently in each half-warp. The hardware serves a warp's 8-byte
+// request in two phases, lanes 0-15 then 16-31; within a phase, distinct 4-byte words in one bank
+// conflict. float2 i holds words 2i and 2i + 1, in banks 2 (i % 16) and 2 (i % 16) + 1. Lane u < 16
+// takes float2 (u % 4) + 16 (u / 4): 4 distinct words in each of banks 0-7, 4 wavefronts. Lane
+// 16 + u takes float2 8 + (u % 8) + 16 (u / 8): 2 distinct words in each of banks 16-31, 2
+// wavefronts. 6 in all; ideal 2 (each phase's 32 words fit one pass), so 4 conflicts. One phase of
+// 32 lanes would count the busier half alone (4: the halves' banks differ), and lanes split odd
+// and even 8 (4-way on both sides).
+__global__ void half_warp_conflicts(const VectorParams p) {
+  float2* s = kernels::dynamic_smem<float2>();
+  const unsigned t = threadIdx.x, u = t % 16;
+  const unsigned i = t < 16 ? u % 4 + 16 * (u / 4) : 8 + u % 8 + 16 * (u / 8);
+  kernels::store_vector(s + i, make_float2(float(t), 1.0f));
+  __syncthreads();
+  kernels::store_vector(p.out + t, kernels::load_vector(s + i));
+}
+
+TEST(SimProfile, EightByteHalfWarpsConflictEachInItsOwnBanks) {
+  DeviceBuffer<float2> out(32, "out");
+  const sim::LaunchProfile p = profile_of([&] {
+    launch<VectorParams, half_warp_conflicts>("half_warps", dim3(1), dim3(32), {nullptr, out.data}, 64 * 8);
+  });
+  for (sim::SharedOp op : {sim::SharedOp::store, sim::SharedOp::load}) {
+    const sim::SharedSite site = only_site(p, op);
+    expect_site(site, 1, 256, 6, 2);
+    EXPECT_EQ(site.bank_conflicts(), 4u) << sim::format_profile(p);
+  }
+  expect_traffic(buffer(p, "out")->write, 1, 256, 8, 8);
 }
 
 // cp.async of 16 bytes per lane, a warp's contiguous 512 bytes: like the vector copy.

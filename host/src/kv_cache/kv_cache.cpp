@@ -133,7 +133,6 @@ void rotate_rows(ContextState& state, const TensorView& in, const TensorView& ou
 constexpr int kKeysPerSplitTile = 32;   // decode_split_kv's key tile
 constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in combine than it saves
 constexpr int kMaxAutomaticSplits = 64;
-constexpr int64_t kMaxCombineBlocks = int64_t(1) << 20;  // decode_combine strides over the rest
 
 // Whether every row of the view starts on `bytes` bytes and holds whole chunks of that size (the
 // split-KV kernels then stage K/V with 16-byte loads, or the tensor-core kernel an FP8 cache's
@@ -279,7 +278,8 @@ void run_split_kv(ContextState& state, const DecodeKernel& kernel, const TensorV
   merge.head_dim = params.head_dim;
   merge.num_splits = splits;
   kernels::LaunchShape combine_launch;
-  combine_launch.grid = dim3(unsigned(std::min<int64_t>(params.rows, kMaxCombineBlocks)));
+  // At most state.decode_combine_max_blocks (2^20) blocks: decode_combine strides over the rest.
+  combine_launch.grid = dim3(unsigned(std::min<int64_t>(params.rows, std::max<int64_t>(state.decode_combine_max_blocks, 1))));
   combine_launch.block = dim3(unsigned(combine.threads));
   combine_launch.dynamic_smem_bytes = combine.smem_bytes;
   state.device->launch(combine.kernel, combine_launch, &merge);

@@ -1,6 +1,7 @@
 #pragma once
 // What a Context holds. Library code reaches it through Context::state().
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,10 @@ struct ContextState {
   std::shared_ptr<Device> device;
   Workspace workspace;
   bool hopper_kernels = true;  // ContextOptions::hopper_kernels
+  // decode_combine's grid cap (kv_cache.cpp): one block per row up to this many blocks, each
+  // striding over the rows past it. Not an option: tests lower it to run the stride on the sim,
+  // which could not run the 2^20 + 1 rows the default needs.
+  int64_t decode_combine_max_blocks = int64_t(1) << 20;
 };
 
 }  // namespace selfattn::detail

@@ -45,15 +45,15 @@ included.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _check_positive_floats, _context_for, _float32_or_none, _float_or_none,
-                     _host_positive_floats, _int32_or_none, _max_seqlen, _packed, _score_mods, _torch_requiring_grad,
-                     _window_sides, torch_ops)
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _packed,
+                     _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._kv_metadata import cache_metadata, packed_rows
+from ._kv_scales import cache_scales, op_scales
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -93,10 +93,10 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
-        updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
+        updated = op(k_cache, v_cache, *cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
                      layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
-                     bool(validate_metadata), *_packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new),
-                     *_op_scales(k_scale, v_scale, k_new))
+                     bool(validate_metadata), *packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new),
+                     *op_scales(k_scale, v_scale, k_new))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
@@ -119,15 +119,15 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     arrays.expect_ndim("v_cache", 4)
     like = arrays["k_new"]
     ctx = _context_for(like, context)
-    metadata = _cache_metadata(lengths, block_table, like, batch_index)
+    metadata = cache_metadata(lengths, block_table, like, batch_index)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, like, rotary_positions)
-    offsets, max_seqlen = _packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, like)
+    offsets, max_seqlen = packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, like)
     updated = None
     if return_lengths:
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
     as_bhsd = _arrays.layout_view(layout)
     new_view = _packed if packed else as_bhsd
-    scales = _cache_scales(arrays, as_bhsd, k_scale, v_scale)
+    scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
     with _cache_terms(("k_new", "v_new"), layout, block_table, packed):
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
                             *metadata, arrays.dl(new_view(arrays["k_new"])), arrays.dl(new_view(arrays["v_new"])), cos,
@@ -195,9 +195,9 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                    _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _int32_or_none("key_start", key_start, q),
                    _int32_or_none("q_offset", q_offset, q), _float32_or_none("sinks", sinks, q),
                    bool(validate_metadata),
-                   *_packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q))
-        metadata = _cache_metadata(lengths, block_table, q, batch_index)
-        scales = _op_scales(k_scale, v_scale, q)
+                   *packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q))
+        metadata = cache_metadata(lengths, block_table, q, batch_index)
+        scales = op_scales(k_scale, v_scale, q)
         if out is None:
             result, lse = op(q, k_cache, v_cache, *metadata, *options, *scales)
         else:
@@ -232,11 +232,11 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     bhsd_q = q_view(q)
     lse_shape = (q.shape[1], q.shape[0]) if packed else tuple(bhsd_q.shape[:3])
     lse = _arrays.empty_like(q, lse_shape, "float32") if return_lse else None
-    metadata = _cache_metadata(lengths, block_table, q, batch_index)
-    offsets, max_seqlen = _packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q)
+    metadata = cache_metadata(lengths, block_table, q, batch_index)
+    offsets, max_seqlen = packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
-    scales = _cache_scales(arrays, as_bhsd, k_scale, v_scale)
+    scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
     with _cache_terms(("q", "out"), layout, block_table, packed):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
@@ -348,17 +348,6 @@ def _cache_terms(arrays, layout, block_table, packed=False):
     return in_caller_terms(views, {"cache.batch": batch})
 
 
-def _packed_rows(function, rows, cu_seqlens, max_seqlen, packed):
-    """A packed call's offsets (int32 [batch + 1] where `packed` lives) and max_seqlen (as given, or
-    the offsets' largest step), or (None, 0) for a dense call. rows: "q" or "new"."""
-    if cu_seqlens is None:
-        if max_seqlen is not None:
-            raise InvalidArgument(f"max_seqlen_{rows} expected None without cu_seqlens_{rows}")
-        return None, 0
-    offsets = _arrays.int32_vector(f"cu_seqlens_{rows}", cu_seqlens, like=packed)
-    return offsets, _max_seqlen(function, max_seqlen, offsets, rows, packed)
-
-
 def _check_num_splits(num_splits):
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 4096:
         raise InvalidArgument(f"num_splits expected an int from 0 (the library chooses) to 4096, got {num_splits!r}")
@@ -375,13 +364,6 @@ def _torch_kv_op(function, tensors, context, out=None):
         return None  # the direct call refuses an out of another framework, naming it
     ops = torch_ops()
     return None if ops is None else ops[function if out is None else function + "_out"]
-
-
-def _cache_metadata(lengths, block_table, like, batch_index=None):
-    """lengths, block_table, batch_index as the compiled functions take them (int32, where `like` lives)."""
-    table = _arrays.int32_vector("block_table", block_table, like=like) if block_table is not None else None
-    return (_arrays.int32_vector("lengths", lengths, like=like), table,
-            _int32_or_none("batch_index", batch_index, like))
 
 
 def _rotary_tables(cos, sin, like, positions=None):
@@ -414,104 +396,6 @@ def _step(position_step):
     if isinstance(position_step, bool) or position_step not in (0, 1):
         raise InvalidArgument(f"rotary_position_step expected 0 or 1, got {position_step!r}")
     return int(position_step)
-
-
-def _scales_expected(kv_heads="kv_heads"):
-    return f"a float or a 1-D array of 1 (per tensor) or {kv_heads} (per kv head) float32 entries"
-
-
-_SCALES_EXPECTED = _scales_expected()
-
-
-def _op_scales(k_scale, v_scale, like):
-    """k_scale and v_scale as the torch ops take them: None, or float32 tensors where `like` lives
-    (a float becomes a tensor of one entry; a float's value is checked here, where it is known
-    without a host read)."""
-    return tuple(_scale_tensor(name, scale, like) for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
-
-
-def _scale_tensor(name, scale, like):
-    if scale is None:
-        return None
-    import torch
-    if isinstance(scale, torch.Tensor):
-        return scale.to(device=like.device, dtype=torch.float32)
-    if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.generic)):
-        # A Python number in plain Python (torch.compile traces no NumPy calls), made a tensor of one entry.
-        _check_positive_floats(name, [float(scale)])
-        return torch.full((1,), float(scale), dtype=torch.float32, device=like.device)
-    return _torch_from_host(_host_positive_floats(name, scale, _SCALES_EXPECTED), like)
-
-
-def _cache_scales(arrays, as_bhsd, k_scale, v_scale):
-    """k_scale and v_scale as the compiled module takes them: None for a 16-bit or float32 cache
-    (which refuses scales), else contiguous float32 1-D arrays of one length (1 or kv_heads: a
-    per-tensor one beside a per-head one is repeated, as the library takes one count for both)
-    where the cache lives. Host values are checked to be finite and > 0; CUDA tensors are not read."""
-    cache = arrays["k_cache"]
-    if arrays.fp8 is None or _arrays.fp8_format(cache) is None:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if scale is not None:
-                raise InvalidArgument(f"{name} expected None: k_cache.dtype is {_arrays._dtype_name(cache)}, not FP8 "
-                                      f"(scales dequantize an FP8 cache)")
-        return None, None
-    kv_heads = int(as_bhsd(cache).shape[1])
-    scales = []
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if scale is None:
-            raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED} (k_cache.dtype is "
-                                  f"{_arrays._dtype_name(cache)}: real value = stored x scale), got None")
-        scales.append(_scale_array(name, scale, cache, kv_heads))
-    k, v = scales
-    if k.shape[0] != v.shape[0]:  # one per tensor, one per kv head: repeat the single one
-        k, v = (_repeat(s, kv_heads) for s in (k, v))
-    return k, v
-
-
-def _scale_array(name, scale, cache, kv_heads):
-    """One scale argument as a float32 1-D array where the cache lives, its shape and (host values)
-    entries checked."""
-    if _arrays.is_torch(cache) and _arrays.is_torch(scale):
-        import torch
-        if scale.is_complex() or scale.dtype == torch.bool:
-            raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED}, got dtype {scale.dtype}")
-        array = scale.detach().to(device=cache.device, dtype=torch.float32)
-        array = (array.reshape(1) if array.ndim == 0 else array).contiguous()
-        _check_scale_shape(name, tuple(array.shape), kv_heads)
-        if scale.device.type == "cpu":
-            _check_positive_floats(name, array.cpu().numpy())
-        return array
-    on_device = hasattr(scale, "__dlpack__") and not isinstance(scale, np.ndarray)
-    if on_device and _arrays.device_of(scale)[0] != _arrays.CPU:
-        array = _arrays.float32_array(name, scale, like=cache)  # a device array: read on the device, unchecked
-        _check_scale_shape(name, tuple(array.shape), kv_heads)
-        return array
-    array = _host_positive_floats(name, scale.cpu().numpy() if _arrays.is_torch(scale) else scale,
-                                  _SCALES_EXPECTED)
-    _check_scale_shape(name, array.shape, kv_heads)
-    return _torch_from_host(array, cache) if _arrays.is_torch(cache) else \
-        _arrays.float32_array(name, array, like=cache)
-
-
-def _torch_from_host(array, like):
-    """A float32 NumPy array as a tensor on like's device."""
-    import torch
-    return torch.from_numpy(array).to(like.device)
-
-
-def _check_scale_shape(name, shape, kv_heads):
-    if len(shape) != 1 or shape[0] not in (1, kv_heads):
-        raise InvalidArgument(f"{name} expected {_scales_expected(f'kv_heads = {kv_heads}')}, got shape "
-                              f"{tuple(shape)}")
-
-
-def _repeat(scales, count):
-    """A scale array of 1 or `count` entries as `count` entries (a copy where it repeats)."""
-    if scales.shape[0] == count:
-        return scales
-    if _arrays.is_torch(scales):
-        return scales.expand(count).contiguous()
-    return np.ascontiguousarray(np.repeat(scales, count))
 
 
 def _refuse_gradients(function, **named):

@@ -128,7 +128,7 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     as_bhsd = _arrays.layout_view(layout)
     new_view = _packed if packed else as_bhsd
     scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
-    with _cache_terms(("k_new", "v_new"), layout, block_table, packed):
+    with _cache_terms(("k_new", "v_new"), layout, block_table, packed, batch_index):
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
                             *metadata, arrays.dl(new_view(arrays["k_new"])), arrays.dl(new_view(arrays["v_new"])), cos,
                             sin, bool(rotary_interleaved), positions, _step(rotary_position_step), updated,
@@ -237,7 +237,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
-    with _cache_terms(("q", "out"), layout, block_table, packed):
+    with _cache_terms(("q", "out"), layout, block_table, packed, batch_index):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                                           arrays.dl(q_view(arrays["out"])), causal, _float_or_none("scale", scale),
@@ -337,12 +337,13 @@ def _context_and_out(arrays, like, out, context, ndim=4):
     return ctx, out
 
 
-def _cache_terms(arrays, layout, block_table, packed=False):
+def _cache_terms(arrays, layout, block_table, packed=False, batch_index=None):
     """The library's messages about a KV-cache call in the caller's terms (see _messages.py): the
     cache's views in the caller's layout, `arrays` too (or packed [total, heads, head_dim]), and the
     cache's batch under the name of what it was taken from (block_table's rows for a paged pool,
-    k_cache's first axis otherwise)."""
-    batch = "block_table.shape[0]" if block_table is not None else "k_cache.shape[0]"
+    lengths' entries with a batch_index, k_cache's first axis otherwise)."""
+    batch = "block_table.shape[0]" if block_table is not None else \
+        "lengths.shape[0]" if batch_index is not None else "k_cache.shape[0]"
     views = dict.fromkeys(("cache.k", "cache.v"), layout_axes(layout))
     views.update(dict.fromkeys(arrays, PACKED if packed else layout_axes(layout)))
     return in_caller_terms(views, {"cache.batch": batch})

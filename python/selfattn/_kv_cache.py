@@ -19,6 +19,18 @@ cu_seqlens_new= (append_kv), int32 [batch + 1] starting at 0, with q / k_new / v
 [total, heads, head_dim] as attention_varlen() takes them (sequence b owns rows [cu[b], cu[b+1]),
 0 allowed); max_seqlen_q / max_seqlen_new bound each sequence's rows (computed from the offsets
 when not given: for CUDA tensors that waits for the GPU, and torch.compile cannot trace it).
+Which metadata of a packed call is checked where (InvalidArgument naming the argument and the
+entry, e.g. "cu_seqlens_q[3] = 24 runs past q's 16 rows (sequence 2: rows [16, 24))", before
+anything is written):
+- on the host (NumPy arrays, lists, CPU torch tensors): here, on every path, for free
+  (_kv_metadata.py): the offsets (entry 0 is 0, non-decreasing, none past the packed rows, each
+  step at most max_seqlen when given), lengths (each in [0, capacity]) and, for attention over a
+  paged cache, the block_table entries that hold each sequence's cached tokens;
+- on a CUDA device: not read (no sync, graph-safe): the kernels clamp them (offsets read in
+  order, each into [0, total], each sequence cut to max_seqlen rows; a length into [0, capacity]),
+  except that attention's naive and cublas paths read cu_seqlens_q back and refuse bad entries;
+  validate_metadata=True checks every entry in the library (synchronously), its message saying
+  what the kernels would have clamped. Dense calls keep the clamp for host metadata too.
 
 FP8 caches: k_cache and v_cache of torch.float8_e4m3fn or torch.float8_e5m2 (NumPy: ml_dtypes'
 float8_e4m3fn / float8_e5m2; OCP FP8, both of one format) store each value divided by a float32
@@ -52,7 +64,7 @@ import numpy as np
 from . import _arrays, _selfattn
 from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _packed,
                      _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
-from ._kv_metadata import cache_metadata, packed_rows
+from ._kv_metadata import cache_metadata, check_packed, packed_rows
 from ._kv_scales import cache_scales, op_scales
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
@@ -79,7 +91,9 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
       positions counted from the first real token, lengths[b] - key_start[b])
     - cu_seqlens_new: int32 [batch + 1]: a packed call, k_new and v_new [total_new, kv_heads,
       head_dim] with sequence b's tokens at rows [cu_seqlens_new[b], cu_seqlens_new[b+1]), its own
-      count n_b (0 allowed; max_seqlen_new bounds them, see the module's doc); seq_new is then n_b
+      count n_b (0 allowed; max_seqlen_new bounds them); seq_new is then n_b. Host offsets and
+      lengths are checked, device ones clamped (see the module's doc); rows no sequence owns are
+      not read
     - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); k_new and v_new
       are then float32, float16 or bfloat16 (the two alike), quantized on the way in
     - returns None, or with return_lengths=True a new int32 [batch] array of
@@ -92,6 +106,8 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
                       rotary_sin=rotary_sin, k_scale=k_scale, v_scale=v_scale)
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
+        check_packed("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new, k_cache, layout, lengths, block_table,
+                     before_op=True)
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
         updated = op(k_cache, v_cache, *cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
                      layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
@@ -119,6 +135,7 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     arrays.expect_ndim("v_cache", 4)
     like = arrays["k_new"]
     ctx = _context_for(like, context)
+    check_packed("append_kv", "new", cu_seqlens_new, max_seqlen_new, like, k_cache, layout, lengths, block_table)
     metadata = cache_metadata(lengths, block_table, like, batch_index)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, like, rotary_positions)
     offsets, max_seqlen = packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, like)
@@ -173,9 +190,12 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       [cu_seqlens_q[b], cu_seqlens_q[b+1]), its own count n_b, placed at lengths[b] - n_b + i; seq_q is
       then n_b, bias [batch or 1, heads or 1, max_seqlen_q, capacity] and lse [heads, total_q]. The
       fused path serves every sequence in one launch (graph-safe once warm); naive and cublas read
-      cu_seqlens_q back. Rows no sequence owns are not written.
+      cu_seqlens_q back. Host metadata is checked on every path, device metadata clamped (see the
+      module's doc). Rows no sequence owns are not written.
     - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); q and out are
       then float32, float16 or bfloat16
+    - validate_metadata: read lengths, block_table, batch_index (and cu_seqlens_q) back and check
+      them in the library first (synchronous, not graph-safe), rather than have the kernels clamp them
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
       (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
@@ -188,6 +208,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     if bias is None or _arrays.is_torch(bias):
         op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context, out)
     if op is not None:
+        check_packed("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q, k_cache, layout, lengths,
+                     block_table, before_op=True)
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
         options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), positions,
                    _step(rotary_position_step), num_splits,
@@ -226,6 +248,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     arrays.add_input("k_cache", k_cache, 4)
     arrays.add_input("v_cache", v_cache, 4)
     q = arrays["q"]
+    check_packed("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q, k_cache, layout, lengths, block_table)
     ctx, out = _context_and_out(arrays, "q", out, context, ndim=3 if packed else 4)
     as_bhsd = _arrays.layout_view(layout)
     q_view = _packed if packed else as_bhsd

@@ -31,6 +31,8 @@ anything is written):
   except that attention's naive and cublas paths read cu_seqlens_q back and refuse bad entries;
   validate_metadata=True checks every entry in the library (synchronously), its message saying
   what the kernels would have clamped. Dense calls keep the clamp for host metadata too.
+Rows of q no sequence owns are not read; in out they are 0 and in lse -inf where the call
+allocates them, and kept as they were in a caller's out=.
 
 FP8 caches: k_cache and v_cache of torch.float8_e4m3fn or torch.float8_e5m2 (NumPy: ml_dtypes'
 float8_e4m3fn / float8_e5m2; OCP FP8, both of one format) store each value divided by a float32
@@ -191,7 +193,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       then n_b, bias [batch or 1, heads or 1, max_seqlen_q, capacity] and lse [heads, total_q]. The
       fused path serves every sequence in one launch (graph-safe once warm); naive and cublas read
       cu_seqlens_q back. Host metadata is checked on every path, device metadata clamped (see the
-      module's doc). Rows no sequence owns are not written.
+      module's doc). Rows no sequence owns: 0 in an out this call allocates (lse -inf there); a
+      caller's out= keeps them as they were.
     - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); q and out are
       then float32, float16 or bfloat16
     - validate_metadata: read lengths, block_table, batch_index (and cu_seqlens_q) back and check
@@ -249,6 +252,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     arrays.add_input("v_cache", v_cache, 4)
     q = arrays["q"]
     check_packed("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q, k_cache, layout, lengths, block_table)
+    allocated = out is None
     ctx, out = _context_and_out(arrays, "q", out, context, ndim=3 if packed else 4)
     as_bhsd = _arrays.layout_view(layout)
     q_view = _packed if packed else as_bhsd
@@ -260,6 +264,8 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
+    if packed:  # rows no sequence owns: out 0 and lse -inf in what this call allocates
+        _arrays.prefill_unowned(out if allocated else None, lse, ctx.stream)
     with _cache_terms(("q", "out"), layout, block_table, packed, batch_index):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,

@@ -1,8 +1,9 @@
 """Packed KV-cache calls (selfattn.append_kv(cu_seqlens_new=...), attention_with_kv_cache(
 cu_seqlens_q=...)): one step of continuous batching, each sequence with its own number of new rows
 (0 allowed), against the float64 reference of each sequence alone, on NumPy arrays and through the
-torch ops (torch.compile(fullgraph=True) included); wrong host metadata named on every path with
-nothing written, and device metadata (played on the sim by hiding the host values) clamped or named by
+torch ops (torch.compile(fullgraph=True) included); rows no sequence owns (0 and -inf in what the
+call allocates, untouched in a caller's out=); wrong host metadata named on every path with nothing
+written, and device metadata (played on the sim by hiding the host values) clamped or named by
 validate_metadata and the naive path."""
 import re
 
@@ -53,9 +54,14 @@ def expected_rows(q, cache, lengths, cu, **options):
     return want, want_lse
 
 
-def check_rows(out, lse, want, want_lse, dtype, owned):
-    """out (poisoned before the call) and lse (a new array: rows no sequence owns hold anything)."""
-    assert np.all(np.isnan(out[~owned])), "a row no sequence owns was written"
+def check_rows(out, lse, want, want_lse, dtype, owned, out_given=True):
+    """out (poisoned before the call when out_given, else a new array) and lse (a new array): rows
+    no sequence owns stay NaN in the caller's out, 0 in a new one, -inf in lse."""
+    if out_given:
+        assert np.all(np.isnan(out[~owned])), "a row no sequence owns was written"
+    else:
+        assert np.all(out[~owned] == 0), "a row no sequence owns is not 0 in an out the call allocated"
+    assert np.all(lse[:, ~owned] == -np.inf), "a row no sequence owns is not -inf in lse"
     assert relative_error(out[owned].astype(np.float64), want[owned]) <= TOLERANCE[dtype]
     np.testing.assert_allclose(lse[:, owned], want_lse[:, owned], rtol=1e-5, atol=1e-5)
 
@@ -106,8 +112,7 @@ def test_modifiers_and_rotary_per_sequence(rng):
         out, lse = selfattn.attention_with_kv_cache(q, cache.k, cache.v, lengths, block_table=cache.table, path=path,
                                                     cu_seqlens_q=cu, max_seqlen_q=max(COUNTS), return_lse=True,
                                                     num_splits=2 if path == "fused" else 0, **mods)
-        out[~owned] = np.nan  # a new array: what rows no sequence owns hold is not set
-        check_rows(out, lse, want, want_lse, "float32", owned)
+        check_rows(out, lse, want, want_lse, "float32", owned, out_given=False)
 
     # Rotary on q: row i of sequence b at its cache position lengths[b] - n_b + i.
     cos, sin = rotary_tables(rng, 16, 8)
@@ -117,8 +122,7 @@ def test_modifiers_and_rotary_per_sequence(rng):
     want, want_lse = expected_rows(rotated, cache, lengths, cu)
     out, lse = selfattn.attention_with_kv_cache(q, cache.k, cache.v, lengths, block_table=cache.table,
                                                 cu_seqlens_q=cu, rotary_cos=cos, rotary_sin=sin, return_lse=True)
-    out[~owned] = np.nan
-    check_rows(out, lse, want, want_lse, "float32", owned)
+    check_rows(out, lse, want, want_lse, "float32", owned, out_given=False)
 
 
 def test_errors_name_the_packed_arguments(rng):
@@ -309,3 +313,23 @@ def test_metadata_on_the_host_beside_a_device_q_is_checked_before_the_op():
     check_packed("attention_with_kv_cache", "q", [0, 1, 1, 6, 7, 24], None, np.empty((18, 4, 16)),
                  np.empty((32, 2, 4, 16)), "bhsd", LENGTHS, table, before_op=True)
 
+
+def test_rows_no_sequence_owns_every_path(rng):
+    # Package-allocated out and lse: 0 and -inf on rows no sequence owns (here the two spare rows
+    # past cu_seqlens_q[-1]); a caller's out= keeps what it held there.
+    cache, _, _, q = step(rng, "float32", "bshd")
+    cu, lengths = offsets(COUNTS), np.array(LENGTHS, np.int32)
+    owned = np.arange(q.shape[0]) < cu[-1]
+    want, want_lse = expected_rows(q, cache, lengths, cu)
+    for path in paths():
+        out, lse = selfattn.attention_with_kv_cache(q, cache.k, cache.v, lengths, block_table=cache.table,
+                                                    layout="bshd", path=path, cu_seqlens_q=cu, return_lse=True)
+        check_rows(out, lse, want, want_lse, "float32", owned, out_given=False)
+        out = selfattn.attention_with_kv_cache(q, cache.k, cache.v, lengths, block_table=cache.table,
+                                               layout="bshd", path=path, cu_seqlens_q=cu)
+        assert np.all(out[~owned] == 0), path
+        given = poisoned(q.shape, "float32")
+        _, lse = selfattn.attention_with_kv_cache(q, cache.k, cache.v, lengths, block_table=cache.table,
+                                                  layout="bshd", path=path, cu_seqlens_q=cu, out=given,
+                                                  return_lse=True)
+        check_rows(given, lse, want, want_lse, "float32", owned)

@@ -9,7 +9,8 @@ the one before, none past the packed rows, each step at most max_seqlen when giv
 cached tokens (in [0, num_pages)). InvalidArgument names the argument and the entry, as the
 library's validate_metadata does ("cu_seqlens_q[3] = 24 runs past q's 16 rows (sequence 2: rows
 [16, 24))"). Metadata on a CUDA device is not read here (that would wait for the GPU): the kernels
-clamp it (selfattn/kv_cache.h), and validate_metadata=True checks it in the library, reading it
+clamp it (selfattn/kv_cache.h), except that attention's naive and cublas paths read cu_seqlens_q
+back and name a bad entry, and validate_metadata=True checks all of it in the library, reading it
 back. Dense calls keep the clamp for host metadata too (their docstrings say what it does).
 """
 from __future__ import annotations

@@ -244,7 +244,7 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
 //     message ends by saying what the kernels would have clamped without it);
 //   attention_with_kv_cache_varlen on naive and cublas: always, as they read cu_seqlens_q back;
 //   the fused path and append_kv_varlen otherwise: never (clamped as above, graph-safe).
-// (The Python package also checks metadata given as host arrays, on every path, for free.)
+// (The Python package checks a packed call's metadata given as host arrays itself, on every path.)
 // Workspace: besides the dense call's, the ordered offsets, 256-byte-rounded (batch + 1) int32.
 
 // append_kv with k_new, v_new [1, kv_heads, total_new, head_dim]: token t of sequence b (row

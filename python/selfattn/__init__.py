@@ -34,9 +34,15 @@ Decoding: :func:`append_kv` and :func:`attention_with_kv_cache` work on a KV cac
 (contiguous or paged, also in FP8: float8_e4m3fn / float8_e5m2 with ``k_scale=``, ``v_scale=``),
 :func:`merge_states` combines partial results (see _kv_cache.py).
 
-The calls live by family, as host/src has them: _forward.py, _backward.py, _kv_cache.py and
-_probabilities.py, with
-what they share in _calls.py, _arrays.py and _messages.py; _torch.py registers the custom ops over
+Packed calls (:func:`attention_varlen`; :func:`attention_with_kv_cache` with ``cu_seqlens_q=``):
+rows that no sequence owns (past ``cu_seqlens_q[-1]``, say) come back as 0 in an ``out`` the call
+allocates, and as -inf in its lse; an ``out=`` the caller passes keeps them as they were. A packed
+KV-cache call checks metadata given on the host (NumPy arrays, lists, CPU tensors) on every path;
+metadata on a CUDA device is clamped by the kernels (see _kv_cache.py).
+
+The calls live by family, as host/src has them: _forward.py, _backward.py, _kv_cache.py (its
+metadata and FP8 scales in _kv_metadata.py and _kv_scales.py) and _probabilities.py, with what they share in _calls.py,
+_arrays.py and _messages.py; _torch.py registers the custom ops over
 them. This module puts the package together: it re-exports the calls and hands the call modules the
 custom ops (_calls.torch_ops).
 """

@@ -186,6 +186,27 @@ def empty_like(like, shape, dtype=None):
     return xp.empty(shape, dtype=getattr(xp, dtype) if dtype else like.dtype, device=like.device)
 
 
+def prefill_unowned(out, lse, stream):
+    """Fills what a packed call (attention_varlen, attention_with_kv_cache with cu_seqlens_q)
+    allocated before it runs, so that the rows no sequence owns, which the library does not write,
+    read as out 0 and lse -inf (a row that attends to nothing) rather than as leftover memory. out:
+    None where the caller gave it (kept as it is); lse: None without one. The fill runs on the
+    caller's current stream (one memset each on a CUDA device, no host sync); a call on another
+    stream (a context= made for one: `stream`, the context's) first waits for it on the host."""
+    filled = [(a, value) for a, value in ((out, 0), (lse, float("-inf"))) if a is not None]
+    for a, value in filled:
+        a[...] = value
+    if filled and device_of(filled[0][0])[0] == CUDA and stream != current_stream(filled[0][0]):
+        a = filled[0][0]
+        if is_torch(a):
+            import torch
+            torch.cuda.current_stream(a.device).synchronize()
+        elif _framework(a) == "cupy":
+            import cupy
+            with a.device:
+                cupy.cuda.get_current_stream().synchronize()
+
+
 def int32_vector(name, values, like):
     """values (an int32 array of like's framework and device, or any integer sequence) as a
     contiguous int32 vector where `like` lives; a conversion copies."""

@@ -294,22 +294,22 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     """attention_varlen() without the torch.library dispatch (the custom op's implementation calls this)."""
     fp8 = _fp8_forward("attention_varlen", q, k, v, sinks, out, q_descale, k_descale, v_descale, out_dtype)
     out_dtype = _fp8_out_dtype(q, out_dtype) if fp8 else None
-    arrays, ctx, out = _qkv_out(q, k, v, out, 3, context, out_dtype)
+    arrays, ctx, result = _qkv_out(q, k, v, out, 3, context, out_dtype)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
     cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)
     descales = _descales(arrays, _descale_shape(q, k, cu_seqlens_q=cu_q), q_descale, k_descale, v_descale)
     lse = _arrays.empty_like(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
-
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     views = [arrays.dl(_packed(a)) for a in (q, k, v, arrays["out"])]
     max_q = _max_seqlen("attention_varlen", max_seqlen_q, cu_q, "q", q)
     max_k = _max_seqlen("attention_varlen", max_seqlen_k, cu_k, "k", k)
+    _arrays.prefill_unowned(None if out is not None else result, lse, ctx.stream)  # rows no sequence owns: 0, -inf
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), PACKED)):
         _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, max_q, max_k, causal, _float_or_none("scale", scale),
                                    path, _int32_or_none("key_lengths", key_lengths, q), lse, *mods,
                                    arrays.bf16_as_uint16, *dropout, arrays.fp8, *descales)
-    return (out, lse) if return_lse else out
+    return (result, lse) if return_lse else result
 
 
 def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = None, causal: Optional[str] = None,

@@ -19,6 +19,20 @@ cu_seqlens_new= (append_kv), int32 [batch + 1] starting at 0, with q / k_new / v
 [total, heads, head_dim] as attention_varlen() takes them (sequence b owns rows [cu[b], cu[b+1]),
 0 allowed); max_seqlen_q / max_seqlen_new bound each sequence's rows (computed from the offsets
 when not given: for CUDA tensors that waits for the GPU, and torch.compile cannot trace it).
+Which metadata of a packed call is checked where (InvalidArgument naming the argument and the
+entry, e.g. "cu_seqlens_q[3] = 24 runs past q's 16 rows (sequence 2: rows [16, 24))", before
+anything is written):
+- on the host (NumPy arrays, lists, CPU torch tensors): here, on every path, for free
+  (_kv_metadata.py): the offsets (entry 0 is 0, non-decreasing, none past the packed rows, each
+  step at most max_seqlen when given), lengths (each in [0, capacity]) and, for attention over a
+  paged cache, the block_table entries that hold each sequence's cached tokens;
+- on a CUDA device: not read (no sync, graph-safe): the kernels clamp them (offsets read in
+  order, each into [0, total], each sequence cut to max_seqlen rows; a length into [0, capacity]),
+  except that attention's naive and cublas paths read cu_seqlens_q back and refuse bad entries;
+  validate_metadata=True checks every entry in the library (synchronously), its message saying
+  what the kernels would have clamped. Dense calls keep the clamp for host metadata too.
+Rows of q no sequence owns are not read; in out they are 0 and in lse -inf where the call
+allocates them, and kept as they were in a caller's out=.
 
 FP8 caches: k_cache and v_cache of torch.float8_e4m3fn or torch.float8_e5m2 (NumPy: ml_dtypes'
 float8_e4m3fn / float8_e5m2; OCP FP8, both of one format) store each value divided by a float32
@@ -45,15 +59,15 @@ included.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _arrays, _selfattn
-from ._calls import (_check_keywords, _check_positive_floats, _context_for, _float32_or_none, _float_or_none,
-                     _host_positive_floats, _int32_or_none, _max_seqlen, _packed, _score_mods, _torch_requiring_grad,
-                     _window_sides, torch_ops)
+from ._calls import (_check_keywords, _context_for, _float32_or_none, _float_or_none, _int32_or_none, _packed,
+                     _score_mods, _torch_requiring_grad, _window_sides, torch_ops)
+from ._kv_metadata import cache_metadata, check_packed, packed_rows
+from ._kv_scales import cache_scales, op_scales
 from ._messages import PACKED, in_caller_terms, layout_axes
 from ._selfattn import Context, InvalidArgument, NotAvailable
 
@@ -79,7 +93,9 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
       positions counted from the first real token, lengths[b] - key_start[b])
     - cu_seqlens_new: int32 [batch + 1]: a packed call, k_new and v_new [total_new, kv_heads,
       head_dim] with sequence b's tokens at rows [cu_seqlens_new[b], cu_seqlens_new[b+1]), its own
-      count n_b (0 allowed; max_seqlen_new bounds them, see the module's doc); seq_new is then n_b
+      count n_b (0 allowed; max_seqlen_new bounds them); seq_new is then n_b. Host offsets and
+      lengths are checked, device ones clamped (see the module's doc); rows no sequence owns are
+      not read
     - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); k_new and v_new
       are then float32, float16 or bfloat16 (the two alike), quantized on the way in
     - returns None, or with return_lengths=True a new int32 [batch] array of
@@ -92,11 +108,13 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
                       rotary_sin=rotary_sin, k_scale=k_scale, v_scale=v_scale)
     op = _torch_kv_op("append_kv", (k_cache, v_cache, k_new, v_new), context)
     if op is not None:
+        check_packed("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new, k_cache, layout, lengths, block_table,
+                     before_op=True)
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, k_new, rotary_positions)
-        updated = op(k_cache, v_cache, *_cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
+        updated = op(k_cache, v_cache, *cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
                      layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
-                     bool(validate_metadata), *_packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new),
-                     *_op_scales(k_scale, v_scale, k_new))
+                     bool(validate_metadata), *packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new),
+                     *op_scales(k_scale, v_scale, k_new))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
@@ -119,16 +137,17 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
     arrays.expect_ndim("v_cache", 4)
     like = arrays["k_new"]
     ctx = _context_for(like, context)
-    metadata = _cache_metadata(lengths, block_table, like, batch_index)
+    check_packed("append_kv", "new", cu_seqlens_new, max_seqlen_new, like, k_cache, layout, lengths, block_table)
+    metadata = cache_metadata(lengths, block_table, like, batch_index)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, like, rotary_positions)
-    offsets, max_seqlen = _packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, like)
+    offsets, max_seqlen = packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, like)
     updated = None
     if return_lengths:
         updated = _arrays.empty_like(like, (metadata[0].shape[0],), "int32")
     as_bhsd = _arrays.layout_view(layout)
     new_view = _packed if packed else as_bhsd
-    scales = _cache_scales(arrays, as_bhsd, k_scale, v_scale)
-    with _cache_terms(("k_new", "v_new"), layout, block_table, packed):
+    scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
+    with _cache_terms(("k_new", "v_new"), layout, block_table, packed, batch_index):
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
                             *metadata, arrays.dl(new_view(arrays["k_new"])), arrays.dl(new_view(arrays["v_new"])), cos,
                             sin, bool(rotary_interleaved), positions, _step(rotary_position_step), updated,
@@ -173,9 +192,13 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       [cu_seqlens_q[b], cu_seqlens_q[b+1]), its own count n_b, placed at lengths[b] - n_b + i; seq_q is
       then n_b, bias [batch or 1, heads or 1, max_seqlen_q, capacity] and lse [heads, total_q]. The
       fused path serves every sequence in one launch (graph-safe once warm); naive and cublas read
-      cu_seqlens_q back. Rows no sequence owns are not written.
+      cu_seqlens_q back. Host metadata is checked on every path, device metadata clamped (see the
+      module's doc). Rows no sequence owns: 0 in an out this call allocates (lse -inf there); a
+      caller's out= keeps them as they were.
     - k_scale, v_scale: an FP8 cache's dequantization scales (see the module's doc); q and out are
       then float32, float16 or bfloat16
+    - validate_metadata: read lengths, block_table, batch_index (and cu_seqlens_q) back and check
+      them in the library first (synchronous, not graph-safe), rather than have the kernels clamp them
     - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
       (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
     """
@@ -188,6 +211,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     if bias is None or _arrays.is_torch(bias):
         op = _torch_kv_op("attention_with_kv_cache", (q, k_cache, v_cache), context, out)
     if op is not None:
+        check_packed("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q, k_cache, layout, lengths,
+                     block_table, before_op=True)
         cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
         options = (layout, causal, _float_or_none("scale", scale), path, cos, sin, bool(rotary_interleaved), positions,
                    _step(rotary_position_step), num_splits,
@@ -195,9 +220,9 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                    _float32_or_none("alibi_slopes", alibi_slopes, q), bias, _int32_or_none("key_start", key_start, q),
                    _int32_or_none("q_offset", q_offset, q), _float32_or_none("sinks", sinks, q),
                    bool(validate_metadata),
-                   *_packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q))
-        metadata = _cache_metadata(lengths, block_table, q, batch_index)
-        scales = _op_scales(k_scale, v_scale, q)
+                   *packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q))
+        metadata = cache_metadata(lengths, block_table, q, batch_index)
+        scales = op_scales(k_scale, v_scale, q)
         if out is None:
             result, lse = op(q, k_cache, v_cache, *metadata, *options, *scales)
         else:
@@ -226,18 +251,22 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     arrays.add_input("k_cache", k_cache, 4)
     arrays.add_input("v_cache", v_cache, 4)
     q = arrays["q"]
+    check_packed("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q, k_cache, layout, lengths, block_table)
+    allocated = out is None
     ctx, out = _context_and_out(arrays, "q", out, context, ndim=3 if packed else 4)
     as_bhsd = _arrays.layout_view(layout)
     q_view = _packed if packed else as_bhsd
     bhsd_q = q_view(q)
     lse_shape = (q.shape[1], q.shape[0]) if packed else tuple(bhsd_q.shape[:3])
     lse = _arrays.empty_like(q, lse_shape, "float32") if return_lse else None
-    metadata = _cache_metadata(lengths, block_table, q, batch_index)
-    offsets, max_seqlen = _packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q)
+    metadata = cache_metadata(lengths, block_table, q, batch_index)
+    offsets, max_seqlen = packed_rows("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q)
     cos, sin, positions = _rotary_tables(rotary_cos, rotary_sin, q, rotary_positions)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
-    scales = _cache_scales(arrays, as_bhsd, k_scale, v_scale)
-    with _cache_terms(("q", "out"), layout, block_table, packed):
+    scales = cache_scales(arrays, as_bhsd, k_scale, v_scale)
+    if packed:  # rows no sequence owns: out 0 and lse -inf in what this call allocates
+        _arrays.prefill_unowned(out if allocated else None, lse, ctx.stream)
+    with _cache_terms(("q", "out"), layout, block_table, packed, batch_index):
         _selfattn.attention_with_kv_cache(ctx, arrays.dl(bhsd_q), arrays.dl(as_bhsd(arrays["k_cache"])),
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                                           arrays.dl(q_view(arrays["out"])), causal, _float_or_none("scale", scale),
@@ -337,26 +366,16 @@ def _context_and_out(arrays, like, out, context, ndim=4):
     return ctx, out
 
 
-def _cache_terms(arrays, layout, block_table, packed=False):
+def _cache_terms(arrays, layout, block_table, packed=False, batch_index=None):
     """The library's messages about a KV-cache call in the caller's terms (see _messages.py): the
     cache's views in the caller's layout, `arrays` too (or packed [total, heads, head_dim]), and the
     cache's batch under the name of what it was taken from (block_table's rows for a paged pool,
-    k_cache's first axis otherwise)."""
-    batch = "block_table.shape[0]" if block_table is not None else "k_cache.shape[0]"
+    lengths' entries with a batch_index, k_cache's first axis otherwise)."""
+    batch = "block_table.shape[0]" if block_table is not None else \
+        "lengths.shape[0]" if batch_index is not None else "k_cache.shape[0]"
     views = dict.fromkeys(("cache.k", "cache.v"), layout_axes(layout))
     views.update(dict.fromkeys(arrays, PACKED if packed else layout_axes(layout)))
     return in_caller_terms(views, {"cache.batch": batch})
-
-
-def _packed_rows(function, rows, cu_seqlens, max_seqlen, packed):
-    """A packed call's offsets (int32 [batch + 1] where `packed` lives) and max_seqlen (as given, or
-    the offsets' largest step), or (None, 0) for a dense call. rows: "q" or "new"."""
-    if cu_seqlens is None:
-        if max_seqlen is not None:
-            raise InvalidArgument(f"max_seqlen_{rows} expected None without cu_seqlens_{rows}")
-        return None, 0
-    offsets = _arrays.int32_vector(f"cu_seqlens_{rows}", cu_seqlens, like=packed)
-    return offsets, _max_seqlen(function, max_seqlen, offsets, rows, packed)
 
 
 def _check_num_splits(num_splits):
@@ -375,13 +394,6 @@ def _torch_kv_op(function, tensors, context, out=None):
         return None  # the direct call refuses an out of another framework, naming it
     ops = torch_ops()
     return None if ops is None else ops[function if out is None else function + "_out"]
-
-
-def _cache_metadata(lengths, block_table, like, batch_index=None):
-    """lengths, block_table, batch_index as the compiled functions take them (int32, where `like` lives)."""
-    table = _arrays.int32_vector("block_table", block_table, like=like) if block_table is not None else None
-    return (_arrays.int32_vector("lengths", lengths, like=like), table,
-            _int32_or_none("batch_index", batch_index, like))
 
 
 def _rotary_tables(cos, sin, like, positions=None):
@@ -414,104 +426,6 @@ def _step(position_step):
     if isinstance(position_step, bool) or position_step not in (0, 1):
         raise InvalidArgument(f"rotary_position_step expected 0 or 1, got {position_step!r}")
     return int(position_step)
-
-
-def _scales_expected(kv_heads="kv_heads"):
-    return f"a float or a 1-D array of 1 (per tensor) or {kv_heads} (per kv head) float32 entries"
-
-
-_SCALES_EXPECTED = _scales_expected()
-
-
-def _op_scales(k_scale, v_scale, like):
-    """k_scale and v_scale as the torch ops take them: None, or float32 tensors where `like` lives
-    (a float becomes a tensor of one entry; a float's value is checked here, where it is known
-    without a host read)."""
-    return tuple(_scale_tensor(name, scale, like) for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)))
-
-
-def _scale_tensor(name, scale, like):
-    if scale is None:
-        return None
-    import torch
-    if isinstance(scale, torch.Tensor):
-        return scale.to(device=like.device, dtype=torch.float32)
-    if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.generic)):
-        # A Python number in plain Python (torch.compile traces no NumPy calls), made a tensor of one entry.
-        _check_positive_floats(name, [float(scale)])
-        return torch.full((1,), float(scale), dtype=torch.float32, device=like.device)
-    return _torch_from_host(_host_positive_floats(name, scale, _SCALES_EXPECTED), like)
-
-
-def _cache_scales(arrays, as_bhsd, k_scale, v_scale):
-    """k_scale and v_scale as the compiled module takes them: None for a 16-bit or float32 cache
-    (which refuses scales), else contiguous float32 1-D arrays of one length (1 or kv_heads: a
-    per-tensor one beside a per-head one is repeated, as the library takes one count for both)
-    where the cache lives. Host values are checked to be finite and > 0; CUDA tensors are not read."""
-    cache = arrays["k_cache"]
-    if arrays.fp8 is None or _arrays.fp8_format(cache) is None:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if scale is not None:
-                raise InvalidArgument(f"{name} expected None: k_cache.dtype is {_arrays._dtype_name(cache)}, not FP8 "
-                                      f"(scales dequantize an FP8 cache)")
-        return None, None
-    kv_heads = int(as_bhsd(cache).shape[1])
-    scales = []
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if scale is None:
-            raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED} (k_cache.dtype is "
-                                  f"{_arrays._dtype_name(cache)}: real value = stored x scale), got None")
-        scales.append(_scale_array(name, scale, cache, kv_heads))
-    k, v = scales
-    if k.shape[0] != v.shape[0]:  # one per tensor, one per kv head: repeat the single one
-        k, v = (_repeat(s, kv_heads) for s in (k, v))
-    return k, v
-
-
-def _scale_array(name, scale, cache, kv_heads):
-    """One scale argument as a float32 1-D array where the cache lives, its shape and (host values)
-    entries checked."""
-    if _arrays.is_torch(cache) and _arrays.is_torch(scale):
-        import torch
-        if scale.is_complex() or scale.dtype == torch.bool:
-            raise InvalidArgument(f"{name} expected {_SCALES_EXPECTED}, got dtype {scale.dtype}")
-        array = scale.detach().to(device=cache.device, dtype=torch.float32)
-        array = (array.reshape(1) if array.ndim == 0 else array).contiguous()
-        _check_scale_shape(name, tuple(array.shape), kv_heads)
-        if scale.device.type == "cpu":
-            _check_positive_floats(name, array.cpu().numpy())
-        return array
-    on_device = hasattr(scale, "__dlpack__") and not isinstance(scale, np.ndarray)
-    if on_device and _arrays.device_of(scale)[0] != _arrays.CPU:
-        array = _arrays.float32_array(name, scale, like=cache)  # a device array: read on the device, unchecked
-        _check_scale_shape(name, tuple(array.shape), kv_heads)
-        return array
-    array = _host_positive_floats(name, scale.cpu().numpy() if _arrays.is_torch(scale) else scale,
-                                  _SCALES_EXPECTED)
-    _check_scale_shape(name, array.shape, kv_heads)
-    return _torch_from_host(array, cache) if _arrays.is_torch(cache) else \
-        _arrays.float32_array(name, array, like=cache)
-
-
-def _torch_from_host(array, like):
-    """A float32 NumPy array as a tensor on like's device."""
-    import torch
-    return torch.from_numpy(array).to(like.device)
-
-
-def _check_scale_shape(name, shape, kv_heads):
-    if len(shape) != 1 or shape[0] not in (1, kv_heads):
-        raise InvalidArgument(f"{name} expected {_scales_expected(f'kv_heads = {kv_heads}')}, got shape "
-                              f"{tuple(shape)}")
-
-
-def _repeat(scales, count):
-    """A scale array of 1 or `count` entries as `count` entries (a copy where it repeats)."""
-    if scales.shape[0] == count:
-        return scales
-    if _arrays.is_torch(scales):
-        return scales.expand(count).contiguous()
-    return np.ascontiguousarray(np.repeat(scales, count))
 
 
 def _refuse_gradients(function, **named):

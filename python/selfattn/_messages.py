@@ -51,6 +51,7 @@ _PYTHON_NAMES = {
     "cache.v": "v_cache",
     "cache.lengths": "lengths",
     "cache.block_table": "block_table",
+    "cache.batch_index": "batch_index",
     "cache.max_pages_per_seq": "block_table.shape[1]",
     "cache.k_scale": "k_scale",
     "cache.v_scale": "v_scale",

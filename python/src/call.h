@@ -269,7 +269,10 @@ void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExt
 // added by the caller, written or not), lengths (int32 [batch]) and, for a paged pool,
 // block_table (int32 [batch, max_pages_per_seq], row-major: the library reads it from a bare
 // pointer, so its layout is checked here). batch is block_table's rows, else k's batch extent.
-// batch_index (contiguous only, int32 [batch]): sequence b's row of the cache. k_scale, v_scale:
+// batch_index (contiguous only, int32 [batch]): sequence b's row of the cache; with it the batch
+// is no extent of the cache, so lengths and batch_index are each checked against the call's own
+// (`call_batch`: q's or k_new's batch, a packed call's offsets less one; unknown: count -1), each
+// named when it is the one that differs. k_scale, v_scale:
 // an FP8 cache's fp32 scales, 1-D contiguous and of one length (the library takes one
 // scale_count for both; the Python layer broadcasts a per-tensor one beside a per-head one); the
 // library checks that they are there exactly for an FP8 cache and their count.
@@ -281,9 +284,14 @@ struct KvCacheArgs {
   const Arg* k_scale;
   const Arg* v_scale;
 };
+// The batch a KV-cache call's other arguments give, and where it comes from ("q.shape[0]").
+struct CallBatch {
+  int64_t count = -1;
+  std::string what;
+};
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
                          const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index,
-                         const std::optional<InArray>& k_scale = std::nullopt,
+                         const CallBatch& call_batch, const std::optional<InArray>& k_scale = std::nullopt,
                          const std::optional<InArray>& v_scale = std::nullopt);
 // After staging.
 selfattn::KvCache kv_cache(const KvCacheArgs& cache);

@@ -30,7 +30,8 @@ const Arg* add_scales(Call& call, const char* name, const std::optional<InArray>
 
 KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& lengths,
                          const std::optional<InArray>& block_table, const std::optional<InArray>& batch_index,
-                         const std::optional<InArray>& k_scale, const std::optional<InArray>& v_scale) {
+                         const CallBatch& call_batch, const std::optional<InArray>& k_scale,
+                         const std::optional<InArray>& v_scale) {
   const Arg* ak_scale = add_scales(call, "k_scale", k_scale);
   const Arg* av_scale = add_scales(call, "v_scale", v_scale);
   if (ak_scale && av_scale && ak_scale->shape != av_scale->shape) {
@@ -58,15 +59,20 @@ KvCacheArgs add_kv_cache(Call& call, const Arg& k, const Arg& v, const InArray& 
     }
   }
   const Arg* index = batch_index ? &call.add(Arg("batch_index", *batch_index, false, Holds::vector)) : nullptr;
+  std::string reference = table ? "batch: block_table's rows" : "batch";
   if (index) {
     if (table) invalid("batch_index expected None with a block_table (the table maps sequences to pages)");
-    batch = index->ndim == 1 ? index->shape[0] : -1;  // one row per sequence, whatever the cache holds
-    expect_int32_vector(*index, batch_index->dtype(), batch, "batch");
+    // One row per sequence, whatever the cache holds: the batch is no extent of the cache. Where
+    // batch_index and lengths agree, that is it (q or k_new is then named if it differs); else
+    // both are checked against the call's own batch, so the one that differs is named.
+    const int64_t entries = index->ndim == 1 ? index->shape[0] : -1;
+    const int64_t counted = alengths.ndim == 1 ? alengths.shape[0] : -1;
+    const bool from_call = (entries != counted || entries < 0) && call_batch.count >= 0;
+    batch = from_call ? call_batch.count : entries;
+    reference = from_call ? "batch: " + call_batch.what : "batch: lengths.shape[0]";
+    expect_int32_vector(*index, batch_index->dtype(), batch, reference);
   }
-  expect_int32_vector(alengths, lengths.dtype(), batch,
-                      table   ? "batch: block_table's rows"
-                      : index ? "batch: batch_index's entries"
-                              : "batch");
+  expect_int32_vector(alengths, lengths.dtype(), batch, reference);
   return {k, v, alengths, table, index, batch, max_pages, ak_scale, av_scale};
 }
 
@@ -135,6 +141,18 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
 
 namespace {
 
+// The batch of a call on `rows` (q or k_new, [batch, heads, seq, head_dim] as the Python layer
+// passes it), or of its packed offsets (int32 [batch + 1]) when given.
+CallBatch call_batch(const InArray& rows, const char* rows_name, const std::optional<InArray>& offsets,
+                     const char* offsets_name) {
+  if (offsets) {
+    if (offsets->ndim() != 1 || offsets->shape(0) < 1) return {};
+    return {int64_t(offsets->shape(0)) - 1, std::string(offsets_name) + "'s entries - 1"};
+  }
+  if (rows.ndim() != 4) return {};
+  return {int64_t(rows.shape(0)), std::string(rows_name) + ".shape[0]"};
+}
+
 // A packed call's offsets (int32 [batch + 1]), or null for a dense call.
 const Arg* add_packed_offsets(Call& call, const char* name, const std::optional<InArray>& offsets, int64_t batch) {
   if (!offsets) return nullptr;
@@ -160,7 +178,9 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
   Call call(context);
   const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, true, data, fp8_dtype)),
                                          call.add(Arg("v_cache", v_cache, true, data, fp8_dtype)), lengths,
-                                         block_table, batch_index, k_scale, v_scale);
+                                         block_table, batch_index,
+                                         call_batch(k_new, "k_new", cu_seqlens_new, "cu_seqlens_new"), k_scale,
+                                         v_scale);
   const Arg* offsets = add_packed_offsets(call, "cu_seqlens_new", cu_seqlens_new, cache.batch);
   const Arg& ak = call.add(Arg("k_new", k_new, false, data, fp8_dtype));
   const Arg& av = call.add(Arg("v_new", v_new, false, data, fp8_dtype));
@@ -204,7 +224,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
   const Arg& aq = call.add(Arg("q", q, false, data, fp8_dtype));
   const KvCacheArgs cache = add_kv_cache(call, call.add(Arg("k_cache", k_cache, false, data, fp8_dtype)),
                                          call.add(Arg("v_cache", v_cache, false, data, fp8_dtype)), lengths,
-                                         block_table, batch_index, k_scale, v_scale);
+                                         block_table, batch_index, call_batch(q, "q", cu_seqlens_q, "cu_seqlens_q"),
+                                         k_scale, v_scale);
   const Arg& aout = call.add(Arg("out", out, true, data, fp8_dtype));
   const RotaryArgs tables =
       add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);

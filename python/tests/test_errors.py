@@ -183,3 +183,34 @@ def test_unsupported_device(rng):
     q, k, v = (OtherDevice(a) for a in arrays(rng))
     with pytest.raises(selfattn.NotAvailable, match="DLPack device type 9"):
         selfattn.attention(q, k, v, out=OtherDevice(np.zeros(q.shape)))
+
+
+def test_batch_index_of_the_wrong_size_is_named(rng):
+    # With batch_index the cache's rows are not the batch: batch_index and lengths are each checked
+    # against the call's own (q's or k_new's, a packed call's offsets), and the one that differs is
+    # named; where both agree and q differs, q is named against lengths. Nothing is written.
+    k_cache, v_cache = (random(rng, (4, 2, 8, 16), "float32") for _ in range(2))  # 4 rows, 3 sequences
+    pool_k = k_cache.copy()
+    q = random(rng, (3, 2, 1, 16), "float32")
+    out = np.full(q.shape, np.nan, np.float32)
+    with pytest.raises(selfattn.InvalidArgument,
+                       match=r"batch_index expected shape \[3\] \(batch: q.shape\[0\]\), got \[2\]"):
+        selfattn.attention_with_kv_cache(q, k_cache, v_cache, [2, 3, 4], batch_index=[0, 1], out=out)
+    with pytest.raises(selfattn.InvalidArgument,
+                       match=r"lengths expected shape \[3\] \(batch: q.shape\[0\]\), got \[2\]"):
+        selfattn.attention_with_kv_cache(q, k_cache, v_cache, [2, 3], batch_index=[0, 1, 3], out=out)
+    with pytest.raises(selfattn.InvalidArgument,
+                       match=r"q.shape\[0\] \(batch\) expected 2 \(lengths.shape\[0\]\), got 3"):
+        selfattn.attention_with_kv_cache(q, k_cache, v_cache, [2, 3], batch_index=[0, 1], out=out)
+    assert np.all(np.isnan(out))
+    k_new = random(rng, (3, 1, 2, 16), "float32")  # bshd: [batch, seq_new, kv_heads, head_dim]
+    with pytest.raises(selfattn.InvalidArgument,
+                       match=r"batch_index expected shape \[3\] \(batch: k_new.shape\[0\]\), got \[4\]"):
+        selfattn.append_kv(k_cache.transpose(0, 2, 1, 3), v_cache.transpose(0, 2, 1, 3), [2, 3, 4], k_new, k_new,
+                           batch_index=[0, 1, 2, 3], layout="bshd")
+    packed_q = random(rng, (5, 2, 16), "float32")
+    with pytest.raises(selfattn.InvalidArgument, match=r"batch_index expected shape \[3\] \(batch: cu_seqlens_q's "
+                                                       r"entries - 1\), got \[2\]"):
+        selfattn.attention_with_kv_cache(packed_q, k_cache, v_cache, [2, 3, 4], batch_index=[0, 1],
+                                         cu_seqlens_q=[0, 1, 3, 5])
+    np.testing.assert_array_equal(k_cache, pool_k)

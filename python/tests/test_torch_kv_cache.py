@@ -2,9 +2,11 @@
 attention_with_kv_cache against the float64 reference, with sinks too; a decode step compiled
 whole (fullgraph) as eager, also with a preallocated out= (attention_with_kv_cache_out), and the
 decode op's fake implementation; the refusal of inputs that require grad (the decode calls have no
-backward). The NumPy side is test_kv_cache.py. Skipped without PyTorch (scripts/setup-deps
+backward); packed calls' host metadata checked whatever q's device, and the rows no sequence owns. The NumPy side is test_kv_cache.py. Skipped without PyTorch (scripts/setup-deps
 installs it where it can). The tests marked device_check take a `torch_device` (conftest.py) and
 run on CUDA tensors too where there is a GPU: bench/device-check.sh runs those on a lent one."""
+import re
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,57 @@ def test_a_decode_step_with_a_preallocated_out_compiles_whole(torch_device):
         selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, out=torch.empty(2, 2, 1, 8, device=torch_device))
     with pytest.raises(selfattn.NotAvailable, match="attention_with_kv_cache: out requires grad"):
         selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, out=torch.empty_like(q).requires_grad_())
+
+
+@pytest.mark.device_check
+def test_packed_calls_check_host_metadata_and_zero_rows_no_sequence_owns(torch_device):
+    # Metadata given as CPU tensors is checked on the host whatever q's device (before the custom op,
+    # which gets it where q lives; on the sim in the op's implementation), naming the entry, with
+    # nothing written. On a CUDA device, device metadata is the kernels' (clamped), named by
+    # validate_metadata. The op allocates out and lse: rows no sequence owns are 0 and -inf there,
+    # eagerly and compiled; the out variant leaves the caller's rows as they were.
+    g = torch.Generator().manual_seed(31)
+    pool_k, pool_v = (torch.randn(6, 2, 4, 8, generator=g).to(torch_device) for _ in range(2))  # bhsd, pages of 4
+    table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    lengths, cu = torch.tensor([5, 0, 7], dtype=torch.int32), torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    q = torch.randn(7, 4, 8, generator=g).to(torch_device)  # rows 5 and 6: no sequence's
+    k_new = torch.randn(7, 2, 8, generator=g).to(torch_device)
+    pool_before, out = pool_k.clone(), torch.full_like(q, float("nan"))
+    bad = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
+    with pytest.raises(selfattn.InvalidArgument, match=re.escape(
+            "attention_with_kv_cache: cu_seqlens_q[3] = 9 runs past q's 7 rows (sequence 2: rows [2, 9))")):
+        selfattn.attention_with_kv_cache(q, pool_k, pool_v, lengths, block_table=table, cu_seqlens_q=bad,
+                                         max_seqlen_q=7, out=out)
+    with pytest.raises(selfattn.InvalidArgument, match=re.escape(
+            "attention_with_kv_cache: lengths[2] = 9 expected 0 to the cache's capacity, 8 tokens")):
+        selfattn.attention_with_kv_cache(q, pool_k, pool_v, torch.tensor([5, 0, 9], dtype=torch.int32),
+                                         block_table=table, cu_seqlens_q=cu, max_seqlen_q=3)
+    with pytest.raises(selfattn.InvalidArgument, match=re.escape(
+            "append_kv: cu_seqlens_new[3] = 9 runs past k_new's 7 rows (sequence 2: rows [2, 9))")):
+        selfattn.append_kv(pool_k, pool_v, lengths, k_new, k_new, block_table=table, cu_seqlens_new=bad,
+                           max_seqlen_new=7)
+    assert torch.isnan(out).all() and torch.equal(pool_k, pool_before)
+    if torch_device == "cuda":  # offsets on the device: not read by the package
+        with pytest.raises(selfattn.InvalidArgument, match=re.escape(
+                "cu_seqlens_q[3] = 9 runs past q's 7 rows (sequence 2: rows [2, 9)) (validate_metadata; without "
+                "it the kernels clamp cu_seqlens_q")):
+            selfattn.attention_with_kv_cache(q, pool_k, pool_v, lengths, block_table=table,
+                                             cu_seqlens_q=bad.to(torch_device), max_seqlen_q=7, out=out,
+                                             validate_metadata=True)
+        assert torch.isnan(out).all()
+        selfattn.attention_with_kv_cache(q, pool_k, pool_v, lengths, block_table=table, path="fused",
+                                         cu_seqlens_q=bad.to(torch_device), max_seqlen_q=7)
+
+    def step(q):
+        return selfattn.attention_with_kv_cache(q, pool_k, pool_v, lengths, block_table=table, cu_seqlens_q=cu,
+                                                max_seqlen_q=3, return_lse=True)
+
+    want = None
+    for run in (step, torch.compile(step, backend="eager", fullgraph=True)):
+        got, lse = run(q)
+        assert torch.all(got[5:] == 0) and torch.all(lse[:, 5:] == -float("inf"))
+        assert torch.isfinite(got[:5]).all() and (want is None or torch.equal(got, want))
+        want = got
+    _, lse = selfattn.attention_with_kv_cache(q, pool_k, pool_v, lengths, block_table=table, cu_seqlens_q=cu,
+                                              max_seqlen_q=3, out=out, return_lse=True)
+    assert torch.isnan(out[5:]).all() and torch.equal(out[:5], want[:5]) and torch.all(lse[:, 5:] == -float("inf"))

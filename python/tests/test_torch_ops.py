@@ -325,3 +325,23 @@ def test_empty_torch_arrays_run():
     assert selfattn.self_attention(x, w, w, w.clone(), 4).shape == (2, 4, 0, 8)
     with pytest.raises(selfattn.InvalidArgument, match="wq expected x's dtype and device"):
         selfattn.self_attention(torch.randn(1, 2, 8, requires_grad=True), w.half(), w, w, 4)
+
+
+def test_varlen_rows_no_sequence_owns_through_the_ops():
+    # The attention_varlen op allocates out and lse: rows no sequence owns (past cu_seqlens_q[-1])
+    # are 0 and -inf, eagerly and compiled; the out variant leaves the caller's rows as they were.
+    q, k, v = tensors((7, 2, 8), seed=37)
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32)
+
+    def run(q):
+        return selfattn.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=3, max_seqlen_k=4, return_lse=True)
+
+    want = None
+    for call in (run, torch.compile(run, backend="eager", fullgraph=True)):
+        out, lse = call(q)
+        assert torch.all(out[5:] == 0) and torch.all(lse[:, 5:] == -float("inf"))
+        assert want is None or torch.equal(out, want)
+        want = out
+    given = torch.full_like(q, float("nan"))
+    selfattn.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=3, max_seqlen_k=4, out=given)
+    assert torch.isnan(given[5:]).all() and torch.equal(given[:5], want[:5])

@@ -40,6 +40,29 @@ def test_varlen_explicit_max_seqlen_and_out(rng):
         assert relative_error(out[lo:hi].transpose(1, 0, 2)[None], want) <= TOLERANCE["float32"]
 
 
+def test_varlen_rows_no_sequence_owns(rng):
+    # Rows past cu_seqlens_q[-1] (a batch packed with room to spare): 0 in an out the call
+    # allocates and -inf in its lse, on every path; a caller's out= keeps what it held there.
+    cu_q, cu_k = np.array([0, 3, 3, 7], np.int32), np.array([0, 5, 6, 9], np.int32)
+    q = random(rng, (10, 2, 8), "float32")  # rows 7, 8 and 9 belong to no sequence
+    k, v = (random(rng, (9, 2, 8), "float32") for _ in range(2))
+    for path in selfattn.paths("sim"):
+        out, lse = selfattn.attention_varlen(q, k, v, cu_q, cu_k, path=path, causal="bottom_right",
+                                             return_lse=True)
+        assert np.all(out[7:] == 0) and np.all(lse[:, 7:] == -np.inf), path
+        for b in range(3):
+            rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+            want, _ = reference(*(a.transpose(1, 0, 2)[None] for a in (q[rows], k[keys], v[keys])), "bottom_right")
+            assert relative_error(out[rows].transpose(1, 0, 2)[None], want) <= TOLERANCE["float32"], path
+        given = poisoned(q.shape, "float32")
+        _, given_lse = selfattn.attention_varlen(q, k, v, cu_q, cu_k, path=path, causal="bottom_right", out=given,
+                                                 return_lse=True)
+        assert np.all(np.isnan(given[7:])), path
+        np.testing.assert_array_equal(given[:7], out[:7])
+        np.testing.assert_array_equal(given_lse, lse)
+        assert np.all(selfattn.attention_varlen(q, k, v, cu_q, cu_k, path=path)[7:] == 0), path
+
+
 def projections_reference(x, wq, wk, wv, heads, wo=None, causal=None, **options):
     """float64 self_attention; options: key_lengths and the modifiers, as reference() takes them."""
     x, wq, wk, wv = (np.asarray(a, dtype=np.float64) for a in (x, wq, wk, wv))

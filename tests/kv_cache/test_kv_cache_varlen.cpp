@@ -322,7 +322,9 @@ TEST(KvCacheVarlen, EqualRowsMatchTheDenseCallBitwise) {
 // Wrong offsets on the fused path stay inside the views: out of order (running maxima make the
 // later sequence empty), past total_q (clamped), a sequence longer than max_seqlen_q (cut to it).
 // Rows no sequence then owns are not written; every written row is finite. validate_metadata
-// names each bad entry instead.
+// names each bad entry instead, and says what the kernels clamp without it; the naive and cublas
+// paths, which read cu_seqlens_q back, name it too (not the gathered keys they run on), with
+// nothing written.
 TEST(KvCacheVarlen, WrongOffsetsAreClampedOrNamed) {
   Context ctx;
   const CacheSpec spec = paged(DType::f16, 3, 1, 64, 16, 2, {20, 9, 31});
@@ -340,14 +342,24 @@ TEST(KvCacheVarlen, WrongOffsetsAreClampedOrNamed) {
       {{0, 6, 3, 9},
        4,
        {0, 1, 2, 3, 6, 7, 8},
-       "cu_seqlens_q[1] - cu_seqlens_q[0] expected 0 to max_seqlen_q = 4, got 6"},
-      {{0, 2, 1, 3}, 4, {0, 1, 2}, "cu_seqlens_q[2] - cu_seqlens_q[1] expected 0 to max_seqlen_q = 4, got -1"},
+       "cu_seqlens_q[1] - cu_seqlens_q[0] = 6 exceeds max_seqlen_q = 4 (sequence 0: rows [0, 6))"},
+      {{0, 2, 1, 3},
+       4,
+       {0, 1, 2},
+       "cu_seqlens_q[2] = 1 is below cu_seqlens_q[1] = 2 (sequence 1 would own -1 rows; the offsets must not "
+       "decrease)"},
       {{0, 4, 8, 14},
        6,
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11},
-       "cu_seqlens_q[3] expected <= 12 (the rows of q), got 14"},
-      {{3, 4, 5, 6}, 4, {3, 4, 5}, "cu_seqlens_q[0] expected 0, got 3"},
+       "cu_seqlens_q[3] = 14 runs past q's 12 rows (sequence 2: rows [8, 14))"},
+      {{3, 4, 5, 6}, 4, {3, 4, 5}, "cu_seqlens_q[0] = 3 expected 0 (sequence 0 starts at q's first row)"},
   };
+  const std::string clamped =
+      "(validate_metadata; without it the kernels clamp cu_seqlens_q: read in order, each entry into [0, 12], each "
+      "sequence cut to max_seqlen_q rows)";
+  const std::string refused =
+      "(the naive and cublas paths read cu_seqlens_q back and refuse it; the fused path clamps it unless "
+      "validate_metadata is set)";
   for (const Wrong& wrong : wrongs)
     for (int splits : {1, 3}) {  // the block writes its rows itself, or the combine does
       DeviceBuffer<int32_t> cu_seqlens(ctx, wrong.offsets.size(), "cu_seqlens_q");
@@ -372,8 +384,31 @@ TEST(KvCacheVarlen, WrongOffsetsAreClampedOrNamed) {
         attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), wrong.max_seqlen, cache.view, out.view, options);
         ADD_FAILURE() << "validate_metadata passed " << wrong.message;
       } catch (const InvalidArgument& e) {
-        EXPECT_NE(std::string(e.what()).find(wrong.message), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("attention_with_kv_cache_varlen: " + wrong.message + " " + clamped),
+                  std::string::npos)
+            << e.what();
       }
+    }
+  for (const Wrong& wrong : wrongs)
+    for (Path path : {Path::naive, Path::cublas}) {
+      DeviceBuffer<int32_t> cu_seqlens(ctx, wrong.offsets.size(), "cu_seqlens_q");
+      cu_seqlens.copy_from_host(wrong.offsets);
+      const Output out = poisoned_output(ctx, DType::f16, 1, heads, total, d, kOutLayout);
+      DeviceBuffer<float> lse(ctx, size_t(heads) * total, "lse");
+      lse.fill_bytes(0xff);
+      KvAttentionOptions options;
+      options.path = path;
+      options.lse = lse.data();
+      try {
+        attention_with_kv_cache_varlen(ctx, q.view, cu_seqlens.data(), wrong.max_seqlen, cache.view, out.view, options);
+        ADD_FAILURE() << to_string(path) << " passed " << wrong.message;
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("attention_with_kv_cache_varlen: " + wrong.message + " " + refused),
+                  std::string::npos)
+            << to_string(path) << ": " << e.what();
+      }
+      EXPECT_EQ(std::vector<unsigned char>(out.device.size(), 0xff), out.device.to_host()) << to_string(path);
+      for (float value : lse.to_host()) EXPECT_TRUE(std::isnan(value)) << to_string(path) << ": lse was written";
     }
 }
 

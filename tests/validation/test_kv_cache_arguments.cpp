@@ -263,6 +263,42 @@ TEST(KvCacheArguments, MetadataCheckedInEveryUsedPageAndNoFurther) {
   }
 }
 
+// validate_metadata's messages name the entry and end with what the kernels would have done with
+// it unchecked (kv_cache.h: device metadata is clamped), so a caller knows what turning the check
+// off means; nothing is written.
+TEST(KvCacheArguments, ValidateMetadataSaysWhatTheKernelsWouldDo) {
+  BadArgumentFixture f;
+  const std::string unchecked = " (validate_metadata; without it the kernels ";
+  const auto with_lengths = [&](std::vector<int32_t> lengths) {
+    return [&f, lengths](Call& c) {
+      f.bad_lengths.copy_from_host(lengths);
+      c.cache.lengths = f.bad_lengths.data();
+      c.attend.validate_metadata = c.append.validate_metadata = true;
+    };
+  };
+  f.expect_rejected("attention_with_kv_cache: cache.lengths[1] expected <= 48 (capacity 48), got 49" + unchecked +
+                        "read it as the capacity)",
+                    with_lengths({5, 49}), run_attend);
+  f.expect_rejected("attention_with_kv_cache: cache.lengths[0] expected >= 0, got -2" + unchecked + "read it as 0)",
+                    with_lengths({-2, 5}), run_attend);
+  f.expect_rejected("append_kv: cache.lengths[0] expected <= 45 (capacity 48 - seq_new 3), got 46" + unchecked +
+                        "drop the tokens past it)",
+                    with_lengths({46, 5}), run_append);
+  f.expect_rejected("append_kv: cache.lengths[1] expected <= 45 (capacity 48 - seq_new 3), got 50" + unchecked +
+                        "read it as the capacity)",
+                    with_lengths({5, 50}), run_append);
+  const auto with_table = [&](Call& c) {
+    f.bad_table.copy_from_host(std::vector<int32_t>{0, 1, 2, 8, 3, 4});
+    c.cache.block_table = f.bad_table.data();
+    c.attend.validate_metadata = c.append.validate_metadata = true;
+  };
+  for (const auto& run : {run_attend, run_append}) {
+    f.expect_rejected("cache.block_table[1][0] expected a page in [0, 8) (cache.k.shape[0]), got 8" + unchecked +
+                          "read it as zeros and write nothing to it)",
+                      with_table, run);
+  }
+}
+
 TEST(KvCacheArguments, MergeRejectsEachBadArgument) {
   Context ctx;
   std::mt19937_64 rng(9);

@@ -42,9 +42,9 @@
 // cu_seqlens_from_lengths make no host-device synchronisation, no host read of device data and,
 // once the context's workspace has grown to the shape (run the shape once before capturing), no
 // allocation - unless options.validate_metadata is set, which copies the metadata to the host
-// (synchronous, not graph-safe). attention_varlen() on the
-// naive and cublas paths reads cu_seqlens back and is not graph-safe; attention() with key_lengths
-// is. tests/kv_cache/test_kv_cache_graph proves the graph-safe ones on the sim.
+// (synchronous, not graph-safe). attention_varlen() on the naive and cublas paths reads cu_seqlens
+// back and is not graph-safe, nor is attention_with_kv_cache_varlen there; attention() with
+// key_lengths is. tests/kv_cache/test_kv_cache_graph proves the graph-safe ones on the sim.
 //
 // Why appending is a separate call and not part of attention_with_kv_cache: the cache is the
 // engine's state, and a call that both mutates it and computes would either write the cache before
@@ -137,8 +137,9 @@ struct AppendKvOptions {
   // to the next attention call. Must not overlap cache.lengths (blocks still read those).
   int32_t* updated_lengths = nullptr;
   // Copies lengths and block table to the host and throws InvalidArgument naming the first bad
-  // entry (a length < 0 or with lengths[b] + seq_new > capacity, a page index outside the pool).
-  // Synchronous: not graph-safe.
+  // entry (a length < 0 or with lengths[b] + seq_new > capacity, a page index outside the pool, a
+  // batch_index row outside the cache; a packed call's offsets, see "Packed calls"), the message
+  // ending with what the kernels would have done with it unchecked. Synchronous: not graph-safe.
   bool validate_metadata = false;
 };
 
@@ -233,11 +234,18 @@ void attention_with_kv_cache(Context& ctx, const TensorView& q, const KvCache& c
 // Device metadata is clamped as in the dense calls, and cu_seqlens too: the kernels read it
 // through its running maximum (so offsets out of order give empty sequences, never two sequences
 // sharing a row), each entry clamped into [0, total], each n_b to at most max_seqlen. Rows no
-// sequence then owns (past cu_seqlens[batch], or past a sequence's first max_seqlen) are neither
-// read nor written (except by a cache of capacity 0, which zeroes every row of out as
-// attention_varlen() does without keys). validate_metadata also copies cu_seqlens to the host and
-// checks it (starts at 0, non-decreasing, n_b <= max_seqlen, ends at most at total). Workspace:
-// besides the dense call's, the ordered offsets, 256-byte-rounded (batch + 1) int32.
+// sequence owns (past cu_seqlens[batch]; with clamped offsets also past a sequence's first
+// max_seqlen) are neither read nor written: out and lse keep what they held there (except with a
+// cache of capacity 0, which zeroes every row of out as attention_varlen() does without keys).
+// Where cu_seqlens is checked (InvalidArgument naming the entry, e.g.
+// "cu_seqlens_q[3] = 24 runs past q's 16 rows (sequence 2: rows [16, 24))", before anything is
+// written; the rules: starts at 0, non-decreasing, n_b <= max_seqlen, ends at most at total):
+//   validate_metadata, on every path: copies it to the host with the rest of the metadata (the
+//     message ends by saying what the kernels would have clamped without it);
+//   attention_with_kv_cache_varlen on naive and cublas: always, as they read cu_seqlens_q back;
+//   the fused path and append_kv_varlen otherwise: never (clamped as above, graph-safe).
+// (The Python package checks a packed call's metadata given as host arrays itself, on every path.)
+// Workspace: besides the dense call's, the ordered offsets, 256-byte-rounded (batch + 1) int32.
 
 // append_kv with k_new, v_new [1, kv_heads, total_new, head_dim]: token t of sequence b (row
 // cu_seqlens_new[b] + t) goes to position lengths[b] + t; updated_lengths[b] receives
@@ -255,7 +263,8 @@ void append_kv_varlen(Context& ctx, const KvCache& cache, const TensorView& k_ne
 //     reads its keys ceil(n * heads_per_kv / 16) times (the prefill kernel's 64-128-row tiles
 //     would read them fewer times; bench/NOTES.md). Graph-safe once the workspace is warm.
 //   naive, cublas: the cache is gathered as in the dense call and attention_varlen() runs on it,
-//     reading cu_seqlens_q back to the host (synchronising; not graph-safe) and checking it.
+//     reading cu_seqlens_q back to the host (synchronising; not graph-safe) and checking it first
+//     (InvalidArgument naming the entry of cu_seqlens_q and its sequence, as above).
 void attention_with_kv_cache_varlen(Context& ctx, const TensorView& q, const int32_t* cu_seqlens_q, int max_seqlen_q,
                                     const KvCache& cache, const TensorView& out,
                                     const KvAttentionOptions& options = {});

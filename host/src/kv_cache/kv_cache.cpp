@@ -417,6 +417,11 @@ void attend_cache(Context& ctx, const TensorView& q, const PackedRows* packed, c
                        std::to_string(gathered_keys) + " keys, above " + std::to_string(detail::kMaxExtent) +
                        "; the fused path reads the cache in place");
   }
+  // attention_varlen() reads cu_seqlens_q back anyway and would name what it sees, the gathered keys'
+  // offsets among them: read back here first, its entries are named as the caller passed them.
+  if (packed && !options.validate_metadata) {
+    detail::check_offsets_read_back(function, state, *packed, shape.batch, q.seq());
+  }
   const size_t gathered_offset = order_bytes + q_bytes;
   const auto gathered_at = [&](unsigned char* base, size_t offset) {
     unsigned char* data = base + gathered_offset + offset;

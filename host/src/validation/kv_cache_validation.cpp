@@ -6,7 +6,6 @@
 #include <cmath>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "selfattn/error.h"
 #include "validation/attention_validation.h"
@@ -460,65 +459,6 @@ void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const i
   expect_aligned(function, "lengths", lengths, alignof(int32_t));
   expect_aligned(function, "cu_seqlens", cu_seqlens, alignof(int32_t));
   expect_disjoint(function, "cu_seqlens", int_range(cu_seqlens, int64_t(batch) + 1), "lengths", int_range(lengths, batch));
-}
-
-void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
-                    int extra_tokens, const PackedRows* packed, int64_t total, bool appending) {
-  if (shape.batch == 0) return;
-  std::vector<int32_t> lengths(size_t(shape.batch));
-  ctx.device->copy(lengths.data(), cache.lengths, lengths.size() * sizeof(int32_t), /*async=*/false);
-  std::vector<int32_t> offsets;
-  if (packed) {
-    const std::string name = appending ? "cu_seqlens_new" : "cu_seqlens_q";
-    const std::string bound = appending ? "max_seqlen_new" : "max_seqlen_q";
-    offsets.resize(size_t(shape.batch) + 1);
-    ctx.device->copy(offsets.data(), packed->cu_seqlens, offsets.size() * sizeof(int32_t), /*async=*/false);
-    if (offsets[0] != 0) fail(function, name + "[0] expected 0, got " + str(offsets[0]));
-    for (int b = 0; b < shape.batch; ++b) {
-      const int64_t count = int64_t(offsets[size_t(b) + 1]) - offsets[size_t(b)];
-      if (count < 0 || count > packed->max_seqlen) {
-        fail(function, name + "[" + str(b + 1) + "] - " + name + "[" + str(b) + "] expected 0 to " + bound + " = " +
-                           str(packed->max_seqlen) + ", got " + str(count));
-      }
-    }
-    if (offsets.back() > total) {
-      fail(function, name + "[" + str(shape.batch) + "] expected <= " + str(total) + " (the rows of " +
-                         (appending ? "k_new" : "q") + "), got " + str(offsets.back()));
-    }
-  }
-  std::vector<int32_t> table, rows;
-  if (cache.batch_index != nullptr) {
-    rows.resize(size_t(shape.batch));
-    ctx.device->copy(rows.data(), cache.batch_index, rows.size() * sizeof(int32_t), /*async=*/false);
-  }
-  if (cache.paged()) {
-    table.resize(size_t(shape.batch) * size_t(shape.max_pages_per_seq));
-    ctx.device->copy(table.data(), cache.block_table, table.size() * sizeof(int32_t), /*async=*/false);
-  }
-  for (int b = 0; b < shape.batch; ++b) {
-    if (packed && appending) extra_tokens = offsets[size_t(b) + 1] - offsets[size_t(b)];
-    const int64_t length = lengths[size_t(b)];
-    const std::string entry = "cache.lengths[" + str(b) + "]";
-    if (length < 0) fail(function, entry + " expected >= 0, got " + str(length));
-    if (length + extra_tokens > shape.capacity) {
-      fail(function, entry + " expected <= " + str(int64_t(shape.capacity) - extra_tokens) + " (capacity " +
-                         str(shape.capacity) + (extra_tokens ? " - seq_new " + str(extra_tokens) : std::string()) +
-                         "), got " + str(length));
-    }
-    if (!rows.empty() && (rows[size_t(b)] < 0 || rows[size_t(b)] >= shape.num_pages)) {
-      fail(function, "cache.batch_index[" + str(b) + "] expected a row in [0, " + str(shape.num_pages) +
-                         ") (cache.k.shape[0]), got " + str(rows[size_t(b)]));
-    }
-    if (!cache.paged()) continue;
-    const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;
-    for (int64_t i = 0; i < pages_used; ++i) {
-      const int32_t page = table[size_t(b) * size_t(shape.max_pages_per_seq) + size_t(i)];
-      if (page < 0 || page >= shape.num_pages) {
-        fail(function, "cache.block_table[" + str(b) + "][" + str(i) + "] expected a page in [0, " +
-                           str(shape.num_pages) + ") (cache.k.shape[0]), got " + str(page));
-      }
-    }
-  }
 }
 
 }  // namespace selfattn::detail

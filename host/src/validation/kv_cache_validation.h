@@ -1,8 +1,10 @@
 #pragma once
 // Argument checking for the KV-cache calls (kv_cache.h): every rule in one place, each failure an
 // InvalidArgument naming the argument, what was expected and what was given. Nothing here reads
-// device memory except check_metadata (options.validate_metadata).
+// device memory except check_metadata (options.validate_metadata) and check_offsets_read_back.
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "runtime/context_state.h"
 #include "core/attention_call.h"
@@ -44,12 +46,26 @@ void validate_cu_seqlens_from_lengths(const int32_t* lengths, int batch, const i
 
 void validate_rotary_embedding(const TensorView& x, const TensorView& out, const Rotary& rotary);
 
-// options.validate_metadata: copies lengths and block table to the host (synchronously) and throws
-// InvalidArgument naming the first entry that would put a sequence's tokens [0, lengths[b] +
-// extra_tokens) outside [0, capacity) or in a page outside [0, num_pages). A packed call's
-// cu_seqlens (`packed`, over `total` rows) is checked too; with `appending`, sequence b's extra
-// tokens are its n_b (extra_tokens is then ignored).
+// options.validate_metadata (kv_metadata_validation.cpp): copies lengths and block table to the host
+// (synchronously) and throws InvalidArgument naming the first entry that would put a sequence's
+// tokens [0, lengths[b] + extra_tokens) outside [0, capacity) or in a page outside [0, num_pages).
+// A packed call's cu_seqlens (`packed`, over `total` rows) is checked too (check_packed_offsets);
+// with `appending`, sequence b's extra tokens are its n_b (extra_tokens is then ignored). Each
+// message also says what the kernels do with the entry when validate_metadata is not set.
 void check_metadata(const char* function, ContextState& ctx, const KvCache& cache, const CacheShape& shape,
                     int extra_tokens, const PackedRows* packed = nullptr, int64_t total = 0, bool appending = false);
+
+// A packed call's offsets, already on the host: offsets[0] == 0, then for each sequence b,
+// offsets[b] <= offsets[b + 1] <= total and offsets[b + 1] - offsets[b] <= packed.max_seqlen, else
+// InvalidArgument naming cu_seqlens_q (cu_seqlens_new when appending), the entry and the sequence,
+// with `consequence` (what happens to such offsets elsewhere) in parentheses at the end.
+void check_packed_offsets(const char* function, const std::vector<int32_t>& offsets, const PackedRows& packed,
+                          int64_t total, bool appending, const std::string& consequence);
+
+// The naive and cublas paths of attention_with_kv_cache_varlen: cu_seqlens_q read back to the host
+// (synchronously, as attention_varlen() reads it there anyway) and checked as above, so that a bad
+// entry is named as the caller passed it, not as the gathered keys attention_varlen() would see.
+void check_offsets_read_back(const char* function, ContextState& ctx, const PackedRows& packed, int batch,
+                             int64_t total);
 
 }  // namespace selfattn::detail

@@ -6,6 +6,10 @@
 # cores, plus the sim tests).
 #
 #   scripts/mutate_barriers.sh [build-dir]     (default: build-mutants, beside the source)
+#   scripts/mutate_barriers.sh build-mutants kernels/hopper/flash_fwd_hopper_pipeline.cuh ...
+#                                              only the barriers of these files (or FILE:LINE sites)
+#   MUTATE_CTEST_REGEX='FusedHopper' scripts/mutate_barriers.sh ...
+#                                              only the sim tests ctest -R selects (default: every one)
 #
 # The mutants share one build directory of their own (configured without the CUDA backend: only the
 # sim runs), so each rebuild recompiles just what includes the mutated file. The source is restored
@@ -15,6 +19,7 @@ set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 cd "$root"
 build=${1:-build-mutants}
+only=("${@:2}")
 jobs=${JOBS:-2}
 
 if ! git diff --quiet -- kernels; then
@@ -26,8 +31,17 @@ fi
 # the call.
 mapfile -t sites < <(grep -rn -E '^[[:space:]]*__syncthreads\(\);' kernels --include='*.cuh' --include='*.h' \
   --include='*.cu' | grep -v '^kernels/common/' | cut -d: -f1,2)
+if [ ${#only[@]} -gt 0 ]; then
+  chosen=()
+  for site in "${sites[@]}"; do
+    for want in "${only[@]}"; do
+      if [ "$site" = "$want" ] || [ "${site%%:*}" = "$want" ]; then chosen+=("$site"); break; fi
+    done
+  done
+  sites=(${chosen[@]+"${chosen[@]}"})
+fi
 if [ ${#sites[@]} -eq 0 ]; then
-  echo "mutate_barriers.sh: no __syncthreads(); statements found in kernels/" >&2
+  echo "mutate_barriers.sh: no __syncthreads(); statements found in kernels/${only[*]:+ (among ${only[*]})}" >&2
   exit 1
 fi
 
@@ -58,7 +72,8 @@ for site in "${sites[@]}"; do
     continue
   fi
   log="$build/mutant.test.log"
-  if ctest --test-dir "$build" -L sim -j"$jobs" --output-on-failure > "$log" 2>&1; then
+  if ctest --test-dir "$build" -L sim ${MUTATE_CTEST_REGEX:+-R "$MUTATE_CTEST_REGEX"} -j"$jobs" --output-on-failure \
+    > "$log" 2>&1; then
     verdict="**not caught**"
     how="every sim test passes"
   else

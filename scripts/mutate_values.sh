@@ -223,7 +223,7 @@ mutant fused_v_tiles_with_k_stride kernels/forward/flash_fwd.cuh 1 \
 mutant simt_out_with_q_stride kernels/forward/flash_fwd_simt.cuh 1 \
   'flash_simt_store(out, row * p.out_stride_row + col' 'flash_simt_store(out, row * p.q_stride_row + col' \
   'the SIMT kernel writes out with q'"'"'s row stride'
-mutant hopper_out_with_q_head_stride kernels/hopper/flash_fwd_hopper.cuh 1 \
+mutant hopper_out_with_q_head_stride kernels/hopper/flash_fwd_hopper_pipeline.cuh 1 \
   'batch * p.out_stride_batch + head * p.out_stride_head +' 'batch * p.out_stride_batch + head * p.q_stride_head +' \
   'the Hopper kernel places out'"'"'s heads with q'"'"'s head stride'
 mutant naive_qk_k_with_q_stride kernels/unfused/qk_tiled.cuh 2 \
@@ -242,7 +242,7 @@ mutant fused_bwd_dout_tiles_with_q_stride kernels/backward/flash_bwd_dkdv.cuh 1 
 mutant fused_window_first_tile_one_late kernels/forward/flash_fwd_sequence.cuh 1 \
   'keys.first_tile = first.begin / tile_keys;' 'keys.first_tile = (first.begin + 1) / tile_keys;' \
   'a key tile whose last key is the window'"'"'s first is skipped (forward, deterministic dQ)'
-mutant hopper_block_rows_clamp kernels/hopper/flash_fwd_hopper.cuh 1 \
+mutant hopper_block_rows_clamp kernels/hopper/flash_fwd_hopper_pipeline.cuh 1 \
   '? seq.q_len - block_row0 : Traits::kBlockRows;' '? seq.q_len - block_row0 - 1 : Traits::kBlockRows;' \
   'the Hopper kernel'"'"'s last partial block takes its keys from its second-to-last row'
 mutant fused_bwd_query_tiles_one_short kernels/backward/flash_bwd_dkdv.cuh 1 \

@@ -1,6 +1,6 @@
 #pragma once
 // The online softmax and the epilogue of both fused forward kernels (flash_fwd.cuh on mma.sync,
-// hopper/flash_fwd_hopper.cuh on wgmma), one query row of one thread at a time.
+// hopper/flash_fwd_hopper_pipeline.cuh on wgmma), one query row of one thread at a time.
 //
 // Both kernels hold scores and O as m16n8 C fragments: for n8 column tile t, the thread's pair of
 // columns 2*in_group + {0, 1} of row group + 8*half is at frag[4t + 2*half + {0, 1}]. The helpers

@@ -11,7 +11,8 @@ torch.cuda's capability queries answer as an A100 would (8.0, 80 GB), so the fil
 decide as on that GPU. A package named flash_attn is put in front of it, made here:
   flash_attn                         the module's seven calls (the packed forms slice the packed
                                      tensor, as FlashAttention's wrappers do)
-  flash_attn.flash_attn_interface    _get_block_size_n (the module's), USE_TRITON_ROCM = False
+  flash_attn.flash_attn_interface    _get_block_size_n, flash_attn_gpu and the _flash_attn_* calls
+                                     (the module's), USE_TRITON_ROCM = False
   flash_attn.bert_padding            pad_input, unpad_input, written here from their documented use
   flash_attn.layers.rotary           apply_rotary_emb, written here from FlashAttention's rotary rule
 The test file's cases are many (half a million) and large for a CPU simulator: --sample N runs up
@@ -38,9 +39,9 @@ PACKAGE = {
             flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
         """,
     "flash_attn/flash_attn_interface.py": """
-        from selfattn.integrations.flash_attn import _get_block_size_n
+        from selfattn.integrations.flash_attn import (_flash_attn_backward, _flash_attn_forward,
+            _flash_attn_varlen_backward, _flash_attn_varlen_forward, _get_block_size_n, flash_attn_gpu)
         USE_TRITON_ROCM = False
-        flash_attn_gpu = None  # FlashAttention's compiled extension: the tests that call it fail here
         """,
     "flash_attn/bert_padding.py": """
         import torch

@@ -126,6 +126,12 @@ def dropout_p(function, value):
     return float(value)
 
 
+def draw_dropout_seed():
+    """A dropout seed drawn from torch's default generator (torch.manual_seed repeats it), for a
+    call whose seed must be known: S_dmask and FlashAttention's rng_state."""
+    return int(torch.randint(0, 1 << 62, (1,), dtype=torch.int64).item())
+
+
 def descales(q_descale, k_descale, v_descale):
     """FlashAttention-3's FP8 descales as selfattn.attention's keyword arguments (only those given)."""
     given = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)

@@ -78,6 +78,14 @@ cu_seqlens_k[b] cache tokens, and the call is selfattn.attention_with_kv_cache(c
 (no backward, as with flash_attn_with_kvcache; graph-safe on the fused path). With
 return_attn_probs=True it returns (out, softmax_lse [nheads, total_q], None).
 
+The lower layer some projects call to run the forward and the backward themselves (ring
+attention, for one), with FlashAttention's names, positional order and results, no autograd:
+``_flash_attn_forward``, ``_flash_attn_varlen_forward``, ``_flash_attn_backward``,
+``_flash_attn_varlen_backward`` and ``flash_attn_gpu`` (``fwd``, ``varlen_fwd``, ``bwd``,
+``varlen_bwd``, the compiled extension's entry points). The forwards return rng_state (the dropout
+seed and offset), which the backwards take to draw the same mask (see _flash_attn_extension.py for
+the few differences).
+
 Rotary embedding follows FlashAttention's positions through selfattn's rotary_positions: new k and
 v token t at the slot it is written to, cache_seqlens + t (with cache_leftpad too: FlashAttention
 adds the left padding back into the rotary offset, so positions are the cache's slots, not counted
@@ -94,6 +102,8 @@ import torch
 import selfattn
 
 from . import _flash_attn_arguments as arguments
+from ._flash_attn_extension import (_flash_attn_backward, _flash_attn_forward, _flash_attn_varlen_backward,
+                                    _flash_attn_varlen_forward, flash_attn_gpu)
 from ._flash_attn_arguments import (FlashAttnArgumentError, FlashAttnBackendError, FlashAttnError,
                                     FlashAttnNotSupported, FlashAttnOutOfMemory)
 
@@ -124,8 +134,8 @@ def _with_attn_probs(name, run, probabilities, dropout_p, return_attn_probs):
     if not return_attn_probs:
         return run(None, False)
     seed = None
-    if dropout_p > 0:  # one draw from torch's default generator, shared by the call and S_dmask
-        seed = int(torch.randint(0, 1 << 62, (1,), dtype=torch.int64).item())
+    if dropout_p > 0:  # one draw, shared by the call and S_dmask
+        seed = arguments.draw_dropout_seed()
     out, lse = run(seed, True)
     if dropout_p == 0:
         return out, arguments.flash_lse(lse), None

@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MUTATE_BUILD_DIR:-$root/build-mutants}
 seeds=(1 2)
 # The test programs each mutant runs (MUTATE_TESTS, space-separated, to choose others).
-read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward tests/forward/test_fused_hopper_fp8 tests/kv_cache/test_kv_cache_append tests/kv_cache/test_kv_cache_edges tests/kv_cache/test_kv_cache_varlen_append tests/validation/test_kv_cache_arguments tests/sim/test_sim_profile_memory tests/sim/test_sim_profile_compute}"
+read -r -a test_programs <<<"${MUTATE_TESTS:-tests/forward/test_fused tests/forward/test_fused_varlen tests/forward/test_fused_varlen_metadata tests/forward/test_score_paths tests/forward/test_score_mods tests/forward/test_score_mods_window_reads tests/validation/test_score_mods_arguments tests/kv_cache/test_kv_cache tests/kv_cache/test_kv_cache_varlen tests/kv_cache/test_kv_cache_fp8 tests/backward/test_backward_naive tests/backward/test_backward_fused tests/forward/test_fused_access_pattern tests/backward/test_backward_access_pattern tests/kv_cache/test_decode_access_pattern tests/forward/test_sequence_offsets tests/forward/test_dropout tests/forward/test_probabilities tests/backward/test_backward_dropout tests/primitives/test_philox tests/forward/test_fp8_forward tests/forward/test_fused_hopper_fp8 tests/kv_cache/test_kv_cache_append tests/kv_cache/test_kv_cache_edges tests/kv_cache/test_kv_cache_varlen_append tests/validation/test_kv_cache_arguments tests/sim/test_sim_profile_memory tests/sim/test_sim_profile_compute}"
 
 # ---- The mutants: name, file, expected occurrences of the text, text, replacement.
 names=() files=() counts=() froms=() tos=() whys=()
@@ -319,6 +319,19 @@ mutant dropout_varlen_sequence_lost host/src/forward/score_chunks.cpp 1 \
 mutant dropout_hopper_not_routed_away host/src/forward/path_fused.cpp 1 \
   'if (call.dropout_p > 0) return nullptr;' 'if (call.dropout_p > 1) return nullptr;' \
   'calls with dropout reach the Hopper kernel, which has none'
+
+# Issue 46 item 2: attention_probabilities (the naive path's softmax writing the weights, dropped
+# ones negated, into the caller's [batch, heads, seq_q, seq_k]); tests/forward/test_probabilities.
+mutant probabilities_dropped_sign_inverted kernels/unfused/softmax_rows.cuh 1 \
+  'query, key) ? prob : -prob;' 'query, key) ? -prob : prob;' \
+  'attention_probabilities negates the kept weights instead of the dropped ones'
+mutant probabilities_unseen_keys_signed kernels/unfused/softmax_rows.cuh 1 \
+  'if (key < seen.begin || key >= seen.end) return 0.0f;' 'if (false) return 0.0f;' \
+  'keys a row does not see come back -0 where dropout would drop them, not +0'
+mutant probabilities_pair_stride_ignored host/src/forward/score_chunks.cpp 1 \
+  'params.p_bh_stride = p_pair_stride >= 0 ? p_pair_stride : p_row_stride * chunk.rows;' \
+  'params.p_bh_stride = p_row_stride * chunk.rows;' \
+  'a chunk of rows writes each (batch, head) pair at the chunk'"'"'s stride, not the whole output'"'"'s'
 
 # Issue 37: FP8 KV caches (dequantization in the decode kernels and the gather, quantization in
 # append_kv, the per-kv-head scale).

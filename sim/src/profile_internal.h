@@ -78,8 +78,9 @@ struct Counters {
   void add_to(Counters& total) const;
 };
 
-// One profiled launch: its blocks' counters, merged, and the grid-wide record of the sectors
-// touched (a bitmap per buffer, reads and writes apart, reserved lazily and zero until touched).
+// One profiled launch (profile_launch.cpp): its blocks' counters, merged, and the grid-wide record of
+// the sectors touched (a bitmap per buffer, reads and writes apart, reserved lazily and zero until
+// touched).
 class LaunchProfiler {
  public:
   LaunchProfiler(const LaunchConfig& config, const race::LaunchState& race, uint64_t blocks);

@@ -4,8 +4,8 @@
 # dynamic shared memory its traits ask for, and the mma.sync / ldmatrix / cp.async counts in its
 # PTX (static counts after unrolling: per loop body, not per execution), with ex2 and barriers. Needs nvcc and python3,
 # no GPU.   scripts/resource_report.sh [arch]      e.g. scripts/resource_report.sh sm_80
-# The Hopper instances (flash_fwd_hopper_*.cu: wgmma, TMA, setmaxnreg) exist for sm_90a alone and are
-# always compiled for it, whatever [arch]: -gencode arch=compute_90a,code=sm_90a (nvcc 13's -arch=sm_90a
+# The architecture-specific instances (kernels/instances/<tag>/, e.g. sm90a/flash_fwd_hopper_*.cu: wgmma,
+# TMA, setmaxnreg) exist for their architecture alone and are always compiled for it, whatever [arch]: -gencode arch=compute_90a,code=sm_90a (nvcc 13's -arch=sm_90a
 # also emits compute_90 PTX, which cannot hold wgmma). Their counts add wgmma and TMA (cp.async.bulk.tensor).
 set -euo pipefail
 arch=${1:-sm_90}
@@ -15,10 +15,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 flags=(-std=c++17 -O3 --expt-relaxed-constexpr -I"$root/kernels")
-for source in "$root"/kernels/instances/flash_*.cu; do
+for source in "$root"/kernels/instances/flash_*.cu "$root"/kernels/instances/sm*/flash_*.cu; do
   name=$(basename "$source" .cu)
-  case $name in
-    flash_fwd_hopper_*) cubin_arch=(-gencode arch=compute_90a,code=sm_90a) ptx_arch=(-arch=compute_90a) ;;
+  tag=$(basename "$(dirname "$source")")  # instances, or an architecture tag such as sm90a
+  case $tag in
+    sm*) cubin_arch=(-gencode arch=compute_${tag#sm},code=$tag) ptx_arch=(-arch=compute_${tag#sm}) ;;
     *) cubin_arch=(-arch="$arch") ptx_arch=(-arch="$arch") ;;
   esac
   "$nvcc" "${flags[@]}" "${cubin_arch[@]}" -Xptxas -v -c "$source" -o "$work/$name.o" 2> "$work/$name.ptxas" ||

@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   flash_fwd_hopper_pipeline<FlashFwdHopper16BitOperands<T, Traits>>(hp);
 }
 
-// Declared in registry.inc; instances/flash_fwd_hopper_*.cu instantiate the shipped pairs.
+// Declared in registry.inc (hopper/flash_fwd_hopper_kernels.inc lists them); instances/sm90a/flash_fwd_hopper_*.cu
+// instantiate them.
 template <Element E, int HeadDim>
 FlashFwdHopperInstance flash_fwd_hopper_instance() {
   using Traits = typename FlashFwdHopperConfig<HeadDim>::Traits;

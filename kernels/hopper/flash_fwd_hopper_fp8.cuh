@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   flash_fwd_hopper_pipeline<FlashFwdHopperFp8Operands<TOut, Traits>>(hp);
 }
 
-// Declared in registry.inc; instances/flash_fwd_hopper_e4m3.cu instantiates the shipped pairs
+// Declared in registry.inc; instances/sm90a/flash_fwd_hopper_e4m3.cu instantiates the shipped pairs
 // (E: out's element, f16 or bf16; q, k, v are e4m3).
 template <Element E, int HeadDim>
 FlashFwdHopperInstance flash_fwd_hopper_fp8_instance() {

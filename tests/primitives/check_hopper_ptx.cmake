@@ -7,8 +7,8 @@
 #   cmake -DNVCC=... -DKERNELS_DIR=... -DTESTS_DIR=... -DOUT=<dir> -P check_hopper_ptx.cmake
 cmake_minimum_required(VERSION 3.25)  # today's policies: list() keeps empty elements
 set(ptx "")
-foreach(source "${TESTS_DIR}/hopper_test_kernels.cuh" "${KERNELS_DIR}/instances/flash_fwd_hopper_bf16.cu"
-               "${KERNELS_DIR}/instances/flash_fwd_hopper_e4m3.cu")
+foreach(source "${TESTS_DIR}/hopper_test_kernels.cuh" "${KERNELS_DIR}/instances/sm90a/flash_fwd_hopper_bf16.cu"
+               "${KERNELS_DIR}/instances/sm90a/flash_fwd_hopper_e4m3.cu")
   get_filename_component(name "${source}" NAME_WE)
   execute_process(
     COMMAND ${NVCC} -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -ptx -x cu

@@ -160,7 +160,8 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
              std::string::npos;
     }
     case Path::fused: {
-      // path_fused.cpp: tensor cores for the shipped head dims when every row starts on 16 bytes.
+      // fused_mma.cpp: tensor cores for the shipped head dims (kernels/forward/flash_fwd_kernels.inc) when
+      // every row starts on 16 bytes.
       const bool shipped = head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
       return shipped && rows_on_16_bytes(q) && rows_on_16_bytes(k) && rows_on_16_bytes(v) && rows_on_16_bytes(out);
     }

@@ -109,7 +109,7 @@ inline uint64_t input_seed(const AttentionCase& c) { return input_seed(c.name())
 bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const AttentionOptions& options);
 
-// Whether the Hopper FP8 kernel runs this FP8 call as it is (host/src/forward/path_fused.cpp,
+// Whether the Hopper FP8 kernel runs this FP8 call as it is (host/src/forward/fused_hopper_fp8.cpp,
 // fused_takes_fp8: e4m3, head_dim 128 or 256, f16/bf16 out, rows on 16 bytes, not varlen, no
 // key_start or dropout, Hopper kernels in use), rounding P to e4m3 for P V.
 bool hopper_fp8_kernel_runs(Context& ctx, Path path, const TensorView& q, const TensorView& k, const TensorView& v,

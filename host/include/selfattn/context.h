@@ -43,8 +43,10 @@ struct ContextOptions {
   // The fused path's forward on compute capability 9.0 (H100/H200; and on the sim, which models
   // one): true runs the Hopper kernel (wgmma, TMA, warp-specialised) where it takes the call
   // (f16/bf16, head_dim 64/128/256, rows on 16 bytes), the mma.sync kernel elsewhere; false runs
-  // the mma.sync kernel always (to compare the two, or to rule the Hopper kernel out). Unset: the
-  // environment variable SELFATTN_HOPPER_KERNELS (0 or 1) if set, else true.
+  // the mma.sync kernel always (to compare the two, or to rule the Hopper kernels out; FP8 inputs
+  // are then dequantized). Unset: the environment variable SELFATTN_HOPPER_KERNELS (0 or 1) if set,
+  // else true. Kernels for one architecture alone run wherever the build and the device have them;
+  // this is the Hopper case of that choice, the one a context may turn off.
   std::optional<bool> hopper_kernels;
 };
 

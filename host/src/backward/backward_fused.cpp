@@ -9,6 +9,7 @@
 #include "kernels/registry.h"
 #include "backward/backward_paths.h"
 #include "forward/kernel_args.h"
+#include "runtime/capability.h"
 #include "selfattn/error.h"
 
 namespace selfattn::detail {
@@ -18,39 +19,34 @@ using kernels::Element;
 using kernels::FlashBwdInstance;
 using InstanceFn = FlashBwdInstance (*)();
 
-// The instances this build ships: (dtype, head_dim) -> the two kernels, per backend.
+// Its kernel list (kernels/backward/flash_bwd_kernels.inc): (dtype, head_dim) -> the two kernels,
+// per backend (cuda: null in a build without nvcc).
 struct BackwardEntry {
   DType dtype;
   int head_dim;
+  KernelArch arch;
   InstanceFn sim_dkdv, sim_dq;
-  InstanceFn cuda_dkdv, cuda_dq;  // null in a build without nvcc
+  InstanceFn cuda_dkdv, cuda_dq;
 };
 
-#if SELFATTN_HAVE_CUDA
-#define SELFATTN_FLASH_BWD_CUDA(E, D) \
-  &kernels::cuda_target::flash_bwd_dkdv_instance<Element::E, D>, &kernels::cuda_target::flash_bwd_dq_instance<Element::E, D>
-#else
-#define SELFATTN_FLASH_BWD_CUDA(E, D) nullptr, nullptr
-#endif
-#define SELFATTN_FLASH_BWD_ENTRY(E, D)                                                            \
-  BackwardEntry {                                                                                 \
-    DType::E, D, &kernels::sim_target::flash_bwd_dkdv_instance<Element::E, D>,                    \
-        &kernels::sim_target::flash_bwd_dq_instance<Element::E, D>, SELFATTN_FLASH_BWD_CUDA(E, D) \
-  }
-
+#define SELFATTN_FLASH_BWD(arch, E, D)                                                                    \
+  BackwardEntry{DType::E,                                                                                 \
+                D,                                                                                        \
+                KernelArch::arch,                                                                         \
+                &kernels::sim_target::flash_bwd_dkdv_instance<Element::E, D>,                              \
+                &kernels::sim_target::flash_bwd_dq_instance<Element::E, D>,                                \
+                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dkdv_instance<Element::E, D>), \
+                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dq_instance<Element::E, D>)},
 const BackwardEntry kInstances[] = {
-    SELFATTN_FLASH_BWD_ENTRY(f16, 32),  SELFATTN_FLASH_BWD_ENTRY(f16, 64),  SELFATTN_FLASH_BWD_ENTRY(f16, 96),
-    SELFATTN_FLASH_BWD_ENTRY(f16, 128), SELFATTN_FLASH_BWD_ENTRY(bf16, 32), SELFATTN_FLASH_BWD_ENTRY(bf16, 64),
-    SELFATTN_FLASH_BWD_ENTRY(bf16, 96), SELFATTN_FLASH_BWD_ENTRY(bf16, 128),
+#include "kernels/backward/flash_bwd_kernels.inc"
 };
-#undef SELFATTN_FLASH_BWD_ENTRY
-#undef SELFATTN_FLASH_BWD_CUDA
+#undef SELFATTN_FLASH_BWD
 
 constexpr int kMaxGridYZ = 65535;  // (kv) heads on grid.y, batch on grid.z
 
-const BackwardEntry* entry_for(const AttentionCall& call) {
+const BackwardEntry* entry_for(const ContextState& ctx, const AttentionCall& call) {
   for (const BackwardEntry& entry : kInstances)
-    if (entry.dtype == call.dtype && entry.head_dim == call.head_dim) return &entry;
+    if (entry.dtype == call.dtype && entry.head_dim == call.head_dim && kernels_usable(ctx, entry.arch)) return &entry;
   return nullptr;
 }
 
@@ -58,7 +54,7 @@ struct Kernels {
   FlashBwdInstance dkdv, dq;
 };
 Kernels kernels_for(const ContextState& ctx, const AttentionCall& call) {
-  const BackwardEntry* entry = entry_for(call);
+  const BackwardEntry* entry = entry_for(ctx, call);
   if (entry == nullptr) return {};
   if (ctx.device->backend() == Backend::sim) return {entry->sim_dkdv(), entry->sim_dq()};
   if (entry->cuda_dkdv == nullptr) return {};
@@ -105,7 +101,7 @@ const char* fused_backward_unsupported(const ContextState& ctx, const BackwardCa
   const AttentionCall& f = call.forward;
   if (f.dtype == DType::f32)
     return "the fused backward runs on tensor cores (f16/bf16); fp32 needs the naive or cublas path";
-  if (entry_for(f) == nullptr)
+  if (entry_for(ctx, f) == nullptr)
     return "the fused backward has head_dim 32, 64, 96 and 128 (256 would hold 256 fp32 accumulators of dK and dV "
            "per thread: spills); others need the naive or cublas path";
   if (f.heads > kMaxGridYZ || f.batch > kMaxGridYZ) return "more than 65535 heads or sequences per call";

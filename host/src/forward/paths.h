@@ -107,7 +107,7 @@ void run_naive_probabilities(ContextState& ctx, const ScorePlan& plan, const Ten
 void run_cublas(ContextState& ctx, const ScorePlan& plan, void* workspace);
 void run_fused(ContextState& ctx, const AttentionCall& call, void* workspace);
 // FP8 inputs (fp8_inputs.cpp). runs_fp8_natively: the call runs as it is, on the fused path's
-// Hopper FP8 kernel (fused_takes_fp8, path_fused.cpp), when `requested` allows that path. Every
+// Hopper FP8 kernel (fused_takes_fp8, fused_hopper_fp8.cpp), when `requested` allows that path. Every
 // other FP8 call goes through run_fp8_dequantized: q, k and v dequantized into out's dtype in the
 // workspace (dequantized_call(call, base) is the call on those copies at `base`), then planned and
 // run as a 16- or 32-bit call; it reserves the workspace itself.

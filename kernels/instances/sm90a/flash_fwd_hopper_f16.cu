@@ -1,6 +1,6 @@
 // Hopper fused attention (wgmma + TMA), f16. nvcc builds it for sm_90a only (kernels/CMakeLists.txt).
-#include "../hopper/flash_fwd_hopper.cuh"
-#include "../registry.h"
+#include "hopper/flash_fwd_hopper.cuh"
+#include "registry.h"
 
 SELFATTN_KERNELS_BEGIN
 

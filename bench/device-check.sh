@@ -114,7 +114,7 @@ configure() {
   [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
   # The device is a Hopper GPU: a configure that leaves the wgmma kernels out checks the wrong kernel.
   case "$CUDA_ARCH" in *90a*)
-    grep -q "Hopper (sm_90a) kernels ON" "$build/configure.out" || {
+    grep -q "selfattn: sm90a kernels ON" "$build/configure.out" || {
       echo "CUDA_ARCH=$CUDA_ARCH, but the configure left the Hopper (sm_90a) kernels out"; return 1; } ;;
   esac
   check_dependencies "$build"

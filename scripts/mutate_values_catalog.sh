@@ -411,3 +411,15 @@ mutant decode_rows_unpadded kernels/decode/decode_split_kv_mma.cuh 1 \
 mutant decode_merge_unpadded kernels/decode/decode_split_kv_mma.cuh 1 \
   'static constexpr int kMergeLd = D + 8;' 'static constexpr int kMergeLd = D;' \
   'the tensor-core decode'"'"'s merge rows unpadded: its float2 stores 4-way bank-conflicted'
+
+# Issue 47 item 3: two head dims (head_dim_qk for q and k, head_dim_v for v and out) through the
+# call; tests/forward/test_head_dims.
+mutant naive_pv_over_qk_dim host/src/forward/path_naive.cpp 1 \
+  '    pv.head_dim = call.head_dim_v;' '    pv.head_dim = call.head_dim_qk;' \
+  'the naive path'"'"'s P V runs over q'"'"'s head dim, not v'"'"'s'
+mutant cublas_pv_over_qk_dim host/src/forward/path_cublas.cpp 1 \
+  '      pv.m = call.head_dim_v;' '      pv.m = call.head_dim_qk;' \
+  'the cublas path'"'"'s P V GEMM has q'"'"'s head dim as its rows'
+mutant backward_takes_two_head_dims host/src/backward/attention_backward.cpp 1 \
+  '  if (path != Path::automatic && !call.forward.equal_head_dims())' '  if (false)' \
+  'the backward runs calls with head_dim_v != head_dim_qk, which its kernels do not take'

@@ -191,12 +191,14 @@ def _torch_op(function, inputs, out, context):
 
 
 def _qkv_out(q, k, v, out, ndim, context, out_dtype=None):
-    """The checked arrays, the context they run on, and out (allocated like q when not given, of
-    out_dtype's name when given: FP8 inputs)."""
+    """The checked arrays, the context they run on, and out (allocated like q with v's head dim -
+    the last axis, v's own where it differs from q's and k's - when not given; of out_dtype's name
+    when given: FP8 inputs)."""
     arrays = _arrays.Arguments(dict(q=q, k=k, v=v, out=out), ndim=ndim)
     ctx = _context_for(arrays["q"], context)
     if out is None:
-        out = _arrays.empty_like(arrays["q"], tuple(arrays["q"].shape), out_dtype)
+        shape = (*arrays["q"].shape[:-1], arrays["v"].shape[-1])
+        out = _arrays.empty_like(arrays["q"], tuple(shape), out_dtype)
         arrays.add_output("out", out)
     return arrays, ctx, out
 

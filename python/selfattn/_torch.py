@@ -108,10 +108,10 @@ def _register():
     def _(q, k, v, causal, scale, path, key_lengths, layout, deterministic, window_left, window_right, softcap,
           alibi_slopes, bias, key_start, q_offset, sinks, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
           q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
-        # out has q's shape in either layout (FP8 q: out_dtype, which the public function always sets
-        # then); lse is [batch, heads, seq_q].
+        # out has q's shape with v's head dim in either layout (FP8 q: out_dtype, which the public
+        # function always sets then); lse is [batch, heads, seq_q].
         heads, seq_q = (q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[2], q.shape[1])
-        return (q.new_empty(q.shape, dtype=out_dtype or q.dtype),
+        return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype or q.dtype),
                 q.new_empty((q.shape[0], heads, seq_q), dtype=torch.float32))
 
     # The out variants (see the module's doc): the caller's out is written in place and the op
@@ -251,7 +251,8 @@ def _register():
     def _(q, k, v, *options, **keywords):
         named = {**dict(zip(op_argument_names(attention_varlen)[3:], options)), **keywords}
         out_dtype = named.get("out_dtype") or q.dtype  # FP8 q: out_dtype, which the public function sets then
-        return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype),  # q's rows, v's head dim
+                q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
     @torch.library.custom_op("selfattn::attention_varlen_out", mutates_args=("out",))
     def attention_varlen_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,

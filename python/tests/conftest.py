@@ -159,7 +159,7 @@ def reference(q, k, v, causal=None, scale=None, key_lengths=None, **mods):
     kv_heads, seq_k = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     rule = Mods((batch, heads, seq_q, seq_k), causal, **mods)
-    out = np.zeros((batch, heads, seq_q, dim))
+    out = np.zeros((batch, heads, seq_q, v.shape[3]))  # v's head dim may differ from q's and k's
     lse = np.full((batch, heads, seq_q), -np.inf)
     for b in range(batch):
         len_k = seq_k if key_lengths is None else min(max(int(key_lengths[b]), 0), seq_k)

@@ -64,6 +64,20 @@ def test_each_path(rng, path):
     run_case(rng, dtype="float16", batch=2, heads=2, seq_q=19, seq_k=23, dim=32, causal="bottom_right", path=path)
 
 
+@pytest.mark.parametrize("path", ["naive", "cublas", "auto"])
+def test_v_head_dim_apart_from_q_and_k(rng, path):
+    # MLA's prefill shape in small: q and k of one head dim, v (and so out) of another.
+    q, k = random(rng, (2, 4, 7, 48), "float32"), random(rng, (2, 2, 9, 48), "float32")
+    v = random(rng, (2, 2, 9, 24), "float32")
+    out, lse = selfattn.attention(q, k, v, causal="bottom_right", path=path, return_lse=True)
+    assert out.shape == (2, 4, 7, 24)
+    want, want_lse = reference(q, k, v, "bottom_right")
+    assert relative_error(out, want) <= TOLERANCE["float32"]
+    assert relative_error(lse, want_lse) <= TOLERANCE["float32"]
+    with pytest.raises(selfattn.NotAvailable, match="head_dim_v != head_dim_qk"):
+        selfattn.attention(q, k, v, path="fused")
+
+
 def test_scale(rng):
     run_case(rng, seq_q=5, dim=8, scale=0.37)
 

@@ -65,6 +65,24 @@ def test_fake_implementation_gives_shapes():
         assert out.shape == q.shape and lse.shape == (2, 4, 5) and lse.dtype == torch.float32
 
 
+def test_torch_compile_v_head_dim_apart():
+    # out takes v's head dim (MLA's d_v != d_qk): the fake traces that shape, the op computes it.
+    if not hasattr(torch, "compile"):
+        pytest.skip("this PyTorch has no torch.compile")
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 6, 16, generator=g)
+    v = torch.randn(1, 2, 6, 8, generator=g)
+
+    def f(q, k, v):
+        out = selfattn.attention(q, k, v, path="naive")
+        return out * 2, out.shape[-1]
+
+    doubled, columns = torch.compile(f, backend="eager", fullgraph=True)(q, k, v)
+    assert columns == 8 and doubled.shape == (1, 2, 5, 8)
+    want, _ = reference(q.numpy(), k.numpy(), v.numpy())
+    assert relative_error(doubled.numpy() / 2, want) <= TOLERANCE["float32"]
+
+
 @pytest.mark.device_check
 def test_torch_compile(torch_device):
     if not hasattr(torch, "compile"):

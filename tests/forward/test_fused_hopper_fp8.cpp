@@ -89,7 +89,7 @@ TEST(FusedHopperFp8, TakesTheCallsItRunsAndOnlyThose) {
   call.batch = call.heads = call.kv_heads = 1;
   call.seq_q = 7;
   call.seq_k = 9;
-  call.head_dim = 128;
+  call.head_dim_qk = call.head_dim_v = 128;
   EXPECT_TRUE(detail::fused_takes_fp8(hopper.state(), call));
   EXPECT_EQ(detail::fused_unsupported(hopper.state(), call), nullptr);
   EXPECT_FALSE(detail::fused_takes_fp8(off.state(), call));
@@ -105,9 +105,10 @@ TEST(FusedHopperFp8, TakesTheCallsItRunsAndOnlyThose) {
   const int32_t zero = 0;
   EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.dtype = x.q.dtype = x.k.dtype = x.v.dtype = DType::e5m2; }));
   EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.out.dtype = DType::f32; }));
-  EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.head_dim = 64; }));
+  EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.head_dim_qk = x.head_dim_v = 64; }));
+  EXPECT_TRUE(refused([](detail::AttentionCall& x) { x.head_dim_v = 64; }));  // keyed by both head dims
   detail::AttentionCall d256 = call;
-  d256.head_dim = 256;
+  d256.head_dim_qk = d256.head_dim_v = 256;
   d256.q.shape[3] = d256.k.shape[3] = d256.v.shape[3] = d256.out.shape[3] = 256;
   EXPECT_TRUE(detail::fused_takes_fp8(hopper.state(), d256));
   EXPECT_TRUE(refused([&](detail::AttentionCall& x) { x.key_start = &zero; }));

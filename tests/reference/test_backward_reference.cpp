@@ -28,8 +28,10 @@ Inputs random_inputs(const Problem& p, uint64_t seed, bool with_dlse = false) {
   std::normal_distribution<double> normal(0.0, 1.0);
   Inputs in;
   const size_t q_size = size_t(p.batch) * p.heads * p.seq_q * p.head_dim;
-  const size_t kv_size = size_t(p.batch) * p.kv_heads * p.seq_k * p.head_dim;
-  for (auto [vec, n] : {std::pair{&in.q, q_size}, {&in.k, kv_size}, {&in.v, kv_size}, {&in.dout, q_size}}) {
+  const size_t k_size = size_t(p.batch) * p.kv_heads * p.seq_k * p.head_dim;
+  const size_t v_size = size_t(p.batch) * p.kv_heads * p.seq_k * p.v_dim();
+  const size_t out_size = size_t(p.batch) * p.heads * p.seq_q * p.v_dim();
+  for (auto [vec, n] : {std::pair{&in.q, q_size}, {&in.k, k_size}, {&in.v, v_size}, {&in.dout, out_size}}) {
     vec->resize(n);
     for (double& x : *vec) x = normal(rng);
   }
@@ -98,6 +100,18 @@ Problem base(int heads, int kv_heads, int seq_q, int seq_k, int head_dim) {
 }
 
 TEST(BackwardReference, FiniteDifferencesPlain) { expect_matches_finite_differences(base(2, 2, 5, 7, 3), 1); }
+
+// v and out with a head dim of their own (head_dim_v), narrower and wider than q's and k's.
+TEST(BackwardReference, FiniteDifferencesTwoHeadDims) {
+  Problem narrow = base(4, 2, 5, 7, 5);
+  narrow.head_dim_v = 3;
+  narrow.causal = Causal::bottom_right;
+  expect_matches_finite_differences(narrow, 8, /*with_dlse=*/true);
+  Problem wide = base(2, 1, 6, 4, 2);
+  wide.head_dim_v = 7;
+  wide.sinks = {0.5, -kInf};
+  expect_matches_finite_differences(wide, 9);
+}
 
 TEST(BackwardReference, FiniteDifferencesCausalBothAlignments) {
   for (Causal causal : {Causal::top_left, Causal::bottom_right}) {

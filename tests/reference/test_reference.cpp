@@ -1,7 +1,9 @@
 // The CPU reference (selfattn/reference.h) against values computed by hand. Each case is small
 // enough to check with pencil and paper; the comment beside it shows the arithmetic.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -157,9 +159,57 @@ TEST(Reference, RejectsInconsistentArguments) {
   p = problem(1, 1, 1);
   p.key_lengths = {1, 1};
   EXPECT_THROW(attention(p, {1.0}, {1.0}, {1.0}), InvalidArgument);
+  p = problem(1, 2, 1);
+  p.head_dim_v = 2;  // v: 2 keys x 2 columns
+  EXPECT_THROW(attention(p, {1.0}, {1.0, 2.0}, {1.0, 2.0}), InvalidArgument);
+  EXPECT_NO_THROW(attention(p, {1.0}, {1.0, 2.0}, {1.0, 2.0, 3.0, 4.0}));
 }
 
 // The seed document's worked example: tokens 动物, 马路, 它 (rows 1, 5 and 7 of its X), d_k = 2.
+// head_dim_v apart from head_dim, derived from problems of one head dim: zero columns change no
+// dot product, so v zero-padded to q's width (or q and k to v's, the scale kept at 1/sqrt(d_qk))
+// gives the same softmax, and out's first head_dim_v columns are the two-head-dim result.
+TEST(Reference, TwoHeadDimsAgreeWithZeroPaddedOnes) {
+  auto padded = [](const std::vector<double>& x, size_t rows, size_t from, size_t to) {
+    std::vector<double> y(rows * to, 0.0);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t e = 0; e < from; ++e) y[r * to + e] = x[r * from + e];
+    return y;
+  };
+  for (const auto& [d_qk, d_v] : {std::pair{5, 3}, std::pair{2, 7}, std::pair{4, 1}}) {
+    Problem p;
+    p.batch = 2;
+    p.heads = 4;
+    p.kv_heads = 2;
+    p.seq_q = 3;
+    p.seq_k = 6;
+    p.head_dim = d_qk;
+    p.head_dim_v = d_v;
+    p.causal = Causal::top_left;
+    p.key_lengths = {6, 4};
+    const size_t q_rows = size_t(p.batch) * p.heads * p.seq_q, kv_rows = size_t(p.batch) * p.kv_heads * p.seq_k;
+    std::vector<double> q(q_rows * d_qk), k(kv_rows * d_qk), v(kv_rows * d_v);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.7 * double(i));
+    for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(1.3 * double(i));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.3 * double(i) + 1);
+    const Result two = attention(p, q, k, v);
+    ASSERT_EQ(two.out.size(), q_rows * d_v);
+
+    const int d = std::max(d_qk, d_v);
+    Problem one = p;
+    one.head_dim = d;
+    one.head_dim_v = 0;
+    one.scale = 1.0 / std::sqrt(double(d_qk));
+    const Result same = attention(one, padded(q, q_rows, d_qk, d), padded(k, kv_rows, d_qk, d),
+                                  padded(v, kv_rows, d_v, d));
+    for (size_t r = 0; r < q_rows; ++r) {
+      EXPECT_NEAR(two.lse[r], same.lse[r], 1e-12) << "row " << r;
+      for (int e = 0; e < d_v; ++e)
+        EXPECT_NEAR(two.out[r * d_v + e], same.out[r * d + e], 1e-12) << "row " << r << " column " << e;
+    }
+  }
+}
+
 TEST(Reference, SeedWorkedExample) {
   const double x[3][4] = {{0.55, 0.20, -0.11, 0.44}, {0.62, -0.10, 0.24, -0.31}, {0.19, -0.37, 0.28, 0.06}};
   const double wq[4][2] = {{1, 0}, {0, 1}, {1, 1}, {0, -1}};

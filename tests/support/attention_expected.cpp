@@ -31,7 +31,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
                                      const std::vector<double>& k, const std::vector<double>& v,
                                      const AttentionArithmetic& arithmetic) {
   const reference::Result exact = reference::attention(p, q, k, v);
-  const size_t d = size_t(p.head_dim);
+  const size_t d = size_t(p.head_dim), dv = size_t(p.v_dim());  // q/k's head dim, v/out's
   const size_t rows = size_t(p.batch) * p.heads * p.seq_q;
   // The scale as the library holds it: a float.
   const float scale = p.scale != 0 ? float(p.scale) : 1.0f / std::sqrt(float(std::max(p.head_dim, 1)));
@@ -39,7 +39,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
   const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
 
   AttentionExpected e;
-  e.out.row_length = std::max(p.head_dim, 1);
+  e.out.row_length = std::max(p.v_dim(), 1);
   e.out.exact = exact.out;
   e.out.allowed.assign(exact.out.size(), 0.0);
   e.out.scale.assign(exact.out.size(), 0.0);
@@ -55,7 +55,7 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
     for (int h = 0; h < p.heads; ++h) {
       const size_t kv = size_t(b) * p.kv_heads + size_t(h / group);
       const double* k_head = k.data() + kv * p.seq_k * d;
-      const double* v_head = v.data() + kv * p.seq_k * d;
+      const double* v_head = v.data() + kv * p.seq_k * dv;
       const double slope = reference::alibi_slope(p, b, h);
       const float sink = float(reference::sink_logit(p, h));
       for (int i = 0; i < p.seq_q; ++i) {
@@ -148,16 +148,16 @@ AttentionExpected expected_attention(const reference::Problem& p, const std::vec
         e.lse.scale[row] = std::abs(exact.lse[row]) + weighted_magnitude + 1;
         e.lse.floor[row] = u32 * (std::abs(exact.lse[row]) + fp32_steps);
 
-        for (size_t c = 0; c < d; ++c) {
+        for (size_t c = 0; c < dv; ++c) {
           float acc = 0;
           double terms2 = 0, values2 = 0;
           for (int j = keys.begin; j < keys.end; ++j) {
-            acc += probs[j] * float(v_head[j * d + c]);
-            const double term = double(probs[j]) * v_head[j * d + c];
+            acc += probs[j] * float(v_head[j * dv + c]);
+            const double term = double(probs[j]) * v_head[j * dv + c];
             terms2 += term * term;
-            values2 += v_head[j * d + c] * v_head[j * d + c];
+            values2 += v_head[j * dv + c] * v_head[j * dv + c];
           }
-          const size_t at = row * d + c;
+          const size_t at = row * dv + c;
           e.out.allowed[at] = round_to(arithmetic.dtype, acc);
           e.out.scale[at] = std::abs(exact.out[at]) + std::sqrt(terms2);
           e.out.floor[at] = rounding_floor(arithmetic.dtype, fp32_steps, e.out.scale[at]) +

@@ -22,6 +22,7 @@ std::string AttentionCase::name() const {
   std::ostringstream s;
   s << selfattn::to_string(dtype) << " b" << batch << " h" << heads << "/" << kv_heads << " q" << seq_q << " k" << seq_k
     << " d" << head_dim << " causal=" << selfattn::to_string(causal);
+  if (head_dim_v > 0) s << " dv" << head_dim_v;
   if (!key_lengths.empty()) {
     s << " keys=[";
     for (size_t i = 0; i < key_lengths.size(); ++i) s << (i ? "," : "") << key_lengths[i];
@@ -151,18 +152,22 @@ bool rounds_probabilities(Context& ctx, Path path, const TensorView& q, const Te
                           const TensorView& out, const AttentionOptions& options) {
   if (q.dtype == DType::f32) return false;
   if (path == Path::automatic) path = resolve_path(ctx, q, k, v, options);
-  const int head_dim = int(q.head_dim());
   switch (path) {
     case Path::cublas: return true;  // the softmax writes P in the input dtype: cuBLAS takes A and B of one type
     case Path::naive: {
+      // P V runs over v's head dim (path_naive.cpp looks its kernel up by it).
       const kernels::Element element = q.dtype == DType::f16 ? kernels::Element::f16 : kernels::Element::bf16;
-      return std::string(kernels::sim_target::pv_tiled_instance(element, head_dim).kernel.name).find("mma") !=
-             std::string::npos;
+      return std::string(kernels::sim_target::pv_tiled_instance(element, int(v.head_dim())).kernel.name)
+                 .find("mma") != std::string::npos;
     }
     case Path::fused: {
-      // fused_mma.cpp: tensor cores for the shipped head dims (kernels/forward/flash_fwd_kernels.inc) when
+      // fused_mma.cpp: tensor cores for a line of the kernel list (dtype and both head dims) when
       // every row starts on 16 bytes.
-      const bool shipped = head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+      bool shipped = false;
+#define SELFATTN_FLASH_FWD(arch, E, DQK, DV) \
+  shipped |= q.dtype == DType::E && q.head_dim() == DQK && v.head_dim() == DV;
+#include "kernels/forward/flash_fwd_kernels.inc"
+#undef SELFATTN_FLASH_FWD
       return shipped && rows_on_16_bytes(q) && rows_on_16_bytes(k) && rows_on_16_bytes(v) && rows_on_16_bytes(out);
     }
     case Path::automatic: break;
@@ -213,7 +218,7 @@ using namespace harness;
     const int group = c.heads / c.kv_heads;
     apply_fp8_descales(q, Role::q, c.batch, c.heads, group, c.seq_q, c.head_dim);
     apply_fp8_descales(k, Role::k, c.batch, c.kv_heads, 1, c.seq_k, c.head_dim);
-    apply_fp8_descales(v, Role::v, c.batch, c.kv_heads, 1, c.seq_k, c.head_dim);
+    apply_fp8_descales(v, Role::v, c.batch, c.kv_heads, 1, c.seq_k, c.v_dim());
     for (Role role : {Role::q, Role::k, Role::v}) {
       DeviceBuffer<float>& buffer = descales[int(role)];
       buffer = DeviceBuffer<float>(ctx, std::max(c.batch * c.kv_heads, 1), "test descale");
@@ -263,6 +268,7 @@ using namespace harness;
   problem.seq_q = c.seq_q;
   problem.seq_k = c.seq_k;
   problem.head_dim = c.head_dim;
+  problem.head_dim_v = c.head_dim_v;
   problem.causal = c.causal;
   problem.scale = c.scale ? double(*c.scale) : 0.0;
   problem.key_lengths = c.key_lengths;

@@ -48,6 +48,8 @@ constexpr double kRisingKeyStep = 1e-5;
 struct AttentionCase {
   DType dtype = DType::f32;
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
+  int head_dim_v = 0;  // v's and out's head dim where it is not head_dim (q's and k's); 0: head_dim
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   Causal causal = Causal::none;
   std::vector<int32_t> key_lengths;  // empty: no key_lengths argument; else [batch]
   // Empty: no argument; else [batch] (AttentionOptions::key_start, q_offset). K/V rows before a
@@ -168,6 +170,8 @@ struct VarlenCase {
   // seqused_k); its key rows past them hold NaN, as rows before a key_start do.
   std::vector<int32_t> key_lengths = {};
   std::optional<DType> fp8;  // as AttentionCase::fp8, the descales per (sequence, kv head)
+  int head_dim_v = 0;        // as AttentionCase::head_dim_v (last: the tests list cases by position)
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   std::string name() const;
 };
 

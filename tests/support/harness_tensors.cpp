@@ -11,12 +11,15 @@ DType stored_dtype(const AttentionCase& c, Role role) {
   return input && c.fp8 ? *c.fp8 : c.dtype;
 }
 
+// q and k have the case's head_dim, v and out its v_dim().
+int head_dim_of(const AttentionCase& c, Role role) { return role == Role::v || role == Role::out ? c.v_dim() : c.head_dim; }
+
 DeviceTensor make_tensor(Context& ctx, const AttentionCase& c, Role role, int heads, int seq, const char* label) {
   DeviceTensor t;
   const DType dtype = stored_dtype(c, role);
   t.element = dtype_size(dtype);
   t.misalign_bytes = size_t(c.misalign) * t.element;
-  t.view = strided_view(nullptr, dtype, c.batch, heads, seq, c.head_dim,
+  t.view = strided_view(nullptr, dtype, c.batch, heads, seq, head_dim_of(c, role),
                         tensor_layout(c.layout, c.row_gap, c.strides, role), c.batch_gap);
   const int64_t block = batch_block_elements(t.view);
   t.batch_bytes = size_t(block) * t.element;
@@ -62,11 +65,12 @@ Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads,
                      const char* label, Keys keys, bool padded_rows, int unowned_rows) {
   Operand op;
   op.tensor = make_tensor(ctx, c, role, heads, seq, label);
-  const size_t count = size_t(c.batch) * heads * seq * c.head_dim;
+  const int head_dim = head_dim_of(c, role);
+  const size_t count = size_t(c.batch) * heads * seq * head_dim;
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // 0xFF bytes: NaN in every dtype in the row gaps, which no kernel may read.
   std::vector<unsigned char> host(op.tensor.batch_bytes * size_t(c.batch), 0xFF);
-  std::vector<float> first_row(size_t(c.head_dim));
+  std::vector<float> first_row(static_cast<size_t>(head_dim));
   op.logical.resize(count);
   size_t i = 0;
   for (int b = 0; b < c.batch; ++b)
@@ -74,7 +78,7 @@ Operand make_operand(Context& ctx, const AttentionCase& c, Role role, int heads,
       if (keys == Keys::rising)
         for (float& x : first_row) x = normal(rng);
       for (int s = 0; s < seq; ++s)
-        for (int d = 0; d < c.head_dim; ++d, ++i) {
+        for (int d = 0; d < head_dim; ++d, ++i) {
           const float drawn = keys == Keys::rising ? float(first_row[d] * (1 + kRisingKeyStep * s)) : normal(rng);
           const float value = round_to(stored_dtype(c, role), drawn);
           op.logical[i] = value;

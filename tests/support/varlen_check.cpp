@@ -15,7 +15,9 @@ using namespace harness;
 
 std::string VarlenCase::name() const {
   std::ostringstream s;
-  s << selfattn::to_string(dtype) << " varlen h" << heads << "/" << kv_heads << " d" << head_dim << " q=[";
+  s << selfattn::to_string(dtype) << " varlen h" << heads << "/" << kv_heads << " d" << head_dim;
+  if (head_dim_v > 0) s << " dv" << head_dim_v;
+  s << " q=[";
   for (size_t i = 0; i < seq_q.size(); ++i) s << (i ? "," : "") << seq_q[i];
   s << "] k=[";
   for (size_t i = 0; i < seq_k.size(); ++i) s << (i ? "," : "") << seq_k[i];
@@ -50,6 +52,7 @@ std::string VarlenCase::name() const {
   packed.dtype = c.dtype;
   packed.batch = 1;
   packed.head_dim = c.head_dim;
+  packed.head_dim_v = c.head_dim_v;
   packed.layout = c.layout;
   packed.strides = c.strides;
   packed.misalign = c.misalign;
@@ -72,7 +75,7 @@ std::string VarlenCase::name() const {
     apply_fp8_descales(q, Role::q, 1, c.heads, c.heads / c.kv_heads, total_q, c.head_dim,
                        sequence_of_rows(cu_q, total_q));
     apply_fp8_descales(k, Role::k, 1, c.kv_heads, 1, total_k, c.head_dim, sequence_of_rows(cu_k, total_k));
-    apply_fp8_descales(v, Role::v, 1, c.kv_heads, 1, total_k, c.head_dim, sequence_of_rows(cu_k, total_k));
+    apply_fp8_descales(v, Role::v, 1, c.kv_heads, 1, total_k, c.v_dim(), sequence_of_rows(cu_k, total_k));
     for (Role role : {Role::q, Role::k, Role::v}) {
       DeviceBuffer<float>& buffer = descales[int(role)];
       buffer = DeviceBuffer<float>(ctx, std::max(batch * c.kv_heads, 1), "test descale");
@@ -88,7 +91,7 @@ std::string VarlenCase::name() const {
         const bool past = !c.key_lengths.empty() && r >= c.key_lengths[size_t(b)];
         if (!before && !past) continue;
         for (int h = 0; h < c.kv_heads; ++h)
-          for (int e = 0; e < c.head_dim; ++e)
+          for (int e = 0; e < op->tensor.view.head_dim(); ++e)
             store_element(bytes.data(), op->tensor.view.dtype, host_index(op->tensor, 0, h, cu_k[b] + r, e), NAN);
       }
     upload(op->tensor, bytes, 1);
@@ -136,7 +139,7 @@ std::string VarlenCase::name() const {
     return ::testing::AssertionFailure() << c.name() << ": " << gaps.message();
   for (int h = 0; h < c.heads; ++h)
     for (int r = cu_q.back(); r < total_q; ++r) {
-      for (int e = 0; e < c.head_dim; ++e)
+      for (int e = 0; e < c.v_dim(); ++e)
         for (size_t byte = 0; byte < out_tensor.element; ++byte)
           if (out_host[host_index(out_tensor, 0, h, r, e) * out_tensor.element + byte] != 0xFF)
             return ::testing::AssertionFailure() << c.name() << ": out's row " << r << " of head " << h
@@ -152,7 +155,7 @@ std::string VarlenCase::name() const {
                            arithmetic, /*varlen=*/true);
   // Each sequence against the reference run on it alone; the parts are judged as one result.
   AttentionExpected expected;
-  expected.out.row_length = c.head_dim;
+  expected.out.row_length = c.v_dim();
   std::vector<double> out, lse;
   std::vector<std::string> row_names;
   const int d = c.head_dim;
@@ -160,11 +163,12 @@ std::string VarlenCase::name() const {
     if (c.seq_q[b] == 0) continue;
     // This sequence alone, as the reference takes it: contiguous [1, heads, len, d].
     auto slice = [&](const Operand& op, int heads, int total, int first, int len) {
-      std::vector<double> part(size_t(heads) * len * d);
+      const int cols = int(op.tensor.view.head_dim());  // q and k: head_dim; v: v_dim()
+      std::vector<double> part(size_t(heads) * len * cols);
       for (int h = 0; h < heads; ++h)
         for (int r = 0; r < len; ++r)
-          for (int e = 0; e < d; ++e)
-            part[(size_t(h) * len + r) * d + e] = op.logical[(size_t(h) * total + first + r) * d + e];
+          for (int e = 0; e < cols; ++e)
+            part[(size_t(h) * len + r) * cols + e] = op.logical[(size_t(h) * total + first + r) * cols + e];
       return part;
     };
     reference::Problem problem;
@@ -173,6 +177,7 @@ std::string VarlenCase::name() const {
     problem.seq_q = c.seq_q[b];
     problem.seq_k = c.seq_k[b];
     problem.head_dim = d;
+    problem.head_dim_v = c.head_dim_v;
     problem.causal = c.causal;
     if (!c.key_start.empty()) problem.key_start = {c.key_start[size_t(b)]};
     if (!c.key_lengths.empty()) problem.key_lengths = {c.key_lengths[size_t(b)]};

@@ -62,6 +62,13 @@ TEST(AttentionArguments, ShapeMismatches) {
   { Call c; c.v.shape[2] = 6; EXPECT_REJECTED(c, "v.shape[2] (seq) expected 7", "k.shape[2]", "got 6"); }
   { Call c; c.v.shape[1] = 1; EXPECT_REJECTED(c, "v.shape[1] (heads) expected 2", "got 1"); }
   { Call c; c.k.shape[3] = 2; EXPECT_REJECTED(c, "k.shape[3] (head_dim) expected 3", "got 2"); }
+  // v may have a head dim of its own (head_dim_v); out must have v's.
+  { Call c; c.out.shape[3] = 2; EXPECT_REJECTED(c, "out.shape[3] (head_dim) expected 3 (v.shape[3]", "got 2"); }
+  {
+    Call c;
+    c.v.shape[3] = c.out.shape[3] = 0;
+    EXPECT_REJECTED(c, "v.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
+  }
 }
 
 TEST(AttentionArguments, DtypeMismatch) {

@@ -107,6 +107,9 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
       {"q.shape[1] (heads)", [](Call& c) { c.q.shape[1] = 3; c.out.shape[1] = 3; }},
       {"q.shape[3]", [](Call& c) { c.q.shape[3] = 32; }},
       {"out.shape[2]", [](Call& c) { c.out.shape[2] = 2; }},
+      {"out.shape[3] (head_dim) expected 64 (cache.v.shape[3])", [](Call& c) { c.out.shape[3] = 32; }},
+      // Two head dims pass through validation's shapes, but the KV-cache kernels take one.
+      {"cache.v.shape[3] (head_dim_v) expected 64", [](Call& c) { c.cache.v.shape[3] = 32; c.out.shape[3] = 32; }},
       {"q.strides[3]", [](Call& c) { c.q.strides[3] = 2; }},
       {"out expected not to overlap q", [](Call& c) { c.out.data = c.q.data; }},
       {"cache.lengths expected non-null", [](Call& c) { c.cache.lengths = nullptr; }},

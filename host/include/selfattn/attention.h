@@ -115,10 +115,15 @@ struct AttentionOptions {
 
 // out = softmax(mods(scale * q k^T) + mask) v, per (batch, head) (mods: see AttentionOptions).
 //   q:   [batch, heads,    seq_q, head_dim]
-//   k,v: [batch, kv_heads, seq_k, head_dim]  kv_heads divides heads (GQA/MQA: head h reads kv head h / (heads/kv_heads))
-//   out: [batch, heads,    seq_q, head_dim]  same dtype as q (FP8 q: f16, bf16 or f32)
-// q, k, v, out share one dtype (or q, k, v one FP8 format: AttentionOptions::q_descale); head_dim's
-// stride must be 1; out must not overlap an input.
+//   k:   [batch, kv_heads, seq_k, head_dim]    kv_heads divides heads (GQA/MQA: head h reads kv head h / (heads/kv_heads))
+//   v:   [batch, kv_heads, seq_k, head_dim_v]
+//   out: [batch, heads,    seq_q, head_dim_v]  same dtype as q (FP8 q: f16, bf16 or f32)
+// head_dim_v is v's own head dim, head_dim (q's and k's) in most models; MLA's prefill has 192 and
+// 128. The naive and cublas paths take any head_dim_v; the fused path, the backward and the KV
+// cache need head_dim_v == head_dim (they throw NotAvailable / InvalidArgument saying so). The
+// default scale is 1/sqrt(head_dim).
+// q, k, v, out share one dtype (or q, k, v one FP8 format: AttentionOptions::q_descale); the last
+// dimension's stride must be 1; out must not overlap an input.
 // Runs on the context's stream (asynchronously on cuda). Throws InvalidArgument / NotAvailable /
 // WorkspaceTooSmall (see ContextOptions::workspace_limit), their messages starting with the
 // function called, or BackendError naming the failed CUDA/cuBLAS/sim call. Every check that can
@@ -126,15 +131,16 @@ struct AttentionOptions {
 // BackendError from a failed kernel or GEMM may come after part of out was written).
 // Sizes: none may be negative or above 2^31 - 2^16 (the kernels' int loops over keys must not wrap).
 // No query rows (batch, heads or seq_q of 0) writes nothing; no keys
-// (seq_k == 0) writes rows of 0 and LSE -inf without running a path. head_dim must be >= 1 when
-// there are query rows. Data pointers may be null only for views with no elements.
+// (seq_k == 0) writes rows of 0 and LSE -inf without running a path. head_dim and head_dim_v must
+// be >= 1 when there are query rows. Data pointers may be null only for views with no elements.
 // options.path: automatic tries fused, then cublas (cuda) or naive (sim), then the other; an
 // explicit path that does not support the call throws NotAvailable with its reason.
 void attention(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const AttentionOptions& options = {});
 
 // Variable-length batches, packed without padding (FlashAttention's varlen layout): q and out are
-// [1, heads, total_q, head_dim], k and v [1, kv_heads, total_k, head_dim]; sequence b owns query
+// [1, heads, total_q, head_dim (out: head_dim_v)], k and v [1, kv_heads, total_k, head_dim (v:
+// head_dim_v)]; sequence b owns query
 // rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
 // cu_seqlens_* are device int32 arrays of batch+1 entries starting at 0; max_seqlen_* bound the
 // per-sequence lengths. options.key_lengths, when set, holds one entry per sequence: sequence b

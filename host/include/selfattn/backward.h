@@ -47,11 +47,12 @@ struct BackwardOptions {
 
 // Gradients of attention(ctx, q, k, v, out, options) for the upstream gradient dout.
 //   q, k, v:  the forward's inputs, as attention() takes them (any strides, head_dim stride 1)
-//   out:      the forward's output [batch, heads, seq_q, head_dim], q's dtype
+//   out:      the forward's output [batch, heads, seq_q, head_dim_v], q's dtype
 //   dout:     dL/d(out), same shape and dtype as out
+//             (no backward path takes head_dim_v != head_dim yet: NotAvailable says so)
 //   lse:      device fp32 [batch, heads, seq_q] contiguous: the forward's options.lse output
 //             (natural log, -inf for a row that saw no key). Required when there are query rows.
-//   dq:       [batch, heads, seq_q, head_dim], dk, dv: [batch, kv_heads, seq_k, head_dim], each in q's
+//   dq:       [batch, heads, seq_q, head_dim], dk, dv: like k and v, each in q's
 //             dtype or f32, any strides (head_dim stride 1). Every element is written.
 // options: the forward's options, all of them honoured (path, causal, scale, key_lengths, window,
 // softcap, ALiBi, bias, sinks, dropout); options.lse must be null (the forward's LSE is the `lse` argument).

@@ -14,6 +14,8 @@
 //               shared between sequences (a common prefix) and appear in any order. Any page size
 //               from 1 works on every path (1, 16, 64 and 256 are among the tested ones).
 // lengths (device int32 [batch]) holds each sequence's number of valid tokens.
+// k and v share every extent, the head dim too (head_dim_v == head_dim: the append and decode
+// kernels take one; validation refuses others naming cache.v.shape[3]).
 //
 // FP8 caches (k and v of DType::e4m3 or e5m2, OCP FP8 as __nv_fp8_e4m3 / __nv_fp8_e5m2) halve the
 // bytes decode reads against f16/bf16. Each comes with float32 dequantization scales, the

@@ -11,8 +11,11 @@ namespace selfattn::reference {
 
 struct Problem {
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
+  // v's and out's head dim where it differs from q's and k's (head_dim); 0: head_dim.
+  int head_dim_v = 0;
   Causal causal = Causal::none;
   double scale = 0;                  // 0: 1/sqrt(head_dim)
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   std::vector<int32_t> key_lengths;  // empty, or [batch]
   std::vector<int32_t> key_start;    // empty, or [batch] (AttentionOptions::key_start)
   std::vector<int32_t> q_offset;     // empty, or [batch] (AttentionOptions::q_offset)
@@ -38,11 +41,12 @@ std::vector<uint8_t> dropout_keep_mask(double dropout_p, uint64_t seed, uint64_t
                                        int seq_q, int seq_k, int first_batch = 0);
 
 struct Result {
-  std::vector<double> out;  // [batch, heads, seq_q, head_dim]
+  std::vector<double> out;  // [batch, heads, seq_q, v_dim()]
   std::vector<double> lse;  // [batch, heads, seq_q]
 };
 
-// q: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads, seq_k, head_dim] (contiguous).
+// q: [batch, heads, seq_q, head_dim]; k: [batch, kv_heads, seq_k, head_dim]; v: [batch, kv_heads,
+// seq_k, v_dim()] (contiguous).
 Result attention(const Problem& problem, const std::vector<double>& q, const std::vector<double>& k,
                  const std::vector<double>& v);
 
@@ -53,7 +57,7 @@ std::vector<double> attention_probabilities(const Problem& problem, const std::v
                                             const std::vector<double>& k);
 
 // The gradients of attention() (selfattn/backward.h) in double precision: dq like q, dk and dv like
-// k, for the upstream gradient dout [batch, heads, seq_q, head_dim]. Computed from q, k, v and dout
+// k, dv like v, for the upstream gradient dout [batch, heads, seq_q, v_dim()]. Computed from q, k, v and dout
 // alone (the forward is redone exactly). Rows that see no key get dq = 0; keys no row sees get
 // dk = dv = 0. dlse, when not empty, is the upstream gradient of the LSE ([batch, heads, seq_q]):
 // the loss is then sum(dout * out) + sum(dlse * lse). Implemented in reference_backward.cpp.

@@ -37,7 +37,7 @@ void launch_backward_dot(ContextState& ctx, const BackwardCall& call, float* d) 
   p.batch = int(f.q.batch());
   p.heads = int(f.q.heads());
   p.rows = int(f.q.seq());
-  p.head_dim = f.head_dim;
+  p.head_dim = f.head_dim_v;  // D = rowsum(dO * O) runs over out's columns
   const int64_t rows = int64_t(p.batch) * p.heads * p.rows;
   if (rows == 0) return;
   kernels::LaunchShape shape;

@@ -160,7 +160,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
         g.trans_b = false;
         g.m = span_keys;  // S's and dP's columns span.begin .. span.end - 1 (the others are never read)
         g.n = chunk.rows;
-        g.k = call.head_dim;
+        g.k = int(a.head_dim());  // d_qk for S, d_v for dP
         g.alpha = 1;  // backward_scores applies the scale (it needs the scaled score for the modifiers)
         g.beta = 0;
         g.a = at(a.data, t, (for_dp ? first.v : first.k) + span.begin * a.strides[2]);
@@ -222,7 +222,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
       GemmBatch g;
       g.trans_a = false;
       g.trans_b = false;
-      g.m = call.head_dim;
+      g.m = call.head_dim_qk;
       g.n = chunk.rows;
       g.k = span_keys;
       g.alpha = 1;  // the scale is in dS
@@ -260,7 +260,7 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
           GemmBatch g;
           g.trans_a = false;
           g.trans_b = true;
-          g.m = call.head_dim;
+          g.m = int(a.head_dim());  // dK's columns (d_qk) or dV's (d_v)
           g.n = span_keys;  // dK's and dV's rows span.begin .. span.end - 1
           g.k = chunk.rows;
           g.alpha = 1;
@@ -273,9 +273,10 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
           g.b_type = t;
           g.ldb = p_ld;
           g.stride_b = sc.p_pair_stride * heads_per_kv;
-          g.c = (for_dk ? slices.dk_accum : slices.dv_accum) + first.acc + int64_t(span.begin) * call.head_dim;
+          // The accumulators' rows are head_dim_qk = head_dim_v long (the backward takes equal ones).
+          g.c = (for_dk ? slices.dk_accum : slices.dv_accum) + first.acc + int64_t(span.begin) * call.head_dim_qk;
           g.c_type = DType::f32;
-          g.ldc = call.head_dim;
+          g.ldc = call.head_dim_qk;
           g.stride_c = run.stride.acc;
           g.batch_count = run.pairs;
           ctx.device->gemm_strided_batched(g);
@@ -295,7 +296,7 @@ const char* cublas_backward_unsupported(const ContextState& ctx, const BackwardC
   // dout is a GEMM operand and dq a GEMM result: the same leading-dimension rule as q.
   for (const TensorView* view : {&call.dout, &call.dq}) {
     if (!fits_int(view->strides[2])) return "a sequence stride does not fit cuBLAS's int leading dimension";
-    if (view->strides[2] < call.forward.head_dim)
+    if (view->strides[2] < view->head_dim())
       return "a sequence stride below head_dim (overlapping rows) is no cuBLAS leading dimension";
   }
   if (!scores_kernel(ctx.device->backend(), element_of(call.forward.dtype)).kernel)

@@ -19,24 +19,25 @@ using kernels::Element;
 using kernels::FlashBwdInstance;
 using InstanceFn = FlashBwdInstance (*)();
 
-// Its kernel list (kernels/backward/flash_bwd_kernels.inc): (dtype, head_dim) -> the two kernels,
-// per backend (cuda: null in a build without nvcc).
+// Its kernel list (kernels/backward/flash_bwd_kernels.inc): (dtype, head_dim_qk, head_dim_v) -> the
+// two kernels, per backend (cuda: null in a build without nvcc).
 struct BackwardEntry {
   DType dtype;
-  int head_dim;
+  int head_dim_qk, head_dim_v;
   KernelArch arch;
   InstanceFn sim_dkdv, sim_dq;
   InstanceFn cuda_dkdv, cuda_dq;
 };
 
-#define SELFATTN_FLASH_BWD(arch, E, D)                                                                    \
-  BackwardEntry{DType::E,                                                                                 \
-                D,                                                                                        \
-                KernelArch::arch,                                                                         \
-                &kernels::sim_target::flash_bwd_dkdv_instance<Element::E, D>,                              \
-                &kernels::sim_target::flash_bwd_dq_instance<Element::E, D>,                                \
-                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dkdv_instance<Element::E, D>), \
-                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dq_instance<Element::E, D>)},
+#define SELFATTN_FLASH_BWD(arch, E, DQK, DV)                                                                \
+  BackwardEntry{DType::E,                                                                                   \
+                DQK,                                                                                        \
+                DV,                                                                                         \
+                KernelArch::arch,                                                                           \
+                &kernels::sim_target::flash_bwd_dkdv_instance<Element::E, DQK>,                              \
+                &kernels::sim_target::flash_bwd_dq_instance<Element::E, DQK>,                                \
+                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dkdv_instance<Element::E, DQK>), \
+                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dq_instance<Element::E, DQK>)},
 const BackwardEntry kInstances[] = {
 #include "kernels/backward/flash_bwd_kernels.inc"
 };
@@ -46,7 +47,9 @@ constexpr int kMaxGridYZ = 65535;  // (kv) heads on grid.y, batch on grid.z
 
 const BackwardEntry* entry_for(const ContextState& ctx, const AttentionCall& call) {
   for (const BackwardEntry& entry : kInstances)
-    if (entry.dtype == call.dtype && entry.head_dim == call.head_dim && kernels_usable(ctx, entry.arch)) return &entry;
+    if (entry.dtype == call.dtype && entry.head_dim_qk == call.head_dim_qk && entry.head_dim_v == call.head_dim_v &&
+        kernels_usable(ctx, entry.arch))
+      return &entry;
   return nullptr;
 }
 
@@ -118,10 +121,10 @@ void plan_fused_backward(ContextState&, PlannedBackward& planned, const char*) {
   BackwardWorkspace& workspace = planned.workspace;
   workspace.offsets_offset = workspace.bytes;
   workspace.bytes += fused_workspace_bytes(planned.call.forward);
-  // The dQ accumulator (backward.h): head_dim floats per query row, in the LSE's row layout.
+  // The dQ accumulator (backward.h): head_dim_qk floats per query row, in the LSE's row layout.
   if (planned.call.deterministic) return;
   workspace.dq_accum_offset = workspace.bytes;
-  workspace.bytes += round_up_256(size_t(backward_query_rows(planned.call)) * planned.call.forward.head_dim *
+  workspace.bytes += round_up_256(size_t(backward_query_rows(planned.call)) * planned.call.forward.head_dim_qk *
                                   sizeof(float));
 }
 
@@ -131,7 +134,7 @@ void run_fused_backward(ContextState& ctx, const PlannedBackward& planned, void*
   const Kernels kernels = kernels_for(ctx, f);
   const kernels::FlashBwdParams params = make_params(call, planned.workspace, workspace);
   if (!call.deterministic) {
-    ctx.device->fill(params.dq_accum, 0, size_t(backward_query_rows(call)) * f.head_dim * sizeof(float));
+    ctx.device->fill(params.dq_accum, 0, size_t(backward_query_rows(call)) * f.head_dim_qk * sizeof(float));
   }
   kernels::LaunchShape shape;
   shape.grid = dim3(tiles(f.seq_k, kernels.dkdv.block_tile), unsigned(f.kv_heads), unsigned(f.batch));

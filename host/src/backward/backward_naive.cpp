@@ -55,7 +55,7 @@ BackwardSlices slices_of(const PlannedBackward& planned, const ChunkedCall& chun
   s.dq = rows_from(call.dq, q0, chunked.call.seq_q);
   s.lse = call.lse + q0;
   s.d = reinterpret_cast<const float*>(static_cast<unsigned char*>(workspace) + planned.workspace.d_offset) + q0;
-  const int64_t head_dim = call.forward.head_dim;
+  const int64_t head_dim = call.forward.head_dim_qk;  // = head_dim_v: the backward takes equal head dims
   s.acc_kv_stride = call.forward.k.seq() * head_dim;
   s.dk_accum = accumulator(planned, workspace, 0) + k0 * head_dim;
   s.dv_accum = accumulator(planned, workspace, 1) + k0 * head_dim;
@@ -100,7 +100,7 @@ NaiveBackwardKernels lookup(Backend backend, kernels::Element elem, kernels::Ele
 
 NaiveBackwardKernels lookup(const ContextState& ctx, const BackwardCall& call) {
   return lookup(ctx.device->backend(), element_of(call.forward.dtype), element_of(call.dq.dtype),
-                call.forward.head_dim);
+                call.forward.head_dim_qk);  // = head_dim_v (attention_backward.cpp)
 }
 
 
@@ -131,12 +131,12 @@ void launch_grad_kv(ContextState& ctx, const kernels::TiledKernel& kernel, const
   g.row_begin = chunk.row_begin;
   g.rows = chunk.rows;
   g.seq_k = call.seq_k;
-  g.head_dim = call.head_dim;
+  g.head_dim = int(rows_of.head_dim());
   g.mask = key_mask(call);
   const int kv_first = chunk.pair_begin / g.heads_per_kv;
   const int kv_last = (chunk.pair_begin + chunk.pairs - 1) / g.heads_per_kv;
   kernels::LaunchShape shape;
-  shape.grid = dim3(tile_count(call.head_dim, kernel.tile_cols), tile_count(call.seq_k, kernel.tile_rows),
+  shape.grid = dim3(tile_count(g.head_dim, kernel.tile_cols), tile_count(call.seq_k, kernel.tile_rows),
                     unsigned(kv_last - kv_first + 1));
   shape.block = dim3(unsigned(kernel.threads));
   shape.dynamic_smem_bytes = kernel.smem_bytes;
@@ -194,10 +194,10 @@ void run_padded(ContextState& ctx, const NaiveBackwardKernels& kernels, const Pl
     pv.row_begin = chunk.row_begin;
     pv.rows = chunk.rows;
     pv.seq_k = call.seq_k;
-    pv.head_dim = call.head_dim;
+    pv.head_dim = call.head_dim_qk;
     pv.mask = key_mask(call);
     kernels::LaunchShape pv_shape;
-    pv_shape.grid = dim3(tile_count(call.head_dim, kernels.dq.tile_cols), tile_count(chunk.rows, kernels.dq.tile_rows),
+    pv_shape.grid = dim3(tile_count(call.head_dim_qk, kernels.dq.tile_cols), tile_count(chunk.rows, kernels.dq.tile_rows),
                          unsigned(chunk.pairs));
     pv_shape.block = dim3(unsigned(kernels.dq.threads));
     pv_shape.dynamic_smem_bytes = kernels.dq.smem_bytes;

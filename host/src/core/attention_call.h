@@ -13,11 +13,14 @@ namespace selfattn::detail {
 
 // A call that passed validation: shapes agree, dtypes match, head_dim stride is 1, out does not
 // overlap an input. For varlen calls, cu_seqlens_q/k are set, batch is the number of sequences,
-// seq_q/seq_k are the max lengths, and q/k/v/out are [1, heads, total, head_dim] views.
+// seq_q/seq_k are the max lengths, and q/k/v/out are [1, heads, total, d] views.
+// Two head dims: q and k share head_dim_qk (the dot product's length, and the default scale's),
+// v and out share head_dim_v. A path that needs them equal says so in its supports().
 struct AttentionCall {
   TensorView q, k, v, out;
   DType dtype = DType::f32;
-  int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0;
+  int head_dim_qk = 0, head_dim_v = 0;
   Causal causal = Causal::none;
   float scale = 1.0f;
   const int32_t* key_lengths = nullptr;   // device, [batch] or null
@@ -47,6 +50,7 @@ struct AttentionCall {
   const float* v_descale = nullptr;
   bool fp8() const { return is_fp8(dtype); }
   bool varlen() const { return cu_seqlens_q != nullptr; }
+  bool equal_head_dims() const { return head_dim_qk == head_dim_v; }
   // Whether which keys a row sees depends on per-batch device data (lengths, starts, offsets).
   bool per_batch_keys() const { return key_lengths != nullptr || key_start != nullptr || q_offset != nullptr; }
 };

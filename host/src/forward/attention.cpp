@@ -98,11 +98,11 @@ void attention_varlen(Context& ctx, const TensorView& q, const TensorView& k, co
 Path resolve_path(Context& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                   const AttentionOptions& options) {
   ContextState& state = ctx.state();
-  // out only has to be valid for validation: a view shaped like q at a distinct (never used) address;
-  // FP8 inputs are taken as giving bf16 out.
+  // out only has to be valid for validation: a view shaped like q with v's head dim at a distinct
+  // (never used) address; FP8 inputs are taken as giving bf16 out.
   alignas(256) static unsigned char distinct_address[256];
   const DType out_dtype = is_fp8(q.dtype) ? DType::bf16 : q.dtype;
-  TensorView out = TensorView::bhsd(distinct_address, out_dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
+  TensorView out = TensorView::bhsd(distinct_address, out_dtype, q.batch(), q.heads(), q.seq(), v.head_dim());
   AttentionOptions checked = options;
   checked.lse = nullptr;
   const AttentionCall call =
@@ -125,7 +125,7 @@ bool path_available(const Context& ctx, Path path) {
       call.dtype = dtype;
       call.batch = call.heads = call.kv_heads = 1;
       call.seq_q = call.seq_k = 128;
-      call.head_dim = head_dim;
+      call.head_dim_qk = call.head_dim_v = head_dim;
       call.scale = 1.0f / std::sqrt(float(head_dim));
       call.q = TensorView::bhsd(probe_memory + 0 * 256, dtype, 1, 1, 128, head_dim);
       call.k = TensorView::bhsd(probe_memory + 1 * 256, dtype, 1, 1, 128, head_dim);

@@ -13,20 +13,21 @@ namespace {
 using kernels::Element;
 using HopperInstanceFn = kernels::FlashFwdHopperInstance (*)();
 
-// Its kernel list (kernels/hopper/flash_fwd_hopper_kernels.inc): (dtype, head_dim) -> kernel, per
-// backend (cuda: null where the build has no sm_90a code).
+// Its kernel list (kernels/hopper/flash_fwd_hopper_kernels.inc): (dtype, head_dim_qk, head_dim_v)
+// -> kernel, per backend (cuda: null where the build has no sm_90a code).
 struct HopperEntry {
   DType dtype;
-  int head_dim;
+  int head_dim_qk, head_dim_v;
   KernelArch arch;
   HopperInstanceFn sim;
   HopperInstanceFn cuda;
 };
 
-#define SELFATTN_FLASH_FWD_HOPPER(arch, E, D)                                                  \
-  HopperEntry{DType::E, D, KernelArch::arch, &kernels::sim_target::flash_fwd_hopper_instance<Element::E, D>, \
-              SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_hopper_instance<Element::E, D>)},
-#define SELFATTN_FLASH_FWD_HOPPER_FP8(arch, E, D)
+#define SELFATTN_FLASH_FWD_HOPPER(arch, E, DQK, DV)                                                 \
+  HopperEntry{DType::E, DQK, DV, KernelArch::arch,                                                  \
+              &kernels::sim_target::flash_fwd_hopper_instance<Element::E, DQK>,                     \
+              SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_hopper_instance<Element::E, DQK>)},
+#define SELFATTN_FLASH_FWD_HOPPER_FP8(arch, E, DQK, DV)
 const HopperEntry kHopperInstances[] = {
 #include "kernels/hopper/flash_fwd_hopper_kernels.inc"
 };
@@ -46,7 +47,9 @@ HopperInstanceFn hopper_instance(const ContextState& ctx, const AttentionCall& c
       !rows_16_byte_aligned(call.out))
     return nullptr;
   for (const HopperEntry& entry : kHopperInstances) {
-    if (entry.dtype != call.dtype || entry.head_dim != call.head_dim || !kernels_usable(ctx, entry.arch)) continue;
+    if (entry.dtype != call.dtype || entry.head_dim_qk != call.head_dim_qk || entry.head_dim_v != call.head_dim_v ||
+        !kernels_usable(ctx, entry.arch))
+      continue;
     return ctx.device->backend() == Backend::sim ? entry.sim : entry.cuda;
   }
   return nullptr;

@@ -18,20 +18,21 @@ namespace {
 using kernels::Element;
 using HopperFp8InstanceFn = kernels::FlashFwdHopperInstance (*)();
 
-// Its kernel list (kernels/hopper/flash_fwd_hopper_kernels.inc): (out dtype, head_dim) -> kernel,
-// per backend (cuda: null where the build has no sm_90a code).
+// Its kernel list (kernels/hopper/flash_fwd_hopper_kernels.inc): (out dtype, head_dim_qk,
+// head_dim_v) -> kernel, per backend (cuda: null where the build has no sm_90a code).
 struct HopperFp8Entry {
   DType out;
-  int head_dim;
+  int head_dim_qk, head_dim_v;
   KernelArch arch;
   HopperFp8InstanceFn sim;
   HopperFp8InstanceFn cuda;
 };
 
-#define SELFATTN_FLASH_FWD_HOPPER(arch, E, D)
-#define SELFATTN_FLASH_FWD_HOPPER_FP8(arch, E, D)                                                         \
-  HopperFp8Entry{DType::E, D, KernelArch::arch, &kernels::sim_target::flash_fwd_hopper_fp8_instance<Element::E, D>, \
-                 SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_hopper_fp8_instance<Element::E, D>)},
+#define SELFATTN_FLASH_FWD_HOPPER(arch, E, DQK, DV)
+#define SELFATTN_FLASH_FWD_HOPPER_FP8(arch, E, DQK, DV)                                                  \
+  HopperFp8Entry{DType::E, DQK, DV, KernelArch::arch,                                                    \
+                 &kernels::sim_target::flash_fwd_hopper_fp8_instance<Element::E, DQK>,                   \
+                 SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_hopper_fp8_instance<Element::E, DQK>)},
 const HopperFp8Entry kHopperFp8Instances[] = {
 #include "kernels/hopper/flash_fwd_hopper_kernels.inc"
 };
@@ -50,14 +51,16 @@ int64_t fp8_keys_padded(const AttentionCall& call, int keys_multiple) {
 constexpr int kFp8KeysMultiple = 64;  // TransposeVFp8Traits::kKeys; run_hopper_fp8 checks they agree
 
 size_t fp8_vt_bytes(const AttentionCall& call) {
-  return round_up_256(size_t(call.batch) * size_t(call.kv_heads) * size_t(call.head_dim) *
+  return round_up_256(size_t(call.batch) * size_t(call.kv_heads) * size_t(call.head_dim_v) *
                       size_t(fp8_keys_padded(call, kFp8KeysMultiple)));
 }
 
 const HopperFp8Entry* hopper_fp8_entry(const ContextState& ctx, const AttentionCall& call) {
   if (call.dtype != DType::e4m3) return nullptr;
   for (const HopperFp8Entry& entry : kHopperFp8Instances) {
-    if (entry.out != call.out.dtype || entry.head_dim != call.head_dim || !kernels_usable(ctx, entry.arch)) continue;
+    if (entry.out != call.out.dtype || entry.head_dim_qk != call.head_dim_qk || entry.head_dim_v != call.head_dim_v ||
+        !kernels_usable(ctx, entry.arch))
+      continue;
     const bool sim = ctx.device->backend() == Backend::sim;
     if ((sim ? entry.sim : entry.cuda) == nullptr) return nullptr;
     if (!SELFATTN_KERNEL_FOR(ctx.device->backend(), transpose_v_fp8_instance().kernel)) return nullptr;
@@ -86,7 +89,7 @@ bool run(ContextState& ctx, const AttentionCall& call, void* workspace) {
   tp.key_lengths = call.key_lengths;
   tp.seq_k = call.seq_k;
   tp.keys_padded = int(keys_padded);
-  tp.head_dim = call.head_dim;
+  tp.head_dim = call.head_dim_v;
   kernels::LaunchShape tshape;
   tshape.grid = dim3(unsigned(keys_padded / transpose.keys), unsigned(call.kv_heads), unsigned(call.batch));
   tshape.block = dim3(unsigned(transpose.threads));
@@ -104,17 +107,17 @@ bool run(ContextState& ctx, const AttentionCall& call, void* workspace) {
   vt.rank = 4;
   vt.element_bytes = 1;
   vt.dims[0] = uint64_t(keys_padded);
-  vt.dims[1] = uint64_t(call.head_dim);
+  vt.dims[1] = uint64_t(call.head_dim_v);
   vt.dims[2] = uint64_t(call.kv_heads);
   vt.dims[3] = uint64_t(call.batch);
   vt.strides_bytes[0] = 1;
   vt.strides_bytes[1] = uint64_t(keys_padded);
-  vt.strides_bytes[2] = uint64_t(keys_padded) * uint64_t(call.head_dim);
+  vt.strides_bytes[2] = uint64_t(keys_padded) * uint64_t(call.head_dim_v);
   vt.strides_bytes[3] = vt.strides_bytes[2] * uint64_t(call.kv_heads);
   // Boxes of one V^T swizzle row: 128 keys (128-byte swizzle), or the tile's 64 (64-byte).
   const bool rows_of_64 = fwd.block_keys < 128;
   vt.box[0] = rows_of_64 ? 64 : 128;
-  vt.box[1] = uint32_t(call.head_dim);
+  vt.box[1] = uint32_t(call.head_dim_v);
   vt.box[2] = 1;
   vt.box[3] = 1;
   vt.swizzle = rows_of_64 ? kernels::TmaSwizzle::b64 : kernels::TmaSwizzle::b128;

@@ -13,19 +13,20 @@ using kernels::Element;
 using kernels::FlashFwdInstance;
 using InstanceFn = FlashFwdInstance (*)();
 
-// The tensor-core kernel list (kernels/forward/flash_fwd_kernels.inc): (dtype, head_dim) -> kernel,
-// per backend (cuda: null in a build without nvcc).
+// The tensor-core kernel list (kernels/forward/flash_fwd_kernels.inc): (dtype, head_dim_qk,
+// head_dim_v) -> kernel, per backend (cuda: null in a build without nvcc).
 struct TensorCoreEntry {
   DType dtype;
-  int head_dim;
+  int head_dim_qk, head_dim_v;
   KernelArch arch;
   InstanceFn sim;
   InstanceFn cuda;
 };
 
-#define SELFATTN_FLASH_FWD(arch, E, D)                                                              \
-  TensorCoreEntry{DType::E, D, KernelArch::arch, &kernels::sim_target::flash_fwd_instance<Element::E, D>, \
-                  SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_instance<Element::E, D>)},
+#define SELFATTN_FLASH_FWD(arch, E, DQK, DV)                                                         \
+  TensorCoreEntry{DType::E, DQK, DV, KernelArch::arch,                                               \
+                  &kernels::sim_target::flash_fwd_instance<Element::E, DQK>,                         \
+                  SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_instance<Element::E, DQK>)},
 const TensorCoreEntry kTensorCoreInstances[] = {
 #include "kernels/forward/flash_fwd_kernels.inc"
 };
@@ -37,7 +38,9 @@ const TensorCoreEntry* tensor_core_entry(const ContextState& ctx, const Attentio
       !rows_16_byte_aligned(call.out))
     return nullptr;
   for (const TensorCoreEntry& entry : kTensorCoreInstances)
-    if (entry.dtype == call.dtype && entry.head_dim == call.head_dim && kernels_usable(ctx, entry.arch)) return &entry;
+    if (entry.dtype == call.dtype && entry.head_dim_qk == call.head_dim_qk && entry.head_dim_v == call.head_dim_v &&
+        kernels_usable(ctx, entry.arch))
+      return &entry;
   return nullptr;
 }
 
@@ -65,8 +68,9 @@ bool run_mma(ContextState& ctx, const AttentionCall& call, void* /*workspace*/) 
 }
 
 FlashFwdInstance simt_instance(const ContextState& ctx, const AttentionCall& call) {
-  if (call.fp8()) return FlashFwdInstance{};
-  return SELFATTN_KERNEL_FOR(ctx.device->backend(), flash_fwd_simt_instance(element_of(call.dtype), call.head_dim));
+  // Its head dim is a runtime value, one for q·k and v alike.
+  if (call.fp8() || !call.equal_head_dims()) return FlashFwdInstance{};
+  return SELFATTN_KERNEL_FOR(ctx.device->backend(), flash_fwd_simt_instance(element_of(call.dtype), call.head_dim_qk));
 }
 
 bool takes_simt(const ContextState& ctx, const AttentionCall& call) { return bool(simt_instance(ctx, call).kernel); }

@@ -77,10 +77,10 @@ bool fits_int(int64_t value) { return value >= 0 && value <= INT_MAX; }
 }  // namespace
 
 const char* cublas_unsupported(const ContextState&, const AttentionCall& call) {
-  // The sequence stride is cuBLAS's leading dimension: an int, at least the rows it spans (head_dim).
+  // The sequence stride is cuBLAS's leading dimension: an int, at least the rows it spans (its head dim).
   for (const TensorView* view : {&call.q, &call.k, &call.v, &call.out}) {
     if (!fits_int(view->strides[2])) return "a sequence stride does not fit cuBLAS's int leading dimension";
-    if (view->strides[2] < call.head_dim) return "a sequence stride below head_dim (overlapping rows) is no cuBLAS leading dimension";
+    if (view->strides[2] < view->head_dim()) return "a sequence stride below head_dim (overlapping rows) is no cuBLAS leading dimension";
   }
   return nullptr;
 }
@@ -125,7 +125,7 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       qk.trans_b = false;
       qk.m = span_keys;
       qk.n = chunk.rows;
-      qk.k = call.head_dim;
+      qk.k = call.head_dim_qk;
       qk.alpha = call.scale;
       qk.beta = 0;
       qk.a = at(call.k.data, call.dtype, first.k + span.begin * call.k.strides[2]);
@@ -161,7 +161,7 @@ void run_padded(ContextState& ctx, const ChunkedCall& chunked, void* workspace) 
       GemmBatch pv;
       pv.trans_a = false;
       pv.trans_b = false;
-      pv.m = call.head_dim;
+      pv.m = call.head_dim_v;
       pv.n = chunk.rows;
       pv.k = span_keys;
       pv.alpha = 1;

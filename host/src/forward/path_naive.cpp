@@ -2,7 +2,8 @@
 //   S = Q K^T       qk_tiled     fp32 scores into the workspace
 //   P = softmax(S)  softmax_rows scale + causal/key-length mask, P written over S, LSE
 //   O = P V         pv_tiled     O in the call's dtype and strides
-// Every dtype and head_dim >= 1; the kernels pick tensor cores where dtype and head_dim allow.
+// Every dtype and head dims >= 1, v's apart from q's and k's (d_v != d_qk); the kernels pick
+// tensor cores where dtype and head dim allow.
 // Variable-length batches run sequence by sequence (the plan's padded calls, score_chunks.h).
 #include <string>
 
@@ -18,15 +19,17 @@ struct NaiveKernels {
   kernels::TiledKernel qk, pv;
 };
 
-NaiveKernels lookup(Backend backend, kernels::Element elem, int head_dim) {
-  return {SELFATTN_KERNEL_FOR(backend, qk_tiled_instance(elem, head_dim)),
-          SELFATTN_KERNEL_FOR(backend, pv_tiled_instance(elem, head_dim))};
+// S = Q K^T runs over the q·k head dim, O = P V over v's: each kernel is looked up for its own.
+NaiveKernels lookup(Backend backend, const AttentionCall& call) {
+  const kernels::Element elem = element_of(call.dtype);
+  return {SELFATTN_KERNEL_FOR(backend, qk_tiled_instance(elem, call.head_dim_qk)),
+          SELFATTN_KERNEL_FOR(backend, pv_tiled_instance(elem, call.head_dim_v))};
 }
 
 }  // namespace
 
 const char* naive_unsupported(const ContextState& ctx, const AttentionCall& call) {
-  const NaiveKernels naive = lookup(ctx.device->backend(), element_of(call.dtype), call.head_dim);
+  const NaiveKernels naive = lookup(ctx.device->backend(), call);
   if (!naive.qk.kernel || !naive.pv.kernel) return "the naive kernels are not built for this backend";
   return nullptr;
 }
@@ -67,10 +70,10 @@ void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall&
     pv.row_begin = chunk.row_begin;
     pv.rows = chunk.rows;
     pv.seq_k = call.seq_k;
-    pv.head_dim = call.head_dim;
+    pv.head_dim = call.head_dim_v;
     pv.mask = key_mask(call);
     kernels::LaunchShape pv_shape;
-    pv_shape.grid = dim3(tile_count(call.head_dim, naive.pv.tile_cols), tile_count(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
+    pv_shape.grid = dim3(tile_count(call.head_dim_v, naive.pv.tile_cols), tile_count(chunk.rows, naive.pv.tile_rows), unsigned(chunk.pairs));
     pv_shape.block = dim3(unsigned(naive.pv.threads));
     pv_shape.dynamic_smem_bytes = naive.pv.smem_bytes;
     ctx.device->launch(naive.pv.kernel, pv_shape, &pv);
@@ -79,10 +82,10 @@ void run_padded(ContextState& ctx, const NaiveKernels& naive, const ChunkedCall&
 }  // namespace
 
 namespace {
-// Every padded call of a plan has the call's dtype and head_dim: one lookup serves them all.
+// Every padded call of a plan has the call's dtype and head dims: one lookup serves them all.
 NaiveKernels plan_kernels(ContextState& ctx, const ScorePlan& plan) {
   const AttentionCall& first = plan.calls.front().call;
-  const NaiveKernels naive = lookup(ctx.device->backend(), element_of(first.dtype), first.head_dim);
+  const NaiveKernels naive = lookup(ctx.device->backend(), first);
   if (!naive.qk.kernel || !naive.pv.kernel) throw NotAvailable("path naive: kernels not built for this backend");
   return naive;
 }

@@ -17,12 +17,12 @@ using detail::AttentionCall;
 using detail::ByteRange;
 using detail::byte_range;
 
-// A stand-in for out, which the probabilities have none of: q's shape at a distinct address (FP8 q:
-// bf16), validated with check_out_overlap off.
-TensorView stand_in_out(const TensorView& q) {
+// A stand-in for out, which the probabilities have none of: q's shape with v's head dim at a
+// distinct address (FP8 q: bf16), validated with check_out_overlap off.
+TensorView stand_in_out(const TensorView& q, const TensorView& v) {
   alignas(256) static unsigned char distinct_address[256];
   const DType dtype = is_fp8(q.dtype) ? DType::bf16 : q.dtype;
-  return TensorView::bhsd(distinct_address, dtype, q.batch(), q.heads(), q.seq(), q.head_dim());
+  return TensorView::bhsd(distinct_address, dtype, q.batch(), q.heads(), q.seq(), v.head_dim());
 }
 
 // probs: contiguous fp32 [batch, heads, rows, keys], apart from everything the call reads.
@@ -96,7 +96,7 @@ void attention_probabilities(Context& ctx, const TensorView& q, const TensorView
                              const TensorView& probs, const AttentionOptions& options) {
   const char* function = "attention_probabilities";
   const AttentionCall call =
-      detail::validate_attention(function, q, k, v, stand_in_out(q), options, /*check_out_overlap=*/false);
+      detail::validate_attention(function, q, k, v, stand_in_out(q, v), options, /*check_out_overlap=*/false);
   run_probabilities(ctx, call, probs, options, function, 0);
 }
 
@@ -105,7 +105,7 @@ void attention_probabilities_varlen(Context& ctx, const TensorView& q, const Ten
                                     int batch, int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options) {
   const char* function = "attention_probabilities_varlen";
   const AttentionCall call =
-      detail::validate_attention_varlen(q, k, v, stand_in_out(q), cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q,
+      detail::validate_attention_varlen(q, k, v, stand_in_out(q, v), cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q,
                                         max_seqlen_k, options, function, /*check_out_overlap=*/false);
   run_probabilities(ctx, call, probs, options, function, batch > 0 ? batch + 1 : 0);
 }

@@ -152,7 +152,7 @@ void launch_qk(ContextState& ctx, const kernels::TiledKernel& kernel, const Atte
   qk.row_begin = chunk.row_begin;
   qk.rows = chunk.rows;
   qk.seq_k = call.seq_k;
-  qk.head_dim = call.head_dim;
+  qk.head_dim = int(a.head_dim());  // the rows' length: d_qk for Q K^T, d_v for the backward's dO V^T
   qk.mask = key_mask(call);
   kernels::LaunchShape shape;
   shape.grid = dim3(tile_count(call.seq_k, kernel.tile_cols), tile_count(chunk.rows, kernel.tile_rows), unsigned(chunk.pairs));

@@ -24,7 +24,7 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
   view.num_pages = shape.num_pages;
   view.page_size = shape.page_size;
   view.kv_heads = shape.kv_heads;
-  view.head_dim = shape.head_dim;
+  view.head_dim = shape.head_dim_qk;  // = head_dim_v (check_cache): the kernels' one head dim
   view.block_table = cache.block_table;
   view.max_pages_per_seq = shape.max_pages_per_seq;
   view.lengths = cache.lengths;

@@ -23,8 +23,8 @@ void attend_gathered(ContextState& state, const StagedQuery& staged, const Tenso
   const AttentionOptions attention_options = attention_options_of(options, cache);
   // Workspace: after the staged q, the gathered K and V and a packed call's key offsets, then the
   // attention step's scores after them, as self_attention() does.
-  const size_t kv_bytes =
-      aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim * dtype_size(q.dtype));
+  const size_t kv_bytes =  // K's and V's gathered rows alike: head_dim_qk = head_dim_v (check_cache)
+      aligned(size_t(shape.batch) * shape.kv_heads * size_t(shape.capacity) * shape.head_dim_qk * dtype_size(q.dtype));
   const size_t reserved = staged.prefix_bytes() + 2 * kv_bytes + offsets_bytes(packed, shape.batch);
   auto* workspace = static_cast<unsigned char*>(
       state.workspace.reserve(reserved, std::string(function) + ": rotated q and gathered K/V"));
@@ -48,8 +48,8 @@ void attend_gathered(ContextState& state, const StagedQuery& staged, const Tenso
   const size_t gathered_offset = staged.prefix_bytes();
   const auto gathered_at = [&](unsigned char* base, size_t offset) {
     unsigned char* data = base + gathered_offset + offset;
-    if (!packed) return TensorView::bhsd(data, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim);
-    return TensorView::bshd(data, q.dtype, 1, shape.kv_heads, gathered_keys, shape.head_dim);
+    if (!packed) return TensorView::bhsd(data, q.dtype, shape.batch, shape.kv_heads, shape.capacity, shape.head_dim_qk);
+    return TensorView::bshd(data, q.dtype, 1, shape.kv_heads, gathered_keys, shape.head_dim_qk);
   };
   std::vector<int32_t> key_offsets;
   if (packed) {

@@ -50,7 +50,7 @@ void append_rows(Context& ctx, const KvCache& cache, const TensorView& k_new, co
   // each sequence's tokens: one block per sequence writes it, with a view of no columns so that it
   // copies nothing.
   const int seq_new = packed ? packed->max_seqlen : int(k_new.seq());
-  const bool nothing_to_copy = seq_new == 0 || k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim == 0;
+  const bool nothing_to_copy = seq_new == 0 || k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim_qk == 0;
   if (nothing_to_copy && options.updated_lengths == nullptr) return;
   // An FP8 cache quantizes k_new's element on the way; any other is k_new's own.
   const DecodeKernel kernel =

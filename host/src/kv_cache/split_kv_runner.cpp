@@ -60,9 +60,9 @@ DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q,
 // head_dim; an explicit fused path that cannot run throws NotAvailable before anything is written.
 bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape, const char* function) {
   if (path != Path::fused && path != Path::automatic) return false;
-  const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape.head_dim);
+  const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape.head_dim_qk);
   const char* reason = !kernel.kernel                        ? "this build has no split-KV decode kernel for the backend"
-                       : shape.head_dim > kernel.max_head_dim ? "head_dim above 256 needs the naive or cublas path"
+                       : shape.head_dim_qk > kernel.max_head_dim ? "head_dim above 256 needs the naive or cublas path"
                                                               : nullptr;
   if (reason == nullptr) return true;
   if (path == Path::fused) throw NotAvailable(std::string(function) + ": path fused: " + reason);
@@ -105,7 +105,7 @@ std::optional<SplitKvPlan> plan_split_kv(const ContextState& state, const Tensor
                                          const char* function) {
   if (!use_split_kv(state, options.path, shape, function)) return std::nullopt;
   SplitKvPlan plan;
-  plan.kernel = split_kv_kernel_for(state, q, cache, shape.head_dim);
+  plan.kernel = split_kv_kernel_for(state, q, cache, shape.head_dim_qk);
   const int64_t row_blocks = group_row_blocks(q, seq_q, shape, plan.kernel);
   plan.splits = fit_grid(choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
                                        shape.capacity, state.device->multiprocessor_count()),
@@ -119,7 +119,7 @@ void run_split_kv(ContextState& state, const SplitKvPlan& plan, const TensorView
                   const KvAttentionOptions& options, const kernels::ScoreMods& mods, unsigned char* work) {
   const DecodeKernel& kernel = plan.kernel;
   const int splits = plan.splits;
-  const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim));
+  const float scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(shape.head_dim_qk));
   float* lse = options.lse;
   kernels::DecodeSplitKvParams params{};
   params.cache = pages_view(cache, shape);
@@ -139,7 +139,7 @@ void run_split_kv(ContextState& state, const SplitKvPlan& plan, const TensorView
                                   : nullptr;
   params.q_rows = q_rows;
   params.heads = int(q.heads());
-  params.head_dim = shape.head_dim;
+  params.head_dim = shape.head_dim_qk;  // = head_dim_v (check_cache)
   params.heads_per_kv = int(q.heads()) / shape.kv_heads;
   params.num_splits = splits;
   params.row_blocks = int(group_row_blocks(q, q_rows.seq, shape, kernel));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "kernels/common/dropout.cuh"
@@ -93,19 +94,24 @@ std::vector<uint8_t> dropout_keep_mask(double dropout_p, uint64_t seed, uint64_t
 
 namespace {
 
-void check_problem(const Problem& p, size_t q_size, size_t k_size, size_t v_size) {
+// v_size: none where v is not an input (attention_probabilities).
+void check_problem(const Problem& p, size_t q_size, size_t k_size, std::optional<size_t> v_size) {
   auto fail = [](const std::string& what) { throw InvalidArgument("reference::attention: " + what); };
-  if (p.batch < 0 || p.heads < 0 || p.kv_heads < 0 || p.seq_q < 0 || p.seq_k < 0 || p.head_dim < 0) {
+  if (p.batch < 0 || p.heads < 0 || p.kv_heads < 0 || p.seq_q < 0 || p.seq_k < 0 || p.head_dim < 0 ||
+      p.head_dim_v < 0) {
     fail("sizes expected >= 0");
   }
   if (p.heads > 0 && (p.kv_heads == 0 || p.heads % p.kv_heads != 0)) {
     fail("kv_heads expected to divide heads " + std::to_string(p.heads) + ", got " + std::to_string(p.kv_heads));
   }
   const size_t q_expected = size_t(p.batch) * p.heads * p.seq_q * p.head_dim;
-  const size_t kv_expected = size_t(p.batch) * p.kv_heads * p.seq_k * p.head_dim;
+  const size_t k_expected = size_t(p.batch) * p.kv_heads * p.seq_k * p.head_dim;
+  const size_t v_expected = size_t(p.batch) * p.kv_heads * p.seq_k * p.v_dim();
   if (q_size != q_expected) fail("q expected " + std::to_string(q_expected) + " elements, got " + std::to_string(q_size));
-  if (k_size != kv_expected) fail("k expected " + std::to_string(kv_expected) + " elements, got " + std::to_string(k_size));
-  if (v_size != kv_expected) fail("v expected " + std::to_string(kv_expected) + " elements, got " + std::to_string(v_size));
+  if (k_size != k_expected) fail("k expected " + std::to_string(k_expected) + " elements, got " + std::to_string(k_size));
+  if (v_size && *v_size != v_expected) {
+    fail("v expected " + std::to_string(v_expected) + " elements, got " + std::to_string(*v_size));
+  }
   if (!p.key_lengths.empty() && p.key_lengths.size() != size_t(p.batch)) {
     fail("key_lengths expected empty or " + std::to_string(p.batch) + " entries, got " +
          std::to_string(p.key_lengths.size()));
@@ -196,7 +202,7 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
                  const std::vector<double>& v) {
   check_problem(p, q.size(), k.size(), v.size());
   const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
-  const size_t d = size_t(p.head_dim);
+  const size_t d = size_t(p.v_dim());  // the output's columns: v's head dim
   Result result;
   result.out.assign(size_t(p.batch) * p.heads * p.seq_q * d, 0.0);
   result.lse.assign(size_t(p.batch) * p.heads * p.seq_q, -std::numeric_limits<double>::infinity());
@@ -215,7 +221,7 @@ Result attention(const Problem& p, const std::vector<double>& q, const std::vect
 
 std::vector<double> attention_probabilities(const Problem& p, const std::vector<double>& q,
                                             const std::vector<double>& k) {
-  check_problem(p, q.size(), k.size(), /*v_size=*/k.size());  // v is not needed: any size k may have
+  check_problem(p, q.size(), k.size(), /*v_size=*/std::nullopt);
   std::vector<double> probs(size_t(p.batch) * p.heads * p.seq_q * p.seq_k, 0.0);
   for_each_softmax_row(p, q, k, [&](size_t row, int, int, KeyRange keys, const std::vector<double>& weights, double) {
     for (int j = keys.begin; j < keys.end; ++j) probs[row * p.seq_k + j] = weights[j];

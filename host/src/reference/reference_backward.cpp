@@ -26,18 +26,18 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
                              const std::vector<double>& dlse) {
   // The forward's own checks (shapes, options) first; then dout's and dlse's sizes.
   (void)attention(p, q, k, v);
-  if (dout.size() != q.size()) {
-    throw InvalidArgument("reference::attention_backward: dout expected " + std::to_string(q.size()) +
-                          " elements (q's), got " + std::to_string(dout.size()));
-  }
   const size_t rows = size_t(p.batch) * p.heads * p.seq_q;
+  if (dout.size() != rows * size_t(p.v_dim())) {
+    throw InvalidArgument("reference::attention_backward: dout expected " + std::to_string(rows * size_t(p.v_dim())) +
+                          " elements (out's), got " + std::to_string(dout.size()));
+  }
   if (!dlse.empty() && dlse.size() != rows) {
     throw InvalidArgument("reference::attention_backward: dlse expected " + std::to_string(rows) +
                           " elements (batch * heads * seq_q) or none, got " + std::to_string(dlse.size()));
   }
   const double scale = p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(std::max(p.head_dim, 1)));
   const int group = p.kv_heads > 0 ? p.heads / p.kv_heads : 1;
-  const size_t d = size_t(p.head_dim);
+  const size_t d = size_t(p.head_dim), dv_cols = size_t(p.v_dim());  // q/k's head dim, v/out's
 
   Gradients g;
   g.dq.assign(q.size(), 0.0);
@@ -48,12 +48,13 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
 
   for (int b = 0; b < p.batch; ++b) {
     for (int h = 0; h < p.heads; ++h) {
-      const size_t kv_offset = (size_t(b) * p.kv_heads + h / group) * p.seq_k * d;
+      const size_t kv_head = size_t(b) * p.kv_heads + h / group;
+      const size_t k_offset = kv_head * p.seq_k * d, v_offset = kv_head * p.seq_k * dv_cols;
       const double slope = alibi_slope(p, b, h);
       for (int i = 0; i < p.seq_q; ++i) {
         const size_t row = (size_t(b) * p.heads + h) * p.seq_q + i;
         const double* q_row = q.data() + row * d;
-        const double* do_row = dout.data() + row * d;
+        const double* do_row = dout.data() + row * dv_cols;
         const RowKeys row_keys_i = row_keys(p, b, i);
         const KeyRange keys = row_keys_i.keys;
         const double aligned = double(row_keys_i.aligned);
@@ -61,7 +62,7 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
         // The forward's probabilities for this row (as reference::attention computes them).
         double max_x = -std::numeric_limits<double>::infinity();
         for (int j = keys.begin; j < keys.end; ++j) {
-          const double* k_row = k.data() + kv_offset + size_t(j) * d;
+          const double* k_row = k.data() + k_offset + size_t(j) * d;
           double dot = 0;
           for (size_t e = 0; e < d; ++e) dot += q_row[e] * k_row[e];
           double s = scale * dot;
@@ -85,9 +86,9 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
         // D_i = sum_j P_ij dP_ij, less the LSE's gradient: d lse_i / d s_ij = P_ij adds dlse_i P_ij to dS_ij.
         double dsum = dlse.empty() ? 0.0 : -dlse[row];
         for (int j = keys.begin; j < keys.end; ++j) {
-          const double* v_row = v.data() + kv_offset + size_t(j) * d;
+          const double* v_row = v.data() + v_offset + size_t(j) * dv_cols;
           double dot = 0;
-          for (size_t e = 0; e < d; ++e) dot += do_row[e] * v_row[e];
+          for (size_t e = 0; e < dv_cols; ++e) dot += do_row[e] * v_row[e];
           dp[j] = dot * dropout_factor(p, row, j);  // dP of the dropped P the forward used
           dsum += x[j] * dot;
         }
@@ -97,14 +98,14 @@ Gradients attention_backward(const Problem& p, const std::vector<double>& q, con
           const double prob = x[j];
           double dr = prob * (dp[j] - dsum);
           if (p.softcap > 0) dr *= 1.0 - tanh_r[j] * tanh_r[j];
-          const double* k_row = k.data() + kv_offset + size_t(j) * d;
-          double* dk_row = g.dk.data() + kv_offset + size_t(j) * d;
-          double* dv_row = g.dv.data() + kv_offset + size_t(j) * d;
+          const double* k_row = k.data() + k_offset + size_t(j) * d;
+          double* dk_row = g.dk.data() + k_offset + size_t(j) * d;
+          double* dv_row = g.dv.data() + v_offset + size_t(j) * dv_cols;
           for (size_t e = 0; e < d; ++e) {
             dq_row[e] += scale * dr * k_row[e];
             dk_row[e] += scale * dr * q_row[e];
-            dv_row[e] += prob * dropout_factor(p, row, j) * do_row[e];
           }
+          for (size_t e = 0; e < dv_cols; ++e) dv_row[e] += prob * dropout_factor(p, row, j) * do_row[e];
         }
       }
     }

@@ -40,7 +40,7 @@ void expect_same_dtype(const char* function, const char* name, const TensorView&
 
 
 // The checks shared by the padded and the varlen entry points: each view alone, then q/k/v/out
-// against each other (dtype, head_dim, heads vs kv_heads, k vs v), then out against the inputs.
+// against each other (dtype, head dims, heads vs kv_heads, k vs v), then out against the inputs.
 void check_common(const char* function, const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, bool check_out_overlap) {
   // FP8 inputs (AttentionOptions::q_descale): q, k and v share the format, out is f16, bf16 or f32.
@@ -51,11 +51,12 @@ void check_common(const char* function, const TensorView& q, const TensorView& k
   expect_same_dtype(function, "k", k, q);
   expect_same_dtype(function, "v", v, q);
   if (!is_fp8(q.dtype)) expect_same_dtype(function, "out", out, q);
-  for (int i : {0, 3}) {
-    expect_same_dim(function, "k", k, i, "q", q, i);
-    expect_same_dim(function, "v", v, i, "q", q, i);
-    expect_same_dim(function, "out", out, i, "q", q, i);
-  }
+  expect_same_dim(function, "k", k, 0, "q", q, 0);
+  expect_same_dim(function, "v", v, 0, "q", q, 0);
+  expect_same_dim(function, "out", out, 0, "q", q, 0);
+  // Two head dims (AttentionCall): q and k share the dot product's, v and out the output's.
+  expect_same_dim(function, "k", k, 3, "q", q, 3);
+  expect_same_dim(function, "out", out, 3, "v", v, 3);
   expect_same_dim(function, "out", out, 1, "q", q, 1);
   expect_same_dim(function, "out", out, 2, "q", q, 2);
   expect_same_dim(function, "v", v, 1, "k", k, 1);
@@ -67,6 +68,9 @@ void check_common(const char* function, const TensorView& q, const TensorView& k
   }
   if (heads > 0 && q.batch() > 0 && q.seq() > 0 && q.head_dim() == 0) {
     fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
+  }
+  if (heads > 0 && q.batch() > 0 && q.seq() > 0 && v.head_dim() == 0) {
+    fail(function, "v.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
   }
   // The naive and cublas paths count (batch, head) pairs in int32.
   if (q.batch() * heads > INT_MAX) {
@@ -162,7 +166,8 @@ AttentionCall make_call(const TensorView& q, const TensorView& k, const TensorVi
   call.kv_heads = int(k.heads());
   call.seq_q = int(q.seq());
   call.seq_k = int(k.seq());
-  call.head_dim = int(q.head_dim());
+  call.head_dim_qk = int(q.head_dim());
+  call.head_dim_v = int(v.head_dim());
   call.causal = options.causal;
   call.scale = scale;
   call.key_lengths = options.key_lengths;
@@ -380,7 +385,8 @@ std::string describe(const AttentionCall& call) {
   std::string text = std::string(to_string(call.dtype)) + " b" + std::to_string(call.batch) + " h" +
                      std::to_string(call.heads) + "/" + std::to_string(call.kv_heads) + " q" +
                      std::to_string(call.seq_q) + " k" + std::to_string(call.seq_k) + " d" +
-                     std::to_string(call.head_dim);
+                     std::to_string(call.head_dim_qk);
+  if (!call.equal_head_dims()) text += " dv" + std::to_string(call.head_dim_v);
   if (call.causal != Causal::none) text += std::string(" causal=") + to_string(call.causal);
   if (call.key_lengths) text += " key_lengths";
   if (call.key_start) text += " key_start";

@@ -16,14 +16,17 @@ namespace {
 
 const char* const kDimNames[4] = {"batch", "heads", "seq", "head_dim"};
 
-// `name` must have `like`'s shape (`like_name` in the message).
+// `name` must have `like`'s batch, heads and seq (`like_name` in the message) and the head dim of
+// `dim_like` (`dim_like_name`): a gradient's or dout's head dim is that of the tensor it stands
+// for (out's and v's may differ from q's and k's: head_dim_v).
 void expect_shape(const char* function, const char* name, const TensorView& view, const char* like_name,
-                  const TensorView& like) {
+                  const TensorView& like, const char* dim_like_name, const TensorView& dim_like) {
   for (int i = 0; i < 4; ++i) {
-    if (view.shape[i] != like.shape[i]) {
+    const TensorView& ref = i < 3 ? like : dim_like;
+    if (view.shape[i] != ref.shape[i]) {
       fail(function, std::string(name) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ") expected " +
-                         std::to_string(like.shape[i]) + " (" + like_name + ".shape[" + std::to_string(i) + "]), got " +
-                         std::to_string(view.shape[i]));
+                         std::to_string(ref.shape[i]) + " (" + (i < 3 ? like_name : dim_like_name) + ".shape[" +
+                         std::to_string(i) + "]), got " + std::to_string(view.shape[i]));
     }
   }
 }
@@ -52,10 +55,10 @@ BackwardCall check_backward(const char* function, AttentionCall forward, const T
   if (dout.dtype != q.dtype) {
     fail(function, std::string("dout.dtype expected ") + to_string(q.dtype) + " (q.dtype), got " + to_string(dout.dtype));
   }
-  expect_shape(function, "dout", dout, "q", q);
-  expect_shape(function, "dq", dq, "q", q);
-  expect_shape(function, "dk", dk, "k", k);
-  expect_shape(function, "dv", dv, "k", k);
+  expect_shape(function, "dout", dout, "q", q, "out", forward.out);
+  expect_shape(function, "dq", dq, "q", q, "q", q);
+  expect_shape(function, "dk", dk, "k", k, "k", k);
+  expect_shape(function, "dv", dv, "k", k, "v", forward.v);
   expect_gradient_dtype(function, "dq", dq, q.dtype);
   expect_gradient_dtype(function, "dk", dk, q.dtype);
   expect_gradient_dtype(function, "dv", dv, q.dtype);

@@ -99,9 +99,14 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
     fail(function, std::string("cache.v.dtype expected ") + to_string(cache.k.dtype) + " (cache.k.dtype), got " +
                        to_string(cache.v.dtype));
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     expect_equal(function, "cache.v.shape[" + str(i) + "]", cache.k.shape[i], "cache.k.shape[" + str(i) + "]",
                  cache.v.shape[i]);
+  }
+  if (cache.v.head_dim() != cache.k.head_dim()) {
+    fail(function, "cache.v.shape[3] (head_dim_v) expected " + str(cache.k.head_dim()) +
+                       " (cache.k.shape[3]: the KV-cache kernels take one head dim for K and V), got " +
+                       str(cache.v.head_dim()));
   }
   if (written) {
     expect_distinct_addresses(function, "cache.k", cache.k);
@@ -114,7 +119,8 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
   CacheShape shape;
   shape.batch = cache.batch;
   shape.kv_heads = int(cache.k.heads());
-  shape.head_dim = int(cache.k.head_dim());
+  shape.head_dim_qk = int(cache.k.head_dim());
+  shape.head_dim_v = int(cache.v.head_dim());
   shape.num_pages = int(cache.k.batch());
   shape.page_size = int(cache.k.seq());
   if (cache.paged()) {
@@ -231,16 +237,17 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
     expect_equal(function, "k_new.shape[0] (batch)", shape.batch, "cache.batch", k_new.batch());
   }
   expect_equal(function, "k_new.shape[1] (kv_heads)", shape.kv_heads, "cache.k.shape[1]", k_new.heads());
-  expect_equal(function, "k_new.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", k_new.head_dim());
-  for (int i = 0; i < 4; ++i) {
+  expect_equal(function, "k_new.shape[3] (head_dim)", shape.head_dim_qk, "cache.k.shape[3]", k_new.head_dim());
+  for (int i = 0; i < 3; ++i) {
     expect_equal(function, "v_new.shape[" + str(i) + "]", k_new.shape[i], "k_new.shape[" + str(i) + "]", v_new.shape[i]);
   }
+  expect_equal(function, "v_new.shape[3] (head_dim)", shape.head_dim_v, "cache.v.shape[3]", v_new.head_dim());
   const int64_t seq_new = packed ? packed->max_seqlen : k_new.seq();
   if (int64_t(shape.capacity) + seq_new > kMaxExtent) {
     fail(function, std::string("capacity + ") + (packed ? "max_seqlen_new" : "k_new.shape[2] (seq_new)") +
                        " expected <= " + str(kMaxExtent) + ", got " + str(int64_t(shape.capacity) + seq_new));
   }
-  check_rotary(function, "options.rotary", options.rotary, shape.head_dim);
+  check_rotary(function, "options.rotary", options.rotary, shape.head_dim_qk);
   const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
   expect_disjoint(function, "k_new", byte_range(k_new), "cache.k", k);
   expect_disjoint(function, "k_new", byte_range(k_new), "cache.v", v);
@@ -309,10 +316,11 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   }
   // Rows per sequence: the grid's extent (a packed call's longest sequence).
   const int64_t seq_q = packed ? packed->max_seqlen : q.seq();
-  expect_equal(function, "q.shape[3] (head_dim)", shape.head_dim, "cache.k.shape[3]", q.head_dim());
-  for (int i = 0; i < 4; ++i) {
+  expect_equal(function, "q.shape[3] (head_dim)", shape.head_dim_qk, "cache.k.shape[3]", q.head_dim());
+  for (int i = 0; i < 3; ++i) {
     expect_equal(function, "out.shape[" + str(i) + "]", q.shape[i], "q.shape[" + str(i) + "]", out.shape[i]);
   }
+  expect_equal(function, "out.shape[3] (head_dim)", shape.head_dim_v, "cache.v.shape[3]", out.head_dim());
   // The decode kernels number the rows of one (sequence, kv head) group, (heads / kv_heads) * seq_q
   // of them, and their blocks' first rows in int32.
   if (shape.kv_heads > 0 && q.heads() / shape.kv_heads * seq_q > kMaxGroupRows) {
@@ -326,7 +334,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
     fail(function, "q.shape[1] (heads) expected a multiple of cache.k.shape[1] (kv_heads) = " + str(shape.kv_heads) +
                        ", got " + str(q.heads()));
   }
-  if (q.batch() * q.heads() * q.seq() > 0 && shape.head_dim == 0) {
+  if (q.batch() * q.heads() * q.seq() > 0 && shape.head_dim_qk == 0) {
     fail(function, "q.shape[3] (head_dim) expected >= 1 when there are query rows, got 0");
   }
   if (options.causal != Causal::none && options.causal != Causal::bottom_right) {
@@ -339,7 +347,7 @@ CacheShape validate_attention_with_kv_cache(const TensorView& q, const KvCache& 
   if (options.num_splits < 0 || options.num_splits > 4096) {
     fail(function, "options.num_splits expected 0 (automatic) to 4096, got " + str(options.num_splits));
   }
-  check_rotary(function, "options.rotary", options.rotary, shape.head_dim);
+  check_rotary(function, "options.rotary", options.rotary, shape.head_dim_qk);
 
   const ByteRange out_range = byte_range(out);
   expect_disjoint(function, "out", out_range, "q", byte_range(q));

@@ -291,7 +291,7 @@ ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, con
   return {alibi, abias, asinks, astart, aoffset};
 }
 
-void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods) {
+void set_mod_options(selfattn::MaskOptions& options, const ModArgs& mods) {
   if (mods.alibi_slopes) {
     options.alibi_slopes = static_cast<const float*>(mods.alibi_slopes->data);
     options.alibi_slopes_count = element_count(*mods.alibi_slopes);

@@ -252,7 +252,7 @@ ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, con
                      const std::optional<InArray>& q_offset, int64_t batch, int64_t heads, bool bf16_as_uint16);
 
 // After staging (the data pointers are the device's from here on, valid until run_call returns).
-void set_mod_options(selfattn::AttentionOptions& options, const ModArgs& mods);
+void set_mod_options(selfattn::MaskOptions& options, const ModArgs& mods);
 
 // A backward call's optional arrays beyond add_backward_args': dlse (fp32, lse's shape `lse_shape`)
 // read, and dsinks (fp32 [heads], the sinks' gradient) written.

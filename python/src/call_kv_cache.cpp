@@ -242,8 +242,7 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
   run_call(context, call, [&] {
     set_mod_options(parsed, mods);
     selfattn::KvAttentionOptions options;
-    options.key_start = parsed.key_start;
-    options.q_offset = parsed.q_offset;
+    static_cast<selfattn::MaskOptions&>(options) = parsed;  // the masks and modifiers, one bundle
     options.path = parsed.path;
     options.causal = parsed.causal;
     options.scale = parsed.scale;
@@ -251,13 +250,6 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
     options.rotary = rotary(tables);
     options.num_splits = num_splits;
     options.validate_metadata = validate_metadata;
-    options.window_left = parsed.window_left;
-    options.window_right = parsed.window_right;
-    options.softcap = parsed.softcap;
-    options.alibi_slopes = parsed.alibi_slopes;
-    options.alibi_slopes_count = parsed.alibi_slopes_count;
-    options.bias = parsed.bias;
-    options.sinks = parsed.sinks;
     if (offsets) {
       selfattn::attention_with_kv_cache_varlen(call.ctx(), tensor_view(aq), static_cast<const int32_t*>(offsets->data),
                                                max_seqlen_q, kv_cache(cache), tensor_view(aout), options);

@@ -3,78 +3,29 @@
 #include <optional>
 
 #include "selfattn/context.h"
+#include "selfattn/mask_options.h"
 #include "selfattn/tensor.h"
 #include "selfattn/types.h"
 
 namespace selfattn {
 
-struct AttentionOptions {
+// The options of attention(), attention_varlen(), attention_probabilities() and the backward. The
+// masks and score modifiers (key_start, q_offset, window, softcap, ALiBi, bias, sinks) are the
+// MaskOptions it derives from (mask_options.h), shared with the KV-cache calls. Here row i's
+// position i' is its place under the causal mask in force (types.h): i' = i under top_left,
+// i + (len_k - seq_q) under bottom_right AND under none (a window or ALiBi without a causal mask is
+// aligned at the last key, FlashAttention's convention); q_offset sets it instead, and key_start
+// moves the first key (positions count from it; the bias is still indexed by the key's row j).
+struct AttentionOptions : MaskOptions {
   Path path = Path::automatic;
   Causal causal = Causal::none;            // see Causal in types.h for which rows see which keys
   std::optional<float> scale;              // default 1/sqrt(head_dim)
   // Device memory, int32 [batch]: batch b uses keys [0, key_lengths[b]) only (padding). Values are
   // clamped to [0, seq_k]. A length of 0 gives output rows of 0 and LSE -inf.
   const int32_t* key_lengths = nullptr;
-  // Device memory, int32 [batch] each (varlen: one entry per sequence, counted within it), null: off.
-  // key_start[b]: batch b's keys before key_start[b] are padding (left padding; FlashAttention's
-  // cache_leftpad): never seen and never read, so they may hold anything. Key positions count from
-  // it: with it, the causal alignments and the window treat key key_start[b] as the sequence's first.
-  // q_offset[b]: the position of query row 0 among the keys, counted from key_start[b]: row i sits at
-  // i' = q_offset[b] + i, which then places the causal mask (row i sees keys at positions <= i'
-  // under top_left or bottom_right alike), the window and ALiBi, whatever the lengths (a static
-  // cache: every slot handed over, the new rows at the positions they hold). Device data, clamped:
-  // key_start to [0, the batch's key length], q_offset to [0, 2^31 - 2^16]. With key_lengths, batch
-  // b's keys are [key_start[b], key_lengths[b]). The fused kernels skip whole key tiles both rule out.
-  const int32_t* key_start = nullptr;
-  const int32_t* q_offset = nullptr;
   // Device memory, fp32 [batch, heads, seq_q] contiguous: log(sum_j exp(s_j)) per row over the
   // scores s_j the softmax takes (natural log), -inf for a row that sees no key. Not written when null.
   float* lse = nullptr;
-
-  // ---- Masks and score modifiers (any combination, every path and entry point). For query row i
-  // and key j the softmax takes s = scale * q_i.k_j, then, in this order:
-  //   softcap  s = softcap * tanh(s / softcap)
-  //   ALiBi    s = s - slope[b, h] * |i' - j|
-  //   bias     s = s + bias[b, h, i, j]            (-inf masks the key)
-  // over the keys the causal mask, key lengths and the sliding window leave visible. i' is row i
-  // aligned as the causal mask in force aligns it (types.h): i' = i under top_left, i + (len_k -
-  // seq_q) under bottom_right AND under none (a window or ALiBi without a causal mask is aligned at
-  // the last key, FlashAttention's convention); q_offset (above) sets it instead, and key_start
-  // moves the first key (positions count from it; the bias is still indexed by the key's row j).
-  // A row left with no key, or whose every visible key the bias masks, outputs 0 and LSE -inf
-  // (with a sink: sink[h], below). A modified score at or
-  // below -1e38 masks its key as -inf does (so a mask written as -FLT_MAX, torch.finfo(dtype).min,
-  // masks on every path, also a row of nothing else), and one above 1e38 is clamped to 1e38: the
-  // fused kernels scale scores by log2(e), past which fp32 overflows (reference::limit_score).
-
-  // Sliding window: row i sees key j only when i' - window_left <= j <= i' + window_right; -1 means
-  // unbounded on that side (the default: no window). (0, 0) sees key i' alone; with top_left or
-  // bottom_right causal, window_right beyond 0 changes nothing. The fused path skips whole key
-  // tiles outside the window: its cost grows with the window, not with seq_k.
-  int window_left = -1, window_right = -1;
-  // Logit soft-capping (Gemma 2, Grok): when set, a finite value > 0.
-  std::optional<float> softcap;
-  // ALiBi: device fp32 slopes, alibi_slopes_count of them: heads ([heads], shared by the batch) or
-  // batch * heads ([batch, heads]; varlen: one row per sequence). Adds -slope * |i' - j|
-  // (FlashAttention's convention: a positive slope penalises distance). Null: no ALiBi.
-  const float* alibi_slopes = nullptr;
-  int64_t alibi_slopes_count = 0;
-  // Additive bias: a device view [batch, heads, seq_q, seq_k] (varlen: [batch, heads, max_seqlen_q,
-  // max_seqlen_k], sequence b's rows and keys counted from 0) in fp32, q's dtype, or b8: a boolean
-  // mask (SDPA's attn_mask), read by the kernels as bytes, nonzero where a key may be seen (adds 0),
-  // 0 where not (-inf). A dimension of extent 1 broadcasts, and so does any stride of 0:
-  // [1, heads, q, k], [batch, 1, q, k] and [1, 1, q, k] (or the full shape with stride 0) are views
-  // of one copy. Entries are finite or -inf. Any strides >= 0; 64-bit offsets. Must not overlap out
-  // or lse.
-  std::optional<TensorView> bias;
-  // Attention sinks (gpt-oss; StreamingLLM's learned variant): device fp32 [heads], one logit per
-  // query head that joins every row's softmax as one more key whose value row is 0, taken as it is
-  // (not scaled, capped, distance-penalised or biased):
-  //   out_i = sum_j e^(s_ij) v_j / (e^(sink[h]) + sum_j e^(s_ij)),  lse_i = log(e^(sink[h]) + sum_j e^(s_ij))
-  // over row i's visible keys. A row that sees no key outputs 0 and LSE sink[h]. Values are finite,
-  // or -inf for a head without a sink (not checked: device memory). Must not overlap out or lse.
-  // Null: no sinks. The backward's gradient for them is BackwardOptions::dsinks.
-  const float* sinks = nullptr;
 
   // ---- Dropout on the attention weights (FlashAttention-2's and SDPA's dropout_p), every path of
   // attention(), attention_varlen() and their backward. After the softmax above (its LSE is the one

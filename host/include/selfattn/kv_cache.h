@@ -58,6 +58,7 @@
 #include <optional>
 
 #include "selfattn/context.h"
+#include "selfattn/mask_options.h"
 #include "selfattn/tensor.h"
 #include "selfattn/types.h"
 
@@ -152,21 +153,22 @@ struct AppendKvOptions {
 void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
                const AppendKvOptions& options = {});
 
-struct KvAttentionOptions {
+// The options of the cache's attention calls. The masks and score modifiers are MaskOptions
+// (mask_options.h), as attention() takes them, on every path; here row i of sequence b sits at cache
+// position i' = lengths[b] - seq_q + i (the bottom-right alignment, with causal none too), so a window
+// or an ALiBi distance is measured from the new token's own position; q_offset[b] replaces the
+// default lengths[b] - key_start[b] - seq_q (row i then sees the tokens at positions <=
+// q_offset[b] + i under bottom_right); key_start[b]'s tokens before it are never read. Neither moves
+// the rotary positions below. The bias is [batch, heads, seq_q, capacity] (keys by cache position,
+// so one view serves every step while lengths grow); a row that sees no cache token (length 0)
+// outputs 0 and LSE sink[h] with sinks. The fused path reads only the key tiles inside a window.
+struct KvAttentionOptions : MaskOptions {
   Path path = Path::automatic;
   // bottom_right: new query row i of sequence b (seq_q rows) sees cache tokens [0, lengths[b] - seq_q + i];
   // none: every cached token. (top_left is rejected: it has no meaning against a cache.)
   Causal causal = Causal::bottom_right;
   std::optional<float> scale;  // default 1/sqrt(head_dim)
   float* lse = nullptr;        // device fp32 [batch, heads, seq_q], natural log; -inf for a row without keys
-  // Device int32 [batch] each, or null: as AttentionOptions::key_start and q_offset (attention.h).
-  // key_start[b]: cache tokens before it are padding (left padding, FlashAttention's cache_leftpad),
-  // never read; positions count from it. q_offset[b]: the position of new row 0 counted from
-  // key_start[b], replacing the default lengths[b] - key_start[b] - seq_q: row i then sees the tokens
-  // at positions <= q_offset[b] + i (bottom_right), and the window and ALiBi measure from there.
-  // Neither moves the rotary positions below.
-  const int32_t* key_start = nullptr;
-  const int32_t* q_offset = nullptr;
   // Applied to q (at positions lengths[b] - seq_q + i) before attending; the cache is read as it is.
   std::optional<Rotary> rotary;
   // Fused path only: the key range of each (sequence, kv head) is split over this many blocks
@@ -175,27 +177,6 @@ struct KvAttentionOptions {
   int num_splits = 0;
   // As in AppendKvOptions (checks lengths[b] <= capacity and the pages lengths[b] uses).
   bool validate_metadata = false;
-
-  // ---- Masks and score modifiers: the meaning, order and validation of AttentionOptions
-  // (attention.h), on every path. Row i of sequence b is aligned as the bottom-right causal mask
-  // aligns it, at cache position i' = lengths[b] - seq_q + i (with causal none too), so a window
-  // or an ALiBi distance is measured from the new token's own position.
-  // Sliding window: row i sees cache token j only when i' - window_left <= j <= i' + window_right
-  // (-1: unbounded on that side). The fused path reads only the key tiles inside the window.
-  int window_left = -1, window_right = -1;
-  std::optional<float> softcap;  // s = softcap * tanh(s / softcap); a finite value > 0
-  // ALiBi: device fp32 [heads] or [batch, heads] slopes (alibi_slopes_count of them), adding
-  // -slope * |i' - j|.
-  const float* alibi_slopes = nullptr;
-  int64_t alibi_slopes_count = 0;
-  // Additive bias: a device view [batch, heads, seq_q, capacity] (keys indexed by cache position,
-  // so the same view serves every step while lengths grow), fp32, q's dtype or b8 (a boolean mask,
-  // as AttentionOptions::bias), a dimension of extent 1 or stride 0 broadcasts, -inf masks a key.
-  // Must not overlap out or lse.
-  std::optional<TensorView> bias;
-  // Attention sinks: device fp32 [heads] logits, as AttentionOptions::sinks; a row that sees no
-  // cache token (length 0) outputs 0 and LSE sink[h].
-  const float* sinks = nullptr;
 };
 
 // out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),

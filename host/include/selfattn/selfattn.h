@@ -6,6 +6,7 @@
 #include "selfattn/context.h"
 #include "selfattn/error.h"
 #include "selfattn/kv_cache.h"
+#include "selfattn/mask_options.h"
 #include "selfattn/reference.h"
 #include "selfattn/tensor.h"
 #include "selfattn/types.h"

@@ -283,20 +283,12 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
 
 AttentionOptions attention_options_of(const KvAttentionOptions& options, const KvCache& cache) {
   AttentionOptions converted;
+  static_cast<MaskOptions&>(converted) = options;  // the masks and modifiers, one bundle (mask_options.h)
   converted.path = options.path;
   converted.causal = options.causal;
   converted.scale = options.scale;
   converted.key_lengths = cache.lengths;
-  converted.key_start = options.key_start;
-  converted.q_offset = options.q_offset;
   converted.lse = options.lse;
-  converted.window_left = options.window_left;
-  converted.window_right = options.window_right;
-  converted.softcap = options.softcap;
-  converted.alibi_slopes = options.alibi_slopes;
-  converted.alibi_slopes_count = options.alibi_slopes_count;
-  converted.bias = options.bias;
-  converted.sinks = options.sinks;
   return converted;
 }
 

@@ -7,6 +7,7 @@
 // (kv_cache_check.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,57 @@ TEST(KvCacheEdges, GatherCapacityAroundEachBlock) {
   }
   AttendCase c = attend(paged(DType::f32, 3, 2, 32, kRows + 1, 3, {3 * (kRows + 1), 2 * (kRows + 1) + 1, kRows}), 2, 2);
   for (Path path : {Path::naive, Path::cublas}) EXPECT_TRUE(check_attend(ctx, c, path));
+}
+
+// A cache with no slot at all (capacity 0): every row is 0 and its LSE -inf, or its head's sink
+// logit, on every path, dense and packed (kv_cache.cpp writes them as attention() writes a call
+// without keys; no kernel reads the cache).
+TEST(KvCacheEdges, NoCacheSlot) {
+  Context ctx;
+  constexpr int kBatch = 2, kHeads = 4, kKvHeads = 2, kSeqQ = 3, kDim = 16;
+  constexpr int kRows = kBatch * kHeads * kSeqQ;
+  DeviceBuffer<float> q(ctx, kRows * kDim), out(ctx, kRows * kDim), lse(ctx, kRows), sinks(ctx, kHeads);
+  q.copy_from_host(std::vector<float>(q.size(), 0.5f));
+  const std::vector<float> sink_logits = {0.5f, -INFINITY, 1.25f, -INFINITY};
+  sinks.copy_from_host(sink_logits);
+  DeviceBuffer<int32_t> lengths(ctx, kBatch), cu_seqlens(ctx, kBatch + 1);
+  lengths.copy_from_host(std::vector<int32_t>(kBatch, 0));
+  // Packed: sequence 0 has 1 row, sequence 1 has 5 (kRows / kHeads = 6 rows in all).
+  cu_seqlens.copy_from_host(std::vector<int32_t>{0, 1, kBatch * kSeqQ});
+  KvCache cache;
+  cache.k = cache.v = TensorView::bhsd(nullptr, DType::f32, kBatch, kKvHeads, 0, kDim);
+  cache.batch = kBatch;
+  cache.lengths = lengths.data();
+  for (bool packed : {false, true}) {
+    const TensorView q_view = packed ? TensorView::bshd(q.data(), DType::f32, 1, kHeads, kBatch * kSeqQ, kDim)
+                                     : TensorView::bhsd(q.data(), DType::f32, kBatch, kHeads, kSeqQ, kDim);
+    TensorView out_view = q_view;
+    out_view.data = out.data();
+    for (Path path : {Path::automatic, Path::naive, Path::cublas, Path::fused})
+      for (bool with_sinks : {false, true}) {
+        out.fill_bytes(0xFF);
+        lse.fill_bytes(0xFF);
+        KvAttentionOptions options;
+        options.path = path;
+        options.lse = lse.data();
+        options.sinks = with_sinks ? sinks.data() : nullptr;
+        if (packed) {
+          attention_with_kv_cache_varlen(ctx, q_view, cu_seqlens.data(), 5, cache, out_view, options);
+        } else {
+          attention_with_kv_cache(ctx, q_view, cache, out_view, options);
+        }
+        const std::string what = std::string(packed ? "packed " : "dense ") + to_string(path) +
+                                 (with_sinks ? " with sinks" : "");
+        for (float x : out.to_host()) ASSERT_EQ(x, 0.0f) << what;
+        // lse: [batch, heads, seq_q], or [heads, total_q] packed; the head is the row's.
+        const std::vector<float> lse_host = lse.to_host();
+        for (int row = 0; row < kRows; ++row) {
+          const int head = packed ? row / (kBatch * kSeqQ) : row / kSeqQ % kHeads;
+          const float expected = with_sinks ? sink_logits[size_t(head)] : -INFINITY;
+          ASSERT_EQ(lse_host[size_t(row)], expected) << what << ", lse row " << row;
+        }
+      }
+  }
 }
 
 }  // namespace

@@ -45,17 +45,23 @@ Path choose_attention_path(const ContextState& state, const AttentionCall& call,
                              [&](Path path) { return unsupported_reason(state, call, path); });
 }
 
-// The calls no path sees (see the top of this file). Returns true when the call is complete.
+}  // namespace
+
+namespace detail {
+
 bool run_without_keys(ContextState& state, const AttentionCall& call) {
   if (call.batch == 0 || call.heads == 0 || call.seq_q == 0) return true;
   const bool no_keys = call.seq_k == 0 || call.k.seq() == 0;
   if (!no_keys) return false;
-  detail::zero_fill(*state.device, call.out);
   const int64_t rows_per_head = call.varlen() ? call.q.seq() : call.seq_q;
   const int64_t lse_rows = call.varlen() ? int64_t(call.heads) * rows_per_head : int64_t(call.batch) * call.heads * rows_per_head;
-  if (call.lse == nullptr || lse_rows == 0) return true;
-  const kernels::KernelRef kernel = SELFATTN_KERNEL_FOR(state.device->backend(), lse_without_keys_kernel_ref());
-  if (!kernel) throw NotAvailable("attention: no lse_without_keys kernel for this backend");
+  const bool writes_lse = call.lse != nullptr && lse_rows > 0;
+  // The kernel is looked up before out is written: a throw leaves everything untouched.
+  const kernels::KernelRef kernel =
+      writes_lse ? SELFATTN_KERNEL_FOR(state.device->backend(), lse_without_keys_kernel_ref()) : kernels::KernelRef{};
+  if (writes_lse && !kernel) throw NotAvailable("attention: no lse_without_keys kernel for this backend");
+  zero_fill(*state.device, call.out);
+  if (!writes_lse) return true;
   const kernels::LseWithoutKeysParams params{call.lse, call.sinks, lse_rows, rows_per_head, call.heads};
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 65535;  // the kernel's grid-stride loop covers the rest
@@ -66,9 +72,13 @@ bool run_without_keys(ContextState& state, const AttentionCall& call) {
   return true;
 }
 
+}  // namespace detail
+
+namespace {
+
 // Plans (every check that can throw), sizes the workspace for the plan, runs it.
 void run_attention(ContextState& state, const AttentionCall& call, Path requested, const char* function) {
-  if (run_without_keys(state, call)) return;
+  if (detail::run_without_keys(state, call)) return;
   if (call.fp8() && !detail::runs_fp8_natively(state, call, requested)) {
     return detail::run_fp8_dequantized(state, call, requested, function);
   }

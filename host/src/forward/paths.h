@@ -87,6 +87,11 @@ PlannedAttention plan_attention(ContextState& ctx, const AttentionCall& call, Pa
 // Runs a plan with planned.workspace_bytes() bytes of workspace at `workspace`.
 void run_planned(ContextState& ctx, const PlannedAttention& planned, void* workspace);
 
+// The calls no path sees (attention.cpp): no query row writes nothing; no key at all (seq_k or the
+// packed keys 0) zero-fills out and sets each LSE row to -inf, or to its head's sink logit (varlen:
+// all of q's rows). Returns whether the call was one of them (and so is complete).
+bool run_without_keys(ContextState& state, const AttentionCall& call);
+
 // The path a call runs: `requested` when unsupported(requested) is null, else NotAvailable with its
 // reason; for automatic the first of fused, then cublas (cuda) or naive (sim), then the other, that
 // unsupported() accepts, else NotAvailable listing every reason. `described` names the call in the

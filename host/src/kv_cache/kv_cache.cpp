@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "forward/paths.h"
 #include "kv_cache/cache_launch.h"
 #include "kv_cache/gathered_runner.h"
 #include "kv_cache/split_kv_runner.h"
@@ -94,20 +95,22 @@ void attend_cache(Context& ctx, const TensorView& q, const PackedRows* packed, c
   const int seq_q = packed ? packed->max_seqlen : int(q.seq());
   if (q.numel() == 0 || seq_q == 0 || shape.batch == 0) return;  // no query row to write
 
-  if (shape.capacity == 0 || shape.kv_heads == 0) {
-    // No cache slot at all: attention() writes zeros and -inf itself (packed: on every row, as
-    // attention_varlen() does without keys). With no key there is nothing to bias (and the bias's
-    // key extent, the capacity, may not be 0).
-    TensorView empty = TensorView::bhsd(nullptr, q.dtype, q.batch(), shape.kv_heads, 0, q.head_dim());
-    AttentionOptions no_keys = detail::attention_options_of(options, cache);
-    no_keys.bias.reset();
-    if (packed) {
-      no_keys.key_lengths = no_keys.key_start = no_keys.q_offset = nullptr;  // one entry per sequence: unread
-      attention_varlen(ctx, q, empty, empty, out, packed->cu_seqlens, packed->cu_seqlens, shape.batch, seq_q, 0,
-                       no_keys);
-    } else {
-      attention(ctx, q, empty, empty, out, no_keys);
-    }
+  if (shape.capacity == 0) {
+    // No cache slot at all: the call attention() makes of a call without keys, already validated:
+    // out 0 and each LSE row -inf or its head's sink (packed: every row of q, as attention_varlen()
+    // writes them without keys). kv_heads is >= 1 here (q has rows; validation).
+    detail::AttentionCall no_keys = score_mods;  // its validated sinks
+    no_keys.q = q;
+    no_keys.out = out;
+    no_keys.dtype = q.dtype;
+    no_keys.batch = shape.batch;
+    no_keys.heads = int(q.heads());
+    no_keys.kv_heads = shape.kv_heads;
+    no_keys.seq_q = seq_q;
+    no_keys.seq_k = 0;
+    no_keys.lse = options.lse;
+    if (packed) no_keys.cu_seqlens_q = no_keys.cu_seqlens_k = packed->cu_seqlens;
+    detail::run_without_keys(state, no_keys);
     return;
   }
 

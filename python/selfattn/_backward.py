@@ -56,7 +56,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
     grad_views = [arrays.dl(as_bhsd(arrays[name])) for name in ("dq", "dk", "dv")]
     with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, layout_axes(layout))):
         _selfattn.attention_backward(ctx, *views, arrays["lse"], *grad_views, causal, _float_or_none("scale", scale),
-                                     path, lengths, *mods, bool(deterministic), arrays["dlse"], dsinks,
+                                     path, lengths, mods, bool(deterministic), arrays["dlse"], dsinks,
                                      arrays.bf16_as_uint16, *dropout)
     return (*grads, dsinks) if return_dsinks else tuple(grads)
 
@@ -142,6 +142,6 @@ def attention_varlen_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: 
     with in_caller_terms(dict.fromkeys(_BACKWARD_ARRAYS, PACKED)):
         _selfattn.attention_varlen_backward(ctx, *views, arrays["lse"], *grad_views, cu_q, cu_k, max_q, max_k, causal,
                                             _float_or_none("scale", scale), path,
-                                            _int32_or_none("key_lengths", key_lengths, q), *mods, bool(deterministic),
+                                            _int32_or_none("key_lengths", key_lengths, q), mods, bool(deterministic),
                                             arrays["dlse"], dsinks, arrays.bf16_as_uint16, *dropout)
     return (*grads, dsinks) if return_dsinks else tuple(grads)

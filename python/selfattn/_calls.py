@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 
 from . import _arrays
-from ._selfattn import Context, InvalidArgument
+from ._selfattn import Context, InvalidArgument, MaskArgs
 
 _CAUSAL = (None, "top_left", "bottom_right")
 _LAYOUTS = ("bhsd", "bshd")
@@ -74,18 +74,20 @@ def _torch_requiring_grad(named):
 
 
 def _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, like="q", key_start=None, q_offset=None):
-    """The compiled functions' modifier arguments: window_left, window_right, softcap, alibi_slopes,
-    bias, sinks, key_start, q_offset. bias joins `arrays` (the framework, device and bfloat16
-    handling of the data); alibi_slopes and sinks are converted to float32 where arrays[like] lives
+    """The compiled functions' masks and modifiers, one MaskArgs (window_left, window_right,
+    softcap, alibi_slopes, bias, sinks, key_start, q_offset: the library's MaskOptions, bound once by
+    the extension) that every entry point takes as `masks`. bias joins `arrays` (the framework,
+    device and bfloat16 handling of the data); alibi_slopes and sinks are converted to float32 where arrays[like] lives
     (sinks join `arrays` then, detached: their gradient, if any, comes from the backward's dsinks),
     key_start and q_offset to int32 (as key_lengths is); the library checks the values (window
     sides >= -1, softcap > 0, bias dtype and shape), the binding the shapes of alibi_slopes, sinks,
     key_start and q_offset."""
     arrays.add_input("bias", bias, 4)
     arrays.add_input("sinks", _float32_or_none("sinks", sinks, arrays[like]), 1)
-    return (*_window_sides(window), _float_or_none("softcap", softcap),
-            _float32_or_none("alibi_slopes", alibi_slopes, arrays[like]), arrays.dl(arrays["bias"]), arrays["sinks"],
-            _int32_or_none("key_start", key_start, arrays[like]), _int32_or_none("q_offset", q_offset, arrays[like]))
+    return MaskArgs(*_window_sides(window), _float_or_none("softcap", softcap),
+                    _float32_or_none("alibi_slopes", alibi_slopes, arrays[like]), arrays.dl(arrays["bias"]),
+                    arrays["sinks"], _int32_or_none("key_start", key_start, arrays[like]),
+                    _int32_or_none("q_offset", q_offset, arrays[like]))
 
 
 def _int32_or_none(name, values, like):

@@ -220,7 +220,7 @@ def _attention(q, k, v, *, causal, scale, path, key_lengths, return_lse, out, la
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     views = [arrays.dl(as_bhsd(a)) for a in (q, k, v, arrays["out"])]
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), layout_axes(layout))):
-        _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, *mods,
+        _selfattn.attention(ctx, *views, causal, _float_or_none("scale", scale), path, lengths, lse, mods,
                             arrays.bf16_as_uint16, *dropout, arrays.fp8, *descales)
     return (out, lse) if return_lse else out
 
@@ -309,7 +309,7 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_
     _arrays.prefill_unowned(None if out is not None else result, lse, ctx.stream)  # rows no sequence owns: 0, -inf
     with in_caller_terms(dict.fromkeys(("q", "k", "v", "out"), PACKED)):
         _selfattn.attention_varlen(ctx, *views, cu_q, cu_k, max_q, max_k, causal, _float_or_none("scale", scale),
-                                   path, _int32_or_none("key_lengths", key_lengths, q), lse, *mods,
+                                   path, _int32_or_none("key_lengths", key_lengths, q), lse, mods,
                                    arrays.bf16_as_uint16, *dropout, arrays.fp8, *descales)
     return (result, lse) if return_lse else result
 
@@ -377,7 +377,7 @@ def self_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, *, wo: Any = N
     with in_caller_terms({"x": ROWS, "out": ROWS if wo is not None else BHSD}):
         _selfattn.self_attention(ctx, arrays.dl(x[:, None]), arrays.dl(wq), arrays.dl(arrays["wk"]),
                                  arrays.dl(arrays["wv"]), heads, arrays.dl(out_view), wo_view, causal,
-                                 _float_or_none("scale", scale), path, lengths, *mods, arrays.bf16_as_uint16)
+                                 _float_or_none("scale", scale), path, lengths, mods, arrays.bf16_as_uint16)
     return out
 
 

@@ -271,7 +271,7 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
                                           arrays.dl(as_bhsd(arrays["v_cache"])), *metadata,
                                           arrays.dl(q_view(arrays["out"])), causal, _float_or_none("scale", scale),
                                           path, lse, cos, sin, bool(rotary_interleaved), positions,
-                                          _step(rotary_position_step), num_splits, *mods,
+                                          _step(rotary_position_step), num_splits, mods,
                                           bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16,
                                           arrays.fp8, *scales)
     return (out, lse) if return_lse else out

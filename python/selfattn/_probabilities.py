@@ -55,7 +55,7 @@ def attention_probabilities(q: Any, k: Any, v: Any, *, cu_seqlens_q: Any = None,
     ctx = _context_for(q, context)
     mods = _score_mods(arrays, window, softcap, alibi_slopes, bias, sinks, key_start=key_start, q_offset=q_offset)
     lengths = _int32_or_none("key_lengths", key_lengths, q)
-    options = (causal, _float_or_none("scale", scale), path, lengths, *mods, arrays.bf16_as_uint16, *dropout)
+    options = (causal, _float_or_none("scale", scale), path, lengths, mods, arrays.bf16_as_uint16, *dropout)
     if varlen:
         cu_q = _arrays.int32_vector("cu_seqlens_q", cu_seqlens_q, like=q)
         cu_k = _arrays.int32_vector("cu_seqlens_k", cu_seqlens_k, like=q)

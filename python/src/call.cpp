@@ -3,6 +3,9 @@
 #include "call.h"
 
 #include <cstring>
+#include <utility>
+
+#include <nanobind/stl/optional.h>
 
 namespace selfattn_python {
 
@@ -236,16 +239,29 @@ void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, const std::vector<int
   }
 }
 
+void bind_mask_args(nb::module_& m) {
+  nb::class_<MaskArgs>(m, "MaskArgs", "Low level: the masks and score modifiers of one call. Use the keywords.")
+      .def(
+          "__init__",
+          [](MaskArgs* self, int window_left, int window_right, std::optional<float> softcap,
+             std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
+             std::optional<InArray> key_start, std::optional<InArray> q_offset) {
+            new (self) MaskArgs{window_left, window_right, softcap, std::move(alibi_slopes), std::move(bias),
+                                std::move(sinks), std::move(key_start), std::move(q_offset)};
+          },
+          nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
+          nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none());
+}
+
 selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,
-                                        const std::string& path, int window_left, int window_right,
-                                        std::optional<float> softcap) {
+                                        const std::string& path, const MaskArgs& masks) {
   selfattn::AttentionOptions options;
   options.causal = parse_causal(causal);
   options.scale = scale;
   options.path = parse_path(path);
-  options.window_left = window_left;
-  options.window_right = window_right;
-  options.softcap = softcap;
+  options.window_left = masks.window_left;
+  options.window_right = masks.window_right;
+  options.softcap = masks.softcap;
   return options;
 }
 
@@ -268,9 +284,12 @@ CuSeqlens add_cu_seqlens(Call& call, const InArray& cu_seqlens_q, const InArray&
   return {acq, ack, batch};
 }
 
-ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
-                     const std::optional<InArray>& sinks, const std::optional<InArray>& key_start,
-                     const std::optional<InArray>& q_offset, int64_t batch, int64_t heads, bool bf16_as_uint16) {
+ModArgs add_mod_args(Call& call, const MaskArgs& masks, int64_t batch, int64_t heads, bool bf16_as_uint16) {
+  const std::optional<InArray>& alibi_slopes = masks.alibi_slopes;
+  const std::optional<InArray>& bias = masks.bias;
+  const std::optional<InArray>& sinks = masks.sinks;
+  const std::optional<InArray>& key_start = masks.key_start;
+  const std::optional<InArray>& q_offset = masks.q_offset;
   const Arg* alibi = alibi_slopes ? &call.add(Arg("alibi_slopes", *alibi_slopes, false, Holds::vector)) : nullptr;
   if (alibi) {
     expect_contiguous_float32(*alibi, alibi_slopes->dtype());

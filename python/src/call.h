@@ -189,10 +189,21 @@ int64_t element_count(const Arg& a);  // the product of the shape
 // for the message: "batch, heads, seq_q").
 void expect_lse(const Arg& a, const nb::dlpack::dtype& dt, const std::vector<int64_t>& shape, const char* dims);
 
-// The scalar options; the library checks their values (window sides >= -1, softcap finite > 0).
+// The masks and score modifiers as Python hands them over: selfattn::MaskOptions's fields, the
+// arrays still Python's. One object every attention entry point takes (`masks`), bound once as
+// _selfattn.MaskArgs (bind_mask_args) and made once, by _calls._score_mods: a new modifier is a
+// field here, its keyword there, and its conversion in add_mod_args / set_mod_options.
+struct MaskArgs {
+  int window_left = -1, window_right = -1;
+  std::optional<float> softcap;
+  std::optional<InArray> alibi_slopes, bias, sinks, key_start, q_offset;
+};
+void bind_mask_args(nb::module_& m);
+
+// The scalar options, the masks' window and softcap among them; the library checks their values
+// (window sides >= -1, softcap finite > 0).
 selfattn::AttentionOptions make_options(const std::optional<std::string>& causal, std::optional<float> scale,
-                                        const std::string& path, int window_left = -1, int window_right = -1,
-                                        std::optional<float> softcap = std::nullopt);
+                                        const std::string& path, const MaskArgs& masks);
 // Dropout (AttentionOptions::dropout_p, dropout_seed, dropout_offset); the library checks the rate.
 void set_dropout_options(selfattn::AttentionOptions& options, float dropout_p, uint64_t dropout_seed,
                          uint64_t dropout_offset);
@@ -247,9 +258,7 @@ struct ModArgs {
   const Arg* key_start;
   const Arg* q_offset;
 };
-ModArgs add_mod_args(Call& call, const std::optional<InArray>& alibi_slopes, const std::optional<InArray>& bias,
-                     const std::optional<InArray>& sinks, const std::optional<InArray>& key_start,
-                     const std::optional<InArray>& q_offset, int64_t batch, int64_t heads, bool bf16_as_uint16);
+ModArgs add_mod_args(Call& call, const MaskArgs& masks, int64_t batch, int64_t heads, bool bf16_as_uint16);
 
 // After staging (the data pointers are the device's from here on, valid until run_call returns).
 void set_mod_options(selfattn::MaskOptions& options, const ModArgs& mods);

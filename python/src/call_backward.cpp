@@ -38,12 +38,10 @@ void set_backward_options(selfattn::BackwardOptions& backward, const BackwardExt
 void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, InArray out, InArray dout, InArray lse,
                         OutArray dq, OutArray dk, OutArray dv, std::optional<std::string> causal,
                         std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
-                        int window_left, int window_right, std::optional<float> softcap,
-                        std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-                        std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
+                        const MaskArgs& masks, bool deterministic,
                         std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16,
                         float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions options = make_options(causal, scale, path, masks);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -55,7 +53,7 @@ void attention_backward(BoundContext& context, InArray q, InArray k, InArray v, 
   const std::vector<int64_t> lse_shape = {q_shape.batch(), q_shape.heads(), q_shape.seq()};
   expect_lse(a.lse, lse.dtype(), lse_shape, "batch, heads, seq_q");
   const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
+  const ModArgs mods = add_mod_args(call, masks, q_shape.batch(),
                                     q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_backward_options(backward, extras);
@@ -74,13 +72,10 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
                                InArray lse, OutArray dq, OutArray dk, OutArray dv, InArray cu_seqlens_q,
                                InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
                                std::optional<std::string> causal, std::optional<float> scale, std::string path,
-                               std::optional<InArray> key_lengths, int window_left, int window_right,
-                               std::optional<float> softcap, std::optional<InArray> alibi_slopes,
-                               std::optional<InArray> bias, std::optional<InArray> sinks,
-                               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool deterministic,
+                               std::optional<InArray> key_lengths, const MaskArgs& masks, bool deterministic,
                                std::optional<InArray> dlse, std::optional<OutArray> dsinks, bool bf16_as_uint16,
                                float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions options = make_options(causal, scale, path, masks);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   selfattn::BackwardOptions backward;
   backward.deterministic = deterministic;
@@ -92,7 +87,7 @@ void attention_varlen_backward(BoundContext& context, InArray q, InArray k, InAr
   expect_lse(a.lse, lse.dtype(), lse_shape, "heads, total_q");
   const BackwardExtras extras = add_backward_extras(call, dlse, dsinks, lse_shape, q_shape.heads());
   const ModArgs mods =
-      add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, cu.batch, q_shape.heads(), bf16_as_uint16);
+      add_mod_args(call, masks, cu.batch, q_shape.heads(), bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), cu.batch, "batch");
   run_call(context, call, [&] {

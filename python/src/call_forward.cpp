@@ -51,12 +51,10 @@ void set_descales(selfattn::AttentionOptions& options, const Descales& descales)
 
 void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, std::optional<std::string> causal,
                std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
-               std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
-               std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-               std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
+               std::optional<OutArray> lse, const MaskArgs& masks, bool bf16_as_uint16, float dropout_p,
                uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
                std::optional<InArray> q_descale, std::optional<InArray> k_descale, std::optional<InArray> v_descale) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions options = make_options(causal, scale, path, masks);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16, parse_fp8(fp8));
@@ -65,7 +63,7 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
   const selfattn::TensorView q_shape = tensor_view(a.q);
   const Descales descales =
       add_descales(call, q_descale, k_descale, v_descale, q_shape.batch(), tensor_view(a.k).heads());
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, q_shape.batch(),
+  const ModArgs mods = add_mod_args(call, masks, q_shape.batch(),
                                     q_shape.heads(), bf16_as_uint16);
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), q_shape.batch(), "batch");
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
@@ -81,13 +79,11 @@ void attention(BoundContext& context, InArray q, InArray k, InArray v, OutArray 
 void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, OutArray out, InArray cu_seqlens_q,
                       InArray cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                       std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
-                      std::optional<OutArray> lse, int window_left, int window_right, std::optional<float> softcap,
-                      std::optional<InArray> alibi_slopes, std::optional<InArray> bias, std::optional<InArray> sinks,
-                      std::optional<InArray> key_start, std::optional<InArray> q_offset, bool bf16_as_uint16,
+                      std::optional<OutArray> lse, const MaskArgs& masks, bool bf16_as_uint16,
                       float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, std::optional<std::string> fp8,
                       std::optional<InArray> q_descale, std::optional<InArray> k_descale,
                       std::optional<InArray> v_descale) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions options = make_options(causal, scale, path, masks);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   Call call(context);
   const AttentionArgs a = add_attention_args(call, q, k, v, out, bf16_as_uint16, parse_fp8(fp8));
@@ -98,7 +94,7 @@ void attention_varlen(BoundContext& context, InArray q, InArray k, InArray v, Ou
   const selfattn::TensorView q_shape = tensor_view(a.q);
   if (alse) expect_lse(*alse, lse->dtype(), {q_shape.heads(), q_shape.seq()}, "heads, total_q");
   const ModArgs mods =
-      add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, cu.batch, q_shape.heads(), bf16_as_uint16);
+      add_mod_args(call, masks, cu.batch, q_shape.heads(), bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), cu.batch, "batch");
   run_call(context, call, [&] {
@@ -116,12 +112,9 @@ void attention_probabilities(BoundContext& context, InArray q, InArray k, InArra
                              std::optional<InArray> cu_seqlens_q, std::optional<InArray> cu_seqlens_k,
                              int max_seqlen_q, int max_seqlen_k, std::optional<std::string> causal,
                              std::optional<float> scale, std::string path, std::optional<InArray> key_lengths,
-                             int window_left, int window_right, std::optional<float> softcap,
-                             std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                             std::optional<InArray> sinks, std::optional<InArray> key_start,
-                             std::optional<InArray> q_offset, bool bf16_as_uint16, float dropout_p,
+                             const MaskArgs& masks, bool bf16_as_uint16, float dropout_p,
                              uint64_t dropout_seed, uint64_t dropout_offset) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions options = make_options(causal, scale, path, masks);
   set_dropout_options(options, dropout_p, dropout_seed, dropout_offset);
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
@@ -134,7 +127,7 @@ void attention_probabilities(BoundContext& context, InArray q, InArray k, InArra
   if (varlen) cu.emplace(add_cu_seqlens(call, *cu_seqlens_q, *cu_seqlens_k));
   const selfattn::TensorView q_shape = tensor_view(aq);
   const int64_t batch = varlen ? cu->batch : q_shape.batch();
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, batch, q_shape.heads(),
+  const ModArgs mods = add_mod_args(call, masks, batch, q_shape.heads(),
                                     bf16_as_uint16);
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), batch, "batch");
@@ -155,11 +148,9 @@ void attention_probabilities(BoundContext& context, InArray q, InArray k, InArra
 
 void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, InArray wv, int heads, OutArray out,
                     std::optional<InArray> wo, std::optional<std::string> causal, std::optional<float> scale,
-                    std::string path, std::optional<InArray> key_lengths, int window_left, int window_right,
-                    std::optional<float> softcap, std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                    std::optional<InArray> sinks, std::optional<InArray> key_start, std::optional<InArray> q_offset,
+                    std::string path, std::optional<InArray> key_lengths, const MaskArgs& masks,
                     bool bf16_as_uint16) {
-  selfattn::AttentionOptions options = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions options = make_options(causal, scale, path, masks);
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
   const Arg& ax = call.add(Arg("x", x, false, data));
@@ -170,7 +161,7 @@ void self_attention(BoundContext& context, InArray x, InArray wq, InArray wk, In
   const Arg* awo = wo ? &call.add(Arg("wo", *wo, false, data)) : nullptr;
   const Arg* alengths = key_lengths ? &call.add(Arg("key_lengths", *key_lengths, false, Holds::vector)) : nullptr;
   if (alengths) expect_int32_vector(*alengths, key_lengths->dtype(), tensor_view(ax).batch(), "batch");
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset, tensor_view(ax).batch(),
+  const ModArgs mods = add_mod_args(call, masks, tensor_view(ax).batch(),
                                     heads, bf16_as_uint16);
   run_call(context, call, [&] {
     options.key_lengths = alengths ? static_cast<const int32_t*>(alengths->data) : nullptr;

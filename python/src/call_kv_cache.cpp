@@ -209,15 +209,12 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              std::optional<OutArray> lse, std::optional<InArray> rotary_cos,
                              std::optional<InArray> rotary_sin, bool rotary_interleaved,
                              std::optional<InArray> rotary_positions, int rotary_position_step, int num_splits,
-                             int window_left, int window_right, std::optional<float> softcap,
-                             std::optional<InArray> alibi_slopes, std::optional<InArray> bias,
-                             std::optional<InArray> sinks, std::optional<InArray> key_start,
-                             std::optional<InArray> q_offset, bool validate_metadata,
+                             const MaskArgs& masks, bool validate_metadata,
                              std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16,
                              std::optional<std::string> fp8, std::optional<InArray> k_scale,
                              std::optional<InArray> v_scale) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
-  selfattn::AttentionOptions parsed = make_options(causal, scale, path, window_left, window_right, softcap);
+  selfattn::AttentionOptions parsed = make_options(causal, scale, path, masks);
   const Holds data = data_kind(bf16_as_uint16);
   const std::optional<selfattn::DType> fp8_dtype = parse_fp8(fp8);
   Call call(context);
@@ -237,7 +234,7 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
     expect_lse(*alse, lse->dtype(), {q_shape.batch(), q_shape.heads(), q_shape.seq()}, "batch, heads, seq_q");
   }
   // Per-sequence options have the cache's batch (a packed q has one entry).
-  const ModArgs mods = add_mod_args(call, alibi_slopes, bias, sinks, key_start, q_offset,
+  const ModArgs mods = add_mod_args(call, masks,
                                     offsets ? cache.batch : q_shape.batch(), q_shape.heads(), bf16_as_uint16);
   run_call(context, call, [&] {
     set_mod_options(parsed, mods);

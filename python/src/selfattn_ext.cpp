@@ -81,11 +81,10 @@ NB_MODULE(_selfattn, m) {
                c.ctx.device_name() + "')";
       });
 
+  bind_mask_args(m);
   m.def("attention", &attention, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
-        nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(),
-        nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(),
-        nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
+        nb::arg("lse").none(), nb::arg("masks"), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
         nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         nb::arg("fp8").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
         nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
@@ -94,9 +93,7 @@ NB_MODULE(_selfattn, m) {
   m.def("attention_varlen", &attention_varlen, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"),
-        nb::arg("key_lengths").none(), nb::arg("lse").none(), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(),
-        nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
+        nb::arg("key_lengths").none(), nb::arg("lse").none(), nb::arg("masks"), nb::arg("bf16_as_uint16"), nb::arg("dropout_p") = 0.0f,
         nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         nb::arg("fp8").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
         nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
@@ -105,9 +102,7 @@ NB_MODULE(_selfattn, m) {
   m.def("attention_probabilities", &attention_probabilities, nb::arg("context"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("probs"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("causal").none(), nb::arg("scale").none(),
-        nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("window_left"), nb::arg("window_right"),
-        nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(), nb::arg("sinks").none(),
-        nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"), nb::arg("dropout_p"),
+        nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("masks"), nb::arg("bf16_as_uint16"), nb::arg("dropout_p"),
         nb::arg("dropout_seed"), nb::arg("dropout_offset"),
         "Low level: q, k, v as [batch, heads, seq, head_dim] views (varlen with cu_seqlens: [1, heads, total, "
         "head_dim]), probs fp32 [batch, heads, seq_q, seq_k]. Use selfattn.attention_probabilities().");
@@ -125,8 +120,7 @@ NB_MODULE(_selfattn, m) {
   m.def("attention_backward", &attention_backward, nb::arg("context"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
-        nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
+        nb::arg("masks"),
         nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dsinks").none(), nb::arg("bf16_as_uint16"),
         nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         "Low level: every array as a [batch, heads, seq, head_dim] view. Use selfattn.attention_backward().");
@@ -134,17 +128,14 @@ NB_MODULE(_selfattn, m) {
         nb::arg("v"), nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
-        nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
+        nb::arg("masks"),
         nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dsinks").none(), nb::arg("bf16_as_uint16"),
         nb::arg("dropout_p") = 0.0f, nb::arg("dropout_seed") = uint64_t(0), nb::arg("dropout_offset") = uint64_t(0),
         "Low level: q, out, dout, dq as [1, heads, total_q, head_dim] views. Use "
         "selfattn.attention_varlen_backward().");
   m.def("self_attention", &self_attention, nb::arg("context"), nb::arg("x"), nb::arg("wq"), nb::arg("wk"),
         nb::arg("wv"), nb::arg("heads"), nb::arg("out"), nb::arg("wo").none(), nb::arg("causal").none(),
-        nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("window_left"),
-        nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(), nb::arg("bias").none(),
-        nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(), nb::arg("bf16_as_uint16"),
+        nb::arg("scale").none(), nb::arg("path"), nb::arg("key_lengths").none(), nb::arg("masks"), nb::arg("bf16_as_uint16"),
         "Low level: x as a [batch, 1, seq, d_model] view. Use selfattn.self_attention().");
   m.def("append_kv", &append_kv, nb::arg("context"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("lengths"),
         nb::arg("block_table").none(), nb::arg("batch_index").none(), nb::arg("k_new"), nb::arg("v_new"),
@@ -160,8 +151,7 @@ NB_MODULE(_selfattn, m) {
         nb::arg("out"), nb::arg("causal").none(), nb::arg("scale").none(), nb::arg("path"), nb::arg("lse").none(),
         nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
         nb::arg("rotary_positions").none(), nb::arg("rotary_position_step"), nb::arg("num_splits"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap").none(), nb::arg("alibi_slopes").none(),
-        nb::arg("bias").none(), nb::arg("sinks").none(), nb::arg("key_start").none(), nb::arg("q_offset").none(),
+        nb::arg("masks"),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"),
         nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
         nb::arg("v_scale").none() = nb::none(),

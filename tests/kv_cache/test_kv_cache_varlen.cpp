@@ -58,20 +58,6 @@ struct PackedCase {
   }
 };
 
-// Sequence b of `image` alone: a batch of one over the same pool.
-reference::KvCacheImage sequence_image(const reference::KvCacheImage& image, int b) {
-  reference::KvCacheImage one = image;
-  one.batch = 1;
-  one.lengths = {image.lengths[size_t(b)]};
-  if (!image.block_table.empty()) {
-    const auto row = image.block_table.begin() + ptrdiff_t(b) * image.max_pages_per_seq;
-    one.block_table.assign(row, row + image.max_pages_per_seq);
-  } else {
-    one.batch_index = {image.batch_index.empty() ? b : image.batch_index[size_t(b)]};
-  }
-  return one;
-}
-
 // Sequence b's problem: its rows, its key start and offset, its ALiBi slopes and bias rows.
 reference::Problem sequence_problem(const reference::Problem& all, int b, int rows, int max_seqlen) {
   reference::Problem one = all;

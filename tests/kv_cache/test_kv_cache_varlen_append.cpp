@@ -57,20 +57,6 @@ std::vector<std::pair<int, int>> documented_rows(const PackedAppend& c) {
   return rows;
 }
 
-// Sequence b of `image` alone: a batch of one over the same pool.
-reference::KvCacheImage sequence_image(const reference::KvCacheImage& image, int b) {
-  reference::KvCacheImage one = image;
-  one.batch = 1;
-  one.lengths = {image.lengths[size_t(b)]};
-  if (!image.block_table.empty()) {
-    const auto row = image.block_table.begin() + ptrdiff_t(b) * image.max_pages_per_seq;
-    one.block_table.assign(row, row + image.max_pages_per_seq);
-  } else {
-    one.batch_index = {image.batch_index.empty() ? b : image.batch_index[size_t(b)]};
-  }
-  return one;
-}
-
 // Rows [first, first + count) of a [1, kv_heads, total, d] tensor's values as [1, kv_heads, count, d].
 std::vector<double> rows_of(const Tensor& t, int kv_heads, int total, int d, int first, int count) {
   std::vector<double> out;

@@ -13,6 +13,21 @@ namespace selfattn::kv_test {
 
 using testing::round_to;
 
+// Sequence b of `image` alone: a batch of one over the same pool (a packed call's sequences are
+// judged one by one).
+inline reference::KvCacheImage sequence_image(const reference::KvCacheImage& image, int b) {
+  reference::KvCacheImage one = image;
+  one.batch = 1;
+  one.lengths = {image.lengths[size_t(b)]};
+  if (!image.block_table.empty()) {
+    const auto row = image.block_table.begin() + ptrdiff_t(b) * image.max_pages_per_seq;
+    one.block_table.assign(row, row + image.max_pages_per_seq);
+  } else {
+    one.batch_index = {image.batch_index.empty() ? b : image.batch_index[size_t(b)]};
+  }
+  return one;
+}
+
 // What attention_with_kv_cache's out and lse are judged against: sequence b attends to its first
 // length(b) cache rows, bottom-right aligned, with q rotated at its positions first when `rotary` is
 // given (the library stores the rotated q in its dtype: the allowed computation rounds it, the

@@ -9,6 +9,7 @@
 #   scripts/mutate_values.sh            every mutant (rebuilds once per mutant: about an hour on 2 cores)
 #   scripts/mutate_values.sh NAME...    only these
 #   scripts/mutate_values.sh --list     the mutants
+#   scripts/mutate_values.sh --check    only that each mutant's text is still in its file (no build)
 #
 # Not in CI. It builds in its own directory (MUTATE_BUILD_DIR, default build-mutants; sim only, no
 # nvcc), edits kernels/ in place and restores every file it touched on exit, failure or Ctrl-C.
@@ -31,6 +32,29 @@ mutant() {
 # The catalog: scripts/mutate_values_catalog.sh.
 source "$root/scripts/mutate_values_catalog.sh"
 
+# Fails unless file $1 holds text $3 exactly $2 times (the kernels moved on: update the mutant).
+check_mutant() {
+  local file=$1 count=$2 from=$3 content
+  content=$(<"$root/$file")
+  local without=${content//"$from"/}
+  local found=$(((${#content} - ${#without}) / ${#from}))
+  if ((found != count)); then
+    echo "mutant text found $found times in $file, expected $count: $from" >&2
+    return 1
+  fi
+}
+
+# --check: every mutant's text is where the catalog says, as many times (ctest's
+# mutants.catalog_current runs it, so a moved or rewritten line is caught when it moves).
+if [[ ${1:-} == --check ]]; then
+  stale=0
+  for i in "${!names[@]}"; do
+    check_mutant "${files[$i]}" "${counts[$i]}" "${froms[$i]}" 2>/dev/null ||
+      { echo "stale mutant ${names[$i]}: $(check_mutant "${files[$i]}" "${counts[$i]}" "${froms[$i]}" 2>&1)"; stale=1; }
+  done
+  ((stale == 0)) && echo "${#names[@]} mutants, each text where the catalog says"
+  exit $stale
+fi
 if [[ ${1:-} == --list ]]; then
   for i in "${!names[@]}"; do printf '%-36s %-28s %s\n' "${names[$i]}" "${files[$i]}" "${whys[$i]}"; done
   exit 0
@@ -48,18 +72,6 @@ restore() {
 }
 trap 'restore; rm -rf "$backup_dir"' EXIT
 trap 'restore; exit 130' INT TERM
-
-# Fails unless file $1 holds text $3 exactly $2 times (the kernels moved on: update the mutant).
-check_mutant() {
-  local file=$1 count=$2 from=$3 content
-  content=$(<"$root/$file")
-  local without=${content//"$from"/}
-  local found=$(((${#content} - ${#without}) / ${#from}))
-  if ((found != count)); then
-    echo "mutant text found $found times in $file, expected $count: $from" >&2
-    return 1
-  fi
-}
 
 # Replaces every occurrence of $3 in file $1 by $4, keeping the original for restore().
 apply_mutant() {

@@ -57,7 +57,8 @@ mutant simt_scale_fifth_digit kernels/forward/flash_fwd_simt.cuh 1 \
 
 # Softmax rows (naive and cublas paths).
 mutant softmax_inverse_fifth_digit kernels/unfused/softmax_rows.cuh 1 \
-  'out[key] = from_float<P>(x[c] * end.inverse);' 'out[key] = from_float<P>(x[c] * end.inverse * 1.00001f);' \
+  'out[key] = from_float<P>(dropped(x[c] * end.inverse, key));' \
+  'out[key] = from_float<P>(dropped(x[c] * end.inverse * 1.00001f, key));' \
   'short rows (cached): P 1e-5 too large'
 mutant softmax_mask_one_key_early kernels/unfused/softmax_rows.cuh 1 \
   'x[c] = key >= seen.begin && key < seen.end ? score(s[key], key) : -INFINITY;' \
@@ -113,7 +114,7 @@ mutant decode_one_split_sink_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
 mutant kv_v_row_with_k_stride kernels/decode/kv_pages.cuh 1 \
   'int64_t(t % c.page_size) * c.v_stride_row;' 'int64_t(t % c.page_size) * c.k_stride_row;' \
   'every cache V row addressed with K'"'"'s row stride'
-mutant kv_pages_view_v_row_from_k host/src/kv_cache.cpp 1 \
+mutant kv_pages_view_v_row_from_k host/src/kv_cache/cache_launch.cpp 1 \
   'view.v_stride_row = cache.v.strides[2];' 'view.v_stride_row = cache.k.strides[2];' \
   'the host passes K'"'"'s row stride as V'"'"'s'
 mutant gather_v_at_k_offset kernels/decode/kv_gather.cuh 1 \
@@ -124,11 +125,11 @@ mutant decode_mma_v_at_k_offset kernels/decode/decode_split_kv_mma.cuh 1 \
   'v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;' \
   'v_rows[threadIdx.x] = page >= 0 ? kv_k_offset(p.cache, page, kv_head, key) : -1;' \
   'the tensor-core decode kernel stages V from K'"'"'s offsets'
-mutant decode_out_with_q_row_stride host/src/kv_cache.cpp 1 \
+mutant decode_out_with_q_row_stride host/src/kv_cache/split_kv_runner.cpp 1 \
   'params.out_stride_row = out.strides[2];' 'params.out_stride_row = q.strides[2];' \
   'split-KV decode writes out with q'"'"'s row stride'
-mutant rotary_rows_in_with_out_stride host/src/kv_cache.cpp 1 \
-  'params.in_stride_row = q.strides[2];' 'params.in_stride_row = rotated.strides[2];' \
+mutant rotary_rows_in_with_out_stride host/src/kv_cache/cache_launch.cpp 1 \
+  'params.in_stride_row = in.strides[2];' 'params.in_stride_row = out.strides[2];' \
   'q read for rotation with the rotated copy'"'"'s row stride'
 mutant append_v_new_with_k_stride kernels/decode/kv_append.cuh 1 \
   'v_new[int64_t(t) * p.new_stride_row_v + e]' 'v_new[int64_t(t) * p.new_stride_row_k + e]' \
@@ -136,17 +137,17 @@ mutant append_v_new_with_k_stride kernels/decode/kv_append.cuh 1 \
 mutant merge_b_with_a_row_stride kernels/decode/merge_states.cuh 1 \
   'int64_t(s) * p.b_stride_row;' 'int64_t(s) * p.a_stride_row;' \
   'merge_states reads out_b with out_a'"'"'s row stride'
-mutant merge_out_with_a_head_stride host/src/kv_cache.cpp 1 \
+mutant merge_out_with_a_head_stride host/src/kv_cache/kv_cache.cpp 1 \
   'params.o_stride_head = out.strides[1];' 'params.o_stride_head = out_a.strides[1];' \
   'merge_states writes out with out_a'"'"'s head stride'
 # Edges of the work division and of the tables:
-mutant merge_grid_one_block_short host/src/kv_cache.cpp 1 \
+mutant merge_grid_one_block_short host/src/kv_cache/kv_cache.cpp 1 \
   'shape.grid = dim3(unsigned((rows + kernel.threads - 1) / kernel.threads));' \
   'shape.grid = dim3(unsigned((rows + kernel.threads - 2) / kernel.threads));' \
   'merge_states'"'"' grid misses the last row when rows = k * kThreads + 1'
 mutant combine_one_pass_of_columns kernels/decode/decode_combine.cuh 1 \
-  'for (int e = threadIdx.x; e < p.head_dim; e += blockDim.x) {' \
-  'for (int e = threadIdx.x; e < p.head_dim; e += p.head_dim) {' \
+  'if (e < p.head_dim) out[e] = from_float<T>(' \
+  'if (e < p.head_dim && e < kThreads) out[e] = from_float<T>(' \
   'decode_combine writes only the first kThreads columns of a row'
 mutant decode_window_first_tile_late kernels/decode/decode_split_keys.cuh 1 \
   'const int first_tile = begin / tile_keys;' 'const int first_tile = (begin + 1) / tile_keys;' \
@@ -157,27 +158,27 @@ mutant rotary_last_row_unused kernels/decode/rotary.cuh 1 \
   'the rotary tables'"'"' last row clamped to the one before'
 # Which kernel and loads the host picks from each tensor's alignment (the sim refuses a misaligned
 # 16-byte load, as the GPU faults):
-mutant mma_choice_ignores_v_alignment host/src/kv_cache.cpp 1 \
+mutant mma_choice_ignores_v_alignment host/src/kv_cache/split_kv_runner.cpp 1 \
   'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {' \
   'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k)) {' \
   'the tensor-core decode kernel taken with V rows off 16 bytes'
-mutant vector_loads_ignore_v_alignment host/src/kv_cache.cpp 1 \
+mutant vector_loads_ignore_v_alignment host/src/kv_cache/split_kv_runner.cpp 1 \
   'params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);' \
   'params.vector_loads = rows_on_16_bytes(cache.k);' \
   'the SIMT decode kernel loads V rows off 16 bytes 16 bytes at a time'
-mutant validate_v_addresses_from_k host/src/kv_cache_validation.cpp 1 \
+mutant validate_v_addresses_from_k host/src/validation/kv_cache_validation.cpp 1 \
   'expect_distinct_addresses(function, "cache.v", cache.v);' 'expect_distinct_addresses(function, "cache.v", cache.k);' \
   'append_kv checks K'"'"'s strides where V'"'"'s elements must not share addresses'
 # The host's metadata checks (validate_metadata):
-mutant validate_skips_last_partial_page host/src/kv_cache_validation.cpp 1 \
+mutant validate_skips_last_partial_page host/src/validation/kv_metadata_validation.cpp 1 \
   'const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;' \
   'const int64_t pages_used = (length + extra_tokens) / shape.page_size;' \
   'a bad block-table entry in the last, partly filled page passes'
-mutant validate_ignores_new_tokens_pages host/src/kv_cache_validation.cpp 1 \
+mutant validate_ignores_new_tokens_pages host/src/validation/kv_metadata_validation.cpp 1 \
   'const int64_t pages_used = (length + extra_tokens + shape.page_size - 1) / shape.page_size;' \
   'const int64_t pages_used = (length + shape.page_size - 1) / shape.page_size;' \
   'append_kv: a bad entry in a page only the new tokens reach passes'
-mutant validate_refuses_full_cache host/src/kv_cache_validation.cpp 1 \
+mutant validate_refuses_full_cache host/src/validation/kv_metadata_validation.cpp 1 \
   'if (length + extra_tokens > shape.capacity) {' 'if (length + extra_tokens >= shape.capacity) {' \
   'lengths that fill the capacity exactly are refused'
 
@@ -192,7 +193,8 @@ mutant sink_gradient_fourth_digit kernels/backward/sink_gradient.cuh 1 \
 # own layout and row gap (tests/support/tensor_layouts.h); while all shared one, these were the
 # same strides and no test could see them.
 mutant fused_v_tiles_with_k_stride kernels/forward/flash_fwd.cuh 1 \
-  'p.v_stride_row, Traits::kBlockKeys, seq.k_len - next0);' 'p.k_stride_row, Traits::kBlockKeys, seq.k_len - next0);' \
+  'p.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);' \
+  'p.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);' \
   'V tiles after the first read with K'"'"'s row stride'
 mutant simt_out_with_q_stride kernels/forward/flash_fwd_simt.cuh 1 \
   'flash_simt_store(out, row * p.out_stride_row + col' 'flash_simt_store(out, row * p.q_stride_row + col' \
@@ -290,7 +292,7 @@ mutant dropout_naive_bwd_dv_unscaled kernels/backward/backward_scores.cuh 1 \
 mutant dropout_varlen_sequence_lost host/src/forward/score_chunks.cpp 1 \
   'padded.dropout_batch_base = b;' 'padded.dropout_batch_base = 0;' \
   'the naive/cublas paths draw every varlen sequence'"'"'s mask as sequence 0'"'"'s'
-mutant dropout_hopper_not_routed_away host/src/forward/path_fused.cpp 1 \
+mutant dropout_hopper_not_routed_away host/src/forward/fused_hopper.cpp 1 \
   'if (call.dropout_p > 0) return nullptr;' 'if (call.dropout_p > 1) return nullptr;' \
   'calls with dropout reach the Hopper kernel, which has none'
 
@@ -321,7 +323,7 @@ mutant fp8_mma_v_scale_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
   'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, 1.0f);' \
   'the tensor-core decode stages an FP8 cache'"'"'s V without its scale'
 mutant fp8_gather_v_scale_dropped kernels/decode/kv_gather.cuh 1 \
-  'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * v_scale);' \
+  'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * scales.v);' \
   'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]));' \
   'the naive/cublas gather dequantizes an FP8 cache'"'"'s V without its scale'
 mutant fp8_scale_per_tensor_only kernels/decode/kv_pages.cuh 1 \
@@ -372,7 +374,7 @@ mutant packed_append_offsets_unordered host/src/kv_cache/kv_cache.cpp 1 \
 mutant batch_index_row_count_in_cache kernels/decode/kv_pages.cuh 1 \
   'return row >= 0 && row < c.num_pages ? row : -1;' 'return row >= 0 && row <= c.num_pages ? row : -1;' \
   'a batch index equal to the cache'"'"'s row count taken as a row of it'
-mutant validate_batch_index_row_count_passes host/src/validation/kv_cache_validation.cpp 1 \
+mutant validate_batch_index_row_count_passes host/src/validation/kv_metadata_validation.cpp 1 \
   'rows[size_t(b)] >= shape.num_pages)' 'rows[size_t(b)] > shape.num_pages)' \
   'validate_metadata passes a batch index equal to the cache'"'"'s row count'
 mutant combine_barrier_between_chunks_only kernels/decode/decode_combine.cuh 1 \

@@ -19,7 +19,7 @@ for source in "$root"/kernels/instances/flash_*.cu "$root"/kernels/instances/sm*
   name=$(basename "$source" .cu)
   tag=$(basename "$(dirname "$source")")  # instances, or an architecture tag such as sm90a
   case $tag in
-    sm*) cubin_arch=(-gencode arch=compute_${tag#sm},code=$tag) ptx_arch=(-arch=compute_${tag#sm}) ;;
+    sm*) cubin_arch=(-gencode arch=compute_${tag#sm},code=sm_${tag#sm}) ptx_arch=(-arch=compute_${tag#sm}) ;;
     *) cubin_arch=(-arch="$arch") ptx_arch=(-arch="$arch") ;;
   esac
   "$nvcc" "${flags[@]}" "${cubin_arch[@]}" -Xptxas -v -c "$source" -o "$work/$name.o" 2> "$work/$name.ptxas" ||

@@ -422,6 +422,15 @@ mutant naive_pv_over_qk_dim host/src/forward/path_naive.cpp 1 \
 mutant cublas_pv_over_qk_dim host/src/forward/path_cublas.cpp 1 \
   '      pv.m = call.head_dim_v;' '      pv.m = call.head_dim_qk;' \
   'the cublas path'"'"'s P V GEMM has q'"'"'s head dim as its rows'
-mutant backward_takes_two_head_dims host/src/backward/attention_backward.cpp 1 \
-  '  if (path != Path::automatic && !call.forward.equal_head_dims())' '  if (false)' \
-  'the backward runs calls with head_dim_v != head_dim_qk, which its kernels do not take'
+mutant fused_backward_takes_two_head_dims host/src/backward/backward_fused.cpp 1 \
+  '  if (!f.equal_head_dims())' '  if (false)' \
+  'the fused backward does not name head_dim_v != head_dim_qk as its reason to refuse'
+mutant naive_backward_dv_accumulator_at_qk_width host/src/backward/backward_naive.cpp 1 \
+  ': planned.call.forward.head_dim_v;' ': planned.call.forward.head_dim_qk;' \
+  'the score backward'"'"'s dV accumulator laid out in rows of q'"'"'s head dim'
+mutant cublas_backward_kv_ldc_at_qk_width host/src/backward/backward_cublas.cpp 1 \
+  '          g.ldc = acc.row_length;' '          g.ldc = call.head_dim_qk;' \
+  'the cublas backward'"'"'s dK/dV GEMMs step their accumulators by q'"'"'s head dim'
+mutant score_backward_dp_over_qk_dim host/src/forward/score_chunks.cpp 1 \
+  '  qk.head_dim = int(a.head_dim());' '  qk.head_dim = int(call.head_dim_qk);' \
+  'the naive backward'"'"'s dP = dO V^T runs over q'"'"'s head dim, not v'"'"'s'

@@ -35,6 +35,20 @@ def test_paths_and_dtypes(rng, path, dtype):
     run_case(rng, dtype=dtype, heads=4, kv_heads=2, seq_q=37, seq_k=53, dim=32, causal="bottom_right", path=path)
 
 
+@pytest.mark.parametrize("path", ["naive", "cublas", "auto"])
+def test_v_head_dim_apart_from_q_and_k(rng, path):
+    # MLA's prefill shape in small: dq and dk take q's head dim, dv v's; the fused backward refuses.
+    q, k = random(rng, (2, 4, 9, 48), "float16"), random(rng, (2, 2, 13, 48), "float16")
+    v, dout = random(rng, (2, 2, 13, 24), "float16"), random(rng, (2, 4, 9, 24), "float16")
+    out, lse = selfattn.attention(q, k, v, causal="bottom_right", return_lse=True)
+    grads = selfattn.attention_backward(q, k, v, out, dout, lse, causal="bottom_right", path=path)
+    for got, like, expected in zip(grads, (q, k, v), reference_backward(q, k, v, dout, "bottom_right")):
+        assert got.shape == like.shape and got.dtype == like.dtype
+        assert relative_error(got, expected, per_row=False) <= 2 * TOLERANCE["float16"]
+    with pytest.raises(selfattn.NotAvailable, match="head_dim_v != head_dim_qk"):
+        selfattn.attention_backward(q, k, v, out, dout, lse, causal="bottom_right", path="fused")
+
+
 @pytest.mark.parametrize("seq_q,seq_k,dim", [(1, 1, 1), (7, 113, 7), (113, 7, 16)])
 def test_float32_odd_sizes(rng, seq_q, seq_k, dim):
     run_case(rng, seq_q=seq_q, seq_k=seq_k, dim=dim, causal="top_left")

@@ -1,10 +1,9 @@
 // Two head dims: q and k of head_dim_qk, v and out of head_dim_v (core/attention_call.h). The naive
 // and cublas paths run any pair, judged by the harness against the reference with two head dims;
-// the fused kernels and every backward path take only equal ones and refuse others by name, with
-// nothing written.
+// the fused kernels take only equal ones and refuse others by name, with nothing written. The
+// backward's two head dims: tests/backward/test_backward_head_dims.cpp.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -118,29 +117,6 @@ TEST(TwoHeadDims, FusedPathRefusesByName) {
     EXPECT_NE(std::string(e.what()).find("head_dim_v != head_dim_qk"), std::string::npos) << e.what();
   }
   for (uint16_t bits : out.to_host()) ASSERT_EQ(bits, 0xFFFF);
-}
-
-TEST(TwoHeadDims, BackwardRefusesByName) {
-  Context ctx;
-  const int seq = 9, d_qk = 16, d_v = 8;
-  DeviceBuffer<float> q(ctx, seq * d_qk), k(ctx, seq * d_qk), v(ctx, seq * d_v), out(ctx, seq * d_v),
-      dout(ctx, seq * d_v), lse(ctx, seq), dq(ctx, seq * d_qk), dk(ctx, seq * d_qk), dv(ctx, seq * d_v);
-  for (DeviceBuffer<float>* input : {&q, &k, &v, &out, &dout, &lse}) input->fill_bytes(0);
-  for (DeviceBuffer<float>* gradient : {&dq, &dk, &dv}) gradient->fill_bytes(0xFF);
-  auto view = [](DeviceBuffer<float>& buffer, int d) { return TensorView::bhsd(buffer.data(), DType::f32, 1, 1, seq, d); };
-  for (Path path : {Path::automatic, Path::naive, Path::cublas, Path::fused}) {
-    AttentionOptions options;
-    options.path = path;
-    try {
-      attention_backward(ctx, view(q, d_qk), view(k, d_qk), view(v, d_v), view(out, d_v), view(dout, d_v), lse.data(),
-                         view(dq, d_qk), view(dk, d_qk), view(dv, d_v), options);
-      ADD_FAILURE() << to_string(path) << " ran the backward of head_dim_v 8 with head_dim_qk 16";
-    } catch (const NotAvailable& e) {
-      EXPECT_NE(std::string(e.what()).find("head_dim_v != head_dim_qk"), std::string::npos) << e.what();
-    }
-  }
-  for (DeviceBuffer<float>* gradient : {&dq, &dk, &dv})
-    for (float x : gradient->to_host()) ASSERT_TRUE(std::isnan(x));
 }
 
 }  // namespace

@@ -49,25 +49,30 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   const int vb = varlen ? 1 : batch;
   const int owned_q = varlen ? cu_q.back() : c.seq_q, owned_k = varlen ? cu_k.back() : c.seq_k;
   const int rows_q = owned_q + (varlen ? c.unowned_q_rows : 0), rows_k = owned_k + (varlen ? c.unowned_k_rows : 0);
-  const int d = c.head_dim;
+  const int d = c.head_dim, dv = c.v_dim();  // q, k, dq, dk rows; v, out, dout, dv rows
   const DType gdt = c.grad_f32 ? DType::f32 : c.dtype;
   const double scale = 1.0 / std::sqrt(double(d));
 
   std::mt19937_64 rng(testing::input_seed(c.name));
   std::normal_distribution<double> normal(0.0, 1.0);
+  const auto row_length = [&](testing::Role role) {
+    using testing::Role;
+    return role == Role::v || role == Role::out || role == Role::dout || role == Role::dv ? dv : d;
+  };
   const auto view_of = [&](void* data, DType dtype, int heads, int rows, testing::Role role) {
-    return testing::strided_view(data, dtype, vb, heads, rows, d,
+    return testing::strided_view(data, dtype, vb, heads, rows, row_length(role),
                                  testing::tensor_layout(c.bshd ? testing::Layout::bshd : testing::Layout::bhsd,
                                                         c.row_gap, c.strides, role));
   };
   const size_t nq = size_t(vb) * c.heads * rows_q * d, nk = size_t(vb) * c.kv_heads * rows_k * d;
+  const size_t nq_v = size_t(vb) * c.heads * rows_q * dv, nk_v = size_t(vb) * c.kv_heads * rows_k * dv;
   // Logical BHSD host values, rounded to the dtype.
   const auto draw = [&](size_t n) {
     std::vector<double> x(n);
     for (double& e : x) e = to_double_rounded(c.dtype, normal(rng));
     return x;
   };
-  const std::vector<double> q = draw(nq), k = draw(nk), v = draw(nk), dout = draw(nq);
+  const std::vector<double> q = draw(nq), k = draw(nk), v = draw(nk_v), dout = draw(nq_v);
   // Rows no sequence owns hold NaN in every input (the gaps hold it in any case).
   const int owned_rows[2] = {owned_q, owned_k};
   const auto unowned_query_row = [](const void* owned, int64_t, int64_t, int64_t s) {
@@ -238,7 +243,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
   Expected e;
   e.dq.assign(nq, 0.0);
   e.dk.assign(nk, 0.0);
-  e.dv.assign(nk, 0.0);
+  e.dv.assign(nk_v, 0.0);
   e.dq_zero.assign(nq / d, 1);
   e.dkv_zero.assign(nk / d, 1);
   e.dsinks.assign(sinks.size(), 0.0);
@@ -247,6 +252,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     p.heads = c.heads;
     p.kv_heads = c.kv_heads;
     p.head_dim = d;
+    p.head_dim_v = dv;
     p.slopes = slopes;
     p.sinks = sinks;
     const int q0 = varlen ? cu_q[b] : 0, k0 = varlen ? cu_k[b] : 0;
@@ -260,19 +266,19 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
       p.dropout_keep = reference::dropout_keep_mask(c.dropout_p, c.dropout_seed, c.dropout_offset, p.batch, p.heads,
                                                     p.seq_q, p.seq_k, /*first_batch=*/varlen ? b : 0);
     }
-    // Gathers rows [r0, r0 + n) of each (batch, head) of a logical [vb, heads, rows, d] array.
-    const auto rows_of = [&](const std::vector<double>& x, int heads, int rows, int r0, int n) {
+    // Gathers rows [r0, r0 + n) of each (batch, head) of a logical [vb, heads, rows, cols] array.
+    const auto rows_of = [&](const std::vector<double>& x, int heads, int rows, int r0, int n, int cols) {
       std::vector<double> out;
       for (int bb = 0; bb < p.batch; ++bb)
         for (int h = 0; h < heads; ++h)
           for (int r = r0; r < r0 + n; ++r)
-            for (int e2 = 0; e2 < d; ++e2) out.push_back(x[((size_t(bb) * heads + h) * rows + r) * d + e2]);
+            for (int e2 = 0; e2 < cols; ++e2) out.push_back(x[((size_t(bb) * heads + h) * rows + r) * cols + e2]);
       return out;
     };
-    p.q = rows_of(q, c.heads, rows_q, q0, p.seq_q);
-    p.dout = rows_of(dout, c.heads, rows_q, q0, p.seq_q);
-    p.k = rows_of(k, c.kv_heads, rows_k, k0, p.seq_k);
-    p.v = rows_of(v, c.kv_heads, rows_k, k0, p.seq_k);
+    p.q = rows_of(q, c.heads, rows_q, q0, p.seq_q, d);
+    p.dout = rows_of(dout, c.heads, rows_q, q0, p.seq_q, dv);
+    p.k = rows_of(k, c.kv_heads, rows_k, k0, p.seq_k, d);
+    p.v = rows_of(v, c.kv_heads, rows_k, k0, p.seq_k, dv);
     if (c.bias) {
       for (int bb = 0; bb < p.batch; ++bb)
         for (int h = 0; h < c.heads; ++h)
@@ -300,7 +306,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
           problem_of(p, c, scale), p.q, p.k, p.v, testing::AttentionArithmetic{c.dtype, c.dtype != DType::f32});
       for (const auto& [what, got_x, want] :
            {std::tuple<const char*, std::vector<double>, const testing::Expected*>{
-                "the forward's out", rows_of(out_all, c.heads, rows_q, q0, p.seq_q), &forward.out},
+                "the forward's out", rows_of(out_all, c.heads, rows_q, q0, p.seq_q, dv), &forward.out},
             {"the forward's lse", lse_p, &forward.lse}}) {
         if (auto r = testing::judge(std::string(what) + where, got_x, *want); !r)
           return ::testing::AssertionFailure() << c.name << ": the backward's input is wrong: " << r.message();
@@ -311,13 +317,14 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
       const testing::BackwardArithmetic arithmetic{c.dtype, gdt, c.dtype != DType::f32};
       const testing::BackwardExpected be =
           testing::expected_backward(problem_of(p, c, scale), p.q, p.k, p.v, p.dout,
-                                     rows_of(out_all, c.heads, rows_q, q0, p.seq_q), lse_p, arithmetic, p.dlse);
+                                     rows_of(out_all, c.heads, rows_q, q0, p.seq_q, dv), lse_p, arithmetic, p.dlse);
       const std::pair<const char*, std::pair<const std::vector<double>*, const testing::Expected*>> parts[] = {
           {"dq", {&got_dq, &be.dq}}, {"dk", {&got_dk, &be.dk}}, {"dv", {&got_dv, &be.dv}}};
       for (const auto& [what, pair] : parts) {
         const bool is_q = pair.second == &be.dq;
-        const std::vector<double> got_part = rows_of(*pair.first, is_q ? c.heads : c.kv_heads, is_q ? rows_q : rows_k,
-                                                     is_q ? q0 : k0, is_q ? p.seq_q : p.seq_k);
+        const std::vector<double> got_part =
+            rows_of(*pair.first, is_q ? c.heads : c.kv_heads, is_q ? rows_q : rows_k, is_q ? q0 : k0,
+                    is_q ? p.seq_q : p.seq_k, pair.second == &be.dv ? dv : d);
         testing::Judgement judgement;
         ::testing::AssertionResult r = testing::judge(std::string(what) + where, got_part, *pair.second, &judgement);
         if (std::getenv("SELFATTN_TEST_REPORT"))
@@ -328,38 +335,38 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
     }
     // Scatter back.
     const auto put = [&](std::vector<double>& dst, std::vector<char>& zero, const std::vector<double>& src,
-                         const std::vector<char>& src_zero, int heads, int rows, int r0, int n) {
+                         const std::vector<char>& src_zero, int heads, int rows, int r0, int n, int cols) {
       size_t idx = 0, row_idx = 0;
       for (int bb = 0; bb < p.batch; ++bb)
         for (int h = 0; h < heads; ++h)
           for (int r = r0; r < r0 + n; ++r, ++row_idx) {
             const size_t row = (size_t(bb) * heads + h) * rows + r;
             zero[row] = src_zero[row_idx];
-            for (int e2 = 0; e2 < d; ++e2) dst[row * d + e2] = src[idx++];
+            for (int e2 = 0; e2 < cols; ++e2) dst[row * cols + e2] = src[idx++];
           }
     };
-    put(e.dq, e.dq_zero, part.dq, part.dq_zero, c.heads, rows_q, q0, p.seq_q);
+    put(e.dq, e.dq_zero, part.dq, part.dq_zero, c.heads, rows_q, q0, p.seq_q, d);
     std::vector<char> dk_zero = e.dkv_zero;
-    put(e.dk, e.dkv_zero, part.dk, part.dkv_zero, c.kv_heads, rows_k, k0, p.seq_k);
-    put(e.dv, dk_zero, part.dv, part.dkv_zero, c.kv_heads, rows_k, k0, p.seq_k);
+    put(e.dk, e.dkv_zero, part.dk, part.dkv_zero, c.kv_heads, rows_k, k0, p.seq_k, d);
+    put(e.dv, dk_zero, part.dv, part.dkv_zero, c.kv_heads, rows_k, k0, p.seq_k, dv);
   }
 
   // Every element finite, and exactly 0 where the mask rule leaves nothing; the values themselves
   // are judged above by judge.h's rule.
-  const auto compare = [&](const char* what, const std::vector<float>& got_x, const std::vector<double>&,
+  const auto compare = [&](const char* what, const std::vector<float>& got_x, int cols,
                            const std::vector<char>& zero) -> ::testing::AssertionResult {
     for (size_t i = 0; i < got_x.size(); ++i) {
       if (!std::isfinite(got_x[i]))
         return ::testing::AssertionFailure() << c.name << ": " << what << "[" << i << "] = " << got_x[i] << " (not finite)";
-      if (zero[i / d] && got_x[i] != 0.0f)
+      if (zero[i / size_t(cols)] && got_x[i] != 0.0f)
         return ::testing::AssertionFailure() << c.name << ": " << what << "[" << i << "] = " << got_x[i]
                                              << ", expected exactly 0 (a row or key that sees nothing)";
     }
     return ::testing::AssertionSuccess();
   };
-  if (auto r = compare("dq", g.dq, e.dq, e.dq_zero); !r) return r;
-  if (auto r = compare("dk", g.dk, e.dk, e.dkv_zero); !r) return r;
-  if (auto r = compare("dv", g.dv, e.dv, e.dkv_zero); !r) return r;
+  if (auto r = compare("dq", g.dq, d, e.dq_zero); !r) return r;
+  if (auto r = compare("dk", g.dk, d, e.dkv_zero); !r) return r;
+  if (auto r = compare("dv", g.dv, dv, e.dkv_zero); !r) return r;
   if (c.sinks) {
     // dsinks[h] = -sum_i exp(sink - lse_i) (D_i - dlse_i), allowed as the kernels compute it: D_i
     // an fp32 sum over the stored out and dout, the terms summed in fp32. Scale: the sum of the
@@ -381,9 +388,9 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
           const size_t row = (size_t(bb) * c.heads + h) * rows_q + i;
           float dot = 0;
           double abs_dot = 0;
-          for (int e2 = 0; e2 < d; ++e2) {
-            dot += float(dout[row * d + e2]) * float(out_stored[row * d + e2]);
-            abs_dot += std::abs(dout[row * d + e2] * out_stored[row * d + e2]);
+          for (int e2 = 0; e2 < dv; ++e2) {
+            dot += float(dout[row * dv + e2]) * float(out_stored[row * dv + e2]);
+            abs_dot += std::abs(dout[row * dv + e2] * out_stored[row * dv + e2]);
           }
           const float dlse_i = c.dlse ? dlse_f[row] : 0.0f;
           const float prob = std::exp(sinks_f[size_t(h)] - lse_host[row]);
@@ -392,7 +399,7 @@ inline ::testing::AssertionResult check(Context& ctx, const Case& c, Gradients* 
         }
       want.allowed[size_t(h)] = -sum;
       want.scale[size_t(h)] = magnitude;
-      want.floor[size_t(h)] = u32 * (4 + std::sqrt(double(d)) + std::sqrt(double(rows))) * magnitude;
+      want.floor[size_t(h)] = u32 * (4 + std::sqrt(double(dv)) + std::sqrt(double(rows))) * magnitude;
     }
     const std::vector<double> got_dsinks(g.dsinks.begin(), g.dsinks.end());
     if (auto r = testing::judge("dsinks", got_dsinks, want); !r && judged)

@@ -15,6 +15,8 @@ struct Case {
   DType dtype = DType::f32;
   bool grad_f32 = false;  // gradients in f32 (else in the input dtype)
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 1;
+  int head_dim_v = 0;  // v's, out's, dout's and dv's head dim where it is not head_dim (q's, k's); 0: head_dim
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   Causal causal = Causal::none;
   std::vector<int32_t> key_lengths;  // [batch] (varlen: one per sequence, seqused_k) or empty
   // [batch] (varlen: one per sequence) or empty: AttentionOptions::key_start, q_offset.

@@ -13,9 +13,10 @@ namespace selfattn::backward_check {
 
 inline double to_double_rounded(DType dtype, double x) { return double(testing::round_to(dtype, float(x))); }
 
-// One (sequence) problem in double: q [h, sq, d], k/v [kvh, sk, d] per batch entry, contiguous BHSD.
+// One (sequence) problem in double: q [h, sq, d], k [kvh, sk, d], v [kvh, sk, dv] and dout
+// [h, sq, dv] per batch entry, contiguous BHSD (d = head_dim, dv = head_dim_v).
 struct Dense {
-  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  int batch, heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v;
   std::vector<double> q, k, v, dout, bias;  // bias [batch, heads, seq_q, seq_k] or empty
   std::vector<double> slopes;               // [heads] or empty
   std::vector<int32_t> key_lengths;
@@ -44,6 +45,7 @@ inline reference::Problem problem_of(const Dense& p, const Case& c, double scale
   problem.seq_q = p.seq_q;
   problem.seq_k = p.seq_k;
   problem.head_dim = p.head_dim;
+  problem.head_dim_v = p.head_dim_v;
   problem.causal = c.causal;
   problem.scale = scale;
   problem.key_lengths = p.key_lengths;

@@ -13,7 +13,7 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
                                    const std::vector<double>& lse, const BackwardArithmetic& arithmetic,
                                    const std::vector<double>& dlse) {
   const reference::Gradients exact = reference::attention_backward(p, q, k, v, dout, dlse);
-  const size_t d = size_t(p.head_dim);
+  const size_t d = size_t(p.head_dim), dv_dim = size_t(p.v_dim());  // q/k/dq/dk rows; v/out/dout/dv rows
   const float scale = p.scale != 0 ? float(p.scale) : 1.0f / std::sqrt(float(std::max(p.head_dim, 1)));
   const int group = p.heads / p.kv_heads;
   const auto rounded = [&](float x) { return arithmetic.rounded ? round_to(arithmetic.dtype, x) : x; };
@@ -37,12 +37,12 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
         const reference::KeyRange keys = row_keys.keys;
         const int64_t aligned = row_keys.aligned;
         const double* q_row = &q[row * d];
-        const double* do_row = &dout[row * d];
+        const double* do_row = &dout[row * dv_dim];
         float D = 0;
         double D_magnitude = 0;
-        for (size_t c = 0; c < d; ++c) {
-          D += float(do_row[c]) * float(out[row * d + c]);
-          D_magnitude += std::abs(do_row[c] * out[row * d + c]);
+        for (size_t c = 0; c < dv_dim; ++c) {
+          D += float(do_row[c]) * float(out[row * dv_dim + c]);
+          D_magnitude += std::abs(do_row[c] * out[row * dv_dim + c]);
         }
         if (!dlse.empty()) {  // what backward_dot does: D_i - dlse_i, one more fp32 rounding
           D -= float(dlse[row]);
@@ -90,11 +90,11 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
           if (x[j] == -INFINITY) continue;
           const size_t key_row = kv_row0 + j;
           const double* k_row = &k[key_row * d];
-          const double* v_row = &v[key_row * d];
+          const double* v_row = &v[key_row * dv_dim];
           const float prob = std::exp(x[j] - float(lse[row]));
           float dp = 0;
           double dp_magnitude = 0;
-          for (size_t c = 0; c < d; ++c) {
+          for (size_t c = 0; c < dv_dim; ++c) {
             dp += float(do_row[c]) * float(v_row[c]);
             dp_magnitude += std::abs(do_row[c] * v_row[c]);
           }
@@ -112,10 +112,13 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
           for (size_t c = 0; c < d; ++c) {
             dq[row * d + c] += ds_in * float(k_row[c]);
             dk[key_row * d + c] += ds_in * float(q_row[c]);
-            dv[key_row * d + c] += p_in * float(do_row[c]);
             dq_terms2[row * d + c] += (m * k_row[c]) * (m * k_row[c]);
             dk_terms2[key_row * d + c] += (m * q_row[c]) * (m * q_row[c]);
-            dv_terms2[key_row * d + c] += (double(dropped_prob) * do_row[c]) * (double(dropped_prob) * do_row[c]);
+          }
+          for (size_t c = 0; c < dv_dim; ++c) {
+            dv[key_row * dv_dim + c] += p_in * float(do_row[c]);
+            dv_terms2[key_row * dv_dim + c] +=
+                (double(dropped_prob) * do_row[c]) * (double(dropped_prob) * do_row[c]);
           }
         }
       }
@@ -124,8 +127,8 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
 
   BackwardExpected e;
   const auto fill = [&](Expected& x_out, const std::vector<double>& exact_values, const std::vector<float>& allowed,
-                        const std::vector<double>& terms2, const auto& steps_of) {
-    x_out.row_length = int(d);
+                        const std::vector<double>& terms2, size_t cols, const auto& steps_of) {
+    x_out.row_length = int(cols);
     x_out.exact = exact_values;
     x_out.allowed.resize(allowed.size());
     x_out.scale.resize(allowed.size());
@@ -133,15 +136,15 @@ BackwardExpected expected_backward(const reference::Problem& p, const std::vecto
     for (size_t i = 0; i < allowed.size(); ++i) {
       x_out.allowed[i] = round_to(arithmetic.grad_dtype, allowed[i]);
       x_out.scale[i] = std::abs(exact_values[i]) + std::sqrt(terms2[i]);
-      x_out.floor[i] = rounding_floor(arithmetic.grad_dtype, steps_of(i / d), x_out.scale[i]);
+      x_out.floor[i] = rounding_floor(arithmetic.grad_dtype, steps_of(i / cols), x_out.scale[i]);
     }
   };
-  fill(e.dq, exact.dq, dq, dq_terms2, [&](size_t row) { return q_steps[row]; });
+  fill(e.dq, exact.dq, dq, dq_terms2, d, [&](size_t row) { return q_steps[row]; });
   const auto kv_steps = [&](size_t key_row) {
     return 4 + std::sqrt(kv_terms[key_row]) + 2 * kv_magnitude[key_row];
   };
-  fill(e.dk, exact.dk, dk, dk_terms2, kv_steps);
-  fill(e.dv, exact.dv, dv, dv_terms2, kv_steps);
+  fill(e.dk, exact.dk, dk, dk_terms2, d, kv_steps);
+  fill(e.dv, exact.dv, dv, dv_terms2, dv_dim, kv_steps);
   return e;
 }
 

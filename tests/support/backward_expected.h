@@ -33,10 +33,10 @@ struct BackwardArithmetic {
 };
 
 struct BackwardExpected {
-  Expected dq, dk, dv;  // BHSD like q / k / v, rows of head_dim
+  Expected dq, dk, dv;  // BHSD like q / k / v: dq, dk rows of head_dim, dv rows of v_dim()
 };
 
-// q, k, v, dout, out: contiguous BHSD (out as the kernel reads it); lse [batch, heads, seq_q] fp32 values;
+// q, k, v, dout, out: contiguous BHSD (out as the kernel reads it; v, dout and out rows of v_dim()); lse [batch, heads, seq_q] fp32 values;
 // dlse: the LSE's upstream gradient in lse's layout, or empty for none.
 BackwardExpected expected_backward(const reference::Problem& problem, const std::vector<double>& q,
                                    const std::vector<double>& k, const std::vector<double>& v,

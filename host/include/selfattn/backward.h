@@ -49,7 +49,8 @@ struct BackwardOptions {
 //   q, k, v:  the forward's inputs, as attention() takes them (any strides, head_dim stride 1)
 //   out:      the forward's output [batch, heads, seq_q, head_dim_v], q's dtype
 //   dout:     dL/d(out), same shape and dtype as out
-//             (no backward path takes head_dim_v != head_dim yet: NotAvailable says so)
+//             (head_dim_v may differ from q's and k's head_dim on the naive and cublas paths; the
+//             fused path refuses it with NotAvailable)
 //   lse:      device fp32 [batch, heads, seq_q] contiguous: the forward's options.lse output
 //             (natural log, -inf for a row that saw no key). Required when there are query rows.
 //   dq:       [batch, heads, seq_q, head_dim], dk, dv: like k and v, each in q's
@@ -69,7 +70,7 @@ struct BackwardOptions {
 //   fused:        varlen: the running maximum of cu_seqlens_q and of cu_seqlens_k, 4 * (batch + 1)
 //                 each (see attention_varlen); then the dQ accumulator, 4 * head_dim per query row,
 //                 unless backward.deterministic
-//   naive/cublas: dK and dV accumulators, 2 * 4 * head_dim per key row (batch * kv_heads * seq_k),
+//   naive/cublas: dK and dV accumulators, 4 * (head_dim + head_dim_v) per key row (batch * kv_heads * seq_k),
 //                 then the score rows of a chunk of query rows: 2 * 4 * round_up(seq_k, 4) per row
 //                 (S/P and dP/dS in fp32), on cublas for f16/bf16 plus 2 * 2 * round_up(seq_k, 8)
 //                 (P and dS in that dtype); as many rows as fit, WorkspaceTooSmall when one does not.

@@ -19,9 +19,6 @@ namespace selfattn::detail {
 namespace {
 
 const char* unsupported_reason(const ContextState& state, const BackwardCall& call, Path path) {
-  // The call type carries two head dims (core/attention_call.h); the backward kernels take one.
-  if (path != Path::automatic && !call.forward.equal_head_dims())
-    return "no backward path takes head_dim_v != head_dim_qk yet (the forward's naive and cublas paths do)";
   switch (path) {
     case Path::naive: return naive_backward_unsupported(state, call);
     case Path::cublas: return cublas_backward_unsupported(state, call);

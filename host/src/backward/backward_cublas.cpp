@@ -7,10 +7,11 @@
 //   S^T  [seq_k x rows] = K . Q^T          A = K (stored K^T: trans_a), B = Q^T as stored
 //   dP^T [seq_k x rows] = V . dO^T         the same on V and dO
 //   P, dS                                  backward_scores (dS carries the scale and softcap factor)
-//   dQ^T [d x rows]     = K^T . dS^T       A = K^T, B = dS^T, both as stored; C = dq, beta 0
-//   dV^T [d x seq_k]   += dO^T . P         A = dO^T as stored, B = P (stored P^T: trans_b); beta 1
-//   dK^T [d x seq_k]   += Q^T . dS         the same on Q and dS
-// dK and dV accumulate in fp32 ([batch, kv_heads, seq_k, d], C of f32 with A/B in the input dtype)
+//   dQ^T [d_qk x rows]  = K^T . dS^T       A = K^T, B = dS^T, both as stored; C = dq, beta 0
+//   dV^T [d_v x seq_k] += dO^T . P         A = dO^T as stored, B = P (stored P^T: trans_b); beta 1
+//   dK^T [d_qk x seq_k] += Q^T . dS        the same on Q and dS
+// (S over d_qk = head_dim_qk, dP over d_v = head_dim_v.)
+// dK and dV accumulate in fp32 (in dk's and dv's shapes, C of f32 with A/B in the input dtype)
 // across chunks and across the GQA group's heads, one GEMM after another on one stream: the order of
 // the sums is fixed, so the gradients are bitwise deterministic. store_gradient writes dk and dv.
 // cuBLAS takes A and B of one type: for f16/bf16 the scores kernel writes P and dS in that dtype to
@@ -61,10 +62,10 @@ kernels::BackwardKernel scores_kernel(Backend backend, kernels::Element p_elem) 
   return SELFATTN_KERNEL_FOR(backend, backward_scores_instance(p_elem));
 }
 
-// Element offsets of one (batch, head) pair's first row in each operand (acc: the kv pair's
-// accumulator rows).
+// Element offsets of one (batch, head) pair's first row in each operand, and its kv pair (the
+// accumulators' index: their element offsets depend on the accumulator's row length).
 struct PairOffsets {
-  int64_t q, k, v, dout, dq, acc;
+  int64_t q, k, v, dout, dq, kv_pair;
 };
 PairOffsets offsets_of(const AttentionCall& call, const BackwardSlices& slices, int pair) {
   const int batch = pair / call.heads, head = pair % call.heads;
@@ -74,14 +75,13 @@ PairOffsets offsets_of(const AttentionCall& call, const BackwardSlices& slices, 
           batch * call.k.strides[0] + kv_head * call.k.strides[1],
           batch * call.v.strides[0] + kv_head * call.v.strides[1],
           batch * slices.dout.strides[0] + head * slices.dout.strides[1],
-          batch * slices.dq.strides[0] + head * slices.dq.strides[1],
-          int64_t(pair / heads_per_kv) * slices.acc_kv_stride};
+          batch * slices.dq.strides[0] + head * slices.dq.strides[1], int64_t(pair / heads_per_kv)};
 }
 PairOffsets minus(const PairOffsets& a, const PairOffsets& b) {
-  return {a.q - b.q, a.k - b.k, a.v - b.v, a.dout - b.dout, a.dq - b.dq, a.acc - b.acc};
+  return {a.q - b.q, a.k - b.k, a.v - b.v, a.dout - b.dout, a.dq - b.dq, a.kv_pair - b.kv_pair};
 }
 bool same(const PairOffsets& a, const PairOffsets& b) {
-  return a.q == b.q && a.k == b.k && a.v == b.v && a.dout == b.dout && a.dq == b.dq && a.acc == b.acc;
+  return a.q == b.q && a.k == b.k && a.v == b.v && a.dout == b.dout && a.dq == b.dq && a.kv_pair == b.kv_pair;
 }
 
 // The longest run of pairs first, first + step, ... (at most `count` of them) whose offsets all
@@ -273,11 +273,11 @@ void run_padded(ContextState& ctx, const kernels::BackwardKernel& scores_k, cons
           g.b_type = t;
           g.ldb = p_ld;
           g.stride_b = sc.p_pair_stride * heads_per_kv;
-          // The accumulators' rows are head_dim_qk = head_dim_v long (the backward takes equal ones).
-          g.c = (for_dk ? slices.dk_accum : slices.dv_accum) + first.acc + int64_t(span.begin) * call.head_dim_qk;
+          const KvAccumulator& acc = for_dk ? slices.dk_accum : slices.dv_accum;
+          g.c = acc.first + first.kv_pair * acc.kv_stride + int64_t(span.begin) * acc.row_length;
           g.c_type = DType::f32;
-          g.ldc = call.head_dim_qk;
-          g.stride_c = run.stride.acc;
+          g.ldc = acc.row_length;
+          g.stride_c = run.stride.kv_pair * acc.kv_stride;
           g.batch_count = run.pairs;
           ctx.device->gemm_strided_batched(g);
           done += run.pairs;

@@ -104,6 +104,8 @@ const char* fused_backward_unsupported(const ContextState& ctx, const BackwardCa
   const AttentionCall& f = call.forward;
   if (f.dtype == DType::f32)
     return "the fused backward runs on tensor cores (f16/bf16); fp32 needs the naive or cublas path";
+  if (!f.equal_head_dims())
+    return "no fused backward kernel takes head_dim_v != head_dim_qk (the naive and cublas paths do)";
   if (entry_for(ctx, f) == nullptr)
     return "the fused backward has head_dim 32, 64, 96 and 128 (256 would hold 256 fp32 accumulators of dK and dV "
            "per thread: spills); others need the naive or cublas path";

@@ -1,19 +1,19 @@
 // Path 'naive' of attention_backward(): per chunk of query rows (score_chunks.h), with S/P and
 // dP/dS as two fp32 rows per query row in the workspace -
-//   S  = Q K^T              qk_tiled         fp32, unscaled
-//   dP = dO V^T             qk_tiled         the same computation on dO and V
+//   S  = Q K^T              qk_tiled         fp32, unscaled, over head_dim_qk
+//   dP = dO V^T             qk_tiled         the same computation on dO and V, over head_dim_v
 //   P, dS                   backward_scores  P over S, dS (scale and softcap factor folded in) over dP
 //   dQ = dS K               pv_tiled         rows complete within a chunk: written to dq directly
-//   dV += P^T dO, dK += dS^T Q   grad_kv_tiled   into fp32 accumulators [batch, kv_heads, seq_k, d]
-// and at the end store_gradient for dk and dv. Every dtype and head_dim >= 1 (tensor cores where the
-// dtype and head_dim allow, P/dS rounded to the dtype there); variable-length batches run sequence by
-// sequence (the plan's padded calls). Also holds what the cublas backward shares with it
+//   dV += P^T dO, dK += dS^T Q   grad_kv_tiled   into fp32 accumulators in dv's and dk's shapes
+// and at the end store_gradient for dk and dv. Every dtype and any head_dim_qk, head_dim_v >= 1
+// (tensor cores where the dtype and the product's head dim allow, P/dS rounded to the dtype there);
+// variable-length batches run sequence by sequence (the plan's padded calls). Also holds what the cublas backward shares with it
 // (backward_score_paths.h).
 #include <algorithm>
 #include <string>
 
 #include "kernels/backward/naive_backward_params.h"
-#include "kernels/registry.h"
+#include "runtime/backend_kernels.h"
 #include "backward/backward_paths.h"
 #include "backward/backward_score_paths.h"
 #include "forward/kernel_args.h"
@@ -24,12 +24,16 @@ namespace selfattn::detail {
 
 // ---- shared with the cublas backward (backward_score_paths.h) ----
 
+namespace {
+// One fp32 accumulator in `gradient`'s (dk's or dv's) shape, 256-byte aligned.
+size_t accumulator_bytes(const TensorView& gradient) { return round_up_256(size_t(gradient.numel()) * sizeof(float)); }
+}  // namespace
+
 void plan_score_backward(ContextState& ctx, PlannedBackward& planned, const char* function,
                          ScoreLayout (*layout_of)(const AttentionCall&)) {
   BackwardWorkspace& w = planned.workspace;  // D is already there, at 0
-  const size_t accum_bytes = round_up_256(size_t(planned.call.dk.numel()) * sizeof(float));
   w.dkv_accum_offset = w.bytes;
-  w.scores_offset = w.dkv_accum_offset + 2 * accum_bytes;
+  w.scores_offset = w.dkv_accum_offset + accumulator_bytes(planned.call.dk) + accumulator_bytes(planned.call.dv);
   planned.scores = plan_scores(ctx, planned.call.forward, layout_of, w.scores_offset, function);
   w.bytes = w.scores_offset + planned.scores.workspace_bytes;
 }
@@ -40,69 +44,68 @@ TensorView rows_from(TensorView view, int64_t first, int64_t count) {
   view.shape[2] = count;
   return view;
 }
-float* accumulator(const PlannedBackward& planned, void* workspace, int which) {
-  const size_t accum_bytes = round_up_256(size_t(planned.call.dk.numel()) * sizeof(float));
-  return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + planned.workspace.dkv_accum_offset +
-                                  size_t(which) * accum_bytes);
+// dK's accumulator, then dV's, each in its gradient's shape.
+enum class Gradient { dk, dv };
+float* accumulator(const PlannedBackward& planned, void* workspace, Gradient which) {
+  const size_t skip = which == Gradient::dv ? accumulator_bytes(planned.call.dk) : 0;
+  return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + planned.workspace.dkv_accum_offset + skip);
+}
+KvAccumulator accumulator_of(const PlannedBackward& planned, const ChunkedCall& chunked, void* workspace,
+                             Gradient which) {
+  const int row_length = which == Gradient::dk ? planned.call.forward.head_dim_qk : planned.call.forward.head_dim_v;
+  return {accumulator(planned, workspace, which) + chunked.k_row_offset * row_length,
+          planned.call.forward.k.seq() * row_length, row_length};
 }
 }  // namespace
 
 BackwardSlices slices_of(const PlannedBackward& planned, const ChunkedCall& chunked, void* workspace) {
   const BackwardCall& call = planned.call;
-  const int64_t q0 = chunked.q_row_offset, k0 = chunked.k_row_offset;
+  const int64_t q0 = chunked.q_row_offset;
   BackwardSlices s;
   s.dout = rows_from(call.dout, q0, chunked.call.seq_q);
   s.dq = rows_from(call.dq, q0, chunked.call.seq_q);
   s.lse = call.lse + q0;
   s.d = reinterpret_cast<const float*>(static_cast<unsigned char*>(workspace) + planned.workspace.d_offset) + q0;
-  const int64_t head_dim = call.forward.head_dim_qk;  // = head_dim_v: the backward takes equal head dims
-  s.acc_kv_stride = call.forward.k.seq() * head_dim;
-  s.dk_accum = accumulator(planned, workspace, 0) + k0 * head_dim;
-  s.dv_accum = accumulator(planned, workspace, 1) + k0 * head_dim;
+  s.dk_accum = accumulator_of(planned, chunked, workspace, Gradient::dk);
+  s.dv_accum = accumulator_of(planned, chunked, workspace, Gradient::dv);
   return s;
 }
 
 void zero_kv_accumulators(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
-  ctx.device->fill(accumulator(planned, workspace, 0), 0, size_t(planned.call.dk.numel()) * sizeof(float));
-  ctx.device->fill(accumulator(planned, workspace, 1), 0, size_t(planned.call.dv.numel()) * sizeof(float));
+  ctx.device->fill(accumulator(planned, workspace, Gradient::dk), 0, size_t(planned.call.dk.numel()) * sizeof(float));
+  ctx.device->fill(accumulator(planned, workspace, Gradient::dv), 0, size_t(planned.call.dv.numel()) * sizeof(float));
 }
 
 void store_kv_gradients(ContextState& ctx, const PlannedBackward& planned, void* workspace) {
-  // The accumulators are [batch, kv_heads, k.seq(), head_dim] contiguous: dk's and dv's shape.
-  launch_store_gradient(ctx, accumulator(planned, workspace, 0), planned.call.dk, 1.0f);
-  launch_store_gradient(ctx, accumulator(planned, workspace, 1), planned.call.dv, 1.0f);
+  // The accumulators are contiguous in dk's and dv's shapes.
+  launch_store_gradient(ctx, accumulator(planned, workspace, Gradient::dk), planned.call.dk, 1.0f);
+  launch_store_gradient(ctx, accumulator(planned, workspace, Gradient::dv), planned.call.dv, 1.0f);
 }
 
 // ---- the naive path ----
 
 namespace {
 
+// Each kernel is chosen by the head dim of the product it computes (tensor cores from 16 on).
 struct NaiveBackwardKernels {
-  kernels::TiledKernel qk, dq, grad_kv;
+  kernels::TiledKernel s, dp;      // S = Q K^T over head_dim_qk, dP = dO V^T over head_dim_v
+  kernels::TiledKernel dq;         // dQ = dS K, head_dim_qk columns
+  kernels::TiledKernel dk, dv;     // dK += dS^T Q (head_dim_qk columns), dV += P^T dO (head_dim_v)
   kernels::BackwardKernel scores;
-  bool complete() const { return qk.kernel && dq.kernel && grad_kv.kernel && scores.kernel; }
+  bool complete() const { return s.kernel && dp.kernel && dq.kernel && dk.kernel && dv.kernel && scores.kernel; }
 };
 
-NaiveBackwardKernels lookup(Backend backend, kernels::Element elem, kernels::Element dq_elem, int head_dim) {
-  if (backend == Backend::sim) {
-    namespace k = kernels::sim_target;
-    return {k::qk_tiled_instance(elem, head_dim), k::dq_tiled_instance(elem, dq_elem, head_dim),
-            k::grad_kv_tiled_instance(elem, head_dim), k::backward_scores_instance(kernels::Element::f32)};
-  }
-#if SELFATTN_HAVE_CUDA
-  namespace k = kernels::cuda_target;
-  return {k::qk_tiled_instance(elem, head_dim), k::dq_tiled_instance(elem, dq_elem, head_dim),
-          k::grad_kv_tiled_instance(elem, head_dim), k::backward_scores_instance(kernels::Element::f32)};
-#else
-  return {};
-#endif
-}
-
 NaiveBackwardKernels lookup(const ContextState& ctx, const BackwardCall& call) {
-  return lookup(ctx.device->backend(), element_of(call.forward.dtype), element_of(call.dq.dtype),
-                call.forward.head_dim_qk);  // = head_dim_v (attention_backward.cpp)
+  const Backend backend = ctx.device->backend();
+  const kernels::Element elem = element_of(call.forward.dtype), dq_elem = element_of(call.dq.dtype);
+  const int d_qk = call.forward.head_dim_qk, d_v = call.forward.head_dim_v;
+  return {SELFATTN_KERNEL_FOR(backend, qk_tiled_instance(elem, d_qk)),
+          SELFATTN_KERNEL_FOR(backend, qk_tiled_instance(elem, d_v)),
+          SELFATTN_KERNEL_FOR(backend, dq_tiled_instance(elem, dq_elem, d_qk)),
+          SELFATTN_KERNEL_FOR(backend, grad_kv_tiled_instance(elem, d_qk)),
+          SELFATTN_KERNEL_FOR(backend, grad_kv_tiled_instance(elem, d_v)),
+          SELFATTN_KERNEL_FOR(backend, backward_scores_instance(kernels::Element::f32))};
 }
-
 
 
 ScoreLayout naive_backward_layout(const AttentionCall& padded) {
@@ -116,14 +119,14 @@ ScoreLayout naive_backward_layout(const AttentionCall& padded) {
 // accumulator += scores^T rows_of over the chunk's rows and the GQA group's heads (grad_kv_tiled).
 void launch_grad_kv(ContextState& ctx, const kernels::TiledKernel& kernel, const AttentionCall& call,
                     const Chunk& chunk, const float* scores, int64_t row_stride, const TensorView& rows_of,
-                    float* accum, int64_t acc_kv_stride) {
+                    const KvAccumulator& accum) {
   kernels::GradKvParams g{};
   g.scores = scores;
   g.scores_bh_stride = row_stride * chunk.rows;
   g.scores_row_stride = row_stride;
   g.rows_of = heads_view(rows_of);
-  g.accumulator = accum;
-  g.acc_kv_stride = acc_kv_stride;
+  g.accumulator = accum.first;
+  g.acc_kv_stride = accum.kv_stride;
   g.heads = call.heads;
   g.heads_per_kv = call.heads / call.kv_heads;
   g.bh_begin = chunk.pair_begin;
@@ -131,7 +134,7 @@ void launch_grad_kv(ContextState& ctx, const kernels::TiledKernel& kernel, const
   g.row_begin = chunk.row_begin;
   g.rows = chunk.rows;
   g.seq_k = call.seq_k;
-  g.head_dim = int(rows_of.head_dim());
+  g.head_dim = accum.row_length;  // = rows_of's head dim: dO's for dV, Q's for dK
   g.mask = key_mask(call);
   const int kv_first = chunk.pair_begin / g.heads_per_kv;
   const int kv_last = (chunk.pair_begin + chunk.pairs - 1) / g.heads_per_kv;
@@ -152,8 +155,8 @@ void run_padded(ContextState& ctx, const NaiveBackwardKernels& kernels, const Pl
 
   for_each_chunk(chunked, [&](const Chunk& chunk) {
     float* dp = s + ld * chunk.rows * chunk.pairs;  // the chunk's dP rows follow its S rows
-    launch_qk(ctx, kernels.qk, call, chunk, call.q, call.k, s, ld);
-    launch_qk(ctx, kernels.qk, call, chunk, slices.dout, call.v, dp, ld);
+    launch_qk(ctx, kernels.s, call, chunk, call.q, call.k, s, ld);
+    launch_qk(ctx, kernels.dp, call, chunk, slices.dout, call.v, dp, ld);
 
     kernels::BackwardScoresParams sp{};
     sp.s = s;
@@ -203,8 +206,8 @@ void run_padded(ContextState& ctx, const NaiveBackwardKernels& kernels, const Pl
     pv_shape.dynamic_smem_bytes = kernels.dq.smem_bytes;
     ctx.device->launch(kernels.dq.kernel, pv_shape, &pv);
 
-    launch_grad_kv(ctx, kernels.grad_kv, call, chunk, s, ld, slices.dout, slices.dv_accum, slices.acc_kv_stride);
-    launch_grad_kv(ctx, kernels.grad_kv, call, chunk, dp, ld, call.q, slices.dk_accum, slices.acc_kv_stride);
+    launch_grad_kv(ctx, kernels.dv, call, chunk, s, ld, slices.dout, slices.dv_accum);
+    launch_grad_kv(ctx, kernels.dk, call, chunk, dp, ld, call.q, slices.dk_accum);
   });
 }
 

@@ -19,7 +19,7 @@ struct BackwardWorkspace {
   size_t d_offset = 0;          // fp32 D per query row, in the LSE's layout
   size_t dq_accum_offset = 0;   // fused, non-deterministic: fp32 dQ [rows of lse][head_dim]
   size_t offsets_offset = 0;    // fused, varlen: the ordered cu_seqlens (fused_workspace_bytes, paths.h)
-  size_t dkv_accum_offset = 0;  // naive/cublas: fp32 dK then dV, [batch, kv_heads, seq_k, head_dim]
+  size_t dkv_accum_offset = 0;  // naive/cublas: fp32 dK then dV, each in its gradient's shape
   size_t scores_offset = 0;     // naive/cublas: the chunk's score rows
   size_t bytes = 0;
 };

@@ -10,7 +10,8 @@ itself (an op's output may not alias an input): the public functions return the 
 
 The package imports this module at once (it installs ops() as _calls.torch_ops); torch itself is
 imported when ops() first runs: at the first call on torch tensors, or at the package's import
-where torch is already imported.
+where torch is already imported. A first call inside torch.compile registers them too: Dynamo runs
+the registration eagerly instead of tracing it (_registered is marked a constant result).
 
 Autograd: each op's formula (torch.library.register_autograd, the custom-op form of a
 torch.autograd.Function) saves the inputs, out and lse and runs the library's backward through a
@@ -58,13 +59,25 @@ def ops():
     append_kv, attention_with_kv_cache, merge_states; the out variants as attention_out and so on),
     or None where this PyTorch lacks torch.library.custom_op
     (< 2.4)."""
+    _registered()
+    return _ops
+
+
+def _registered():
+    """Registers the ops once (or notes that this PyTorch cannot); True when done."""
     global _ops, _failed
     if _ops is None and not _failed:
         try:
             _ops = _register()
         except (ImportError, AttributeError):
             _failed = True
-    return _ops
+    return True
+
+
+# What torch.compiler.assume_constant_result sets (without importing torch here): Dynamo calls the
+# function as it is instead of tracing it, which it could not (torch.library's registration is not
+# traceable), so a program whose first call on torch tensors is compiled (fullgraph too) works.
+_registered._dynamo_marked_constant = True
 
 
 def _register():

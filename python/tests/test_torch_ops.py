@@ -7,6 +7,9 @@ is in test_torch_autograd.py, the KV cache's ops in test_torch_kv_cache.py, trai
 test_torch_sinks.py. Skipped without PyTorch (scripts/setup-deps installs it where it can). The
 tests marked device_check take a `torch_device` (conftest.py) and run on CUDA tensors too where
 there is a GPU: bench/device-check.sh runs those on a lent one."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -174,15 +177,17 @@ def test_fake_implementations_match_the_real_ones(torch_device):
                            None, None, None, None, None, sinks, False, cu, 3), test_utils=utils)
 
 
-def test_compile_as_the_first_call_in_a_fresh_process():
-    # With torch imported before selfattn, the ops are registered at import, so a compiled function
-    # may be the first to reach them (registration cannot be traced).
-    import subprocess
-    import sys
-    code = ("import torch, selfattn\n"
-            "q = torch.randn(1, 2, 4, 8)\n"
-            "f = torch.compile(lambda q: selfattn.attention(q, q, q.clone()) * 2, backend='eager', fullgraph=True)\n"
-            "assert torch.allclose(f(q), selfattn.attention(q, q, q.clone()) * 2)\n")
+@pytest.mark.parametrize("imports", ["torch, selfattn", "selfattn, torch"])
+def test_compile_as_the_first_call_in_a_fresh_process(imports):
+    # A compiled function (fullgraph, through AOTAutograd) may be the first to reach the ops, with
+    # torch imported before selfattn (the ops are registered at import) or after it (the compiled
+    # call registers them: Dynamo runs the registration instead of tracing it, _torch._registered).
+    code = (f"import {imports}\n"
+            "q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))\n"
+            "f = torch.compile(lambda q, k, v: selfattn.attention(q, k, v) * 2, backend='aot_eager', fullgraph=True)\n"
+            "f(q, k, v).sum().backward()\n"
+            "assert torch.allclose(f(q, k, v), selfattn.attention(q, k, v) * 2)\n"
+            "assert q.grad is not None and bool(torch.isfinite(q.grad).all())\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 

@@ -1,7 +1,7 @@
 """selfattn.integrations.flash_attn (FlashAttention's calls over selfattn) on CPU tensors (the sim),
 against the float64 torch reference of flash_attn_support.py (FlashAttention's terms): each
 argument of flash_attn_func and flash_attn_varlen_func mapped, gradients through autograd, varlen
-with an empty sequence, dropout, FP8 descales, and the refusals and errors, all RuntimeError (the KV
+with an empty sequence, v of another head dim than q and k (FlashAttention-3's MLA shapes), dropout, FP8 descales, and the refusals and errors, all RuntimeError (the KV
 cache calls: test_flash_attn_kvcache.py). Skipped without PyTorch."""
 import numpy as np
 import pytest
@@ -164,6 +164,30 @@ def test_varlen_gradients_match_autograd_of_the_reference():
                       for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
     want_grads = torch.autograd.grad(want, (q, k, v), dout.double())
     for got, expected in zip(grads, want_grads):
+        assert_close(got, expected, "float32", per_row=False, factor=2)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["func", "varlen_func"])
+def test_v_head_dim_apart_from_q_and_k(varlen):
+    # As FlashAttention-3 takes MLA's prefill (q and k of 192, v of 128) in small: out takes v's head
+    # dim, and the gradients flow to each input in its own shape.
+    g = torch.Generator().manual_seed(31)
+    lengths = [5, 0, 8]
+    shapes = [(13, 4, 48), (13, 2, 48), (13, 2, 24)] if varlen else [(2, 6, 4, 48), (2, 9, 2, 48), (2, 9, 2, 24)]
+    q, k, v = (torch.randn(shape, generator=g, requires_grad=True) for shape in shapes)
+    if varlen:
+        cu = torch.tensor(np.cumsum([0] + lengths), dtype=torch.int32)
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 8, 8, causal=True)
+        want = torch.cat([reference(q[None, a:b], k[None, a:b], v[None, a:b], causal=True)[0][0]
+                          for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    else:
+        out = flash_attn_func(q, k, v, causal=True, window_size=(3, 0))
+        want = reference(q, k, v, causal=True, window_size=(3, 0))[0]
+    assert out.shape == (*q.shape[:-1], 24)
+    assert_close(out, want, "float32")
+    dout = torch.randn(out.shape, generator=g)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for got, expected in zip(grads, torch.autograd.grad(want, (q, k, v), dout.double())):
         assert_close(got, expected, "float32", per_row=False, factor=2)
 
 

@@ -1,8 +1,9 @@
 """selfattn.integrations.transformers (selfattn as an attention implementation of Hugging Face
 transformers) inside tiny random models built from configs (no download), on CPU tensors (the sim):
 Llama (grouped-query attention), Mistral (a sliding window), Gemma 2 (softcap; sliding and full
-layers alternating), gpt-oss (attention sinks; sliding and full layers) and Falcon (multi-query;
-it adds ALiBi into its mask, which therefore always reaches selfattn as a bias).
+layers alternating), gpt-oss (attention sinks; sliding and full layers), Falcon (multi-query;
+it adds ALiBi into its mask, which therefore always reaches selfattn as a bias) and DeepSeek-V3
+(multi-head latent attention: values of another head dim than queries and keys, passed unpadded).
 
 - Logits and gradients of a float32 model, by the project's rule (conftest's relative_error and
   TOLERANCE, gradients by whole tensors as in the other torch tests), against eager attention in
@@ -60,6 +61,12 @@ def configs():
         "gpt_oss": transformers.GptOssConfig(**llama_like, sliding_window=WINDOW, num_local_experts=4,
                                              num_experts_per_tok=2),
         "falcon": transformers.FalconConfig(**small, multi_query=True, new_decoder_architecture=False, alibi=True),
+        # MLA: queries and keys of 8 + 4 rotary columns expanded from a 16-wide latent, values of 8
+        # (head_dim_v != head_dim_qk, unpadded); a dense first layer, a mixture of experts after it.
+        "deepseek_v3": transformers.DeepseekV3Config(
+            **small, intermediate_size=64, num_key_value_heads=4, max_position_embeddings=64, q_lora_rank=16,
+            kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+            num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=16, first_k_dense_replace=1),
     }
 
 
@@ -76,7 +83,8 @@ def seed(request):
 
 def build(family):
     """(eager float32 model, the same weights with selfattn, the same weights in float64 with eager)."""
-    extra = dict(experts_implementation="eager") if family == "gpt_oss" else {}  # grouped_mm has no float64
+    # grouped_mm has no float64
+    extra = dict(experts_implementation="eager") if family in ("gpt_oss", "deepseek_v3") else {}
     eager = transformers.AutoModelForCausalLM.from_config(configs()[family], attn_implementation="eager",
                                                           **extra).eval()
     ours = copy.deepcopy(eager)
@@ -285,6 +293,19 @@ def test_sinks_and_decoding_without_a_bias(calls, seed):
         assert "bias" not in call and call["causal"] == "bottom_right"
     decode = calls[-2]  # the last step's sliding layer: WINDOW - 1 cached keys and the new one
     assert decode["q"].shape[1] == 1 and decode["k"].shape[1] == WINDOW and decode["window"] == (WINDOW - 1, 0)
+
+
+def test_mla_values_go_unpadded(calls, seed):
+    # DeepSeek-V3: the values reach selfattn with their own head dim (8, the queries' and keys' 12),
+    # not padded to the queries' (as flash-attention implementations need), and so does the output.
+    _, ours, _ = build("deepseek_v3")
+    ids, _ = batch((0,))
+    with torch.no_grad():
+        ours(ids)
+    assert len(calls) == 2
+    for call in calls:
+        assert call["q"].shape == (1, LENGTH, 4, 12) and call["k"].shape == (1, LENGTH, 4, 12)
+        assert call["v"].shape == (1, LENGTH, 4, 8) and call["scale"] == 12 ** -0.5
 
 
 # --- attention_forward on its own ---

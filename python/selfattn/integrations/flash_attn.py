@@ -9,7 +9,8 @@ project switches by changing an import::
     from selfattn.integrations.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 CUDA tensors run on the GPU, CPU tensors on the sim (selfattn's CPU simulator). float32 is accepted
-besides float16 and bfloat16.
+besides float16 and bfloat16. v's headdim may differ from q's and k's in flash_attn_func and
+flash_attn_varlen_func, as FlashAttention-3 takes MLA's (192, 128): out takes v's.
 
 What each argument becomes (the calls are selfattn.attention, attention_varlen, append_kv and
 attention_with_kv_cache with layout="bshd", FlashAttention's [batch, seqlen, nheads, headdim]):
@@ -148,8 +149,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, q_descale=None,
                     k_descale=None, v_descale=None):
     """Attention of q [batch, seqlen_q, nheads, headdim] to k, v [batch, seqlen_k, nheads_k,
-    headdim] (nheads_k divides nheads: grouped-query attention); returns out shaped like q (with
-    return_attn_probs=True: out, softmax_lse, S_dmask). Differentiable in q, k and v. See the
+    headdim] (nheads_k divides nheads: grouped-query attention; v's headdim may differ); returns
+    out shaped like q with v's headdim (with return_attn_probs=True: out, softmax_lse, S_dmask). Differentiable in q, k and v. See the
     module's doc for each argument and what is refused."""
     name = "flash_attn_func"
     dropout_p = arguments.dropout_p(name, dropout_p)
@@ -178,7 +179,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Attention over sequences packed without padding: q [total_q, nheads, headdim], k, v
     [total_k, nheads_k, headdim], cu_seqlens_q/k int32 [batch + 1] (sequence b owns rows
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
-    like q (with return_attn_probs=True: out, softmax_lse [nheads, total_q], S_dmask);
+    like q with v's headdim (with return_attn_probs=True: out, softmax_lse [nheads, total_q], S_dmask);
     differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
     dropout_p = arguments.dropout_p(name, dropout_p)

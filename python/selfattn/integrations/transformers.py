@@ -41,7 +41,10 @@ What attention_forward maps (the arguments transformers' models pass):
 - query [batch, heads, q, head_dim], key and value [batch, kv_heads, k, head_dim] go to selfattn as
   views in layout "bshd" (transposed, not copied); kv_heads dividing heads is selfattn's grouped-
   query attention, so key and value are never repeated. The output comes back [batch, q, heads,
-  head_dim], the layout transformers expects, with no copy.
+  head_dim], the layout transformers expects, with no copy. Value's head_dim may differ from
+  query's and key's (DeepSeek-V3's multi-head latent attention passes values of 128 beside queries
+  and keys of 192): the output takes value's, and nothing is padded (selfattn's automatic path runs
+  it on a path that takes two head dims).
 - scaling: selfattn's scale (None: 1/sqrt(head_dim)). softcap: selfattn's softcap (Gemma 2's
   attn_logit_softcapping). s_aux (gpt-oss's ``module.sinks``): selfattn's sinks, in float32; they
   get their gradient.
@@ -60,8 +63,7 @@ torch.manual_seed reproduces a step; the backward regenerates the forward's mask
 Refused, never ignored: position_bias (NotAvailable: T5-style learned biases, and selfattn computes no gradient for a
 bias), a mask that is not a tensor (NotAvailable: flex attention's BlockMask), sequence boundaries
 ``cu_seq_lens_q`` with no mask (NotAvailable: continuous batching and paged caches; packed
-sequences work through their mask, built when the call has position_ids and no cache), and a value
-head_dim other than the query's (selfattn.InvalidArgument from selfattn.attention).
+sequences work through their mask, built when the call has position_ids and no cache).
 """
 from __future__ import annotations
 

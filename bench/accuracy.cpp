@@ -29,15 +29,15 @@ struct ErrorSums {
 // One query row of attention in double: the reference's semantics for one (batch, head, row).
 void reference_row(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
                    const std::vector<float>& v, int b, int h, int row, std::vector<double>& out_row) {
-  const int d = c.head_dim;
+  const int d = c.head_dim, dv = v_dim(c);
   const int kv_head = h / (c.heads / c.kv_heads);
   const float* q_row = &q[((int64_t(b) * c.heads + h) * c.seq_q + row) * d];
   const float* k_head = &k[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * d];
-  const float* v_head = &v[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * d];
+  const float* v_head = &v[(int64_t(b) * c.kv_heads + kv_head) * c.seq_k * dv];
   const selfattn::reference::KeyRange keys = selfattn::reference::visible_key_range(
       row, c.seq_q, c.seq_k, c.causal, c.mods.window_left, c.mods.window_right);
   const int aligned = selfattn::reference::aligned_row(row, c.seq_q, c.seq_k, c.causal);
-  out_row.assign(d, 0.0);
+  out_row.assign(dv, 0.0);
   const double sink = c.mods.sinks ? double(sink_logit(c, h)) : -INFINITY;
   if (keys.end <= keys.begin) return;  // out 0 (with or without a sink)
   const double scale = 1.0 / std::sqrt(double(d));
@@ -60,7 +60,7 @@ void reference_row(const Case& c, const std::vector<float>& q, const std::vector
   for (double& s : scores) sum += (s = std::exp(s - max_score));
   for (int j = keys.begin; j < keys.end; ++j) {
     const double p = scores[j - keys.begin] / sum;
-    for (int x = 0; x < d; ++x) out_row[x] += p * double(v_head[int64_t(j) * d + x]);
+    for (int x = 0; x < dv; ++x) out_row[x] += p * double(v_head[int64_t(j) * dv + x]);
   }
 }
 
@@ -73,6 +73,7 @@ selfattn::reference::Problem reference_problem(const Case& c) {
   problem.seq_q = c.seq_q;
   problem.seq_k = c.seq_k;
   problem.head_dim = c.head_dim;
+  problem.head_dim_v = c.head_dim_v;
   problem.causal = c.causal;
   problem.window_left = c.mods.window_left;
   problem.window_right = c.mods.window_right;
@@ -101,7 +102,7 @@ std::string first_non_finite(const Case& c, const std::vector<float>& out, int64
     }
   }
   if (count == 0) return {};
-  const int64_t d = c.head_dim, s = c.seq_q, h = c.heads;
+  const int64_t d = v_dim(c), s = c.seq_q, h = c.heads;  // out's
   std::ostringstream where;
   where << count << " output elements not finite (never written, or NaN/inf), first at [b=" << first / (d * s * h)
         << ", h=" << first / (d * s) % h << ", s=" << first / d % s << ", d=" << first % d << "]";
@@ -132,7 +133,7 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
   int64_t non_finite = 0;
   result.failure = first_non_finite(c, out, non_finite);
   ErrorSums sums;
-  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * c.head_dim;
+  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * (c.head_dim + v_dim(c)) / 2;
   if (macs <= whole_reference_macs) {
     const selfattn::reference::Problem problem = reference_problem(c);
     const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
@@ -156,8 +157,8 @@ AccuracyResult check_against_reference(const Case& c, const std::vector<float>& 
       for (int r = 0; r < kRandomRowsPerHead; ++r) rows.push_back(int(rng() % uint64_t(c.seq_q)));
       for (int row : rows) {
         reference_row(c, q, k, v, b, h, row, ref_row);
-        const float* out_row = &out[((int64_t(b) * c.heads + h) * c.seq_q + row) * c.head_dim];
-        for (int x = 0; x < c.head_dim; ++x) sums.add(out_row[x], ref_row[x]);
+        const float* out_row = &out[((int64_t(b) * c.heads + h) * c.seq_q + row) * v_dim(c)];
+        for (int x = 0; x < v_dim(c); ++x) sums.add(out_row[x], ref_row[x]);
       }
     }
   }
@@ -179,7 +180,7 @@ AccuracyResult check_backward_against_reference(const Case& c, const std::vector
                                                 const Gradients& gradients, double tolerance,
                                                 double whole_reference_macs) {
   AccuracyResult result;
-  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * c.head_dim;
+  const double macs = double(c.batch) * c.heads * c.seq_q * c.seq_k * (c.head_dim + v_dim(c)) / 2;
   if (macs > whole_reference_macs) {
     result.compared = false;
     result.passed = true;

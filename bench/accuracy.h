@@ -10,7 +10,8 @@
 
 namespace selfattn_bench {
 
-// Above this many multiply-adds (batch * heads * seq_q * seq_k * head_dim) the whole-output
+// Above this many multiply-adds (batch * heads * seq_q * seq_k * head_dim, the mean of the two
+// head dims where v's differs) the whole-output
 // reference would take seconds: rows are sampled instead.
 constexpr double kWholeReferenceMacs = 3e7;
 
@@ -29,7 +30,8 @@ struct AccuracyResult {
 // of tests/support/judge.h.
 double default_tolerance(DType dtype);
 
-// q: [batch, heads, seq_q, head_dim], k and v: [batch, kv_heads, seq_k, head_dim], out like q; all
+// q: [batch, heads, seq_q, head_dim], k: [batch, kv_heads, seq_k, head_dim], v: its rows v_dim(c)
+// long, out like q with v's rows; all
 // contiguous BHSD holding exactly the values the device saw (already rounded to the dtype).
 // Every element of out must be finite: outputs are poisoned with NaN before the checked run, so a
 // NaN left means an element was never written (or the kernel produced one).

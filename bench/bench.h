@@ -76,6 +76,7 @@ struct Case {
   Direction direction = Direction::fwd;
   DType dtype = DType::bf16;
   int batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
+  int head_dim_v = 0;  // v's and out's head dim where it is not q's and k's (--head-dim-v); 0: head_dim
   Causal causal = Causal::none;
   Layout layout = Layout::bhsd;
   ScoreMods mods;
@@ -84,9 +85,12 @@ struct Case {
 };
 
 inline DType out_dtype(const Case& c) { return is_fp8(c.dtype) ? DType::bf16 : c.dtype; }
+inline int v_dim(const Case& c) { return c.head_dim_v > 0 ? c.head_dim_v : c.head_dim; }
 
 // "w256,0 cap30 alibi bias=heads sinks", or "-" without modifiers.
 std::string describe_mods(const ScoreMods& mods);
+// The head dim, or "192/128" (q's and k's / v's) where v's differs.
+std::string describe_head_dims(const Case& c);
 // The bias value the bench stores at (b, h, row, key) of a case, rounded to its dtype: a cheap
 // deterministic pattern (the check recomputes it instead of keeping a copy).
 float bias_value(const Case& c, int b, int h, int row, int key);
@@ -99,8 +103,9 @@ float sink_logit(const Case& c, int h);
 uint16_t to_half_bits(float x, DType dtype);
 float from_half_bits(uint16_t bits, DType dtype);
 float round_to(float x, DType dtype);
-// A case's output as the device stored it (c.layout, c.dtype) to floats in BHSD order.
-std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c);
+// A tensor of the case as the device stored it (c.layout, c.dtype; c.heads x c.seq_q rows of
+// `row_length`: out's is v_dim(c)) to floats in BHSD order.
+std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c, int row_length);
 // The case's bias as a device view over `storage` (filled with bias_value), in out's dtype.
 selfattn::TensorView make_bias(selfattn::Context& ctx, const Case& c, selfattn::DeviceBuffer<unsigned char>& storage);
 
@@ -176,6 +181,7 @@ double attention_bytes(const Case& c);
 // sweep.cpp: a sweep is the product of its lists; the default one depends on the backend.
 struct Shape {
   int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  int head_dim_v = 0;  // as Case::head_dim_v
 };
 struct Sweep {
   std::vector<Shape> shapes;

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
 
   std::string backend_word;
   std::vector<std::string> path_words;
-  std::vector<int> batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  std::vector<int> batch, heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v;
   std::vector<std::string> dtype_words, causal_words, layout_words, direction_words, fused_kernel_words;
   sb::RunSettings settings;
   int warmup = -1, iters = -1;
@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
   sizes("--seq-q", seq_q, "query lengths (default: seq-k, else 1024 on cuda, 64 on sim)");
   sizes("--seq-k", seq_k, "key lengths (default: seq-q)");
   sizes("--head-dim", head_dim, "head dimensions (default 128 on cuda, 64 on sim)");
+  sizes("--head-dim-v", head_dim_v, "v's and out's head dimensions where they differ from q's and k's (MLA's prefill: "
+        "--head-dim 192 --head-dim-v 128); default: --head-dim");
   app.add_option("--dtype", dtype_words,
                  "fp32, fp16, bf16 (default bf16), or e4m3, e5m2: FP8 q, k, v with descales per (batch, kv head), "
                  "out bf16 (forward only)")
@@ -171,6 +173,12 @@ int main(int argc, char** argv) {
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
 
+  // Decode's cache has one head dim (kv_cache.h) until the latent cache of issue 48.
+  if (mode == "decode" && !head_dim_v.empty()) {
+    std::fprintf(stderr, "selfattn-bench: --head-dim-v is for --mode attention; the decode cache's K and V share "
+                 "--head-dim\n");
+    return 2;
+  }
   // Decode's q is 16- or 32-bit (an FP8 cache is --kv-dtype).
   if (mode == "decode" && !dtype_words.empty() && sb::is_fp8(kDTypes.at(dtype_words.front()))) {
     std::fprintf(stderr, "selfattn-bench: --mode decode --dtype %s: decode's q and out are fp32, fp16 or bf16; an FP8 "
@@ -275,7 +283,7 @@ int main(int argc, char** argv) {
     // The sweep: the default one, with any list given on the command line replacing its counterpart.
     sb::Sweep sweep = sb::default_sweep(backend);
     const bool custom_shape = !batch.empty() || !heads.empty() || !kv_heads.empty() || !seq_q.empty() ||
-                              !seq_k.empty() || !head_dim.empty();
+                              !seq_k.empty() || !head_dim.empty() || !head_dim_v.empty();
     if (custom_shape) {
       if (batch.empty()) batch = {1};
       if (heads.empty()) heads = {on_cuda ? 16 : 2};
@@ -287,7 +295,9 @@ int main(int argc, char** argv) {
           for (int kvh : kv_heads.empty() ? std::vector<int>{h} : kv_heads)
             for (int sq : seq_q)
               for (int sk : seq_k.empty() ? std::vector<int>{sq} : seq_k)
-                for (int d : head_dim) sweep.shapes.push_back({b, h, kvh, sq, sk, d});
+                for (int d : head_dim)
+                  for (int dv : head_dim_v.empty() ? std::vector<int>{0} : head_dim_v)
+                    sweep.shapes.push_back({b, h, kvh, sq, sk, d, dv});
       sweep.causals = {sb::Causal::none};
       sweep.directions = {sb::Direction::fwd};
     }

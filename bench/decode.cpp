@@ -293,7 +293,7 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
                 Case rows = r.c;  // out as [1, total rows, heads, d]: read back as [heads, total rows, d]
                 rows.batch = 1;
                 rows.seq_q = total_rows;
-                const std::vector<float> values = from_device_bytes(out.to_host(), rows);
+                const std::vector<float> values = from_device_bytes(out.to_host(), rows, rows.head_dim);
                 record_check(check_decode(r.c, host, values, settings.tolerance.value_or(default_tolerance(dtype)),
                                           settings.whole_check_macs),
                              r);

@@ -97,15 +97,15 @@ std::vector<unsigned char> to_device_bytes(const std::vector<float>& bhsd, Layou
 
 }  // namespace
 
-std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c) {
+std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, const Case& c, int row_length) {
   const size_t elem = selfattn::dtype_size(c.dtype);
   std::vector<float> bhsd(bytes.size() / elem);
   int64_t i = 0;
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.heads; ++h)
       for (int64_t s = 0; s < c.seq_q; ++s)
-        for (int64_t x = 0; x < c.head_dim; ++x, ++i) {
-          const int64_t at = layout_offset(c.layout, b, h, s, x, c.heads, c.seq_q, c.head_dim) * int64_t(elem);
+        for (int64_t x = 0; x < row_length; ++x, ++i) {
+          const int64_t at = layout_offset(c.layout, b, h, s, x, c.heads, c.seq_q, row_length) * int64_t(elem);
           if (c.dtype == DType::f32) {
             std::memcpy(&bhsd[i], &bytes[at], 4);
           } else {
@@ -119,12 +119,12 @@ std::vector<float> from_device_bytes(const std::vector<unsigned char>& bytes, co
 
 namespace {
 
-// FP8 inputs (--dtype e4m3|e5m2): tensor `which` (0 q, 1 k, 2 v; `heads` and `seq` its extents) as
+// FP8 inputs (--dtype e4m3|e5m2): tensor `which` (0 q, 1 k, 2 v; `heads`, `seq`, `cols` its extents) as
 // device codes in the case's layout, each normal(0, 1) value over its (batch, kv head)'s descale
 // rounded as the formats define it (reference::fp8_code); `values` (BHSD) receives what the
 // library reads, each code's value x its descale, for --check.
 template <class Normal>
-std::vector<unsigned char> fp8_inputs(const Case& c, int which, int heads, int seq, Normal& normal,
+std::vector<unsigned char> fp8_inputs(const Case& c, int which, int heads, int seq, int cols, Normal& normal,
                                       std::vector<float>& values) {
   std::vector<unsigned char> codes(values.size());
   const int group = which == 0 ? c.heads / c.kv_heads : 1;  // q head h reads kv head h / group
@@ -133,10 +133,10 @@ std::vector<unsigned char> fp8_inputs(const Case& c, int which, int heads, int s
     for (int h = 0; h < heads; ++h) {
       const float descale = fp8_descale(which, b, h / group);
       for (int s = 0; s < seq; ++s)
-        for (int x = 0; x < c.head_dim; ++x, ++i) {
+        for (int x = 0; x < cols; ++x, ++i) {
           const uint8_t code = selfattn::reference::fp8_code(c.dtype, double(normal()) / double(descale));
           values[i] = float(selfattn::reference::fp8_value(c.dtype, code) * double(descale));
-          codes[size_t(layout_offset(c.layout, b, h, s, x, heads, seq, c.head_dim))] = code;
+          codes[size_t(layout_offset(c.layout, b, h, s, x, heads, seq, cols))] = code;
         }
     }
   return codes;
@@ -144,7 +144,8 @@ std::vector<unsigned char> fp8_inputs(const Case& c, int which, int heads, int s
 
 bool same_shape(const Case& a, const Case& b) {
   return a.dtype == b.dtype && a.batch == b.batch && a.heads == b.heads && a.kv_heads == b.kv_heads &&
-         a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && a.layout == b.layout;
+         a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && v_dim(a) == v_dim(b) &&
+         a.layout == b.layout;
 }
 
 }  // namespace
@@ -193,16 +194,16 @@ void add_backward_buffers(selfattn::Context& ctx, InputCache::Inputs& in) {
   if (!in.dout.empty()) return;
   const Case& c = in.shape;
   NormalSource normal{0xD0D0ull ^ uint64_t(in.q.size())};
-  in.dout.resize(in.q.size());
+  in.dout.resize(size_t(c.batch) * c.heads * c.seq_q * v_dim(c));  // out's shape
   for (float& x : in.dout) x = round_to(normal(), c.dtype);
-  const auto dout_bytes = to_device_bytes(in.dout, c.layout, c.dtype, c.batch, c.heads, c.seq_q, c.head_dim);
-  const size_t kv_bytes = in.k.size() * selfattn::dtype_size(c.dtype);
+  const auto dout_bytes = to_device_bytes(in.dout, c.layout, c.dtype, c.batch, c.heads, c.seq_q, v_dim(c));
+  const size_t elem = selfattn::dtype_size(c.dtype);
   for (InputCache::Inputs::Set& set : in.sets) {
     set.dout = {ctx, dout_bytes.size(), "bench dout"};
     set.dout.copy_from_host(dout_bytes);
-    set.dq = {ctx, dout_bytes.size(), "bench dq"};
-    set.dk = {ctx, kv_bytes, "bench dk"};
-    set.dv = {ctx, kv_bytes, "bench dv"};
+    set.dq = {ctx, in.q.size() * elem, "bench dq"};
+    set.dk = {ctx, in.k.size() * elem, "bench dk"};
+    set.dv = {ctx, in.v.size() * elem, "bench dv"};
     set.lse = {ctx, std::max<size_t>(size_t(c.batch) * c.heads * c.seq_q, 1), "bench lse"};
   }
 }
@@ -221,13 +222,14 @@ InputCache::Inputs& InputCache::get(selfattn::Context& ctx, const Case& c) {
   std::vector<std::vector<unsigned char>> bytes;
   int which = 0;
   for (auto* t : {&in->q, &in->k, &in->v}) {
-    t->resize(t == &in->q ? q_elems : kv_elems);
     const int heads = t == &in->q ? c.heads : c.kv_heads, seq = t == &in->q ? c.seq_q : c.seq_k;
+    const int cols = t == &in->v ? v_dim(c) : c.head_dim;
+    t->resize(size_t(c.batch) * heads * seq * cols);
     if (is_fp8(c.dtype)) {
-      bytes.push_back(fp8_inputs(c, which, heads, seq, normal, *t));
+      bytes.push_back(fp8_inputs(c, which, heads, seq, cols, normal, *t));
     } else {
       for (float& x : *t) x = round_to(normal(), c.dtype);
-      bytes.push_back(to_device_bytes(*t, c.layout, c.dtype, c.batch, heads, seq, c.head_dim));
+      bytes.push_back(to_device_bytes(*t, c.layout, c.dtype, c.batch, heads, seq, cols));
     }
     ++which;
   }
@@ -239,7 +241,7 @@ InputCache::Inputs& InputCache::get(selfattn::Context& ctx, const Case& c) {
     in->descales = selfattn::DeviceBuffer<float>(ctx, descales.size(), "bench descales");
     in->descales.copy_from_host(descales);
   }
-  const size_t out_bytes = size_t(q_elems) * selfattn::dtype_size(out_dtype(c));
+  const size_t out_bytes = size_t(c.batch) * c.heads * c.seq_q * v_dim(c) * selfattn::dtype_size(out_dtype(c));
   const size_t set_bytes = bytes[0].size() + bytes[1].size() + bytes[2].size() + out_bytes;
   const size_t l2 = device_l2_bytes(ctx);
   int copies = kMinCopies;

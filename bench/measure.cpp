@@ -37,12 +37,16 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
 
   InputCache::Inputs& in = cache.get(ctx, c);
   result.copies = int(in.sets.size());
-  auto view_of = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq, DType dtype) {
-    return c.layout == Layout::bhsd ? selfattn::TensorView::bhsd(buffer.data(), dtype, c.batch, heads, seq, c.head_dim)
-                                    : selfattn::TensorView::bshd(buffer.data(), dtype, c.batch, heads, seq, c.head_dim);
+  // q, k, dq, dk rows of head_dim; v, out, dout, dv rows of v_dim(c).
+  auto view_of = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq, DType dtype, int cols) {
+    return c.layout == Layout::bhsd ? selfattn::TensorView::bhsd(buffer.data(), dtype, c.batch, heads, seq, cols)
+                                    : selfattn::TensorView::bshd(buffer.data(), dtype, c.batch, heads, seq, cols);
   };
   auto view = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq) {
-    return view_of(buffer, heads, seq, c.dtype);
+    return view_of(buffer, heads, seq, c.dtype, c.head_dim);
+  };
+  auto v_view = [&](selfattn::DeviceBuffer<unsigned char>& buffer, int heads, int seq) {
+    return view_of(buffer, heads, seq, c.dtype, v_dim(c));
   };
   selfattn::AttentionOptions options;
   if (is_fp8(c.dtype)) {
@@ -85,16 +89,17 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
     selfattn::AttentionOptions with_lse = options;
     with_lse.lse = lse;
     selfattn::attention(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
-                        view(set.v, c.kv_heads, c.seq_k), view_of(set.out, c.heads, c.seq_q, out_dtype(c)), with_lse);
+                        v_view(set.v, c.kv_heads, c.seq_k), view_of(set.out, c.heads, c.seq_q, out_dtype(c), v_dim(c)),
+                        with_lse);
   };
   auto run = [&](int copy) {
     InputCache::Inputs::Set& set = in.sets[size_t(copy) % in.sets.size()];
     if (c.direction != Direction::bwd) forward(set, backward ? set.lse.data() : nullptr);
     if (!backward) return;
     selfattn::attention_backward(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
-                                 view(set.v, c.kv_heads, c.seq_k), view(set.out, c.heads, c.seq_q),
-                                 view(set.dout, c.heads, c.seq_q), set.lse.data(), view(set.dq, c.heads, c.seq_q),
-                                 view(set.dk, c.kv_heads, c.seq_k), view(set.dv, c.kv_heads, c.seq_k), options,
+                                 v_view(set.v, c.kv_heads, c.seq_k), v_view(set.out, c.heads, c.seq_q),
+                                 v_view(set.dout, c.heads, c.seq_q), set.lse.data(), view(set.dq, c.heads, c.seq_q),
+                                 view(set.dk, c.kv_heads, c.seq_k), v_view(set.dv, c.kv_heads, c.seq_k), options,
                                  backward_options);
   };
 
@@ -105,7 +110,7 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
       InputCache::Inputs::Set& set = in.sets[0];
       result.resolved_path = std::string("auto:") +
           name(selfattn::resolve_path(ctx, view(set.q, c.heads, c.seq_q), view(set.k, c.kv_heads, c.seq_k),
-                                      view(set.v, c.kv_heads, c.seq_k), options));
+                                      v_view(set.v, c.kv_heads, c.seq_k), options));
     }
     in.sets[0].out.fill_bytes(0xFF);
     if (backward) {
@@ -133,17 +138,17 @@ CaseResult measure_case(selfattn::Context& ctx, const Case& c, const RunSettings
   if (settings.check) {
     Case stored = c;  // out as the device holds it: FP8 inputs give bf16
     stored.dtype = out_dtype(c);
-    const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), stored);
+    const std::vector<float> out = from_device_bytes(in.sets[0].out.to_host(), stored, v_dim(c));
     const double tolerance = settings.tolerance.value_or(default_tolerance(c.dtype));
     if (c.direction != Direction::bwd)
       record_check(check_against_reference(c, in.q, in.k, in.v, out, tolerance, settings.whole_check_macs), result);
     if (backward && result.status != Status::check_failed) {
-      Case kv_shape = c;  // dk and dv are [batch, kv_heads, seq_k, head_dim]
+      Case kv_shape = c;  // dk and dv are [batch, kv_heads, seq_k, head_dim or v_dim]
       kv_shape.heads = c.kv_heads;
       kv_shape.seq_q = c.seq_k;
-      const Gradients gradients{from_device_bytes(in.sets[0].dq.to_host(), c),
-                                from_device_bytes(in.sets[0].dk.to_host(), kv_shape),
-                                from_device_bytes(in.sets[0].dv.to_host(), kv_shape)};
+      const Gradients gradients{from_device_bytes(in.sets[0].dq.to_host(), c, c.head_dim),
+                                from_device_bytes(in.sets[0].dk.to_host(), kv_shape, c.head_dim),
+                                from_device_bytes(in.sets[0].dv.to_host(), kv_shape, v_dim(c))};
       const double bwd_tolerance = settings.tolerance.value_or(default_backward_tolerance(c.dtype));
       const AccuracyResult acc =
           check_backward_against_reference(c, in.q, in.k, in.v, in.dout, gradients, bwd_tolerance, settings.whole_check_macs);
@@ -205,13 +210,14 @@ double visible_pairs(const Case& c, int seq_q) {
 // A decode step with a prefill chunk (DecodeShape::prefill_rows): each sequence its own rows.
 bool mixed_step(const Case& c) { return c.decode && c.decode->prefill_rows > 0; }
 
-double forward_flops(const Case& c) {
+// The (query, key) pairs every head computes.
+double head_pairs(const Case& c) {
   double pairs = double(c.batch) * visible_pairs(c, c.seq_q);
   if (mixed_step(c)) {
     pairs = 0;
     for (int b = 0; b < c.batch; ++b) pairs += visible_pairs(c, c.decode->rows_of(b));
   }
-  return 4.0 * c.heads * c.head_dim * pairs;
+  return pairs;
 }
 
 // Query rows of all sequences together.
@@ -224,23 +230,29 @@ double query_rows(const Case& c) {
 }  // namespace
 
 double attention_flops(const Case& c) {
-  constexpr double kBackwardMultiple = 2.5;  // five matrix products against the forward's two
-  const double forward = forward_flops(c);
+  // 2 FLOPs per multiply-add of each product per (query, key) pair: the forward's S = Q K^T over
+  // head_dim and P V over v_dim; the backward's S again, dQ = dS K and dK = dS^T Q over head_dim,
+  // dP = dO V^T and dV = P^T dO over v_dim (2.5x the forward's where the two are equal).
+  const double per_pair = 2.0 * c.heads * head_pairs(c);
+  const double forward = per_pair * (c.head_dim + v_dim(c));
+  const double backward = per_pair * (3.0 * c.head_dim + 2.0 * v_dim(c));
   switch (c.direction) {
     case Direction::fwd: return forward;
-    case Direction::bwd: return kBackwardMultiple * forward;
-    case Direction::fwd_bwd: return (1 + kBackwardMultiple) * forward;
+    case Direction::bwd: return backward;
+    case Direction::fwd_bwd: return forward + backward;
   }
   return forward;
 }
 
 double attention_bytes(const Case& c) {
-  const double q_elems = query_rows(c) * c.heads * c.head_dim;
-  const double kv_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
+  const double q_elems = query_rows(c) * c.heads * c.head_dim, out_elems = query_rows(c) * c.heads * v_dim(c);
+  const double k_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
+  const double v_elems = double(c.batch) * c.kv_heads * c.seq_k * v_dim(c);
   const double in = double(selfattn::dtype_size(c.dtype)), out = double(selfattn::dtype_size(out_dtype(c)));
   const double kv = double(selfattn::dtype_size(c.decode ? c.decode->kv_dtype : c.dtype));
-  const double forward = q_elems * (in + out) + 2 * kv_elems * kv;  // q, k, v read, out written
-  const double backward = (4 * q_elems + 4 * kv_elems) * in;        // q, k, v, out, dout read; dq, dk, dv written
+  const double forward = q_elems * in + out_elems * out + (k_elems + v_elems) * kv;  // q, k, v read, out written
+  // q, k, v, out, dout read; dq, dk, dv written
+  const double backward = (2 * q_elems + 2 * out_elems + 2 * k_elems + 2 * v_elems) * in;
   return c.direction == Direction::fwd ? forward : c.direction == Direction::bwd ? backward : forward + backward;
 }
 

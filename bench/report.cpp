@@ -28,7 +28,8 @@ bool same_decode(const Case& a, const Case& b) {
 
 bool same_problem(const Case& a, const Case& b) {
   return a.dtype == b.dtype && a.batch == b.batch && a.heads == b.heads && a.kv_heads == b.kv_heads &&
-         a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && a.causal == b.causal &&
+         a.seq_q == b.seq_q && a.seq_k == b.seq_k && a.head_dim == b.head_dim && v_dim(a) == v_dim(b) &&
+         a.causal == b.causal &&
          a.direction == b.direction &&
          a.layout == b.layout && describe_mods(a.mods) == describe_mods(b.mods) && same_decode(a, b);
 }
@@ -70,15 +71,14 @@ void print_table(const std::vector<CaseResult>& results, const RunHeader& header
   if (header.ceilings.gemm_tflops > 0)
     std::printf("ceilings: cuBLAS GEMM %.1f TFLOPS (%s), copy %.0f GB/s (%s)\n", header.ceilings.gemm_tflops,
                 header.ceilings.gemm_shape.c_str(), header.ceilings.copy_gbps, header.ceilings.copy_bytes.c_str());
-  std::printf("%-14s %-7s %-5s %4s %4s %4s %6s %6s %4s %-12s %-4s %-14s %10s %10s %8s %8s %6s %8s %8s %9s %s\n", "path",
+  std::printf("%-14s %-7s %-5s %4s %4s %4s %6s %6s %7s %-12s %-4s %-14s %10s %10s %8s %8s %6s %8s %8s %9s %s\n", "path",
               "dir", "dtype", "b", "h", "kvh", "seq_q", "seq_k", "d", "causal", "lay", "mods", "median_ms", "min_ms", "TFLOPS",
               "GB/s", "%ceil", "vs_cublas", "vs_mma", "rel_err", "check");
   for (const CaseResult& r : results) {
     const Case& c = r.c;
-    std::printf("%-14s %-7s %-5s %4d %4d %4d %6d %6d %4d %-12s %-4s %-14s ", r.resolved_path.c_str(), name(c.direction),
-                name(c.dtype), c.batch,
-                c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, name(c.causal), name(c.layout),
-                describe_mods(c.mods).c_str());
+    std::printf("%-14s %-7s %-5s %4d %4d %4d %6d %6d %7s %-12s %-4s %-14s ", r.resolved_path.c_str(), name(c.direction),
+                name(c.dtype), c.batch, c.heads, c.kv_heads, c.seq_q, c.seq_k, describe_head_dims(c).c_str(),
+                name(c.causal), name(c.layout), describe_mods(c.mods).c_str());
     if (!ran(r)) {
       std::printf("%s: %s\n", name(r.status), r.note.c_str());
       continue;
@@ -136,6 +136,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"seq_q", c.seq_q},
         {"seq_k", c.seq_k},
         {"head_dim", c.head_dim},
+        {"head_dim_v", v_dim(c)},
         {"causal", name(c.causal)},
         {"mods", describe_mods(c.mods)},
         {"layout", name(c.layout)},
@@ -175,7 +176,8 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
 void write_csv(const std::string& file, const std::vector<CaseResult>& results) {
   std::ofstream out(file);
   if (!out) throw std::runtime_error("cannot write " + file);
-  out << "path,resolved_path,direction,dtype,batch,heads,kv_heads,seq_q,seq_k,head_dim,causal,layout,status,ms_median,ms_min,"
+  out << "path,resolved_path,direction,dtype,batch,heads,kv_heads,seq_q,seq_k,head_dim,head_dim_v,causal,layout,status,"
+         "ms_median,ms_min,"
          "ms_max,tflops,gbps,pct_of_ceiling,vs_cublas,vs_mma_sync,max_abs_err,rel_err,check,mods,note\n";
   for (const CaseResult& r : results) {
     const Case& c = r.c;
@@ -186,7 +188,8 @@ void write_csv(const std::string& file, const std::vector<CaseResult>& results) 
     for (char& ch : note)
       if (ch == '"') ch = '\'';
     out << name(c.path) << ',' << r.resolved_path << ',' << name(c.direction) << ',' << name(c.dtype) << ',' << c.batch << ',' << c.heads << ','
-        << c.kv_heads << ',' << c.seq_q << ',' << c.seq_k << ',' << c.head_dim << ',' << name(c.causal) << ','
+        << c.kv_heads << ',' << c.seq_q << ',' << c.seq_k << ',' << c.head_dim << ',' << v_dim(c) << ','
+        << name(c.causal) << ','
         << name(c.layout) << ',' << name(r.status) << ',' << (timed ? num(r.ms_median) : "") << ','
         << (timed ? num(r.ms_min) : "") << ',' << (timed ? num(r.ms_max) : "") << ',' << (timed ? num(r.tflops) : "")
         << ',' << (timed ? num(r.gbps) : "") << ',' << opt(r.pct_of_ceiling) << ',' << opt(r.vs_cublas) << ',' << opt(r.vs_mma_sync) << ','

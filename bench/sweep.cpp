@@ -74,11 +74,17 @@ std::string describe_mods(const ScoreMods& m) {
   return text.empty() ? "-" : text;
 }
 
+std::string describe_head_dims(const Case& c) {
+  const std::string qk = std::to_string(c.head_dim);
+  return v_dim(c) == c.head_dim ? qk : qk + "/" + std::to_string(v_dim(c));
+}
+
 std::string describe(const Case& c) {
   char text[200];
-  std::snprintf(text, sizeof text, "%s%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%d causal=%s %s", name(c.path),
+  const std::string dims = describe_head_dims(c);
+  std::snprintf(text, sizeof text, "%s%s %s %s b=%d h=%d kvh=%d sq=%d sk=%d d=%s causal=%s %s", name(c.path),
                 c.fused_kernel == FusedKernel::mma_sync ? "/mma.sync" : "", name(c.direction), name(c.dtype), c.batch,
-                c.heads, c.kv_heads, c.seq_q, c.seq_k, c.head_dim, name(c.causal), name(c.layout));
+                c.heads, c.kv_heads, c.seq_q, c.seq_k, dims.c_str(), name(c.causal), name(c.layout));
   std::string described = text;
   if (c.decode)
     described += " decode cache=" + std::to_string(c.decode->cache_len) + " page=" + std::to_string(c.decode->page_size) +
@@ -101,6 +107,7 @@ Case case_of(const Shape& s) {
   c.seq_q = s.seq_q;
   c.seq_k = s.seq_k;
   c.head_dim = s.head_dim;
+  c.head_dim_v = s.head_dim_v;
   return c;
 }
 }  // namespace

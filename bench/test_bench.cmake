@@ -18,6 +18,10 @@
 #            two. Then the backward of FP8 inputs is skipped with the reason, and tolerance 0 fails.
 #   backward: --direction bwd,fwd+bwd, odd small shapes, every path, --check; exit 0; every case ran and
 #            passed its check, and its FLOPs are 2.5x (bwd) or 3.5x (fwd+bwd) the forward's.
+#   head_dims: --head-dim 48 --head-dim-v 24 (v and out of another head dim, as MLA's prefill),
+#            --direction fwd,bwd, every path, --check; exit 0; the naive and cublas cases ran and passed
+#            with head_dim_v 24 and FLOPs 2 * heads * pairs * (48 + 24) forward, (3 * 48 + 2 * 24)
+#            backward; the fused ones are skipped naming head_dim_v. --head-dim-v with --mode decode exits 2.
 #   fused_kernels: --fused-kernel auto,mma.sync on fused and cublas, --check; exit 0; every case ran and
 #            passed, the pinned lines are "fused/mma.sync", and each auto fused line has its vs_mma_sync.
 #   profile: --profile on the fused path (bf16, d64, seq 64, forward and backward), then a small decode
@@ -65,6 +69,10 @@ elseif(MODE STREQUAL "backward")
   set(args --backend sim --path all --check --json ${json} --csv ${csv} --warmup 0 --iters 1 --direction bwd,fwd+bwd
            --batch 1 --heads 4 --kv-heads 2 --seq-q 7,33 --seq-k 40 --head-dim 64 --causal none,bottom_right
            --dtype fp16)
+elseif(MODE STREQUAL "head_dims")
+  set(args --backend sim --path naive,cublas,fused --check --json ${json} --csv ${csv} --warmup 0 --iters 1
+           --direction fwd,bwd --batch 1 --heads 4 --kv-heads 2 --seq-q 7,33 --seq-k 40 --head-dim 48 --head-dim-v 24
+           --causal none,bottom_right --dtype fp16)
 elseif(MODE STREQUAL "fused_kernels")
   set(args --backend sim --path fused,cublas --fused-kernel auto,mma.sync --check --json ${json} --csv ${csv}
            --warmup 0 --iters 1 --batch 1 --heads 2 --kv-heads 1 --seq-q 7,113 --seq-k 200 --head-dim 64
@@ -74,7 +82,7 @@ elseif(MODE STREQUAL "profile")
            --seq-q 64 --head-dim 64 --dtype bf16 --direction fwd,bwd)
 else()
   message(FATAL_ERROR "MODE must be sweep, sweep_fp8, fail, default, decode, decode_fail, decode_fp8, backward, "
-                      "fused_kernels or profile")
+                      "head_dims, fused_kernels or profile")
 endif()
 
 # check_profile(CASE WHAT): the --profile object of one case (bench/README.md documents its fields).
@@ -130,18 +138,21 @@ string(JSON count LENGTH "${doc}" cases)
 if(count EQUAL 0)
   message(FATAL_ERROR "no cases in the JSON")
 endif()
-set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim causal
+set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim
+           head_dim_v causal
            layout status ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas vs_mma_sync
            max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits prefill_rows kv_dtype profile)
 set(checked_mode OFF)
 if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
    MODE STREQUAL "decode_fp8" OR MODE STREQUAL "sweep_fp8" OR MODE STREQUAL "backward" OR
-   MODE STREQUAL "fused_kernels")
+   MODE STREQUAL "head_dims" OR MODE STREQUAL "fused_kernels")
   set(checked_mode ON)
 endif()
 set(decode_checks 0)
 set(fp8_checks 0)
 set(backward_checks 0)
+set(head_dim_checks 0)
+set(head_dim_refusals 0)
 set(pinned_lines 0)
 set(speedups 0)
 set(ran 0)
@@ -275,6 +286,33 @@ foreach(i RANGE ${last})
       endif()
       math(EXPR backward_checks "${backward_checks} + 1")
     endif()
+    # Two head dims: FLOPs 2 * heads * pairs * (48 + 24) forward, 2 * heads * pairs * (3 * 48 + 2 * 24)
+    # backward (pairs as in the backward mode above).
+    if(MODE STREQUAL "head_dims")
+      string(JSON direction GET "${case}" direction)
+      string(JSON flops GET "${case}" flops)
+      string(JSON dv GET "${case}" head_dim_v)
+      if(causal STREQUAL "none")
+        math(EXPR pairs "40 * ${sq}")
+      elseif(sq EQUAL 7)
+        set(pairs 259)
+      else()
+        set(pairs 792)
+      endif()
+      if(direction STREQUAL "fwd")
+        math(EXPR wanted "2 * 4 * ${pairs} * (48 + 24)")
+      else()
+        math(EXPR wanted "2 * 4 * ${pairs} * (3 * 48 + 2 * 24)")
+      endif()
+      if(NOT dv EQUAL 24 OR flops LESS wanted OR flops GREATER wanted)
+        message(FATAL_ERROR "cases[${i}] (${path} ${direction}): head_dim_v ${dv}, flops ${flops}: expected 24, ${wanted}")
+      endif()
+      if(NOT check STREQUAL "pass")
+        string(JSON note GET "${case}" note)
+        message(FATAL_ERROR "cases[${i}] (${path} ${direction}) check is '${check}': ${note}")
+      endif()
+      math(EXPR head_dim_checks "${head_dim_checks} + 1")
+    endif()
     string(JSON is_sampled GET "${case}" check_sampled)
     if(MODE STREQUAL "fused_kernels" AND check STREQUAL "pass")
       string(JSON resolved GET "${case}" resolved_path)
@@ -295,6 +333,12 @@ foreach(i RANGE ${last})
     endif()
   elseif(NOT status STREQUAL "skipped")
     message(FATAL_ERROR "cases[${i}].status is '${status}'")
+  elseif(MODE STREQUAL "head_dims")
+    string(JSON note GET "${case}" note)
+    if(NOT path STREQUAL "fused" OR NOT note MATCHES "head_dim_v != head_dim_qk")
+      message(FATAL_ERROR "cases[${i}] (${path}) skipped: ${note}")
+    endif()
+    math(EXPR head_dim_refusals "${head_dim_refusals} + 1")
   endif()
 endforeach()
 message(STATUS "${ran} of ${count} cases ran, ${failed} failed the check, exit code ${rc}")
@@ -374,6 +418,17 @@ elseif(MODE STREQUAL "backward")
   if(NOT rc EQUAL 0 OR NOT backward_checks EQUAL 24 OR NOT count EQUAL 24)
     message(FATAL_ERROR "the checked backward sweep: exit ${rc}, ${backward_checks} of ${count} cases ran and passed, "
                         "expected 24 (2 shapes x 2 masks x 2 directions x 3 paths):\n${err}")
+  endif()
+elseif(MODE STREQUAL "head_dims")
+  if(NOT rc EQUAL 0 OR NOT head_dim_checks EQUAL 16 OR NOT head_dim_refusals EQUAL 8)
+    message(FATAL_ERROR "the two-head-dim sweep: exit ${rc}, ${head_dim_checks} cases ran and passed (expected 16: "
+                        "2 shapes x 2 masks x 2 directions x naive, cublas), ${head_dim_refusals} fused ones refused "
+                        "(expected 8):\n${err}")
+  endif()
+  execute_process(COMMAND ${BENCH} --backend sim --mode decode --head-dim-v 8 RESULT_VARIABLE decode_rc
+                  OUTPUT_QUIET ERROR_VARIABLE decode_err)
+  if(NOT decode_rc EQUAL 2 OR NOT decode_err MATCHES "--head-dim-v is for --mode attention")
+    message(FATAL_ERROR "--mode decode --head-dim-v: exit ${decode_rc}, '${decode_err}': expected 2 and the reason")
   endif()
 elseif(MODE STREQUAL "fused_kernels")
   if(NOT rc EQUAL 0 OR NOT count EQUAL 12 OR NOT pinned_lines EQUAL 4 OR NOT speedups EQUAL 4)

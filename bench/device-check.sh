@@ -269,6 +269,12 @@ if [ $ON_GPU = 1 ]; then
     --dtype e4m3 --causal none,bottom_right --direction fwd --warmup 0 --iters 1 --no-ceilings --check
   step fp8-sweep 120 "$BENCH" --backend cuda --path fused --batch 2 --heads 16 --seq-q 4096,8192 \
     --head-dim 128,256 --dtype e4m3,bf16 --causal none,bottom_right --direction fwd --json "$OUTDIR/bench_fp8.json"
+  # MLA's prefill pair (issue 48; bench/NOTES.md, "MLA prefill"): q, k of 192 and v of 128 on the
+  # fused path (the mma.sync kernel on every GPU) beside cublas, checked; the NOTES' prediction
+  # counts 2 b h (192 + 128) FLOPs per visible pair, as the bench does.
+  step mla-sweep 90 "$BENCH" --backend cuda --path fused,cublas --batch 2 --heads 16 --seq-q 4096,8192 \
+    --head-dim 192 --head-dim-v 128 --dtype bf16 --causal none,bottom_right --direction fwd --check \
+    --json "$LOGS/bench_mla.json"
 else
   step sim-sweep 300 "$BENCH" --backend sim --check --json "$OUTDIR/sim.json" --csv "$LOGS/sim.csv"
   TABLE_FROM=$LOGS/sim-sweep.log

@@ -238,6 +238,10 @@ mutant sink_gradient_rows_past_cu_seqlens kernels/backward/sink_gradient.cuh 1 \
   'rows = min(max(*p.rows_end, 0), p.rows);' 'rows = p.rows;' \
   'dsinks also sums the rows no varlen sequence owns'
 # Left padding (key_start): its rows hold NaN in the tests, and no kernel may read them.
+# Issue 48: the fused forward's (192, 128) kernel, its V rows shorter than its Q and K rows.
+mutant fused_v_rows_at_qk_length kernels/forward/flash_fwd.cuh 1 \
+  '(ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * V_RE' '(ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * QK_RE' \
+  'P V reads the V tile in rows of q'"'"'s head dim (only where head_dim_v != head_dim_qk)'
 mutant fused_left_padding_loaded kernels/forward/flash_fwd.cuh 1 \
   'const bool valid = row >= valid_begin && row < valid_end;' 'const bool valid = row < valid_end;' \
   'the mma.sync kernels load the padding rows before key_start (P V meets their NaN)'
@@ -399,8 +403,8 @@ mutant sol_sm_global_reads_only sim/src/speed_of_light.cpp 1 \
 # shared layout, a strided global load. Only the test_*_access_pattern programs (the sim's
 # profiler) can catch them.
 mutant fused_rows_unpadded kernels/forward/flash_fwd.cuh 1 \
-  'static constexpr int kRowElems = HeadDim + 8;' 'static constexpr int kRowElems = HeadDim;' \
-  'the fused forward'"'"'s Q/K/V rows unpadded: every ldmatrix 8-way bank-conflicted'
+  'static constexpr int kQkRowElems = HeadDimQk + 8;' 'static constexpr int kQkRowElems = HeadDimQk;' \
+  'the fused forward'"'"'s Q/K rows unpadded: every ldmatrix of Q and K 8-way bank-conflicted'
 mutant fused_tile_load_strided kernels/forward/flash_fwd.cuh 1 \
   'const int row = i / kChunks, chunk = i % kChunks;' 'const int row = i % rows, chunk = i / rows;' \
   'Q/K/V (and the backward'"'"'s Q/dO/K/V) tiles loaded down the rows: 32 sectors per request, not 16'

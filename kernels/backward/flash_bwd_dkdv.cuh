@@ -47,7 +47,6 @@ struct FlashBwdKvTraits {
   static constexpr int kRowTiles = BlockRows / 8;    // n8 tiles of S^T and dP^T
   static constexpr int kDimTiles = HeadDim / 8;      // n8 tiles of dK, dV
   static constexpr int kRowElems = HeadDim + 8;      // +16 bytes: conflict-free ldmatrix
-  static constexpr int kChunksPerRow = HeadDim / 8;  // 16-byte cp.async chunks
   static constexpr int kDsRowElems = BlockRows + 8;  // dS^T rows, padded the same way
   static constexpr int kStages = 2;                  // double buffering: load item i+1 during item i
   // dQ of a tile (kBlockRows x HeadDim) by dS K: its 16-row m-tiles split over the warps, and when

@@ -38,7 +38,6 @@ struct FlashBwdDqTraits {
   static constexpr int kKeyTiles = BlockKeys / 8;    // n8 tiles of S and dP
   static constexpr int kDimTiles = HeadDim / 8;      // n8 tiles of dQ
   static constexpr int kRowElems = HeadDim + 8;      // +16 bytes: conflict-free ldmatrix
-  static constexpr int kChunksPerRow = HeadDim / 8;  // 16-byte cp.async chunks
   static constexpr int kStages = 2;                  // double buffering: load tile j+1 during tile j
 
   static constexpr size_t kQElems = size_t(kBlockRows) * kRowElems;

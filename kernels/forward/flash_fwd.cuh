@@ -18,6 +18,9 @@
 //
 // Shared-memory rows are padded by 16 bytes: a row of D 16-bit elements then starts 4 banks after
 // the previous one, so the 8 row addresses of each ldmatrix phase hit 8 disjoint groups of 4 banks.
+//
+// Two head dims: Q and K rows have head_dim_qk elements (S = Q K^T runs head_dim_qk / 16 k-steps),
+// V and O rows head_dim_v (O is head_dim_v / 8 n8 tiles): MLA's prefill runs at (192, 128).
 #include <cstdint>
 
 #include "../common/compat.h"
@@ -29,26 +32,29 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template <int HeadDim, int Warps, int MTilesPerWarp, int BlockKeys>
+template <int HeadDimQk, int HeadDimV, int Warps, int MTilesPerWarp, int BlockKeys>
 struct FlashFwdTraits {
-  static_assert(HeadDim % 16 == 0, "head_dim is a whole number of mma k-steps");
+  static_assert(HeadDimQk % 16 == 0, "q's and k's head dim is a whole number of mma k-steps");
+  static_assert(HeadDimV % 16 == 0, "v's head dim is a whole number of ldmatrix.x4 pairs of n8 tiles");
   static_assert(BlockKeys % 16 == 0, "keys per tile are a whole number of P V k-steps");
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDimQk = HeadDimQk;
+  static constexpr int kHeadDimV = HeadDimV;
   static constexpr int kWarps = Warps;
   static constexpr int kThreads = Warps * 32;
   static constexpr int kMTiles = MTilesPerWarp;         // 16-row mma tiles per warp: each K/V fragment feeds this many mmas
   static constexpr int kWarpRows = 16 * MTilesPerWarp;
   static constexpr int kBlockRows = Warps * kWarpRows;  // warps split the query rows, never the keys: no cross-warp softmax
   static constexpr int kBlockKeys = BlockKeys;
-  static constexpr int kDimTiles = HeadDim / 8;         // n8 tiles of O
+  static constexpr int kDimTiles = HeadDimV / 8;        // n8 tiles of O
   static constexpr int kKeyTiles = BlockKeys / 8;       // n8 tiles of S
-  static constexpr int kRowElems = HeadDim + 8;         // +16 bytes: conflict-free ldmatrix (see top)
-  static constexpr int kChunksPerRow = HeadDim / 8;     // 16-byte cp.async chunks
+  static constexpr int kQkRowElems = HeadDimQk + 8;     // Q and K rows, +16 bytes: conflict-free ldmatrix (see top)
+  static constexpr int kVRowElems = HeadDimV + 8;       // V rows, padded alike
   static constexpr int kStages = 2;                     // double buffering: load tile j+1 during tile j
 
-  static constexpr size_t kQElems = size_t(kBlockRows) * kRowElems;
-  static constexpr size_t kKVTileElems = size_t(kBlockKeys) * kRowElems;
-  static constexpr size_t kSmemBytes = (kQElems + 2 * kStages * kKVTileElems) * 2;
+  static constexpr size_t kQElems = size_t(kBlockRows) * kQkRowElems;
+  static constexpr size_t kKTileElems = size_t(kBlockKeys) * kQkRowElems;
+  static constexpr size_t kVTileElems = size_t(kBlockKeys) * kVRowElems;
+  static constexpr size_t kSmemBytes = (kQElems + kStages * (kKTileElems + kVTileElems)) * 2;
 };
 
 // The configuration of each shipped head dim (the only place tile sizes are chosen). Register
@@ -56,31 +62,56 @@ struct FlashFwdTraits {
 // Shared memory bandwidth, not the tensor cores, bounds a warp of 16 rows (every K/V fragment it
 // loads feeds one mma), so where registers allow, a warp takes 2 m-tiles (32 rows) and each K/V
 // fragment feeds two mmas.
-template <int HeadDim>
+template <int HeadDimQk, int HeadDimV>
 struct FlashFwdConfig;
 // D = 32: little work per key; 16-row warps (102 registers) let 4+ blocks share an SM.
-template <> struct FlashFwdConfig<32> { using Traits = FlashFwdTraits<32, 4, 1, 64>; };
+template <> struct FlashFwdConfig<32, 32> { using Traits = FlashFwdTraits<32, 32, 4, 1, 64>; };
 // D = 64: 32-row warps and 64-key tiles just fit 255 registers (O 64 + S 64 floats).
-template <> struct FlashFwdConfig<64> { using Traits = FlashFwdTraits<64, 4, 2, 64>; };
+template <> struct FlashFwdConfig<64, 64> { using Traits = FlashFwdTraits<64, 64, 4, 2, 64>; };
 // D = 96, 128: 32-row warps; O takes 96 / 128 registers, so S gets 32-key tiles.
-template <> struct FlashFwdConfig<96> { using Traits = FlashFwdTraits<96, 4, 2, 32>; };
-template <> struct FlashFwdConfig<128> { using Traits = FlashFwdTraits<128, 4, 2, 32>; };
+template <> struct FlashFwdConfig<96, 96> { using Traits = FlashFwdTraits<96, 96, 4, 2, 32>; };
+template <> struct FlashFwdConfig<128, 128> { using Traits = FlashFwdTraits<128, 128, 4, 2, 32>; };
+// MLA's prefill, (192, 128): O takes 128 registers as at D = 128 (the longer Q K^T costs k-steps,
+// not registers: Q fragments are loaded per k-step), so the same tiling; 94 KB of shared memory
+// (Q 128 x 200, two stages of K 32 x 200 and V 32 x 136) fits Ampere's and Ada's opt-in limits.
+template <> struct FlashFwdConfig<192, 128> { using Traits = FlashFwdTraits<192, 128, 4, 2, 32>; };
 // D = 256: O alone takes 128 registers per thread: 16-row warps, 32-key tiles.
-template <> struct FlashFwdConfig<256> { using Traits = FlashFwdTraits<256, 4, 1, 32>; };
+template <> struct FlashFwdConfig<256, 256> { using Traits = FlashFwdTraits<256, 256, 4, 1, 32>; };
 
-// Copies `rows` rows of D elements (row stride `stride` in global memory) into a padded tile.
-// Rows outside [valid_begin, valid_end) are zero-filled without reading global memory: past the
-// sequence, or before its key_start (padding that may hold anything: P V must see 0 there, not NaN).
-template <class Traits, class T>
-__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
+// Copies `rows` rows of Dim elements (row stride `stride` in global memory) into a tile of
+// RowElems-element rows, Threads threads sharing the 16-byte chunks. Rows outside [valid_begin,
+// valid_end) are zero-filled without reading global memory: past the sequence, or before its
+// key_start (padding that may hold anything: P V must see 0 there, not NaN).
+template <int Dim, int RowElems, int Threads, class T>
+__device__ __forceinline__ void flash_load_rows(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
                                                 int valid_end) {
-  constexpr int kChunks = Traits::kChunksPerRow;
-  for (int i = threadIdx.x; i < rows * kChunks; i += Traits::kThreads) {
+  constexpr int kChunks = Dim / 8;  // 16-byte cp.async chunks
+  for (int i = threadIdx.x; i < rows * kChunks; i += Threads) {
     const int row = i / kChunks, chunk = i % kChunks;
     const bool valid = row >= valid_begin && row < valid_end;
     const T* from = valid ? src + row * stride + chunk * 8 : src;  // src: any mapped address
-    cp_async_cg(tile + row * Traits::kRowElems + chunk * 8, from, valid ? 16u : 0u);
+    cp_async_cg(tile + row * RowElems + chunk * 8, from, valid ? 16u : 0u);
   }
+}
+// The forward's Q and K tiles (rows of head_dim_qk) and V tiles (head_dim_v).
+template <class Traits, class T>
+__device__ __forceinline__ void flash_load_qk_rows(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
+                                                   int valid_end) {
+  flash_load_rows<Traits::kHeadDimQk, Traits::kQkRowElems, Traits::kThreads>(tile, src, stride, rows, valid_begin,
+                                                                             valid_end);
+}
+template <class Traits, class T>
+__device__ __forceinline__ void flash_load_v_rows(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
+                                                  int valid_end) {
+  flash_load_rows<Traits::kHeadDimV, Traits::kVRowElems, Traits::kThreads>(tile, src, stride, rows, valid_begin,
+                                                                           valid_end);
+}
+// The backward kernels' tiles: every row Traits::kHeadDim long in rows of Traits::kRowElems.
+template <class Traits, class T>
+__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
+                                                int valid_end) {
+  flash_load_rows<Traits::kHeadDim, Traits::kRowElems, Traits::kThreads>(tile, src, stride, rows, valid_begin,
+                                                                         valid_end);
 }
 template <class Traits, class T>
 __device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_rows) {
@@ -92,7 +123,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
   constexpr int MT = Traits::kMTiles;
   constexpr int NT = Traits::kKeyTiles;
   constexpr int DT = Traits::kDimTiles;
-  constexpr int RE = Traits::kRowElems;
+  constexpr int QK_RE = Traits::kQkRowElems, V_RE = Traits::kVRowElems;
 
   const int batch = blockIdx.z, head = blockIdx.y;
   const FlashSequence seq = flash_sequence(p, batch);
@@ -119,14 +150,15 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
 
   T* q_tile = dynamic_smem<T>();
   T* k_stages = q_tile + Traits::kQElems;
-  T* v_stages = k_stages + Traits::kStages * Traits::kKVTileElems;
+  T* v_stages = k_stages + Traits::kStages * Traits::kKTileElems;
 
   if (key_tiles > 0) {
-    flash_load_tile<Traits>(q_tile, q + block_row0 * p.q_stride_row, p.q_stride_row, Traits::kBlockRows, block_q_rows);
-    flash_load_tile<Traits>(k_stages, k + first_key * p.k_stride_row, p.k_stride_row, Traits::kBlockKeys,
-                            seq.keys.begin - first_key, seq.k_len - first_key);
-    flash_load_tile<Traits>(v_stages, v + first_key * p.v_stride_row, p.v_stride_row, Traits::kBlockKeys,
-                            seq.keys.begin - first_key, seq.k_len - first_key);
+    flash_load_qk_rows<Traits>(q_tile, q + block_row0 * p.q_stride_row, p.q_stride_row, Traits::kBlockRows, 0,
+                               block_q_rows);
+    flash_load_qk_rows<Traits>(k_stages, k + first_key * p.k_stride_row, p.k_stride_row, Traits::kBlockKeys,
+                               seq.keys.begin - first_key, seq.k_len - first_key);
+    flash_load_v_rows<Traits>(v_stages, v + first_key * p.v_stride_row, p.v_stride_row, Traits::kBlockKeys,
+                              seq.keys.begin - first_key, seq.k_len - first_key);
     cp_async_commit();
   }
 
@@ -145,14 +177,14 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
 
   for (int tile = 0; tile < key_tiles; ++tile) {
     const int key0 = first_key + tile * Traits::kBlockKeys;
-    const T* k_tile = k_stages + (tile % 2) * Traits::kKVTileElems;
-    const T* v_tile = v_stages + (tile % 2) * Traits::kKVTileElems;
+    const T* k_tile = k_stages + (tile % 2) * Traits::kKTileElems;
+    const T* v_tile = v_stages + (tile % 2) * Traits::kVTileElems;
     if (tile + 1 < key_tiles) {
       const int next0 = key0 + Traits::kBlockKeys;
-      flash_load_tile<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKVTileElems, k + next0 * p.k_stride_row,
-                              p.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
-      flash_load_tile<Traits>(v_stages + ((tile + 1) % 2) * Traits::kKVTileElems, v + next0 * p.v_stride_row,
-                              p.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
+      flash_load_qk_rows<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKTileElems, k + next0 * p.k_stride_row,
+                                 p.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
+      flash_load_v_rows<Traits>(v_stages + ((tile + 1) % 2) * Traits::kVTileElems, v + next0 * p.v_stride_row,
+                                p.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
       cp_async_commit();
       cp_async_wait<1>();  // this tile (and Q) landed; the next one stays in flight
     } else {
@@ -169,16 +201,16 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
         SELFATTN_FLASH_UNROLL
         for (int i = 0; i < 4; ++i) score[mt][nt][i] = 0.0f;
     SELFATTN_FLASH_UNROLL
-    for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
+    for (int ks = 0; ks < Traits::kHeadDimQk / 16; ++ks) {
       uint32_t q_frag[MT][4];
       SELFATTN_FLASH_UNROLL
       for (int mt = 0; mt < MT; ++mt)  // matrices: rows 0-7 / 8-15 x cols 0-7 / 8-15 = a0..a3
-        ldmatrix<4>(q_frag[mt], q_tile + (warp_row0 + mt * 16 + lane % 16) * RE + ks * 16 + (lane / 16) * 8);
+        ldmatrix<4>(q_frag[mt], q_tile + (warp_row0 + mt * 16 + lane % 16) * QK_RE + ks * 16 + (lane / 16) * 8);
       SELFATTN_FLASH_UNROLL
       for (int np = 0; np < NT / 2; ++np) {
         // Two key tiles x two k halves: {b0, b1} of key tile 2np, then of 2np + 1.
         uint32_t k_frag[4];
-        ldmatrix<4>(k_frag, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * RE + ks * 16 + ((lane / 8) % 2) * 8);
+        ldmatrix<4>(k_frag, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * QK_RE + ks * 16 + ((lane / 8) % 2) * 8);
         const uint32_t b_even[2] = {k_frag[0], k_frag[1]}, b_odd[2] = {k_frag[2], k_frag[3]};
         SELFATTN_FLASH_UNROLL
         for (int mt = 0; mt < MT; ++mt) {
@@ -220,7 +252,8 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
       for (int dp = 0; dp < DT / 2; ++dp) {
         // V stored [key][dim]; .trans gives B = V (K x N): {b0, b1} of dim tile 2dp, then 2dp + 1.
         uint32_t v_frag[4];
-        ldmatrix_trans<4>(v_frag, v_tile + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * RE + dp * 16 + (lane / 16) * 8);
+        ldmatrix_trans<4>(v_frag,
+                          v_tile + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * V_RE + dp * 16 + (lane / 16) * 8);
         const uint32_t b_even[2] = {v_frag[0], v_frag[1]}, b_odd[2] = {v_frag[2], v_frag[3]};
         SELFATTN_FLASH_UNROLL
         for (int mt = 0; mt < MT; ++mt) {
@@ -243,9 +276,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const Flash
                              &acc[mt][0][2 * half], row_state[mt][half]);
 }
 
-template <class T, int HeadDim>
+template <class T, int HeadDimQk, int HeadDimV>
 FlashFwdInstance flash_fwd_instance_for() {
-  using Traits = typename FlashFwdConfig<HeadDim>::Traits;
+  using Traits = typename FlashFwdConfig<HeadDimQk, HeadDimV>::Traits;
   FlashFwdInstance instance;
   instance.kernel = make_kernel_ref<FlashFwdParams, flash_fwd_kernel<T, Traits>>("flash_fwd_kernel");
   instance.block_threads = Traits::kThreads;
@@ -255,10 +288,10 @@ FlashFwdInstance flash_fwd_instance_for() {
   return instance;
 }
 
-// Declared in registry.inc; instances/flash_fwd_*.cu instantiate the shipped (element, head dim) pairs.
-template <Element E, int HeadDim>
+// Declared in registry.inc; instances/flash_fwd_*.cu instantiate the shipped (element, head dims).
+template <Element E, int HeadDimQk, int HeadDimV>
 FlashFwdInstance flash_fwd_instance() {
-  return flash_fwd_instance_for<typename FlashElement<E>::Type, HeadDim>();
+  return flash_fwd_instance_for<typename FlashElement<E>::Type, HeadDimQk, HeadDimV>();
 }
 
 SELFATTN_KERNELS_END

@@ -1,13 +1,16 @@
 // Two head dims: q and k of head_dim_qk, v and out of head_dim_v (core/attention_call.h). The naive
 // and cublas paths run any pair, judged by the harness against the reference with two head dims;
-// the fused kernels take only equal ones and refuse others by name, with nothing written. The
-// backward's two head dims: tests/backward/test_backward_head_dims.cpp.
+// the fused path runs MLA's prefill pair (192, 128) on its mma.sync kernel and refuses other
+// pairs by name, with nothing written. The backward's two head dims:
+// tests/backward/test_backward_head_dims.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "attention_harness.h"
+#include "gpu_sized.h"
+#include "kernels/registry.h"
 #include "selfattn/selfattn.h"
 
 namespace selfattn {
@@ -97,6 +100,91 @@ TEST_P(TwoHeadDims, Varlen) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, TwoHeadDims, ::testing::Values(Path::naive, Path::cublas, Path::automatic),
                          [](const ::testing::TestParamInfo<Path>& info) { return to_string(info.param); });
+
+// MLA's prefill pair on the fused path: the mma.sync kernel's (192, 128) instance (the only fused
+// kernel that takes two head dims; the harness's rounding rule knows it from the kernel list), with
+// sizes on each edge of its work division (query rows per block, keys per tile, from the
+// instance), every causal mode, GQA, both layouts with row gaps, key lengths, left padding and
+// query offsets, every modifier, sinks, dropout, and varlen with empty sequences.
+TEST(TwoHeadDims, FusedMlaPrefillPair) {
+  Context ctx;
+  const kernels::FlashFwdInstance bf16 = kernels::sim_target::flash_fwd_instance<kernels::Element::bf16, 192, 128>();
+  const kernels::FlashFwdInstance f16 = kernels::sim_target::flash_fwd_instance<kernels::Element::f16, 192, 128>();
+  ASSERT_TRUE(bf16.kernel && f16.kernel);
+  ASSERT_EQ(bf16.block_rows, f16.block_rows);
+  const int rows = bf16.block_rows, keys = bf16.block_keys;
+  const auto mla = [&](DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, Causal causal,
+                       Layout layout, std::vector<int32_t> lengths = {}) {
+    return with_v_dim(testing::make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, 192, causal, layout, true,
+                                         std::move(lengths), Path::fused),
+                      128);
+  };
+  std::vector<AttentionCase> cases = {
+      mla(DType::bf16, 2, 4, 2, rows + 1, 3 * keys + 1, Causal::bottom_right, Layout::bshd, {3 * keys + 1, keys - 1}),
+      mla(DType::f16, 1, 2, 1, rows - 1, keys, Causal::none, Layout::bhsd),
+      mla(DType::f16, 2, 2, 2, keys + 1, rows + 1, Causal::top_left, Layout::bshd, {0, rows}),
+      mla(DType::bf16, 1, 1, 1, 1, 1, Causal::bottom_right, Layout::bhsd),
+  };
+  AttentionCase gapped = mla(DType::bf16, 2, 2, 1, 19, 2 * keys - 1, Causal::none, Layout::bshd);
+  gapped.row_gap = 8;
+  cases.push_back(gapped);
+  AttentionCase mods = mla(DType::f16, 2, 3, 1, 21, 2 * keys + 5, Causal::bottom_right, Layout::bhsd);
+  mods.mods.window_left = keys - 1;
+  mods.mods.window_right = 3;
+  mods.mods.softcap = 8.0f;
+  mods.mods.alibi = testing::AlibiSlopes::heads;
+  mods.mods.bias = testing::BiasLayout::heads;
+  mods.mods.sinks = true;
+  cases.push_back(mods);
+  AttentionCase padded = mla(DType::bf16, 2, 2, 2, 9, 2 * keys + 3, Causal::bottom_right, Layout::bshd);
+  padded.key_start = {keys + 1, 0};
+  padded.q_offset = {5, 2 * keys};
+  cases.push_back(padded);
+  AttentionCase dropout = mla(DType::bf16, 1, 2, 2, 17, keys + 7, Causal::top_left, Layout::bhsd);
+  dropout.mods.dropout_p = 0.2f;
+  dropout.mods.dropout_seed = 5;
+  cases.push_back(dropout);
+  testing::expect_all_pass(ctx, cases);
+
+  VarlenCase varlen;
+  varlen.dtype = DType::f16;
+  varlen.heads = 4;
+  varlen.kv_heads = 1;
+  varlen.head_dim = 192;
+  varlen.head_dim_v = 128;
+  varlen.seq_q = {5, 0, rows + 2, 1};
+  varlen.seq_k = {keys + 2, 3, 40, 0};
+  varlen.causal = Causal::bottom_right;
+  varlen.with_lse = true;
+  varlen.path = Path::fused;
+  varlen.unowned_q_rows = 2;
+  varlen.unowned_k_rows = 3;
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, varlen)) << varlen.name();
+}
+
+// The automatic choice runs MLA's prefill pair on the fused path (the kernel list has it).
+TEST(TwoHeadDims, AutomaticRunsTheFusedMlaPair) {
+  Context ctx;
+  DeviceBuffer<uint16_t> q(ctx, 8 * 192), k(ctx, 8 * 192), v(ctx, 8 * 128);
+  EXPECT_EQ(resolve_path(ctx, TensorView::bhsd(q.data(), DType::bf16, 1, 1, 8, 192),
+                         TensorView::bhsd(k.data(), DType::bf16, 1, 1, 8, 192),
+                         TensorView::bhsd(v.data(), DType::bf16, 1, 1, 8, 128), AttentionOptions{}),
+            Path::fused);
+}
+
+// GPU-sized (support/gpu_sized.h): MLA's prefill pair at thousands of keys on the fused and cublas
+// paths, key lengths cutting the last tiles.
+using TwoHeadDimsOnGpu = testing::GpuSized<>;
+
+TEST_F(TwoHeadDimsOnGpu, MlaPrefillPairAtLength) {
+  std::vector<AttentionCase> cases;
+  for (Path path : {Path::fused, Path::cublas})
+    for (DType dtype : {DType::bf16, DType::f16})
+      cases.push_back(with_v_dim(testing::make_case(dtype, 2, 4, 2, 1000, 2049, 192, Causal::bottom_right,
+                                                    Layout::bshd, true, {2049, 1500}, path),
+                                 128));
+  testing::expect_all_pass(ctx, cases);
+}
 
 TEST(TwoHeadDims, FusedPathRefusesByName) {
   Context ctx;

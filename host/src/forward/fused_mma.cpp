@@ -25,8 +25,8 @@ struct TensorCoreEntry {
 
 #define SELFATTN_FLASH_FWD(arch, E, DQK, DV)                                                         \
   TensorCoreEntry{DType::E, DQK, DV, KernelArch::arch,                                               \
-                  &kernels::sim_target::flash_fwd_instance<Element::E, DQK>,                         \
-                  SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_instance<Element::E, DQK>)},
+                  &kernels::sim_target::flash_fwd_instance<Element::E, DQK, DV>,                     \
+                  SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_instance<Element::E, DQK, DV>)},
 const TensorCoreEntry kTensorCoreInstances[] = {
 #include "kernels/forward/flash_fwd_kernels.inc"
 };

@@ -81,7 +81,7 @@ kernels::FlashFwdParams flash_fwd_params_of(const AttentionCall& call) {
   p.seq_k = call.seq_k;
   p.total_q = int(call.q.seq());
   p.total_k = int(call.k.seq());
-  p.head_dim = call.head_dim_qk;  // = head_dim_v: fused_unsupported refuses two head dims
+  p.head_dim = call.head_dim_qk;  // read by the SIMT kernel, which takes equal head dims only (fused_mma.cpp)
   p.heads_per_kv_head = call.heads / call.kv_heads;
   p.scale_log2 = float(double(call.scale) * 1.4426950408889634);
   p.scale = call.scale;
@@ -94,8 +94,11 @@ const char* fused_unsupported(const ContextState& ctx, const AttentionCall& call
   // FP8 calls reach a path only when the fused path takes them natively (fp8_inputs.cpp
   // dequantizes the others); no other fused kernel reads FP8.
   if (call.fp8()) return fused_takes_fp8(ctx, call) ? nullptr : "FP8 inputs run natively only on the Hopper FP8 kernel";
-  if (!call.equal_head_dims()) return "no fused kernel takes head_dim_v != head_dim_qk (the naive and cublas paths do)";
   if (call.head_dim_qk > kMaxHeadDim) return "head_dim above 256 needs the naive or cublas path";
+  // Two head dims: only the tensor-core kernel list's pairs (kernels/forward/flash_fwd_kernels.inc).
+  if (!call.equal_head_dims() && !some_family_takes(ctx, call))
+    return "no fused kernel takes head_dim_v != head_dim_qk here: the mma.sync kernel takes (192, 128) in f16/bf16 "
+           "with every row on 16 bytes (the naive and cublas paths take any pair)";
   if (call.heads > kMaxGridYZ || call.batch > kMaxGridYZ) return "more than 65535 heads or sequences per call";
   if (!some_family_takes(ctx, call)) return "this build has no fused kernel for the backend";
   if (call.varlen() && !ordered_offsets_available(ctx)) return "this build has no running_max_offsets kernel";

@@ -85,6 +85,20 @@ else()
                       "head_dims, fused_kernels or profile")
 endif()
 
+# visible_pairs(SQ CAUSAL OUT): the (query, key) pairs one head sees at seq_k 40, the backward and
+# head_dims modes' shapes (no mask: 40 * seq_q; bottom_right 7 x 40: rows see 34..40 keys, 259
+# pairs; 33 x 40: 8..40 keys, 792 pairs).
+function(visible_pairs sq causal out)
+  if(causal STREQUAL "none")
+    math(EXPR pairs "40 * ${sq}")
+  elseif(sq EQUAL 7)
+    set(pairs 259)
+  else()
+    set(pairs 792)
+  endif()
+  set(${out} ${pairs} PARENT_SCOPE)
+endfunction()
+
 # check_profile(CASE WHAT): the --profile object of one case (bench/README.md documents its fields).
 function(check_profile case what)
   string(JSON gpu GET "${case}" profile gpu)
@@ -258,19 +272,11 @@ foreach(i RANGE ${last})
       endif()
       math(EXPR fp8_checks "${fp8_checks} + 1")
     endif()
-    # A backward case: checked and passed, FLOPs 2.5x / 3.5x the forward's 4 * b * h * d * pairs
-    # (seq_k 40, no mask: 40 * seq_q pairs; bottom_right 7 x 40: rows see 34..40 keys, 259 pairs;
-    # 33 x 40: 8..40 keys, 792 pairs).
+    # A backward case: checked and passed, FLOPs 2.5x / 3.5x the forward's 4 * b * h * d * pairs.
     if(MODE STREQUAL "backward")
       string(JSON direction GET "${case}" direction)
       string(JSON flops GET "${case}" flops)
-      if(causal STREQUAL "none")
-        math(EXPR pairs "40 * ${sq}")
-      elseif(sq EQUAL 7)
-        set(pairs 259)
-      else()
-        set(pairs 792)
-      endif()
+      visible_pairs(${sq} ${causal} pairs)
       math(EXPR forward "4 * 4 * 64 * ${pairs}")
       if(direction STREQUAL "bwd")
         math(EXPR wanted "5 * ${forward} / 2")
@@ -287,18 +293,12 @@ foreach(i RANGE ${last})
       math(EXPR backward_checks "${backward_checks} + 1")
     endif()
     # Two head dims: FLOPs 2 * heads * pairs * (48 + 24) forward, 2 * heads * pairs * (3 * 48 + 2 * 24)
-    # backward (pairs as in the backward mode above).
+    # backward.
     if(MODE STREQUAL "head_dims")
       string(JSON direction GET "${case}" direction)
       string(JSON flops GET "${case}" flops)
       string(JSON dv GET "${case}" head_dim_v)
-      if(causal STREQUAL "none")
-        math(EXPR pairs "40 * ${sq}")
-      elseif(sq EQUAL 7)
-        set(pairs 259)
-      else()
-        set(pairs 792)
-      endif()
+      visible_pairs(${sq} ${causal} pairs)
       if(direction STREQUAL "fwd")
         math(EXPR wanted "2 * 4 * ${pairs} * (48 + 24)")
       else()

@@ -23,11 +23,7 @@ using backward_check::Case;
 // on the SIMT kernels (head dims below 16 and above), with every mask, modifier and call form.
 std::vector<Case> two_head_dim_cases(Path path) {
   std::vector<Case> cases;
-  const auto add = [&](Case c) {
-    c.path = path;
-    c.name = std::string(to_string(path)) + "_" + to_string(c.dtype) + (c.grad_f32 ? "_gradf32_" : "_") + c.name;
-    cases.push_back(c);
-  };
+  const auto add = [&](const Case& c) { cases.push_back(backward_check::on_path(path, c)); };
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     Case c;
     c.dtype = dtype;

@@ -8,16 +8,19 @@
 
 namespace selfattn::backward_check {
 
+// The case on `path`, its name prefixed with the path, dtype and gradient dtype.
+inline Case on_path(Path path, Case c) {
+  c.path = path;
+  c.name = std::string(to_string(path)) + "_" + to_string(c.dtype) + (c.grad_f32 ? "_gradf32_" : "_") + c.name;
+  return c;
+}
+
 // The sweep both score paths run (sim and GPU): every dtype x gradient dtype, causal both alignments,
 // GQA, odd shapes (113 x 203, head_dim 7), key lengths with a zero, varlen with empty sequences,
 // each mask/modifier and a combination, BSHD strides.
 inline std::vector<Case> sweep(Path path) {
   std::vector<Case> cases;
-  const auto add = [&](Case c) {
-    c.path = path;
-    c.name = std::string(to_string(path)) + "_" + to_string(c.dtype) + (c.grad_f32 ? "_gradf32_" : "_") + c.name;
-    cases.push_back(c);
-  };
+  const auto add = [&](Case c) { cases.push_back(on_path(path, c)); };
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const bool half = dtype != DType::f32;
     Case c;

@@ -7,8 +7,8 @@
 //   dV += P^T dO, dK += dS^T Q   grad_kv_tiled   into fp32 accumulators in dv's and dk's shapes
 // and at the end store_gradient for dk and dv. Every dtype and any head_dim_qk, head_dim_v >= 1
 // (tensor cores where the dtype and the product's head dim allow, P/dS rounded to the dtype there);
-// variable-length batches run sequence by sequence (the plan's padded calls). Also holds what the cublas backward shares with it
-// (backward_score_paths.h).
+// variable-length batches run sequence by sequence (the plan's padded calls). Also holds what the
+// cublas backward shares with it (backward_score_paths.h).
 #include <algorithm>
 #include <string>
 

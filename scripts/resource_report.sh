@@ -45,12 +45,13 @@ template <int D> void hopper_fp8() {
   std::printf("flash_fwd_hopper_fp8_kernel %d %d %d %d %zu %d %d\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys,
               T::kSmemBytes, T::kProducerRegisters, T::kConsumerRegisters);
 }
-template <int D> void tensor_core() {
-  using T = typename FlashFwdConfig<D>::Traits;
-  std::printf("flash_fwd_kernel %d %d %d %d %zu\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys, T::kSmemBytes);
+template <int DQK, int DV> void tensor_core() {  // printed under q's and k's head dim (192 for MLA's pair)
+  using T = typename FlashFwdConfig<DQK, DV>::Traits;
+  std::printf("flash_fwd_kernel %d %d %d %d %zu\n", DQK, T::kThreads, T::kBlockRows, T::kBlockKeys, T::kSmemBytes);
 }
 int main() {
-  tensor_core<32>(); tensor_core<64>(); tensor_core<96>(); tensor_core<128>(); tensor_core<256>();
+  tensor_core<32, 32>(); tensor_core<64, 64>(); tensor_core<96, 96>(); tensor_core<128, 128>();
+  tensor_core<192, 128>(); tensor_core<256, 256>();
   using S = FlashFwdSimtTraits;
   for (int d : {32, 64, 128, 256})
     std::printf("flash_fwd_simt_kernel %d %d %d %d %zu\n", d, S::kThreads, S::kBlockRows, S::kBlockKeys, S::smem_bytes(d));

@@ -84,7 +84,9 @@ TEST(KernelLists, EveryLineHasALaunchableSimInstance) {
     EXPECT_LE(line.head_dim_v, line.head_dim_qk) << describe(line);
     // Keyed by both head dims; only the mma.sync forward's traits take two (registry.inc and
     // backward/registry_fused.inc assert that the other lists' lines give equal ones).
-    if (line.family != "flash_fwd") EXPECT_EQ(line.head_dim_v, line.head_dim_qk) << describe(line);
+    if (line.family != "flash_fwd") {
+      EXPECT_EQ(line.head_dim_v, line.head_dim_qk) << describe(line);
+    }
   }
 }
 

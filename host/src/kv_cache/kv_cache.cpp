@@ -18,7 +18,6 @@
 #include "kv_cache/cache_launch.h"
 #include "kv_cache/gathered_runner.h"
 #include "kv_cache/split_kv_runner.h"
-#include "selfattn/attention.h"
 #include "selfattn/error.h"
 
 namespace selfattn {

@@ -150,8 +150,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     k_descale=None, v_descale=None):
     """Attention of q [batch, seqlen_q, nheads, headdim] to k, v [batch, seqlen_k, nheads_k,
     headdim] (nheads_k divides nheads: grouped-query attention; v's headdim may differ); returns
-    out shaped like q with v's headdim (with return_attn_probs=True: out, softmax_lse, S_dmask). Differentiable in q, k and v. See the
-    module's doc for each argument and what is refused."""
+    out shaped like q with v's headdim (with return_attn_probs=True: out, softmax_lse, S_dmask).
+    Differentiable in q, k and v. See the module's doc for each argument and what is refused."""
     name = "flash_attn_func"
     dropout_p = arguments.dropout_p(name, dropout_p)
     q, k, v = (arguments.tensor(name, label, x, 4) for label, x in (("q", q), ("k", k), ("v", v)))
@@ -179,8 +179,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Attention over sequences packed without padding: q [total_q, nheads, headdim], k, v
     [total_k, nheads_k, headdim], cu_seqlens_q/k int32 [batch + 1] (sequence b owns rows
     [cu_seqlens[b], cu_seqlens[b + 1])); the masks align within each sequence. Returns out shaped
-    like q with v's headdim (with return_attn_probs=True: out, softmax_lse [nheads, total_q], S_dmask);
-    differentiable in q, k and v. See the module's doc."""
+    like q with v's headdim (with return_attn_probs=True: out, softmax_lse [nheads, total_q],
+    S_dmask); differentiable in q, k and v. See the module's doc."""
     name = "flash_attn_varlen_func"
     dropout_p = arguments.dropout_p(name, dropout_p)
     paged = block_table is not None

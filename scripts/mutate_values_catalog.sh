@@ -118,8 +118,8 @@ mutant kv_pages_view_v_row_from_k host/src/kv_cache/cache_launch.cpp 1 \
   'view.v_stride_row = cache.v.strides[2];' 'view.v_stride_row = cache.k.strides[2];' \
   'the host passes K'"'"'s row stride as V'"'"'s'
 mutant gather_v_at_k_offset kernels/decode/kv_gather.cuh 1 \
-  'v_out[dense] = v_cache[kv_v_offset(p.cache, page, head, t) + e];' \
-  'v_out[dense] = v_cache[kv_k_offset(p.cache, page, head, t) + e];' \
+  'real(v_cache[kv_v_offset(p.cache, page, head, t) + e], scales.v);' \
+  'real(v_cache[kv_k_offset(p.cache, page, head, t) + e], scales.v);' \
   'kv_gather (naive/cublas paths) reads V at K'"'"'s offsets'
 mutant decode_mma_v_at_k_offset kernels/decode/decode_split_kv_mma.cuh 1 \
   'v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;' \
@@ -159,8 +159,8 @@ mutant rotary_last_row_unused kernels/decode/rotary.cuh 1 \
 # Which kernel and loads the host picks from each tensor's alignment (the sim refuses a misaligned
 # 16-byte load, as the GPU faults):
 mutant mma_choice_ignores_v_alignment host/src/kv_cache/split_kv_runner.cpp 1 \
-  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {' \
-  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k)) {' \
+  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);' \
+  'rows_on_16_bytes(q) && rows_on_16_bytes(cache.k);' \
   'the tensor-core decode kernel taken with V rows off 16 bytes'
 mutant vector_loads_ignore_v_alignment host/src/kv_cache/split_kv_runner.cpp 1 \
   'params.vector_loads = rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);' \
@@ -327,8 +327,8 @@ mutant fp8_mma_v_scale_dropped kernels/decode/decode_split_kv_mma.cuh 1 \
   'v_chunk = decode_mma_chunk<T>(v_cache + v_rows[n] + c, 1.0f);' \
   'the tensor-core decode stages an FP8 cache'"'"'s V without its scale'
 mutant fp8_gather_v_scale_dropped kernels/decode/kv_gather.cuh 1 \
-  'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * scales.v);' \
-  'to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]));' \
+  'real(v_cache[kv_v_offset(p.cache, page, head, t) + e], scales.v);' \
+  'real(v_cache[kv_v_offset(p.cache, page, head, t) + e], 1.0f);' \
   'the naive/cublas gather dequantizes an FP8 cache'"'"'s V without its scale'
 mutant fp8_scale_per_tensor_only kernels/decode/kv_pages.cuh 1 \
   'return scales[scale_count > 1 ?' 'return scales[scale_count > 100000 ?' \
@@ -438,3 +438,17 @@ mutant cublas_backward_kv_ldc_at_qk_width host/src/backward/backward_cublas.cpp 
 mutant score_backward_dp_over_qk_dim host/src/forward/score_chunks.cpp 1 \
   '  qk.head_dim = int(a.head_dim());' '  qk.head_dim = int(call.head_dim_qk);' \
   'the naive backward'"'"'s dP = dO V^T runs over q'"'"'s head dim, not v'"'"'s'
+# Issue 48 item 2: caches whose K and V rows differ, and latent caches (V a view of K's leading columns).
+mutant decode_v_rows_at_k_length kernels/decode/decode_split_kv.cuh 1 \
+  'for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * dv + col], o);' \
+  'for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * d + col], o);' \
+  'the SIMT split-KV kernel reads staged V in rows of K'"'"'s head dim'
+mutant gather_v_at_k_stride kernels/decode/kv_gather.cuh 1 \
+  'v_out[int64_t(t) * p.v_out_stride_row + e] =' 'v_out[int64_t(t) * p.k_out_stride_row + e] =' \
+  'the gather lays out V'"'"'s rows at K'"'"'s row stride'
+mutant combine_at_k_width host/src/kv_cache/split_kv_runner.cpp 1 \
+  'merge.head_dim = shape.head_dim_v;' 'merge.head_dim = shape.head_dim_qk;' \
+  'decode_combine merges the splits'"'"' partial O in rows of K'"'"'s head dim'
+mutant rotary_from_column_0 kernels/decode/rotary.cuh 1 \
+  'const int e = e_in_row - r.first_dim;' 'const int e = e_in_row;' \
+  'rotary ignores first_dim and rotates a row'"'"'s first columns'

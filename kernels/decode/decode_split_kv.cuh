@@ -5,7 +5,8 @@
 // keys. It streams the range through shared memory in tiles of kKeys keys read straight from the
 // cache (pages resolved per key by kv_pages.cuh, clamped), and keeps an online softmax per row:
 // warp w owns rows j * kWarps + w (so the 4 rows of a GQA-4 decode group keep every warp busy),
-// lane n scores key n of the tile, and each lane accumulates head_dim / 32 columns of O.
+// lane n scores key n of the tile, and each lane accumulates head_dim_v / 32 columns of O. Q and K
+// rows are head_dim long, V's and O's head_dim_v (each up to kMaxHeadDim).
 //
 // The split's keys are decode_split_keys() (only the tiles a sliding window leaves); each row masks
 // its own visible_key_range() and takes modified_score() (score_mods.cuh) when softcap, ALiBi or a
@@ -36,60 +37,71 @@ struct DecodeSplitKvTraits {
   static constexpr int kMaxHeadDim = 256;
   static constexpr int kColsPerLane = kMaxHeadDim / 32;
   // Shared memory: fp32 Q [kRows][d], K [kKeys][d + 1] (the +1 spreads lane n's row n over
-  // banks), V [kKeys][d], P [kRows][kKeys] (an even number of floats in all: 80 d + 544), then the
-  // tile's K and V row offsets, int64 [kKeys] each.
-  __host__ __device__ static constexpr size_t smem_floats(int head_dim) {
-    return size_t(kRows) * head_dim + size_t(kKeys) * (head_dim + 1) + size_t(kKeys) * head_dim + size_t(kRows) * kKeys;
+  // banks), V [kKeys][dv], P [kRows][kKeys] (an even number of floats in all: 48 d + 32 dv + 544),
+  // then the tile's K and V row offsets, int64 [kKeys] each.
+  __host__ __device__ static constexpr size_t smem_floats(int head_dim, int head_dim_v) {
+    return size_t(kRows) * head_dim + size_t(kKeys) * (head_dim + 1) + size_t(kKeys) * head_dim_v +
+           size_t(kRows) * kKeys;
   }
-  __host__ __device__ static constexpr size_t smem_bytes(int head_dim) {
-    return smem_floats(head_dim) * sizeof(float) + 2 * size_t(kKeys) * sizeof(int64_t);
+  __host__ __device__ static constexpr size_t smem_bytes(int head_dim, int head_dim_v) {
+    return smem_floats(head_dim, head_dim_v) * sizeof(float) + 2 * size_t(kKeys) * sizeof(int64_t);
   }
 };
 
 // Stages one tile's K and V rows as fp32 (rows without a page as zeros), from the row offsets
-// resolved once per key: 16-byte loads when `vectors` (the host checked that every row starts on
-// 16 bytes and head_dim fills whole 16-byte chunks), else one element per load. k_scale and v_scale
-// multiply FP8 values (real value = stored x scale); other elements are staged as they are.
+// resolved once per key (K's rows d long, V's dv): 16-byte loads when `vectors` (the host checked
+// that every row starts on 16 bytes and both widths fill whole 16-byte chunks), else one element
+// per load. k_scale and v_scale multiply FP8 values (real value = stored x scale); other elements
+// are staged as they are.
 template <class T>
 __device__ inline void decode_stage_tile(const T* k_cache, const T* v_cache, const int64_t* k_rows,
-                                         const int64_t* v_rows, int d, bool vectors, float k_scale, float v_scale,
-                                         float* k_s, float* v_s) {
+                                         const int64_t* v_rows, int d, int dv, bool vectors, float k_scale,
+                                         float v_scale, float* k_s, float* v_s) {
   // Stored value to fp32: exact for f16/bf16/fp32; FP8 times its scale, one fp32 rounding.
   const auto k_real = [&](T x) { return IsFp8<T>::value ? to_float(x) * k_scale : to_float(x); };
   const auto v_real = [&](T x) { return IsFp8<T>::value ? to_float(x) * v_scale : to_float(x); };
   constexpr int N = DecodeSplitKvTraits::kKeys, kThreads = DecodeSplitKvTraits::kThreads;
   if (vectors) {
     constexpr int V = 16 / int(sizeof(T));
-    const int chunks = d / V;
+    const int k_chunks = d / V, v_chunks = dv / V, chunks = k_chunks > v_chunks ? k_chunks : v_chunks;
     for (int i = threadIdx.x; i < N * chunks; i += kThreads) {
-      const int n = i / chunks, e0 = (i % chunks) * V;
-      T k_values[V], v_values[V];
-      if (k_rows[n] >= 0) {
-        const uint4 k_raw = load_vector(reinterpret_cast<const uint4*>(k_cache + k_rows[n] + e0));
-        const uint4 v_raw = load_vector(reinterpret_cast<const uint4*>(v_cache + v_rows[n] + e0));
-        memcpy(static_cast<void*>(k_values), &k_raw, 16);
-        memcpy(static_cast<void*>(v_values), &v_raw, 16);
+      const int n = i / chunks, chunk = i % chunks, e0 = chunk * V;
+      const bool live = k_rows[n] >= 0;
+      if (chunk < k_chunks) {
+        T k_values[V];
+        if (live) {
+          const uint4 k_raw = load_vector(reinterpret_cast<const uint4*>(k_cache + k_rows[n] + e0));
+          memcpy(static_cast<void*>(k_values), &k_raw, 16);
+        }
+        // K's rows are padded by one float (the dot products' column reads), so its 4-byte stores
+        // go 2-way: a quarter of a lane's 16 words share the banks of another's.
+        for (int t = 0; t < V; ++t) k_s[n * (d + 1) + e0 + t] = live ? k_real(k_values[t]) : 0.0f;
       }
-      // K's rows are padded by one float (the dot products' column reads), so its 4-byte stores
-      // go 2-way: a quarter of a lane's 16 words share the banks of another's. V's unpadded rows
-      // take 16-byte stores (v_s, d and e0 are multiples of 4 floats here), a quarter-warp filling
-      // 128 contiguous bytes; 4-byte ones would go 4-way (each lane's words 4 apart, 2 rows in
-      // the same banks).
-      float v_floats[V];
-      for (int t = 0; t < V; ++t) {
-        k_s[n * (d + 1) + e0 + t] = k_rows[n] >= 0 ? k_real(k_values[t]) : 0.0f;
-        v_floats[t] = k_rows[n] >= 0 ? v_real(v_values[t]) : 0.0f;
+      if (chunk < v_chunks) {
+        T v_values[V];
+        if (live) {
+          const uint4 v_raw = load_vector(reinterpret_cast<const uint4*>(v_cache + v_rows[n] + e0));
+          memcpy(static_cast<void*>(v_values), &v_raw, 16);
+        }
+        // V's unpadded rows take 16-byte stores (v_s, dv and e0 are multiples of 4 floats here), a
+        // quarter-warp filling 128 contiguous bytes; 4-byte ones would go 4-way (each lane's words
+        // 4 apart, 2 rows in the same banks).
+        float v_floats[V];
+        for (int t = 0; t < V; ++t) v_floats[t] = live ? v_real(v_values[t]) : 0.0f;
+        for (int t = 0; t < V; t += 4)
+          store_vector(reinterpret_cast<float4*>(v_s + n * dv + e0 + t),
+                       make_float4(v_floats[t], v_floats[t + 1], v_floats[t + 2], v_floats[t + 3]));
       }
-      for (int t = 0; t < V; t += 4)
-        store_vector(reinterpret_cast<float4*>(v_s + n * d + e0 + t),
-                     make_float4(v_floats[t], v_floats[t + 1], v_floats[t + 2], v_floats[t + 3]));
     }
     return;
   }
   for (int i = threadIdx.x; i < N * d; i += kThreads) {
     const int n = i / d, e = i % d;
     k_s[n * (d + 1) + e] = k_rows[n] >= 0 ? k_real(k_cache[k_rows[n] + e]) : 0.0f;
-    v_s[n * d + e] = k_rows[n] >= 0 ? v_real(v_cache[v_rows[n] + e]) : 0.0f;
+  }
+  for (int i = threadIdx.x; i < N * dv; i += kThreads) {
+    const int n = i / dv, e = i % dv;
+    v_s[n * dv + e] = k_rows[n] >= 0 ? v_real(v_cache[v_rows[n] + e]) : 0.0f;
   }
 }
 
@@ -102,7 +114,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   // The sequence's query rows (a packed call's sequences differ; the grid covers the longest).
   const SequenceRows rows = sequence_rows(p.q_rows, b);
   const int seq_q = rows.count;
-  const int d = p.head_dim, group_rows = p.heads_per_kv * seq_q;
+  const int d = p.head_dim, dv = p.cache.head_dim_v, group_rows = p.heads_per_kv * seq_q;
   const int row0 = row_block * Traits::kRows;
   if (row0 >= group_rows) return;  // the whole block: no row of this sequence is its
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
@@ -114,8 +126,8 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   float* q_s = dynamic_smem<float>();
   float* k_s = q_s + Traits::kRows * d;
   float* v_s = k_s + N * (d + 1);
-  float* p_s = v_s + N * d;
-  int64_t* k_rows = reinterpret_cast<int64_t*>(q_s + Traits::smem_floats(d));
+  float* p_s = v_s + N * dv;
+  int64_t* k_rows = reinterpret_cast<int64_t*>(q_s + Traits::smem_floats(d, dv));
   int64_t* v_rows = k_rows + N;
 
   // Q rows of the group (row g: query head kv_head * heads_per_kv + g / seq_q, new row g % seq_q);
@@ -163,7 +175,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       v_rows[threadIdx.x] = page >= 0 ? kv_v_offset(p.cache, page, kv_head, key) : -1;
     }
     __syncthreads();
-    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, p.vector_loads, scales.k, scales.v, k_s, v_s);
+    decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, dv, p.vector_loads, scales.k, scales.v, k_s, v_s);
     __syncthreads();
 
     for (int j = 0; j < RW; ++j) {
@@ -188,9 +200,9 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       __syncwarp();
       for (int c = 0; c < C; ++c) {
         const int col = lane + 32 * c;
-        if (col >= d) break;
+        if (col >= dv) break;
         float o = acc[j][c] * rescale;
-        for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * d + col], o);
+        for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * dv + col], o);
         acc[j][c] = o;
       }
       __syncwarp();  // P of row r is read by every lane before the next tile rewrites it
@@ -210,12 +222,12 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       T* out = static_cast<T*>(p.out) + int64_t(rows.entry) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
                int64_t(rows.first + i) * p.out_stride_row;
       for (int c = 0; c < C; ++c)
-        if (lane + 32 * c < d) out[lane + 32 * c] = from_float<T>(acc[j][c] * end.inverse);
+        if (lane + 32 * c < dv) out[lane + 32 * c] = from_float<T>(acc[j][c] * end.inverse);
       if (lane == 0 && p.lse != nullptr) p.lse[row] = end.lse;
     } else {
-      float* out = p.partial_out + (int64_t(split) * p.rows + row) * d;
+      float* out = p.partial_out + (int64_t(split) * p.rows + row) * dv;
       for (int c = 0; c < C; ++c)
-        if (lane + 32 * c < d) out[lane + 32 * c] = acc[j][c] * end.inverse;
+        if (lane + 32 * c < dv) out[lane + 32 * c] = acc[j][c] * end.inverse;
       if (lane == 0) p.partial_lse[int64_t(split) * p.rows + row] = end.lse;
     }
   }

@@ -10,15 +10,17 @@
 namespace selfattn::kernels {
 
 // A cache as the kernels see it: a pool of pages [num_pages, kv_heads, page_size, head_dim] (any
-// strides). A contiguous cache is the same thing with one page per sequence (page_size = capacity,
-// block_table null: sequence b is page b). Token t of sequence b lives in page
-// block_table[b * max_pages_per_seq + t / page_size], row t % page_size.
+// strides) for K, the same with head_dim_v columns for V. A contiguous cache is the same thing with
+// one page per sequence (page_size = capacity, block_table null: sequence b is page b). Token t of
+// sequence b lives in page block_table[b * max_pages_per_seq + t / page_size], row t % page_size.
+// V may be a view of K's leading columns (MLA's latent cache: v == k, the same strides,
+// head_dim_v <= head_dim): the kernels read it as any V; kv_append then writes K only.
 struct KvPagesView {
   void* k;
   void* v;
   int64_t k_stride_page, k_stride_head, k_stride_row;
   int64_t v_stride_page, v_stride_head, v_stride_row;
-  int num_pages, page_size, kv_heads, head_dim;
+  int num_pages, page_size, kv_heads, head_dim, head_dim_v;  // head_dim: K's row (q's), head_dim_v: V's (out's)
   const int32_t* block_table;  // device, or null (contiguous)
   int max_pages_per_seq;       // 1 when contiguous
   const int32_t* lengths;      // device [batch]
@@ -56,10 +58,12 @@ struct RotaryTables {
   const int32_t* positions;
   int position_step;
   Element table_element;  // of cos and sin
+  int first_dim;          // the rotated elements are [first_dim, first_dim + rotary_dim) of each row
 };
 
 // kv_append: token t of sequence b in k_new/v_new ([batch, kv_heads, seq_new, d], or packed
-// [1, kv_heads, total_new, d]) goes to position lengths[b] + t of sequence b.
+// [1, kv_heads, total_new, d]; v_new's d is head_dim_v) goes to position lengths[b] + t of
+// sequence b. v_new null: V is a view of K (KvPagesView), written with it.
 // grid (ceil(rows.seq / rows per block), kv_heads, batch).
 struct KvAppendParams {
   KvPagesView cache;
@@ -79,9 +83,11 @@ struct KvGatherParams {
   KvPagesView cache;
   void* k_out;
   void* v_out;
-  // Of k_out and v_out (head_dim's is 1): [batch, kv_heads, capacity, d] or [batch, capacity,
-  // kv_heads, d], the layout a packed call views as [1, kv_heads, batch * capacity, d].
-  int64_t out_stride_batch, out_stride_head, out_stride_row;
+  // Of k_out (d = head_dim) and v_out (d = head_dim_v), head_dim's stride 1: [batch, kv_heads,
+  // capacity, d] or [batch, capacity, kv_heads, d], the layout a packed call views as
+  // [1, kv_heads, batch * capacity, d].
+  int64_t k_out_stride_batch, k_out_stride_head, k_out_stride_row;
+  int64_t v_out_stride_batch, v_out_stride_head, v_out_stride_row;
   int capacity;  // per sequence: page_size * max_pages_per_seq
 };
 
@@ -129,11 +135,11 @@ struct DecodeSplitKvParams {
   int64_t q_stride_batch, q_stride_head, q_stride_row;
   int64_t out_stride_batch, out_stride_head, out_stride_row;
   float* lse;            // [batch, heads, seq_q] (packed: [heads, total_q]) or null
-  float* partial_out;    // [num_splits, rows, head_dim] (rows = flat indices), fp32
+  float* partial_out;    // [num_splits, rows, head_dim_v] (rows = flat indices), fp32
   float* partial_lse;    // [num_splits, rows]
   int64_t rows;
   NewRows q_rows;
-  int heads, head_dim, heads_per_kv;
+  int heads, head_dim, heads_per_kv;  // head_dim: q's and K's; out's and V's is cache.head_dim_v
   int num_splits, row_blocks;
   float scale;           // softmax scale (the modifiers take scores in natural-log units)
   float scale_log2;      // softmax scale * log2(e)
@@ -161,7 +167,7 @@ struct DecodeCombineParams {
   int64_t rows;
   NewRows q_rows;  // packed: only the rows a sequence owns are combined (packed_row_owned)
   int batch;       // sequences (packed)
-  int heads, head_dim, num_splits;
+  int heads, head_dim, num_splits;  // head_dim: out's (the cache's head_dim_v)
 };
 
 // One kernel instance with the block size the host launches it with.

@@ -1,6 +1,6 @@
 #pragma once
-// Copies each sequence's cached K and V into dense [batch, kv_heads, capacity, head_dim] buffers
-// (any strides: [batch, capacity, kv_heads, head_dim] for a packed call),
+// Copies each sequence's cached K and V into dense [batch, kv_heads, capacity, d] buffers (d: K's
+// head_dim, V's head_dim_v; any strides: [batch, capacity, kv_heads, d] for a packed call),
 // so the naive and cublas paths (and the fused prefill kernel) run on them as on any padded batch
 // with key_lengths. Rows at or past the sequence's length become zeros, as do rows whose page is
 // outside the pool (kv_page_of): the paths multiply those rows by zero probabilities, and zeros
@@ -24,30 +24,30 @@ template <class T, class C = T>
 __global__ void __launch_bounds__(KvGatherTraits::kThreads) kv_gather_kernel(const KvGatherParams p) {
   const int b = blockIdx.z, head = blockIdx.y;
   const int first_row = blockIdx.x * KvGatherTraits::kRowsPerBlock;
-  const int d = p.cache.head_dim;
+  // K's rows are d long, V's dv; a thread takes element e of both (e past one's width: the other's alone).
+  const int d = p.cache.head_dim, dv = p.cache.head_dim_v, width = d > dv ? d : dv;
   const int length = kv_length(p.cache, b);
-  const int64_t dense_head = int64_t(b) * p.out_stride_batch + int64_t(head) * p.out_stride_head;
-  T* k_out = static_cast<T*>(p.k_out) + dense_head;
-  T* v_out = static_cast<T*>(p.v_out) + dense_head;
+  T* k_out = static_cast<T*>(p.k_out) + int64_t(b) * p.k_out_stride_batch + int64_t(head) * p.k_out_stride_head;
+  T* v_out = static_cast<T*>(p.v_out) + int64_t(b) * p.v_out_stride_batch + int64_t(head) * p.v_out_stride_head;
   const C* k_cache = static_cast<const C*>(p.cache.k);
   const C* v_cache = static_cast<const C*>(p.cache.v);
   const KvScales scales = kv_scales<C>(p.cache, head);
-  for (int i = threadIdx.x; i < KvGatherTraits::kRowsPerBlock * d; i += blockDim.x) {
-    const int t = first_row + i / d, e = i % d;
+  // Stored value to T: a copy, or an FP8 value times its scale in fp32, rounded once.
+  const auto real = [](C stored, float scale) {
+    if constexpr (IsFp8<C>::value) return from_float<T>(to_float(stored) * scale);
+    else return stored;
+  };
+  for (int i = threadIdx.x; i < KvGatherTraits::kRowsPerBlock * width; i += blockDim.x) {
+    const int t = first_row + i / width, e = i % width;
     if (t >= p.capacity) break;
     const int page = t < length ? kv_page_of(p.cache, b, t) : -1;
-    const int64_t dense = int64_t(t) * p.out_stride_row + e;
-    if (page < 0) {
-      k_out[dense] = from_float<T>(0.0f);
-      v_out[dense] = from_float<T>(0.0f);
-      continue;
+    if (e < d) {
+      k_out[int64_t(t) * p.k_out_stride_row + e] =
+          page < 0 ? from_float<T>(0.0f) : real(k_cache[kv_k_offset(p.cache, page, head, t) + e], scales.k);
     }
-    if constexpr (IsFp8<C>::value) {
-      k_out[dense] = from_float<T>(to_float(k_cache[kv_k_offset(p.cache, page, head, t) + e]) * scales.k);
-      v_out[dense] = from_float<T>(to_float(v_cache[kv_v_offset(p.cache, page, head, t) + e]) * scales.v);
-    } else {
-      k_out[dense] = k_cache[kv_k_offset(p.cache, page, head, t) + e];
-      v_out[dense] = v_cache[kv_v_offset(p.cache, page, head, t) + e];
+    if (e < dv) {
+      v_out[int64_t(t) * p.v_out_stride_row + e] =
+          page < 0 ? from_float<T>(0.0f) : real(v_cache[kv_v_offset(p.cache, page, head, t) + e], scales.v);
     }
   }
 }

@@ -25,9 +25,12 @@ __device__ inline float rotary_table_entry(const RotaryTables& r, const void* ta
   return static_cast<const float*>(table)[index];
 }
 
+// Element e of the row (the rotated ones: [first_dim, first_dim + rotary_dim), pairs counted from
+// first_dim; load takes the row's own indices).
 template <class Load>
-__device__ inline float rotary_element(const RotaryTables& r, int64_t position, int e, Load load) {
-  if (r.cos == nullptr || e >= r.rotary_dim) return load(e);
+__device__ inline float rotary_element(const RotaryTables& r, int64_t position, int e_in_row, Load load) {
+  const int e = e_in_row - r.first_dim;
+  if (r.cos == nullptr || e < 0 || e >= r.rotary_dim) return load(e_in_row);
   const int half = r.rotary_dim / 2;
   // Clamped so that a wrong length cannot index past the tables.
   const int row = position < 0 ? 0 : (position >= r.max_position ? r.max_position - 1 : int(position));
@@ -44,7 +47,7 @@ __device__ inline float rotary_element(const RotaryTables& r, int64_t position, 
   }
   const float c = rotary_table_entry(r, r.cos, int64_t(row) * half + pair);
   const float s = rotary_table_entry(r, r.sin, int64_t(row) * half + pair);
-  const float x = load(e), y = load(partner);
+  const float x = load(e_in_row), y = load(r.first_dim + partner);
   // first: x' = x cos - y sin (x is the pair's a); second: x' = y sin + x cos (y is the pair's a).
   return first ? x * c - y * s : y * s + x * c;
 }

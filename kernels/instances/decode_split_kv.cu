@@ -9,10 +9,10 @@ SELFATTN_KERNELS_BEGIN
 
 namespace {
 template <class T>
-DecodeKernel split_kv(const char* name, int head_dim) {
+DecodeKernel split_kv(const char* name, int head_dim, int head_dim_v) {
   using Traits = DecodeSplitKvTraits;
   DecodeKernel kernel{make_kernel_ref<DecodeSplitKvParams, decode_split_kv_kernel<T>>(name), Traits::kThreads,
-                      Traits::kRows, Traits::smem_bytes(head_dim), Traits::kMaxHeadDim};
+                      Traits::kRows, Traits::smem_bytes(head_dim, head_dim_v), Traits::kMaxHeadDim};
   return kernel;
 }
 template <class T, int D>
@@ -32,11 +32,11 @@ DecodeKernel combine(const char* name) {
 }
 }  // namespace
 
-DecodeKernel decode_split_kv_instance(Element element, int head_dim) {
+DecodeKernel decode_split_kv_instance(Element element, int head_dim, int head_dim_v) {
   switch (element) {
-    case Element::f32: return split_kv<float>("decode_split_kv<f32>", head_dim);
-    case Element::f16: return split_kv<__half>("decode_split_kv<f16>", head_dim);
-    case Element::bf16: return split_kv<__nv_bfloat16>("decode_split_kv<bf16>", head_dim);
+    case Element::f32: return split_kv<float>("decode_split_kv<f32>", head_dim, head_dim_v);
+    case Element::f16: return split_kv<__half>("decode_split_kv<f16>", head_dim, head_dim_v);
+    case Element::bf16: return split_kv<__nv_bfloat16>("decode_split_kv<bf16>", head_dim, head_dim_v);
   }
   return {};
 }

@@ -47,9 +47,18 @@ fp32, value / scale rounded to nearest even, saturated to the format's finite ra
 +-57344 e5m2), NaN kept. attention_with_kv_cache takes q (and returns out) in float32, float16 or
 bfloat16 and attends to stored x scale. kv_cache.h says which kernels do it.
 
+K and V rows may differ in length: v_cache's head_dim (head_dim_v, out's) beside k_cache's (q's),
+as MLA's expanded caches have them (192 and 128). A latent cache (DeepSeek's absorbed MLA) keeps
+one pool whose rows are [c_kv | k_rope] and V as its leading columns: pass v_cache=k_cache[..., :512]
+(a view, no copy; the library reads it as V), and to append_kv v_new=k_new[..., :512] (K's rows
+are written whole, V's among them). The split-KV kernels (the fused path) take head dims up to 256;
+automatic runs larger ones, DeepSeek's (576, 512), on the naive or cublas path.
+
 Rotary embedding uses the caller's tables, rotary_cos and rotary_sin, [max_position, rotary_dim / 2]
-in float32, or float16/bfloat16 (read as they are, no copy per call; NumPy: float16): the first rotary_dim elements of each row are rotated, in pairs (2i, 2i+1) with
-rotary_interleaved=True (GPT-J), (i, i + rotary_dim / 2) otherwise (GPT-NeoX).
+in float32, or float16/bfloat16 (read as they are, no copy per call; NumPy: float16): rotary_dim
+elements of each row are rotated, from rotary_first_dim on (0: the first ones; MLA's rope part
+after its 512 latent values: 512), in pairs (2i, 2i+1) with rotary_interleaved=True (GPT-J),
+(i, i + rotary_dim / 2) otherwise (GPT-NeoX), counted from there.
 
 These calls record no autograd graph: torch tensors that require grad are refused (NotAvailable).
 On torch tensors append_kv, attention_with_kv_cache and merge_states go through custom ops (see
@@ -75,7 +84,8 @@ from ._selfattn import Context, InvalidArgument, NotAvailable
 def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, *, block_table: Any = None,
               batch_index: Any = None, layout: str = "bhsd", rotary_cos: Any = None, rotary_sin: Any = None,
               rotary_interleaved: bool = False, rotary_positions: Any = None, rotary_position_step: int = 1,
-              return_lengths: bool = False, validate_metadata: bool = False, cu_seqlens_new: Any = None,
+              rotary_first_dim: int = 0, return_lengths: bool = False, validate_metadata: bool = False,
+              cu_seqlens_new: Any = None,
               max_seqlen_new: Optional[int] = None, k_scale: Any = None, v_scale: Any = None,
               context: Optional[Context] = None) -> Any:
     """Writes token t of k_new and v_new at position lengths[b] + t of sequence b, in place, across
@@ -86,11 +96,14 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
     - batch_index: int32 [batch], a contiguous cache's row of each sequence (None: row b); a row
       outside the cache drops the sequence's tokens
     - k_new, v_new: [batch, kv_heads, seq_new, head_dim] (layout="bshd": [batch, seq_new, kv_heads,
-      head_dim]), the cache's dtype and head_dim; they must not overlap the cache
+      head_dim]), the cache's dtype, k_new with k_cache's head_dim and v_new with v_cache's; they must
+      not overlap the cache. A latent cache (v_cache a view of k_cache's leading columns) takes
+      v_new as the same view of k_new (K's rows are written whole)
     - rotary_cos, rotary_sin: rotate k_new on the way in (v is never rotated), token t of sequence b
       at position lengths[b] + t, or with rotary_positions (int32 [batch]) at rotary_positions[b] +
       rotary_position_step * t (step 1, or 0: every token at rotary_positions[b]; left padding:
-      positions counted from the first real token, lengths[b] - key_start[b])
+      positions counted from the first real token, lengths[b] - key_start[b]); rotary_first_dim:
+      the first rotated element of each row (0, or the latent width of MLA's [c_kv | k_rope] rows)
     - cu_seqlens_new: int32 [batch + 1]: a packed call, k_new and v_new [total_new, kv_heads,
       head_dim] with sequence b's tokens at rows [cu_seqlens_new[b], cu_seqlens_new[b+1]), its own
       count n_b (0 allowed; max_seqlen_new bounds them); seq_new is then n_b. Host offsets and
@@ -114,20 +127,21 @@ def append_kv(k_cache: Any, v_cache: Any, lengths: Any, k_new: Any, v_new: Any, 
         updated = op(k_cache, v_cache, *cache_metadata(lengths, block_table, k_new, batch_index), k_new, v_new,
                      layout, cos, sin, bool(rotary_interleaved), positions, _step(rotary_position_step),
                      bool(validate_metadata), *packed_rows("append_kv", "new", cu_seqlens_new, max_seqlen_new, k_new),
-                     *op_scales(k_scale, v_scale, k_new))
+                     *op_scales(k_scale, v_scale, k_new), _first_dim(rotary_first_dim))
         return updated if return_lengths else None
     return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                       rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                       return_lengths=return_lengths, validate_metadata=validate_metadata, context=context,
                       batch_index=batch_index, rotary_positions=rotary_positions,
                       rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
-                      max_seqlen_new=max_seqlen_new, k_scale=k_scale, v_scale=v_scale)
+                      max_seqlen_new=max_seqlen_new, k_scale=k_scale, v_scale=v_scale,
+                      rotary_first_dim=rotary_first_dim)
 
 
 def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, rotary_cos, rotary_sin,
                rotary_interleaved, return_lengths, validate_metadata, context, batch_index=None,
                rotary_positions=None, rotary_position_step=1, cu_seqlens_new=None, max_seqlen_new=None, k_scale=None,
-               v_scale=None):
+               v_scale=None, rotary_first_dim=0):
     """append_kv() without the torch.library dispatch (the custom op's implementation calls this)."""
     packed = cu_seqlens_new is not None
     arrays = _arrays.Arguments(dict(k_new=k_new, v_new=v_new), ndim=3 if packed else 4)
@@ -151,7 +165,8 @@ def _append_kv(k_cache, v_cache, lengths, k_new, v_new, *, block_table, layout, 
         _selfattn.append_kv(ctx, arrays.dl(as_bhsd(arrays["k_cache"])), arrays.dl(as_bhsd(arrays["v_cache"])),
                             *metadata, arrays.dl(new_view(arrays["k_new"])), arrays.dl(new_view(arrays["v_new"])), cos,
                             sin, bool(rotary_interleaved), positions, _step(rotary_position_step), updated,
-                            bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16, arrays.fp8, *scales)
+                            bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16, arrays.fp8, *scales,
+                            _first_dim(rotary_first_dim))
     return updated
 
 
@@ -160,7 +175,8 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                             scale: Optional[float] = None, path: str = "auto", return_lse: bool = False,
                             out: Any = None, rotary_cos: Any = None, rotary_sin: Any = None,
                             rotary_interleaved: bool = False, rotary_positions: Any = None,
-                            rotary_position_step: int = 1, num_splits: int = 0, window: Optional[tuple] = None,
+                            rotary_position_step: int = 1, rotary_first_dim: int = 0, num_splits: int = 0,
+                            window: Optional[tuple] = None,
                             softcap: Optional[float] = None, alibi_slopes: Any = None, bias: Any = None,
                             sinks: Any = None, key_start: Any = None, q_offset: Any = None,
                             validate_metadata: bool = False, cu_seqlens_q: Any = None,
@@ -169,13 +185,14 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     """Attention of the new query rows of each sequence to its cached tokens (append them first).
 
     - q: [batch, heads, seq_q, head_dim] (layout="bshd": [batch, seq_q, heads, head_dim]), the
-      cache's dtype; heads a multiple of the cache's kv_heads
+      cache's dtype and k_cache's head_dim; heads a multiple of the cache's kv_heads
     - k_cache, v_cache, lengths, block_table, batch_index: the cache (see the module's doc), read only
     - causal: "bottom_right" (row i of sequence b sees cache tokens j <= lengths[b] - seq_q + i, its
       own position) or None (every cached token); "top_left" has no meaning against a cache
     - rotary_cos, rotary_sin: rotate q, row i at position lengths[b] - seq_q + i (the cache is read as
       it is), or with rotary_positions (int32 [batch]) at rotary_positions[b] + rotary_position_step * i
-      (0: every row at rotary_positions[b], FlashAttention's q without a causal mask or window)
+      (0: every row at rotary_positions[b], FlashAttention's q without a causal mask or window);
+      rotary_first_dim: the first rotated element of each row (MLA's rope part: the latent width)
     - num_splits: the fused path's split of each sequence's keys over blocks (flash-decoding),
       0..4096; 0 lets the library choose
     - window, softcap, alibi_slopes, sinks: as for attention(), row i placed at lengths[b] - seq_q + i;
@@ -185,8 +202,9 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
     - q_offset: int32 [batch]: new row 0's position counted from key_start[b], instead of
       lengths[b] - key_start[b] - seq_q: row i sees the tokens at positions <= q_offset[b] + i, and
       the window and ALiBi measure from there (neither moves the rotary positions)
-    - out: an array shaped like q to write into and return, as for attention() (a torch out goes
-      through ``selfattn::attention_with_kv_cache_out``, in place, and torch.compile traces it)
+    - out: an array of q's rows with v_cache's head_dim to write into and return, as for
+      attention() (a torch out goes through ``selfattn::attention_with_kv_cache_out``, in place, and
+      torch.compile traces it)
     - cu_seqlens_q: int32 [batch + 1]: a packed call (see the module's doc), q and out
       [total_q, heads, head_dim] (whatever the cache's layout) with sequence b's rows at
       [cu_seqlens_q[b], cu_seqlens_q[b+1]), its own count n_b, placed at lengths[b] - n_b + i; seq_q is
@@ -199,8 +217,9 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
       then float32, float16 or bfloat16
     - validate_metadata: read lengths, block_table, batch_index (and cu_seqlens_q) back and check
       them in the library first (synchronous, not graph-safe), rather than have the kernels clamp them
-    - returns out shaped like q, and with return_lse=True lse: float32 [batch, heads, seq_q]
-      (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0 gives rows of 0).
+    - returns out (q's rows, v_cache's head_dim), and with return_lse=True lse: float32 [batch,
+      heads, seq_q] (-inf for a row without keys, or sinks[h] with sinks; a sequence of length 0
+      gives rows of 0).
     """
     _check_keywords(causal, layout, path)
     _refuse_gradients("attention_with_kv_cache", q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes,
@@ -224,9 +243,10 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
         metadata = cache_metadata(lengths, block_table, q, batch_index)
         scales = op_scales(k_scale, v_scale, q)
         if out is None:
-            result, lse = op(q, k_cache, v_cache, *metadata, *options, *scales)
+            result, lse = op(q, k_cache, v_cache, *metadata, *options, *scales, _first_dim(rotary_first_dim))
         else:
-            result, lse = out, op(q, k_cache, v_cache, *metadata, out, *options, bool(return_lse), *scales)
+            result, lse = out, op(q, k_cache, v_cache, *metadata, out, *options, bool(return_lse), *scales,
+                                  _first_dim(rotary_first_dim))
         return (result, lse) if return_lse else result
     return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                     causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -236,14 +256,15 @@ def attention_with_kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: Any, *,
                                     softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks,
                                     validate_metadata=validate_metadata, context=context, key_start=key_start,
                                     q_offset=q_offset, batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
-                                    max_seqlen_q=max_seqlen_q, k_scale=k_scale, v_scale=v_scale)
+                                    max_seqlen_q=max_seqlen_q, k_scale=k_scale, v_scale=v_scale,
+                                    rotary_first_dim=rotary_first_dim)
 
 
 def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layout, causal, scale, path, return_lse,
                              out, rotary_cos, rotary_sin, rotary_interleaved, num_splits, window, softcap,
                              alibi_slopes, bias, sinks, validate_metadata, context, key_start=None, q_offset=None,
                              batch_index=None, rotary_positions=None, rotary_position_step=1, cu_seqlens_q=None,
-                             max_seqlen_q=None, k_scale=None, v_scale=None):
+                             max_seqlen_q=None, k_scale=None, v_scale=None, rotary_first_dim=0):
     """attention_with_kv_cache() without the torch.library dispatch (the custom op's implementation
     calls this)."""
     packed = cu_seqlens_q is not None
@@ -253,7 +274,8 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
     q = arrays["q"]
     check_packed("attention_with_kv_cache", "q", cu_seqlens_q, max_seqlen_q, q, k_cache, layout, lengths, block_table)
     allocated = out is None
-    ctx, out = _context_and_out(arrays, "q", out, context, ndim=3 if packed else 4)
+    out_shape = (*q.shape[:-1], arrays["v_cache"].shape[-1])  # q's rows, V's head dim
+    ctx, out = _context_and_out(arrays, "q", out, context, ndim=3 if packed else 4, shape=out_shape)
     as_bhsd = _arrays.layout_view(layout)
     q_view = _packed if packed else as_bhsd
     bhsd_q = q_view(q)
@@ -273,16 +295,16 @@ def _attention_with_kv_cache(q, k_cache, v_cache, lengths, *, block_table, layou
                                           path, lse, cos, sin, bool(rotary_interleaved), positions,
                                           _step(rotary_position_step), num_splits, mods,
                                           bool(validate_metadata), offsets, max_seqlen, arrays.bf16_as_uint16,
-                                          arrays.fp8, *scales)
+                                          arrays.fp8, *scales, _first_dim(rotary_first_dim))
     return (out, lse) if return_lse else out
 
 
 def rotary_embedding(x: Any, rotary_cos: Any, rotary_sin: Any, *, positions: Any = None, position_step: int = 1,
-                     interleaved: bool = False, layout: str = "bhsd", out: Any = None,
+                     interleaved: bool = False, first_dim: int = 0, layout: str = "bhsd", out: Any = None,
                      context: Optional[Context] = None) -> Any:
-    """Rotary position embedding on its own (a model that rotates q and k itself): out = x with the
-    first rotary_dim elements of each row rotated (the module's doc says how), row s of batch b at
-    positions[b] + position_step * s (positions int32 [batch]; None: at s).
+    """Rotary position embedding on its own (a model that rotates q and k itself): out = x with
+    rotary_dim elements of each row from first_dim on rotated (the module's doc says how), row s of
+    batch b at positions[b] + position_step * s (positions int32 [batch]; None: at s).
 
     - x: [batch, heads, seq, head_dim] (layout="bshd": [batch, seq, heads, head_dim]), float32,
       float16 or bfloat16; rotary_cos, rotary_sin: float32 [max_position, rotary_dim / 2]
@@ -299,7 +321,8 @@ def rotary_embedding(x: Any, rotary_cos: Any, rotary_sin: Any, *, positions: Any
     as_bhsd = _arrays.layout_view(layout)
     with in_caller_terms(dict.fromkeys(("x", "out"), layout_axes(layout))):
         _selfattn.rotary_embedding(ctx, arrays.dl(as_bhsd(x)), arrays.dl(as_bhsd(arrays["out"])), cos, sin,
-                                   bool(interleaved), rows, _step(position_step), arrays.bf16_as_uint16)
+                                   bool(interleaved), rows, _step(position_step), arrays.bf16_as_uint16,
+                                   _first_dim(first_dim))
     return out
 
 
@@ -355,12 +378,12 @@ def cu_seqlens_from_lengths(lengths: Any, *, context: Optional[Context] = None) 
     return cu
 
 
-def _context_and_out(arrays, like, out, context, ndim=4):
-    """The context a call on arrays[like] runs on, and out (a new array like it when not given),
-    added to arrays as the output of `ndim` dimensions."""
+def _context_and_out(arrays, like, out, context, ndim=4, shape=None):
+    """The context a call on arrays[like] runs on, and out (a new array like it, of `shape` or its
+    own, when not given), added to arrays as the output of `ndim` dimensions."""
     ctx = _context_for(arrays[like], context)
     if out is None:
-        out = _arrays.empty_like(arrays[like], tuple(arrays[like].shape))
+        out = _arrays.empty_like(arrays[like], tuple(shape if shape is not None else arrays[like].shape))
     arrays.add_output("out", out)
     arrays.expect_ndim("out", ndim)
     return ctx, out
@@ -419,6 +442,13 @@ def _rotary_table(name, table, like):
     elif isinstance(table, np.ndarray) and table.dtype == np.float16 and isinstance(like, np.ndarray):
         return np.ascontiguousarray(table)
     return _arrays.float32_array(name, table, like=like)
+
+
+def _first_dim(first_dim):
+    """rotary_first_dim as the library takes it (an int; its range is the library's to check)."""
+    if isinstance(first_dim, bool) or not isinstance(first_dim, int):
+        raise InvalidArgument(f"rotary_first_dim expected an int, got {first_dim!r}")
+    return first_dim
 
 
 def _step(position_step):

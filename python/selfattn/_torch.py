@@ -334,7 +334,7 @@ def _register():
                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], rotary_interleaved: bool,
                   rotary_positions: Optional[Tensor], rotary_position_step: int, validate_metadata: bool,
                   cu_seqlens_new: Optional[Tensor], max_seqlen_new: int, k_scale: Optional[Tensor] = None,
-                  v_scale: Optional[Tensor] = None) -> Tensor:
+                  v_scale: Optional[Tensor] = None, rotary_first_dim: int = 0) -> Tensor:
         from ._kv_cache import _append_kv
         return _append_kv(k_cache, v_cache, lengths, k_new, v_new, block_table=block_table, layout=layout,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
@@ -342,7 +342,7 @@ def _register():
                           batch_index=batch_index, rotary_positions=rotary_positions,
                           rotary_position_step=rotary_position_step, cu_seqlens_new=cu_seqlens_new,
                           max_seqlen_new=None if cu_seqlens_new is None else max_seqlen_new, k_scale=k_scale,
-                          v_scale=v_scale)
+                          v_scale=v_scale, rotary_first_dim=rotary_first_dim)
 
     @append_kv.register_fake
     def _(k_cache, v_cache, lengths, *options, **keywords):
@@ -359,7 +359,7 @@ def _register():
                                 q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                 validate_metadata: bool, cu_seqlens_q: Optional[Tensor],
                                 max_seqlen_q: int, k_scale: Optional[Tensor] = None,
-                                v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                                v_scale: Optional[Tensor] = None, rotary_first_dim: int = 0) -> Tuple[Tensor, Tensor]:
         from ._kv_cache import _attention_with_kv_cache
         return _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                         causal=causal, scale=scale, path=path, return_lse=True, out=None,
@@ -371,7 +371,7 @@ def _register():
                                         q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                         batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
                                         max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q,
-                                        k_scale=k_scale, v_scale=v_scale)
+                                        k_scale=k_scale, v_scale=v_scale, rotary_first_dim=rotary_first_dim)
 
     def kv_lse_shape(q, layout, packed):
         """The lse of a KV-cache attention: [batch, heads, seq_q], or [heads, total_q] when packed."""
@@ -389,7 +389,8 @@ def _register():
     def _(q, k_cache, v_cache, lengths, block_table, batch_index, layout, *options, **keywords):
         named = {**kv_options(attention_with_kv_cache, options, 7), **keywords}
         packed = named["cu_seqlens_q"] is not None
-        return q.new_empty(q.shape), q.new_empty(kv_lse_shape(q, layout, packed), dtype=torch.float32)
+        return (q.new_empty((*q.shape[:-1], v_cache.shape[-1])),  # q's rows, V's head dim
+                q.new_empty(kv_lse_shape(q, layout, packed), dtype=torch.float32))
 
     @torch.library.custom_op("selfattn::attention_with_kv_cache_out", mutates_args=("out",))
     def attention_with_kv_cache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor,
@@ -403,7 +404,7 @@ def _register():
                                     key_start: Optional[Tensor], q_offset: Optional[Tensor], sinks: Optional[Tensor],
                                     validate_metadata: bool, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
                                     return_lse: bool, k_scale: Optional[Tensor] = None,
-                                    v_scale: Optional[Tensor] = None) -> Tensor:
+                                    v_scale: Optional[Tensor] = None, rotary_first_dim: int = 0) -> Tensor:
         from ._kv_cache import _attention_with_kv_cache
         result = _attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=block_table, layout=layout,
                                           causal=causal, scale=scale, path=path, return_lse=return_lse, out=out,
@@ -415,7 +416,7 @@ def _register():
                                           q_offset=q_offset, validate_metadata=validate_metadata, context=None,
                                           batch_index=batch_index, cu_seqlens_q=cu_seqlens_q,
                                           max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q,
-                                          k_scale=k_scale, v_scale=v_scale)
+                                          k_scale=k_scale, v_scale=v_scale, rotary_first_dim=rotary_first_dim)
         return result[1] if return_lse else lse_or_nothing(False, q, None)
 
     @attention_with_kv_cache_out.register_fake

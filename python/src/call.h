@@ -307,16 +307,19 @@ selfattn::KvCache kv_cache(const KvCacheArgs& cache);
 
 // Rotary tables: cos and sin, [max_position, rotary_dim / 2] contiguous each, float32, float16 or
 // bfloat16, both of one dtype (read from bare pointers, so their shapes are checked here), both or
-// neither; positions (int32 [batch]) and the step as selfattn::Rotary takes them.
+// neither; positions (int32 [batch]), the step and the first rotated element as selfattn::Rotary
+// takes them.
 struct RotaryArgs {
   const Arg *cos, *sin;
   bool interleaved;
   const Arg* positions;
   int position_step;
   selfattn::DType table_dtype;
+  int first_dim;
 };
 RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
-                      bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch);
+                      bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch,
+                      int first_dim);
 // After staging; nullopt without tables.
 std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables);
 

@@ -98,10 +98,11 @@ selfattn::KvCache kv_cache(const KvCacheArgs& cache) {
 }
 
 RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::optional<InArray>& sin,
-                      bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch) {
+                      bool interleaved, const std::optional<InArray>& positions, int position_step, int64_t batch,
+                      int first_dim) {
   if (bool(cos) != bool(sin)) invalid("rotary_cos and rotary_sin expected both or neither");
   if (positions && !cos) invalid("rotary_positions expected None without rotary_cos and rotary_sin");
-  if (!cos) return {nullptr, nullptr, interleaved, nullptr, position_step, selfattn::DType::f32};
+  if (!cos) return {nullptr, nullptr, interleaved, nullptr, position_step, selfattn::DType::f32, first_dim};
   const Arg& acos = call.add(Arg("rotary_cos", *cos, false, Holds::vector));
   const Arg& asin = call.add(Arg("rotary_sin", *sin, false, Holds::vector));
   // float32, or float16/bfloat16 as the model keeps them (read as they are); both of one dtype.
@@ -122,7 +123,7 @@ RotaryArgs add_rotary(Call& call, const std::optional<InArray>& cos, const std::
   }
   const Arg* apositions = positions ? &call.add(Arg("rotary_positions", *positions, false, Holds::vector)) : nullptr;
   if (apositions) expect_int32_vector(*apositions, positions->dtype(), batch, "batch");
-  return {&acos, &asin, interleaved, apositions, position_step, table_dtype};
+  return {&acos, &asin, interleaved, apositions, position_step, table_dtype, first_dim};
 }
 
 std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
@@ -136,6 +137,7 @@ std::optional<selfattn::Rotary> rotary(const RotaryArgs& tables) {
   r.positions = tables.positions ? static_cast<const int32_t*>(tables.positions->data) : nullptr;
   r.position_step = tables.position_step;
   r.table_dtype = tables.table_dtype;
+  r.first_dim = tables.first_dim;
   return r;
 }
 
@@ -171,7 +173,7 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
                std::optional<InArray> rotary_positions, int rotary_position_step,
                std::optional<OutArray> updated_lengths, bool validate_metadata, std::optional<InArray> cu_seqlens_new,
                int max_seqlen_new, bool bf16_as_uint16, std::optional<std::string> fp8,
-               std::optional<InArray> k_scale, std::optional<InArray> v_scale) {
+               std::optional<InArray> k_scale, std::optional<InArray> v_scale, int rotary_first_dim) {
   const Holds data = data_kind(bf16_as_uint16);
   // Every data array gets the format, so an FP8 k_new is named as such by the library's refusal.
   const std::optional<selfattn::DType> fp8_dtype = parse_fp8(fp8);
@@ -185,7 +187,8 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
   const Arg& ak = call.add(Arg("k_new", k_new, false, data, fp8_dtype));
   const Arg& av = call.add(Arg("v_new", v_new, false, data, fp8_dtype));
   const RotaryArgs tables =
-      add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
+      add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch,
+                 rotary_first_dim);
   const Arg* aupdated =
       updated_lengths ? &call.add(Arg("updated_lengths", *updated_lengths, true, Holds::vector)) : nullptr;
   if (aupdated) expect_int32_vector(*aupdated, updated_lengths->dtype(), cache.batch, "batch");
@@ -212,7 +215,7 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              const MaskArgs& masks, bool validate_metadata,
                              std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16,
                              std::optional<std::string> fp8, std::optional<InArray> k_scale,
-                             std::optional<InArray> v_scale) {
+                             std::optional<InArray> v_scale, int rotary_first_dim) {
   // The attention options parsed as attention()'s, then carried over with the cache's own.
   selfattn::AttentionOptions parsed = make_options(causal, scale, path, masks);
   const Holds data = data_kind(bf16_as_uint16);
@@ -225,7 +228,8 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                                          k_scale, v_scale);
   const Arg& aout = call.add(Arg("out", out, true, data, fp8_dtype));
   const RotaryArgs tables =
-      add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch);
+      add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions, rotary_position_step, cache.batch,
+                 rotary_first_dim);
   const Arg* alse = lse ? &call.add(Arg("lse", *lse, true, Holds::vector)) : nullptr;
   const Arg* offsets = add_packed_offsets(call, "cu_seqlens_q", cu_seqlens_q, cache.batch);
   const selfattn::TensorView q_shape = tensor_view(aq);
@@ -259,13 +263,13 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
 // lse_a, lse_b and lse_out: fp32 [batch, heads, seq] contiguous, as the library reads them.
 void rotary_embedding(BoundContext& context, InArray x, OutArray out, InArray rotary_cos, InArray rotary_sin,
                       bool rotary_interleaved, std::optional<InArray> rotary_positions, int rotary_position_step,
-                      bool bf16_as_uint16) {
+                      bool bf16_as_uint16, int rotary_first_dim) {
   const Holds data = data_kind(bf16_as_uint16);
   Call call(context);
   const Arg& ax = call.add(Arg("x", x, false, data));
   const Arg& aout = call.add(Arg("out", out, true, data));
   const RotaryArgs tables = add_rotary(call, rotary_cos, rotary_sin, rotary_interleaved, rotary_positions,
-                                       rotary_position_step, ax.ndim == 4 ? ax.shape[0] : 0);
+                                       rotary_position_step, ax.ndim == 4 ? ax.shape[0] : 0, rotary_first_dim);
   run_call(context, call,
            [&] { selfattn::rotary_embedding(call.ctx(), tensor_view(ax), tensor_view(aout), *rotary(tables)); });
 }

@@ -57,7 +57,7 @@ void append_kv(BoundContext& context, OutArray k_cache, OutArray v_cache, InArra
                std::optional<InArray> rotary_positions, int rotary_position_step,
                std::optional<OutArray> updated_lengths, bool validate_metadata, std::optional<InArray> cu_seqlens_new,
                int max_seqlen_new, bool bf16_as_uint16, std::optional<std::string> fp8,
-               std::optional<InArray> k_scale, std::optional<InArray> v_scale);
+               std::optional<InArray> k_scale, std::optional<InArray> v_scale, int rotary_first_dim);
 void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, InArray v_cache, InArray lengths,
                              std::optional<InArray> block_table, std::optional<InArray> batch_index, OutArray out,
                              std::optional<std::string> causal, std::optional<float> scale, std::string path,
@@ -67,10 +67,10 @@ void attention_with_kv_cache(BoundContext& context, InArray q, InArray k_cache, 
                              const MaskArgs& masks, bool validate_metadata,
                              std::optional<InArray> cu_seqlens_q, int max_seqlen_q, bool bf16_as_uint16,
                              std::optional<std::string> fp8, std::optional<InArray> k_scale,
-                             std::optional<InArray> v_scale);
+                             std::optional<InArray> v_scale, int rotary_first_dim);
 void rotary_embedding(BoundContext& context, InArray x, OutArray out, InArray rotary_cos, InArray rotary_sin,
                       bool rotary_interleaved, std::optional<InArray> rotary_positions, int rotary_position_step,
-                      bool bf16_as_uint16);
+                      bool bf16_as_uint16, int rotary_first_dim);
 void merge_states(BoundContext& context, InArray out_a, InArray lse_a, InArray out_b, InArray lse_b, OutArray out,
                   std::optional<OutArray> lse_out, bool bf16_as_uint16);
 void cu_seqlens_from_lengths(BoundContext& context, InArray lengths, OutArray cu_seqlens);

@@ -143,7 +143,7 @@ NB_MODULE(_selfattn, m) {
         nb::arg("rotary_positions").none(), nb::arg("rotary_position_step"), nb::arg("updated_lengths").none(),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_new").none(), nb::arg("max_seqlen_new"),
         nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
-        nb::arg("v_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(), nb::arg("rotary_first_dim") = 0,
         "Low level: every array as a [batch or pages, kv_heads, seq, head_dim] view (packed, with cu_seqlens_new: "
         "k_new, v_new as [1, kv_heads, total_new, head_dim]). Use selfattn.append_kv().");
   m.def("attention_with_kv_cache", &attention_with_kv_cache, nb::arg("context"), nb::arg("q"), nb::arg("k_cache"),
@@ -154,12 +154,12 @@ NB_MODULE(_selfattn, m) {
         nb::arg("masks"),
         nb::arg("validate_metadata"), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"),
         nb::arg("bf16_as_uint16"), nb::arg("fp8").none() = nb::none(), nb::arg("k_scale").none() = nb::none(),
-        nb::arg("v_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(), nb::arg("rotary_first_dim") = 0,
         "Low level: q, out and the cache as [batch or pages, heads, seq, head_dim] views (packed, with cu_seqlens_q: "
         "q, out as [1, heads, total_q, head_dim]). Use selfattn.attention_with_kv_cache().");
   m.def("rotary_embedding", &rotary_embedding, nb::arg("context"), nb::arg("x"), nb::arg("out"), nb::arg("rotary_cos"),
         nb::arg("rotary_sin"), nb::arg("rotary_interleaved"), nb::arg("rotary_positions").none(),
-        nb::arg("rotary_position_step"), nb::arg("bf16_as_uint16"),
+        nb::arg("rotary_position_step"), nb::arg("bf16_as_uint16"), nb::arg("rotary_first_dim") = 0,
         "Low level: x, out as [batch, heads, seq, head_dim] views. Use selfattn.rotary_embedding().");
   m.def("merge_states", &merge_states, nb::arg("context"), nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"),
         nb::arg("lse_b"), nb::arg("out"), nb::arg("lse_out").none(), nb::arg("bf16_as_uint16"),

@@ -54,6 +54,25 @@ def test_kvcache_cache_leftpad(causal, window_size):
     assert_lse(lse, want_lse)
 
 
+@pytest.mark.parametrize("latent", [False, True])
+def test_kvcache_v_head_dim_apart_from_k(latent):
+    # MLA's caches, scaled down: V's rows shorter than K's in a cache of their own, or (latent) V a
+    # view of K's leading columns, appended as the same view of k. out has V's head dim.
+    k_cache, v_cache = cache(38, 3, 12, kv_heads=1, dim=40)
+    v_cache = k_cache[..., :32] if latent else v_cache[..., :32].contiguous()
+    q, k, _ = qkv(39, 3, 2, 2, heads=8, kv_heads=1, dim=40)
+    v = k[..., :32] if latent else torch.randn(3, 2, 1, 32, generator=torch.Generator().manual_seed(40))
+    seqlens = torch.tensor([0, 4, 10], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True,
+                                       return_softmax_lse=True)
+    assert out.shape == (3, 2, 8, 32)
+    for b, n in enumerate(seqlens.tolist()):
+        assert torch.equal(k_cache[b, n:n + 2], k[b]) and torch.equal(v_cache[b, n:n + 2], v[b])
+    want, want_lse = reference(q, k_cache, v_cache, causal=True, key_lengths=seqlens + 2)
+    assert_close(out, want, "float32")
+    assert_lse(lse, want_lse)
+
+
 def test_kvcache_cache_batch_idx():
     # Sequence b appends to and reads row cache_batch_idx[b] of a cache with more rows than q's batch.
     k_cache, v_cache = cache(37, 4, 10)

@@ -237,6 +237,71 @@ def test_sinks_and_splits(rng, paged, dtype):
         selfattn.attention_with_kv_cache(q, k_cache, v_cache, lengths, block_table=table, sinks=sinks[:2])
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_v_head_dim_apart_from_k(rng, layout):
+    # V's rows shorter than K's (MLA's expanded cache, scaled down): append and attention, every path.
+    batch, heads, kv_heads, capacity, dim, dim_v, seq_new = 2, 4, 2, 9, 24, 16, 2
+    def shape(seq, d, h=kv_heads):
+        return (batch, seq, h, d) if layout == "bshd" else (batch, h, seq, d)
+    k_cache, v_cache = random(rng, shape(capacity, dim), "float32"), random(rng, shape(capacity, dim_v), "float32")
+    lengths = np.array([3, 7], np.int32)
+    k_new, v_new = random(rng, shape(seq_new, dim), "float32"), random(rng, shape(seq_new, dim_v), "float32")
+    updated = selfattn.append_kv(k_cache, v_cache, lengths, k_new, v_new, layout=layout, return_lengths=True)
+    np.testing.assert_array_equal(updated, lengths + seq_new)
+    for b in range(batch):
+        got = as_bhsd(v_cache, layout)[b, :, lengths[b]:lengths[b] + seq_new]
+        np.testing.assert_array_equal(got, as_bhsd(v_new, layout)[b])
+    q = random(rng, shape(seq_new, dim, heads), "float32")
+    want, want_lse = reference(as_bhsd(q, layout), as_bhsd(k_cache, layout), as_bhsd(v_cache, layout),
+                               "bottom_right", key_lengths=updated)
+    for path in paths():
+        out, lse = selfattn.attention_with_kv_cache(q, k_cache, v_cache, updated, layout=layout, path=path,
+                                                    return_lse=True)
+        assert out.shape == shape(seq_new, dim_v, heads), path
+        assert relative_error(as_bhsd(out, layout), want) <= TOLERANCE["float32"], path
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rope_dim", [0, 8])
+def test_latent_cache_reads_v_from_k(rng, rope_dim):
+    # DeepSeek's absorbed MLA, scaled down: one pool of rows [c_kv (32) | k_rope (8)], V its first 32
+    # columns as a view; append writes K's rows whole, rotary on the rope part only (first_dim).
+    batch, heads, page_size, pages, latent, rope_width, seq_new = 2, 8, 4, 6, 32, 8, 2
+    pool = random(rng, (pages, page_size, 1, latent + rope_width), "bfloat16")  # bshd pages, one kv head
+    table = np.array([[4, 1, 0], [2, 5, 3]], np.int32)
+    lengths = np.array([5, 0], np.int32)
+    k_new = random(rng, (batch, seq_new, 1, latent + rope_width), "bfloat16")
+    before = pool.copy()
+    rotary = {}
+    if rope_dim:
+        cos, sin = rotary_tables(rng, 16, rope_dim)
+        rotary = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=True, rotary_first_dim=latent)
+    updated = selfattn.append_kv(pool, pool[..., :latent], lengths, k_new, k_new[..., :latent], block_table=table,
+                                 layout="bshd", return_lengths=True, **rotary)
+    want_pool = before.astype(np.float64)
+    for b in range(batch):
+        for t in range(seq_new):
+            position = lengths[b] + t
+            row = k_new[b, t, 0].astype(np.float64)
+            if rope_dim:
+                row[latent:] = rope(row[None, None, None, latent:], np.array([position]), cos, sin, True)[0, 0, 0]
+            want_pool[table[b, position // page_size], position % page_size, 0] = row
+    assert relative_error(pool.astype(np.float64), want_pool) <= TOLERANCE["bfloat16"]
+    q = random(rng, (batch, 1, heads, latent + rope_width), "bfloat16")
+    gathered = np.stack([np.concatenate([pool[p] for p in table[b]]) for b in range(batch)]).transpose(0, 2, 1, 3)
+    q_rotated = q.astype(np.float64)
+    if rope_dim:  # the one new row of sequence b at position updated[b] - 1
+        for b in range(batch):
+            q_rotated[b, :, :, latent:] = rope(q_rotated[b, :, :, latent:], np.array([updated[b] - 1]), cos, sin, True)
+    want, _ = reference(q_rotated.transpose(0, 2, 1, 3), gathered, gathered[..., :latent], "bottom_right",
+                        key_lengths=updated)
+    for path in paths():
+        out = selfattn.attention_with_kv_cache(q, pool, pool[..., :latent], updated, block_table=table,
+                                               layout="bshd", path=path, **rotary)
+        assert out.shape == (batch, 1, heads, latent), path
+        assert relative_error(out.astype(np.float64).transpose(0, 2, 1, 3), want) <= TOLERANCE["bfloat16"], path
+
+
 def test_merge_states_gives_attention_over_the_union(rng):
     batch, heads, seq_q, seq_k, dim = 2, 3, 5, 11, 8
     q = random(rng, (batch, heads, seq_q, dim), "float32")

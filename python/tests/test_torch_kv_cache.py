@@ -112,6 +112,42 @@ def test_kv_cache_passes_sinks_and_refuses_their_gradient():
 
 
 @pytest.mark.device_check
+def test_a_latent_cache_decode_step_compiles_whole(torch_device):
+    # DeepSeek's absorbed MLA, scaled down: one pool of rows [c_kv (32) | k_rope (8)], V its first 32
+    # columns as a view; the append (rotary on the rope part) and the attention trace whole, and
+    # the output has V's head dim.
+    g = torch.Generator().manual_seed(15)
+    latent, rope = 32, 8
+    pool = torch.randn(5, 4, 1, latent + rope, generator=g).to(torch_device)  # bshd pages of 4, one kv head
+    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=torch_device)
+    lengths = torch.tensor([2, 6], dtype=torch.int32, device=torch_device)
+    k_new = torch.randn(2, 1, 1, latent + rope, generator=g).to(torch_device)
+    q = torch.randn(2, 1, 8, latent + rope, generator=g).to(torch_device)
+    angles = torch.rand(16, rope // 2, generator=g) * 6.28
+    cos, sin = angles.cos().to(torch_device), angles.sin().to(torch_device)
+
+    def step(q, k_new, pool, lengths):
+        rotary = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False, rotary_first_dim=latent)
+        updated = selfattn.append_kv(pool, pool[..., :latent], lengths, k_new, k_new[..., :latent],
+                                     block_table=table, layout="bshd", return_lengths=True, **rotary)
+        out = selfattn.attention_with_kv_cache(q, pool, pool[..., :latent], updated, block_table=table,
+                                               layout="bshd", **rotary)
+        return out, updated
+
+    eager_pool = pool.clone()
+    want, want_lengths = step(q, k_new, eager_pool, lengths)
+    assert want.shape == (2, 1, 8, latent)
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    got, got_lengths = compiled(q, k_new, pool, lengths)
+    assert torch.equal(got, want) and torch.equal(got_lengths, want_lengths) and torch.equal(pool, eager_pool)
+    # The latent columns went in as they were, the rope ones rotated at positions 2 and 6.
+    assert torch.equal(pool[3, 2, 0, :latent], k_new[0, 0, 0, :latent])
+    c, s = cos[6], sin[6]
+    x, y = k_new[1, 0, 0, latent:latent + rope // 2], k_new[1, 0, 0, latent + rope // 2:]
+    torch.testing.assert_close(pool[4, 2, 0, latent:], torch.cat([x * c - y * s, x * s + y * c]))
+
+
+@pytest.mark.device_check
 def test_a_decode_step_with_a_preallocated_out_compiles_whole(torch_device):
     # out= goes through attention_with_kv_cache_out: the caller's tensor is written (and returned)
     # with the values of a call without out=, eagerly and in a step compiled with fullgraph=True.

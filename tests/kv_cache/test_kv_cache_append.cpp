@@ -27,15 +27,18 @@ using namespace kv_test;
 // every other byte of the pool unchanged), across page boundaries, and attention then sees them.
 // With rotary `positions` ([batch], Rotary::positions), token t of sequence b is rotated at
 // positions[b] + t on the way in, and q's row i at positions[b] + q_step * i. The rotary tables
-// have `table_rows` rows (0: up to the last token appended, rotary_rows_for). `adjust`, when
-// given, changes the cache after it is made and before the append (a view of fewer rows).
+// have `table_rows` rows (0: up to the last token appended, rotary_rows_for) and rotate from
+// `rotary_first_dim` on. `adjust`, when given, changes the cache after it is made and before the
+// append (a view of fewer rows). A latent cache (spec.v_in_k) appends v_new as k_new's leading columns.
 ::testing::AssertionResult check_append_then_attend(Context& ctx, const CacheSpec& spec, int heads, int seq_new,
                                                     std::optional<std::pair<int, bool>> rotary_spec, Path path,
                                                     const std::vector<int32_t>& positions = {}, int q_step = 1,
                                                     int table_rows = 0,
-                                                    const std::function<void(TestCache&)>& adjust = nullptr) {
+                                                    const std::function<void(TestCache&)>& adjust = nullptr,
+                                                    int rotary_first_dim = 0) {
   AttendCase c = attend(spec, heads, seq_new);
   c.rotary = rotary_spec;
+  c.rotary_first_dim = rotary_first_dim;
   const std::string name = "append " + c.name() + " new" + std::to_string(seq_new) +
                            (table_rows ? " table" + std::to_string(table_rows) : "");
   std::mt19937_64 rng = rng_for(name);
@@ -53,14 +56,25 @@ using namespace kv_test;
     rotary->table.positions = positions;
   }
   Tensor k_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng, kNewKeysLayout);
-  Tensor v_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.head_dim, rng, kNewValuesLayout);
+  Tensor v_new = random_tensor(ctx, spec.dtype, spec.batch, spec.kv_heads, seq_new, spec.v_dim(), rng, kNewValuesLayout);
+  if (spec.v_in_k) {  // a latent cache: v_new is k_new's leading columns, as the cache's V is K's
+    v_new.view = k_new.view;
+    v_new.view.shape[3] = spec.v_dim();
+    v_new.values.clear();
+    for (size_t row = 0; row < k_new.values.size() / size_t(spec.head_dim); ++row)
+      v_new.values.insert(v_new.values.end(), k_new.values.begin() + ptrdiff_t(row * spec.head_dim),
+                          k_new.values.begin() + ptrdiff_t(row * spec.head_dim + spec.v_dim()));
+  }
   DeviceBuffer<int32_t> updated(ctx, size_t(spec.batch), "updated lengths");
   updated.fill_bytes(0xff);
-  const std::vector<unsigned char> k_before = cache.k.to_host(), v_before = cache.v.to_host();
+  const std::vector<unsigned char> k_before = cache.k.to_host(), v_before = cache.buffer(1).to_host();
 
   AppendKvOptions options;
   options.updated_lengths = updated.data();
-  if (rotary) options.rotary = rotary->view;
+  if (rotary) {
+    rotary->view.first_dim = rotary->table.first_dim = rotary_first_dim;
+    options.rotary = rotary->view;
+  }
   append_kv(ctx, cache.view, k_new.view, v_new.view, options);
   ctx.synchronize();
 
@@ -123,6 +137,28 @@ TEST(KvCacheAppend, RotaryOnKeysAndQueries) {
                                        std::make_pair(48, false), Path::naive));
   EXPECT_TRUE(check_append_then_attend(ctx, contiguous(DType::bf16, 1, 1, 128, 20, {11}, true), 1, 1,
                                        std::make_pair(128, false), Path::cublas));
+}
+
+// K and V rows of different lengths (MLA's (192, 128), and V longer than K), then a latent cache
+// whose V is a view of K's leading columns: the append writes K's rows whole, rotary on the rope
+// part only (Rotary::first_dim), and attention reads V from them, on each path.
+TEST(KvCacheAppend, TwoHeadDimsAndLatentCaches) {
+  Context ctx;
+  CacheSpec mla = paged(DType::bf16, 2, 2, 192, 16, 2, {15, 3});
+  mla.head_dim_v = 128;
+  EXPECT_TRUE(check_append_then_attend(ctx, mla, 4, 3, std::make_pair(64, false), Path::fused));
+  CacheSpec wider_v = contiguous(DType::f32, 2, 1, 32, 13, {0, 7}, true);
+  wider_v.head_dim_v = 64;
+  EXPECT_TRUE(check_append_then_attend(ctx, wider_v, 2, 5, std::nullopt, Path::cublas));
+  CacheSpec latent = paged(DType::f16, 2, 1, 96, 16, 3, {16, 30});
+  latent.head_dim_v = 64;
+  latent.v_in_k = true;
+  for (Path path : {Path::fused, Path::naive}) {
+    for (bool interleaved : {false, true}) {
+      EXPECT_TRUE(check_append_then_attend(ctx, latent, 8, 2, std::make_pair(32, interleaved), path, {}, 1, 0, nullptr,
+                                           /*rotary_first_dim=*/64));
+    }
+  }
 }
 
 // kv_append writes KvAppendTraits::kRowsPerBlock new tokens per block: seq_new one below, at and

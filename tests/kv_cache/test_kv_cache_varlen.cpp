@@ -87,10 +87,11 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
   std::mt19937_64 rng = rng_for(what);
   const TestCache cache = make_cache(ctx, c.cache, rng);
   const DType dtype = c.query_dtype ? *c.query_dtype : c.cache.dtype;
-  const int batch = c.cache.batch, d = c.cache.head_dim, total = c.total(), max_seqlen = c.max_seqlen();
+  const int batch = c.cache.batch, d = c.cache.head_dim, dv = c.cache.v_dim(), total = c.total();
+  const int max_seqlen = c.max_seqlen();
   const std::vector<int32_t> offsets = c.offsets();
   Tensor q = random_tensor(ctx, dtype, 1, c.heads, total, d, rng, kQueryLayout);
-  const Output out = poisoned_output(ctx, dtype, 1, c.heads, total, d, kOutLayout);
+  const Output out = poisoned_output(ctx, dtype, 1, c.heads, total, dv, kOutLayout);
   DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, size_t(c.heads) * total);
   DeviceBuffer<int32_t> cu_seqlens(ctx, offsets.size(), "cu_seqlens_q");
   cu_seqlens.copy_from_host(offsets);
@@ -142,7 +143,7 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
   const std::vector<float> lse_values = download(lse, DType::f32, size_t(c.heads) * total);
   // Each sequence's rows in [heads, rows] order, beside its expected values.
   testing::AttentionExpected expected;
-  expected.out.row_length = d;
+  expected.out.row_length = dv;
   std::vector<float> out_judged, lse_judged;
   std::vector<char> owned(size_t(total), 0);
   for (int b = 0; b < batch; ++b) {
@@ -151,10 +152,10 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
     std::vector<double> q_b;
     for (int h = 0; h < c.heads; ++h)
       for (int i = 0; i < rows; ++i) {
-        const size_t at = (size_t(h) * total + size_t(first + i)) * d;
-        q_b.insert(q_b.end(), q.values.begin() + ptrdiff_t(at), q.values.begin() + ptrdiff_t(at + size_t(d)));
-        out_judged.insert(out_judged.end(), out_values.begin() + ptrdiff_t(at),
-                          out_values.begin() + ptrdiff_t(at + size_t(d)));
+        const size_t row = size_t(h) * total + size_t(first + i);
+        q_b.insert(q_b.end(), q.values.begin() + ptrdiff_t(row * d), q.values.begin() + ptrdiff_t((row + 1) * d));
+        out_judged.insert(out_judged.end(), out_values.begin() + ptrdiff_t(row * dv),
+                          out_values.begin() + ptrdiff_t((row + 1) * dv));
         lse_judged.push_back(lse_values[size_t(h) * total + size_t(first + i)]);
         owned[size_t(first + i)] = 1;
       }
@@ -173,7 +174,7 @@ reference::Problem sequence_problem(const reference::Problem& all, int b, int ro
     for (int row = 0; row < total; ++row) {
       if (owned[size_t(row)]) continue;
       const size_t at = size_t(h) * total + size_t(row);
-      if (!std::isnan(lse_values[at]) || !std::isnan(out_values[at * d])) {
+      if (!std::isnan(lse_values[at]) || !std::isnan(out_values[at * dv])) {
         return ::testing::AssertionFailure()
                << what << ": row " << row << " of head " << h << " belongs to no sequence but was written";
       }
@@ -204,6 +205,19 @@ TEST(KvCacheVarlen, MixedPrefillAndDecodeEveryPath) {
   cases.push_back(packed(paged(DType::f32, 4, 1, 32, 1, 40, {0, 9, 38, 20}), 2, {3, 1, 17, 20}, Causal::none));
   cases.push_back(packed(contiguous(DType::f16, 3, 2, 64, 50, {50, 12, 31}, false), 8, {2, 13, 1}));
   for (const PackedCase& c : cases)
+    for (Path path : kPaths) EXPECT_TRUE(check_packed(ctx, c, path));
+}
+
+// Packed calls over caches with two head dims: V in its own pool (192, 128) and a latent cache
+// (V a view of K's leading columns, MQA, 1-2 rows per sequence as speculative decoding has them).
+TEST(KvCacheVarlen, TwoHeadDimsEveryPath) {
+  Context ctx;
+  CacheSpec mla = paged(DType::bf16, 3, 2, 192, 16, 3, {33, 3, 48});
+  mla.head_dim_v = 128;
+  CacheSpec latent = paged(DType::f16, 3, 1, 96, 16, 2, {20, 0, 32});
+  latent.head_dim_v = 64;
+  latent.v_in_k = true;
+  for (const PackedCase& c : {packed(mla, 4, {1, 5, 1}), packed(latent, 16, {2, 1, 0})})
     for (Path path : kPaths) EXPECT_TRUE(check_packed(ctx, c, path));
 }
 

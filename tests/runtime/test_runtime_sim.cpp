@@ -52,7 +52,7 @@ TEST(SimRuntime, ShippedKernelsFindWhatPtxasGaveTheirCudaBuild) {
       {"flash_fwd f16 32", k::flash_fwd_instance<Element::f16, 32>().kernel},
       {"flash_fwd_simt f32 113", k::flash_fwd_simt_instance(Element::f32, 113).kernel},
       {"kv_append bf16", k::kv_append_instance(Element::bf16).kernel},
-      {"decode_split_kv f16 128", k::decode_split_kv_instance(Element::f16, 128).kernel},
+      {"decode_split_kv f16 128", k::decode_split_kv_instance(Element::f16, 128, 128).kernel},
       {"decode_split_kv_mma bf16 64", k::decode_split_kv_mma_instance(Element::bf16, 64).kernel},
       {"decode_combine f32", k::decode_combine_instance(Element::f32).kernel},
       {"merge_states bf16", k::merge_states_instance(Element::bf16).kernel},

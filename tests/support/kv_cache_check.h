@@ -67,6 +67,10 @@ inline std::mt19937_64 rng_for(const std::string& name) {
 struct CacheSpec {
   DType dtype = DType::f16;
   int batch = 1, kv_heads = 1, head_dim = 64;
+  // V's rows where they differ from K's (0: head_dim); with v_in_k, V is a view of K's leading
+  // head_dim_v columns (a latent cache: no pool of its own, v_layout unused).
+  int head_dim_v = 0;
+  bool v_in_k = false;
   bool paged = true;
   // The pools' layouts ([pages, kv_heads, page_size, d] viewed), K's and V's each their own.
   Layout k_layout{/*head_major=*/true, kCacheKeysPad}, v_layout{/*head_major=*/false, kCacheValuesPad};
@@ -90,16 +94,21 @@ struct CacheSpec {
   // the split-KV kernel, q's dtype in the gather) then adds no rounding of its own.
   std::vector<float> k_scale, v_scale;
 
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // K's (which 0) or V's (1) head dim.
+  int dim(int which) const { return which == 0 ? head_dim : v_dim(); }
+
   // The scale of kv head h of K (which 0) or V (1); 1 for caches without scales.
   double scale(int which, int h) const {
-    const std::vector<float>& scales = which == 0 ? k_scale : v_scale;
+    const std::vector<float>& scales = which == 0 || v_in_k ? k_scale : v_scale;  // a view of K: K's
     return scales.empty() ? 1.0 : scales[scales.size() == 1 ? 0 : size_t(h)];
   }
 
   std::string name() const {
     std::string s = std::string(to_string(dtype)) + (paged ? " paged ps" : " contiguous cap") + std::to_string(page_size) +
                     (paged ? "x" + std::to_string(max_pages_per_seq) : "") + " k " + k_layout.name() + " v " + v_layout.name() +
-                    " kv" + std::to_string(kv_heads) + " d" + std::to_string(head_dim) + " len=[";
+                    " kv" + std::to_string(kv_heads) + " d" + std::to_string(head_dim) +
+                    (head_dim_v > 0 ? "/" + std::to_string(head_dim_v) : "") + (v_in_k ? " v_in_k" : "") + " len=[";
     for (int32_t n : lengths) s += std::to_string(n) + ",";
     s += "]";
     if (!batch_index.empty()) {
@@ -127,7 +136,11 @@ struct TestCache {
   DeviceBuffer<float> k_scale, v_scale;  // FP8 caches
   KvCache view;
 
-  size_t pool_elements() const { return size_t(image.num_pages) * image.kv_heads * image.page_size * image.head_dim; }
+  size_t pool_elements(int which = 0) const {
+    return size_t(image.num_pages) * image.kv_heads * image.page_size * size_t(spec.dim(which));
+  }
+  // K's (which 0) or V's (1) device buffer: K's for a V that is a view of K.
+  const DeviceBuffer<unsigned char>& buffer(int which) const { return which == 0 || spec.v_in_k ? k : v; }
   // Device element index of (page, head, row, e) in K's (which 0) or V's (which 1) pool layout.
   size_t device_index(int which, int page, int head, int row, int e) const {
     return size_t((which == 0 ? view.k : view.v).offset(page, head, row, e));
@@ -141,6 +154,7 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   im.batch = spec.batch;
   im.kv_heads = spec.kv_heads;
   im.head_dim = spec.head_dim;
+  im.head_dim_v = spec.head_dim_v;
   im.page_size = spec.page_size;
   im.max_pages_per_seq = spec.paged ? spec.max_pages_per_seq : 1;
   im.num_pages = spec.paged ? spec.batch * spec.max_pages_per_seq + spec.extra_pages
@@ -157,11 +171,15 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
     if (spec.shared_first_page)
       for (int b = 1; b < spec.batch; ++b) im.block_table[size_t(b) * im.max_pages_per_seq] = im.block_table[0];
   }
-  const size_t count = size_t(im.num_pages) * im.kv_heads * im.page_size * im.head_dim;
   const DType dtype = spec.dtype;
   const int64_t pool_batch = im.num_pages, seq = im.page_size;
   auto make_view = [&](int which, void* data) {
-    return (which == 0 ? spec.k_layout : spec.v_layout).view(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
+    if (which == 1 && spec.v_in_k) {  // K's view with its leading head_dim_v columns
+      TensorView v = spec.k_layout.view(data, dtype, pool_batch, im.kv_heads, seq, im.head_dim);
+      v.shape[3] = spec.v_dim();
+      return v;
+    }
+    return (which == 0 ? spec.k_layout : spec.v_layout).view(data, dtype, pool_batch, im.kv_heads, seq, spec.dim(which));
   };
   // Which pool rows hold tokens.
   std::vector<char> live(size_t(im.num_pages) * im.page_size, 0);
@@ -172,23 +190,28 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
     }
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (int which = 0; which < 2; ++which) {
+    const int d = spec.dim(which);
+    std::vector<double>& image = which == 0 ? im.k : im.v;
+    image.assign(c.pool_elements(which), std::numeric_limits<double>::quiet_NaN());
+    if (which == 1 && spec.v_in_k) {  // V's image: K's leading columns (K's scale, the same values)
+      for (size_t row = 0; row < image.size() / size_t(std::max(d, 1)); ++row)
+        std::copy_n(im.k.begin() + ptrdiff_t(row * size_t(im.head_dim)), d, image.begin() + ptrdiff_t(row * size_t(d)));
+      break;
+    }
     const TensorView layout = make_view(which, nullptr);
     const Layout& pool = which == 0 ? spec.k_layout : spec.v_layout;
-    std::vector<double>& image = which == 0 ? im.k : im.v;
-    image.assign(count, std::numeric_limits<double>::quiet_NaN());
     // Row padding and unused rows hold NaN (0xff bytes).
     std::vector<unsigned char> host(
-        std::max<size_t>(pool.elements(pool_batch, im.kv_heads, seq, im.head_dim), 1) * dtype_size(dtype), 0xff);
+        std::max<size_t>(pool.elements(pool_batch, im.kv_heads, seq, d), 1) * dtype_size(dtype), 0xff);
     for (int page = 0; page < im.num_pages; ++page)
       for (int h = 0; h < im.kv_heads; ++h)
         for (int row = 0; row < im.page_size; ++row) {
           if (spec.poison_unused && !live[size_t(page) * im.page_size + size_t(row)]) continue;
-          for (int e = 0; e < im.head_dim; ++e) {
+          for (int e = 0; e < d; ++e) {
             // FP8: the code of the drawn value over the scale, imaged as code x scale.
             const double scale = spec.scale(which, h);
             const float value = round_to(dtype, float(uniform(rng) / scale));
-            image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
-                value * scale;
+            image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * d + size_t(e)] = value * scale;
             store_element(host.data(), dtype, size_t(layout.offset(page, h, row, e)), value);
           }
         }
@@ -207,10 +230,10 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   if (spec.paged) {
     c.block_table = DeviceBuffer<int32_t>(ctx, im.block_table.size(), "block table");
     c.block_table.copy_from_host(im.block_table);
-    c.view = KvCache::paged_pool(make_view(0, c.k.data()), make_view(1, c.v.data()), c.block_table.data(), spec.batch,
-                                 im.max_pages_per_seq, c.lengths.data());
+    c.view = KvCache::paged_pool(make_view(0, c.k.data()), make_view(1, c.buffer(1).data()), c.block_table.data(),
+                                 spec.batch, im.max_pages_per_seq, c.lengths.data());
   } else {
-    c.view = KvCache::contiguous(make_view(0, c.k.data()), make_view(1, c.v.data()), c.lengths.data());
+    c.view = KvCache::contiguous(make_view(0, c.k.data()), make_view(1, c.buffer(1).data()), c.lengths.data());
     if (!spec.batch_index.empty()) {
       c.batch_index = DeviceBuffer<int32_t>(ctx, spec.batch_index.size(), "cache batch_index");
       c.batch_index.copy_from_host(spec.batch_index);
@@ -220,7 +243,7 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
   }
   if (!spec.k_scale.empty()) {
     c.view.k_scale = c.k_scale.data();
-    c.view.v_scale = c.v_scale.data();
+    c.view.v_scale = spec.v_in_k ? c.k_scale.data() : c.v_scale.data();
     c.view.scale_count = int(spec.k_scale.size());
   }
   return c;
@@ -228,15 +251,15 @@ inline TestCache make_cache(Context& ctx, const CacheSpec& spec, std::mt19937_64
 
 // The device pool of K (which 0) or V (1) read back into the image's layout (as the reference sees it).
 inline std::vector<double> download_pool(const TestCache& c, int which) {
-  const DeviceBuffer<unsigned char>& device = which == 0 ? c.k : c.v;
-  const std::vector<unsigned char> bytes = device.to_host();
+  const std::vector<unsigned char> bytes = c.buffer(which).to_host();
   const reference::KvCacheImage& im = c.image;
-  std::vector<double> image(c.pool_elements());
+  const int d = c.spec.dim(which);
+  std::vector<double> image(c.pool_elements(which));
   for (int page = 0; page < im.num_pages; ++page)
     for (int h = 0; h < im.kv_heads; ++h)
       for (int row = 0; row < im.page_size; ++row)
-        for (int e = 0; e < im.head_dim; ++e)
-          image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * im.head_dim + size_t(e)] =
+        for (int e = 0; e < d; ++e)
+          image[((size_t(page) * im.kv_heads + h) * im.page_size + size_t(row)) * d + size_t(e)] =
               load_element(bytes.data(), c.spec.dtype, c.device_index(which, page, h, row, e)) * c.spec.scale(which, h);
   return image;
 }
@@ -298,6 +321,7 @@ struct AttendCase {
   Causal causal = Causal::bottom_right;
   bool with_lse = true;
   std::optional<std::pair<int, bool>> rotary;  // (rotary_dim, interleaved)
+  int rotary_first_dim = 0;                    // Rotary::first_dim
   int num_splits = 0;                          // fused path: 0 automatic
   Layout q_layout = kQueryLayout, out_layout = kOutLayout;
   // Window, softcap, ALiBi, bias; the bias is [batch, heads, seq_q, capacity].
@@ -312,6 +336,7 @@ struct AttendCase {
     std::string s = (query_dtype ? std::string("q ") + to_string(*query_dtype) + " " : std::string()) + cache.name() +
                     " h" + std::to_string(heads) + " q" + std::to_string(seq_q) + " " + to_string(causal);
     if (rotary) s += " rotary" + std::to_string(rotary->first) + (rotary->second ? "i" : "h");
+    if (rotary_first_dim) s += "@" + std::to_string(rotary_first_dim);
     if (num_splits) s += " splits" + std::to_string(num_splits);
     for (const auto& [label, values] :
          {std::pair<const char*, const std::vector<int32_t>&>{" key_start", cache.key_start},
@@ -376,7 +401,7 @@ inline ::testing::AssertionResult attend_and_check(Context& ctx, const AttendCas
   const int batch = c.cache.batch, d = c.cache.head_dim;
   Tensor q = random_tensor(ctx, dtype, batch, c.heads, c.seq_q, d, rng, c.q_layout);
   const size_t rows = size_t(batch) * c.heads * c.seq_q;
-  const Output out = poisoned_output(ctx, dtype, batch, c.heads, c.seq_q, d, c.out_layout);
+  const Output out = poisoned_output(ctx, dtype, batch, c.heads, c.seq_q, c.cache.v_dim(), c.out_layout);
   DeviceBuffer<unsigned char> lse = poisoned(ctx, DType::f32, rows);
   KvAttentionOptions options;
   options.path = path;
@@ -409,7 +434,10 @@ inline ::testing::AssertionResult check_attend(Context& ctx, const AttendCase& c
   std::mt19937_64 rng = rng_for(c.name() + to_string(path));
   const TestCache cache = make_cache(ctx, c.cache, rng);
   std::optional<TestRotary> rotary;
-  if (c.rotary) rotary = make_rotary(ctx, rotary_rows_for(cache.image, 0), c.rotary->first, c.rotary->second, rng);
+  if (c.rotary) {
+    rotary = make_rotary(ctx, rotary_rows_for(cache.image, 0), c.rotary->first, c.rotary->second, rng);
+    rotary->view.first_dim = rotary->table.first_dim = c.rotary_first_dim;
+  }
   return attend_and_check(ctx, c, cache, path, rng, rotary ? &*rotary : nullptr);
 }
 

@@ -50,9 +50,10 @@ inline testing::AttentionExpected expected_kv_attention(const reference::Problem
   arithmetic.dtype = dtype;
   arithmetic.p_rounded = dtype != DType::f32;  // the tensor-core kernels (split-KV, or fused after a gather)
   testing::AttentionExpected expected;
-  expected.out.row_length = problem.head_dim;
+  expected.out.row_length = cache.v_dim();
   for (int b = 0; b < problem.batch; ++b) {
-    const reference::Problem one = reference::kv_sequence_problem(problem, b, cache.length(b));
+    reference::Problem one = reference::kv_sequence_problem(problem, b, cache.length(b));
+    one.head_dim_v = cache.v_dim();
     std::vector<double> k, v;
     reference::gather_kv(cache, b, k, v);
     const std::vector<double> q_b(q_stored.begin() + ptrdiff_t(b * per_batch), q_stored.begin() + ptrdiff_t((b + 1) * per_batch));

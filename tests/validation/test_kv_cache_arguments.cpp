@@ -108,8 +108,6 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
       {"q.shape[3]", [](Call& c) { c.q.shape[3] = 32; }},
       {"out.shape[2]", [](Call& c) { c.out.shape[2] = 2; }},
       {"out.shape[3] (head_dim) expected 64 (cache.v.shape[3])", [](Call& c) { c.out.shape[3] = 32; }},
-      // Two head dims pass through validation's shapes, but the KV-cache kernels take one.
-      {"cache.v.shape[3] (head_dim_v) expected 64", [](Call& c) { c.cache.v.shape[3] = 32; c.out.shape[3] = 32; }},
       {"q.strides[3]", [](Call& c) { c.q.strides[3] = 2; }},
       {"out expected not to overlap q", [](Call& c) { c.out.data = c.q.data; }},
       {"cache.lengths expected non-null", [](Call& c) { c.cache.lengths = nullptr; }},
@@ -119,6 +117,18 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
       {"cache.v.dtype", [](Call& c) { c.cache.v.dtype = DType::f32; }},
       {"cache.k.shape[2] (page_size)", [](Call& c) { c.cache.k.shape[2] = c.cache.v.shape[2] = 0; }},
       {"cache.v expected not to overlap cache.k", [](Call& c) { c.cache.v.data = c.cache.k.data; }},
+      // K's strides but starting two columns in: overlapping K, yet not its leading columns.
+      {"cache.v expected not to overlap cache.k, or to be a view of its leading columns (cache.k's data and strides, "
+       "shape[3] <= cache.k.shape[3] = 64), got a view that overlaps it otherwise",
+       [](Call& c) {
+         c.cache.v = c.cache.k;
+         c.cache.v.data = static_cast<char*>(c.cache.k.data) + 2 * sizeof(uint16_t);
+         c.cache.v.shape[3] = c.out.shape[3] = 32;
+       }},
+      {"cache.v expected not to overlap cache.k", [](Call& c) {
+         c.cache.v = c.cache.k;
+         c.cache.v.shape[3] = c.out.shape[3] = 66;  // more columns than K's rows
+       }},
       {"options.causal", [](Call& c) { c.attend.causal = Causal::top_left; }},
       {"options.scale", [](Call& c) { c.attend.scale = std::numeric_limits<float>::infinity(); }},
       {"options.num_splits", [](Call& c) { c.attend.num_splits = -1; }},
@@ -126,6 +136,10 @@ TEST(KvCacheArguments, AttentionRejectsEachBadArgument) {
       {"options.rotary.rotary_dim", [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->rotary_dim = 7; }},
       {"options.rotary.cos", [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->cos = nullptr; }},
       {"options.rotary.max_position", [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->max_position = 0; }},
+      {"options.rotary.first_dim expected 0 to head_dim = 64, got -1",
+       [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->first_dim = -1; }},
+      {"options.rotary.rotary_dim expected an even number in [2, head_dim - first_dim = 56], got 64",
+       [&](Call& c) { c.attend.rotary = f.rotary.view; c.attend.rotary->first_dim = 8; }},
       {"cache.lengths[1] expected <= 48",
        [&](Call& c) { c.cache.lengths = f.bad_lengths.data(); c.attend.validate_metadata = true; }},
       {"cache.block_table[1][0] expected a page in [0, 8)",
@@ -195,6 +209,14 @@ TEST(KvCacheArguments, AppendRejectsEachBadArgument) {
       {"options.updated_lengths expected not to overlap cache.lengths",
        [](Call& c) { c.append.updated_lengths = const_cast<int32_t*>(c.cache.lengths); }},
       {"options.rotary.rotary_dim", [&](Call& c) { c.append.rotary = f.rotary.view; c.append.rotary->rotary_dim = 66; }},
+      {"options.rotary.rotary_dim expected an even number in [2, head_dim - first_dim = 2], got 64",
+       [&](Call& c) { c.append.rotary = f.rotary.view; c.append.rotary->first_dim = 62; }},
+      // A latent cache (V a view of K's leading columns) takes v_new as the same view of k_new.
+      {"v_new expected a view of k_new's leading columns (k_new's data and strides), as cache.v is of cache.k",
+       [](Call& c) {
+         c.cache.v = c.cache.k;
+         c.cache.v.shape[3] = c.v_new.shape[3] = 32;
+       }},
       {"cache.lengths[0] expected <= 45 (capacity 48 - seq_new 3)",
        [&](Call& c) { c.cache.lengths = f.bad_lengths.data(); c.append.validate_metadata = true; }},
       {"cache.block_table[1][0] expected a page in [0, 8)",

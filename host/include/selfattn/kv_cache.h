@@ -14,8 +14,16 @@
 //               shared between sequences (a common prefix) and appear in any order. Any page size
 //               from 1 works on every path (1, 16, 64 and 256 are among the tested ones).
 // lengths (device int32 [batch]) holds each sequence's number of valid tokens.
-// k and v share every extent, the head dim too (head_dim_v == head_dim: the append and decode
-// kernels take one; validation refuses others naming cache.v.shape[3]).
+// k and v share every extent but the head dim: K's rows are q's head_dim long, V's are head_dim_v
+// = v.shape[3] long (out's), any two sizes (MLA's (192, 128) rows; the split-KV kernels take each up
+// to 256, the naive and cublas paths any).
+//
+// Latent caches (DeepSeek's MLA, absorbed): V may be a view of K's leading columns - v with k's
+// data and strides and v.shape[3] <= k.shape[3], e.g. K rows [c_kv (512) | k_rope (64)] and V their
+// first 512 columns - one pool that both products read. That is the only overlap of k and v
+// allowed. append_kv then writes K's rows only (V's are among them), and takes v_new as the same
+// view of k_new; an FP8 such cache has one scale for both (v_scale == k_scale). Rotary on the
+// rotary part alone: Rotary::first_dim (e.g. 512, rotary_dim 64).
 //
 // FP8 caches (k and v of DType::e4m3 or e5m2, OCP FP8 as __nv_fp8_e4m3 / __nv_fp8_e5m2) halve the
 // bytes decode reads against f16/bf16. Each comes with float32 dequantization scales, the
@@ -110,9 +118,10 @@ struct KvCache {
 
 // Rotary position embedding with the caller's tables: cos and sin are device [max_position,
 // rotary_dim / 2] (row-major) of table_dtype (fp32, or f16/bf16 as many models keep them: read as
-// they are, no copy); the first rotary_dim elements of each row are rotated
-// by the angle of the row's position, the rest pass through. Pairs are (2i, 2i+1) when interleaved
-// (GPT-J style), (i, i + rotary_dim/2) otherwise (half-split, GPT-NeoX style):
+// they are, no copy); the rotary_dim elements of each row from first_dim on (usually its first
+// ones) are rotated by the angle of the row's position, the rest pass through. Pairs, counted from
+// first_dim, are (2i, 2i+1) when interleaved (GPT-J style), (i, i + rotary_dim/2) otherwise
+// (half-split, GPT-NeoX style):
 //   x'_a = x_a cos - x_b sin,  x'_b = x_a sin + x_b cos   (in fp32, rounded once to the dtype).
 // A position outside [0, max_position) (only possible with wrong device lengths or positions)
 // uses the nearest row.
@@ -120,8 +129,10 @@ struct Rotary {
   const void* cos = nullptr;
   const void* sin = nullptr;
   int max_position = 0;
-  int rotary_dim = 0;  // even, 2..head_dim
+  int rotary_dim = 0;  // even, 2..head_dim - first_dim
   bool interleaved = false;
+  // The first rotated element of a row: 0, or e.g. 512 for MLA's rows [latent (512) | rope (64)].
+  int first_dim = 0;
   // Where rows are rotated. Device int32 [batch] or null: row (token) s of sequence b at
   // positions[b] + position_step * s; null: the call's own rule (append_kv: the token's slot,
   // lengths[b] + s; attention_with_kv_cache: the row's place at the end of the cache,
@@ -146,8 +157,9 @@ struct AppendKvOptions {
   bool validate_metadata = false;
 };
 
-// Writes token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim], the cache's dtype - an FP8
-// cache: f32, f16 or bf16, quantized on the way - and head_dim) at position cache.lengths[b] + t of sequence b, across
+// Writes token t of k_new/v_new ([batch, kv_heads, seq_new, d], the cache's dtype - an FP8 cache:
+// f32, f16 or bf16, quantized on the way - and d: K's head_dim, V's head_dim_v; with V a view of K,
+// v_new is the same view of k_new) at position cache.lengths[b] + t of sequence b, across
 // page boundaries. The cache's lengths are not changed (see updated_lengths). Tokens that would land past the capacity,
 // or in a page outside the pool, are dropped. k_new/v_new must not overlap the cache. Uses no workspace.
 void append_kv(Context& ctx, const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
@@ -180,26 +192,29 @@ struct KvAttentionOptions : MaskOptions {
 };
 
 // out[b, h, i] = attention of query row i of sequence b over the cache tokens it sees (see causal),
-// after the new tokens were appended (append_kv). q, out: [batch, heads, seq_q, head_dim], the
-// cache's dtype (an FP8 cache: f32, f16 or bf16, out of q's); heads a multiple of the cache's kv_heads (GQA/MQA). A
+// after the new tokens were appended (append_kv). q: [batch, heads, seq_q, head_dim] and out:
+// [batch, heads, seq_q, head_dim_v], the cache's dtype (an FP8 cache: f32, f16 or bf16, out of
+// q's); heads a multiple of the cache's kv_heads (GQA/MQA). A
 // sequence with length 0 gives rows of 0 and LSE -inf (with sinks, the head's sink logit). Paths:
-//   fused (and automatic, for head_dim <= 256): the split-KV decode kernel reads the cache in
+//   fused (and automatic, for head_dim and head_dim_v <= 256): the split-KV decode kernel reads the cache in
 //     place; the query heads sharing a kv head are processed together, so each K/V element is read
-//     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim 64 and 128 when every
+//     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim = head_dim_v = 64 or 128 when every
 //     q, K and V row starts on 16 bytes; a SIMT kernel with fp32 arithmetic for everything else.
 //     FP8 caches: the same choice with K/V rows on 8 bytes (8 FP8 values per load) instead of 16.
 //     Any page size works at the same cost per key (each key's page is looked up once per tile);
 //     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a
 //     multiple of 8, base and strides aligned) are read with 16-byte loads, others element-wise.
-//   naive, cublas (and automatic above head_dim 256): the sequences' K/V are copied into the
-//     workspace and the path runs on them as on a padded batch with key lengths.
+//   naive, cublas (and automatic above 256): the sequences' K/V are copied into the
+//     workspace and the path runs on them as on a padded batch with key lengths (V gathered on
+//     its own also when it is a view of K).
 // Workspace (what ContextOptions::workspace_limit counts), in bytes, each piece rounded up to 256,
 // with rows = batch * heads * seq_q and e = dtype_size(q.dtype) (the gathered K and V are q's dtype,
 // also from an FP8 cache):
 //   with options.rotary: the rotated q, rows * head_dim * e; then
 //   fused: with more than one split (num_splits, or the library's choice), the partial results,
-//     splits * rows * head_dim * 4 and splits * rows * 4; nothing with one split;
-//   naive, cublas: K and V gathered, each batch * kv_heads * capacity * head_dim * e, then the
+//     splits * rows * head_dim_v * 4 and splits * rows * 4; nothing with one split;
+//   naive, cublas: K and V gathered, batch * kv_heads * capacity * head_dim * e and the same with
+//     head_dim_v, then the
 //     scores of attention() (context.h) with seq_k = capacity, chunked in what remains.
 // WorkspaceTooSmall, before anything is written, exactly when this with a chunk of one query row
 // exceeds the limit. No query row or no cache slot (capacity 0) counts nothing.
@@ -253,8 +268,8 @@ void attention_with_kv_cache_varlen(Context& ctx, const TensorView& q, const int
                                     const KvAttentionOptions& options = {});
 
 // Rotary position embedding on its own (for a model that rotates q and k itself, say before
-// attention() or attention_varlen()): out[b, h, s] = x[b, h, s] with its first rotary.rotary_dim
-// elements rotated at rotary.positions[b] + rotary.position_step * s (positions null: at s).
+// attention() or attention_varlen()): out[b, h, s] = x[b, h, s] with its rotary.rotary_dim
+// elements from rotary.first_dim on rotated at rotary.positions[b] + rotary.position_step * s (positions null: at s).
 // x, out: [batch, heads, seq, head_dim] of one dtype, any strides (head_dim's 1); out must not
 // overlap x (each element is computed from itself and its partner). Uses no workspace.
 void rotary_embedding(Context& ctx, const TensorView& x, const TensorView& out, const Rotary& rotary);

@@ -118,12 +118,14 @@ RowKeys row_keys(const Problem& problem, int batch, int row);
 
 // ---- KV cache semantics (selfattn/kv_cache.h) ----
 
-// A cache on the host: a pool of pages [num_pages, kv_heads, page_size, head_dim], contiguous. A
-// contiguous cache is one page per sequence (page_size = capacity) with an empty block table.
+// A cache on the host: a pool of pages [num_pages, kv_heads, page_size, head_dim] for K (v_dim() for
+// V), contiguous. A contiguous cache is one page per sequence (page_size = capacity) with an empty
+// block table. (A latent cache's V, a view of K's leading columns, is imaged as a copy of them.)
 struct KvCacheImage {
   int batch = 0, kv_heads = 1, head_dim = 1;
+  int head_dim_v = 0;  // V's rows where they differ from K's; 0: head_dim
   int num_pages = 0, page_size = 1, max_pages_per_seq = 1;
-  std::vector<double> k, v;          // [num_pages, kv_heads, page_size, head_dim]
+  std::vector<double> k, v;          // [num_pages, kv_heads, page_size, head_dim or v_dim()]
   std::vector<int32_t> block_table;  // [batch, max_pages_per_seq]; empty: sequence b is page b
   std::vector<int32_t> lengths;      // [batch]
   std::vector<int32_t> batch_index;  // contiguous: [batch], sequence b's page (row); empty: page b
@@ -134,8 +136,10 @@ struct KvCacheImage {
   // The page of token t of sequence b, or -1 when t is outside [0, capacity) or the block table
   // names a page outside [0, num_pages).
   int page_of(int b, int t) const;
-  // Index of element 0 of token t's row for kv head h (page = page_of(b, t) >= 0).
+  // Index of element 0 of token t's row for kv head h in k (page = page_of(b, t) >= 0); in v.
   size_t offset(int page, int head, int t) const;
+  size_t v_offset(int page, int head, int t) const;
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 // Rotary tables (selfattn::Rotary): cos, sin [max_position, rotary_dim / 2].
@@ -145,6 +149,7 @@ struct RotaryTable {
   bool interleaved = false;
   std::vector<int32_t> positions;  // empty, or [batch]: selfattn::Rotary::positions
   int position_step = 1;
+  int first_dim = 0;  // selfattn::Rotary::first_dim: the rotated elements start there
   // Where row s of sequence b is rotated: positions[b] + position_step * s, or without positions
   // the call's default_row0 + s (selfattn::Rotary).
   int64_t position(int b, int64_t default_row0, int s) const {
@@ -152,7 +157,8 @@ struct RotaryTable {
   }
 };
 
-// Rotates the first rotary_dim elements of one row at `position` (clamped to the table's rows).
+// Rotates rotary_dim elements of one row from rotary.first_dim on at `position` (clamped to the
+// table's rows).
 void rotate_row(double* row, int head_dim, int position, const RotaryTable& rotary);
 
 // OCP FP8 (DType::e4m3, e5m2; types.h), defined from the format alone (sign, exponent with bias 7
@@ -174,7 +180,7 @@ struct KvQuantization {
   std::vector<double> k_scale, v_scale;
 };
 
-// append_kv: token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim]) to position
+// append_kv: token t of k_new/v_new ([batch, kv_heads, seq_new, head_dim or v_dim()]) to position
 // lengths[b] + t (length clamped), k rotated at that position when rotary is given; tokens past the
 // capacity or in a page outside the pool are dropped. lengths are not changed. With `fp8` the image
 // receives each value quantized as the library does (kv_cache.h): q = fp8_code(fl32(fl32(x) /
@@ -183,10 +189,12 @@ struct KvQuantization {
 void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std::vector<double>& v_new, int seq_new,
                const RotaryTable* rotary = nullptr, const KvQuantization* fp8 = nullptr);
 
-// Sequence b's first length(b) tokens as [kv_heads, length, head_dim] (rows in a bad page are 0).
+// Sequence b's first length(b) tokens as [kv_heads, length, head_dim] and [kv_heads, length, v_dim()]
+// (rows in a bad page are 0).
 void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::vector<double>& v);
 
-// attention_with_kv_cache: problem gives batch, heads, kv_heads, seq_q, head_dim, causal, scale and
+// attention_with_kv_cache: problem gives batch, heads, kv_heads, seq_q, head_dim (head_dim_v is the
+// cache's v_dim()), causal, scale and
 // the score modifiers (key_lengths is ignored: each sequence has cache.length(b) keys; seq_k is the
 // cache's capacity, the key extent of the bias [batch, heads, seq_q, capacity]). q is
 // [batch, heads, seq_q, head_dim]; with rotary, row i of sequence b is rotated at position

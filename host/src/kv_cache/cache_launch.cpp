@@ -24,7 +24,8 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
   view.num_pages = shape.num_pages;
   view.page_size = shape.page_size;
   view.kv_heads = shape.kv_heads;
-  view.head_dim = shape.head_dim_qk;  // = head_dim_v (check_cache): the kernels' one head dim
+  view.head_dim = shape.head_dim_qk;
+  view.head_dim_v = shape.head_dim_v;
   view.block_table = cache.block_table;
   view.max_pages_per_seq = shape.max_pages_per_seq;
   view.lengths = cache.lengths;
@@ -38,10 +39,10 @@ kernels::KvPagesView pages_view(const KvCache& cache, const CacheShape& shape) {
 }
 
 kernels::RotaryTables rotary_tables(const std::optional<Rotary>& rotary) {
-  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false, nullptr, 1, kernels::Element::f32};
+  if (!rotary) return kernels::RotaryTables{nullptr, nullptr, 0, 0, false, nullptr, 1, kernels::Element::f32, 0};
   return kernels::RotaryTables{rotary->cos,         rotary->sin,       rotary->max_position,
                                rotary->rotary_dim,  rotary->interleaved, rotary->positions,
-                               rotary->position_step, detail::element_of(rotary->table_dtype)};
+                               rotary->position_step, detail::element_of(rotary->table_dtype), rotary->first_dim};
 }
 
 kernels::LaunchShape rows_grid(const DecodeKernel& kernel, int64_t rows, int64_t heads, int64_t batch) {

@@ -50,7 +50,8 @@ void append_rows(Context& ctx, const KvCache& cache, const TensorView& k_new, co
   // each sequence's tokens: one block per sequence writes it, with a view of no columns so that it
   // copies nothing.
   const int seq_new = packed ? packed->max_seqlen : int(k_new.seq());
-  const bool nothing_to_copy = seq_new == 0 || k_new.seq() == 0 || shape.kv_heads == 0 || shape.head_dim_qk == 0;
+  const bool nothing_to_copy =
+      seq_new == 0 || k_new.seq() == 0 || shape.kv_heads == 0 || (shape.head_dim_qk == 0 && shape.head_dim_v == 0);
   if (nothing_to_copy && options.updated_lengths == nullptr) return;
   // An FP8 cache quantizes k_new's element on the way; any other is k_new's own.
   const DecodeKernel kernel =
@@ -65,9 +66,9 @@ void append_rows(Context& ctx, const KvCache& cache, const TensorView& k_new, co
 
   kernels::KvAppendParams params{};
   params.cache = pages_view(cache, shape);
-  if (nothing_to_copy) params.cache.head_dim = 0;
+  if (nothing_to_copy) params.cache.head_dim = params.cache.head_dim_v = 0;
   params.k_new = k_new.data;
-  params.v_new = v_new.data;
+  params.v_new = shape.v_in_k ? nullptr : v_new.data;  // V's rows are among K's: written with them
   params.new_stride_batch_k = k_new.strides[0];
   params.new_stride_head_k = k_new.strides[1];
   params.new_stride_row_k = k_new.strides[2];

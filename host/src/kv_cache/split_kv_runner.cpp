@@ -28,43 +28,54 @@ bool rows_on_bytes(const TensorView& view, int64_t bytes) {
 }
 bool rows_on_16_bytes(const TensorView& view) { return rows_on_bytes(view, 16); }
 
-DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, int head_dim) {
-  return SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_instance(detail::element_of(dtype), head_dim));
+DecodeKernel split_kv_kernel(const ContextState& state, DType dtype, const CacheShape& shape) {
+  return SELFATTN_KERNEL_FOR(state.device->backend(),
+                             decode_split_kv_instance(detail::element_of(dtype), shape.head_dim_qk, shape.head_dim_v));
 }
 
 // The split-KV kernel for this call: the tensor-core one where it has an instance (q f16/bf16,
-// head dims 64 and 128) and q's rows are on 16 bytes and K's and V's on 16 (an FP8 cache: 8, its
-// 8-value chunks); the SIMT one otherwise. Each over the cache's element.
+// head dims 64 and 128, K's and V's alike) and q's rows are on 16 bytes and K's and V's on 16 (an
+// FP8 cache: 8, its 8-value chunks); the SIMT one otherwise. Each over the cache's element.
 DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
-                                 int head_dim) {
+                                 const CacheShape& shape) {
+  const int head_dim = shape.head_dim_qk;
+  const bool one_head_dim = shape.head_dim_v == head_dim;
   if (is_fp8(cache.k.dtype)) {
-    if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_bytes(cache.k, 8) && rows_on_bytes(cache.v, 8)) {
+    if (one_head_dim && q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_bytes(cache.k, 8) &&
+        rows_on_bytes(cache.v, 8)) {
       const DecodeKernel mma = SELFATTN_KERNEL_FOR(
           state.device->backend(), decode_split_kv_mma_fp8_instance(detail::element_of(q.dtype),
                                                                     detail::cache_element_of(cache.k.dtype), head_dim));
       if (mma.kernel) return mma;
     }
-    return available(SELFATTN_KERNEL_FOR(
-        state.device->backend(),
-        decode_split_kv_fp8_instance(detail::element_of(q.dtype), detail::cache_element_of(cache.k.dtype), head_dim)));
+    return available(SELFATTN_KERNEL_FOR(state.device->backend(),
+                                         decode_split_kv_fp8_instance(detail::element_of(q.dtype),
+                                                                      detail::cache_element_of(cache.k.dtype),
+                                                                      head_dim, shape.head_dim_v)));
   }
-  if (q.dtype != DType::f32 && rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v)) {
+  const bool rows_on_16 = rows_on_16_bytes(q) && rows_on_16_bytes(cache.k) && rows_on_16_bytes(cache.v);
+  if (one_head_dim && q.dtype != DType::f32 && rows_on_16) {
     const DecodeKernel mma =
         SELFATTN_KERNEL_FOR(state.device->backend(), decode_split_kv_mma_instance(detail::element_of(q.dtype), head_dim));
     if (mma.kernel) return mma;
   }
-  return split_kv_kernel(state, q.dtype, head_dim);
+  return split_kv_kernel(state, q.dtype, shape);
 }
 
 // Whether this call runs the split-KV kernel: path fused, or automatic where the kernel takes the
-// head_dim; an explicit fused path that cannot run throws NotAvailable before anything is written.
+// head dims; an explicit fused path that cannot run throws NotAvailable before anything is written.
 bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape, const char* function) {
   if (path != Path::fused && path != Path::automatic) return false;
-  const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape.head_dim_qk);
-  const char* reason = !kernel.kernel                        ? "this build has no split-KV decode kernel for the backend"
-                       : shape.head_dim_qk > kernel.max_head_dim ? "head_dim above 256 needs the naive or cublas path"
-                                                              : nullptr;
-  if (reason == nullptr) return true;
+  const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape);
+  std::string reason;
+  if (!kernel.kernel) {
+    reason = "this build has no split-KV decode kernel for the backend";
+  } else if (shape.head_dim_qk > kernel.max_head_dim || shape.head_dim_v > kernel.max_head_dim) {
+    reason = "the split-KV kernels take head_dim and head_dim_v up to " + std::to_string(kernel.max_head_dim) +
+             ", got (" + std::to_string(shape.head_dim_qk) + ", " + std::to_string(shape.head_dim_v) +
+             "); the naive and cublas paths take any";
+  }
+  if (reason.empty()) return true;
   if (path == Path::fused) throw NotAvailable(std::string(function) + ": path fused: " + reason);
   return false;
 }
@@ -80,10 +91,15 @@ int fit_grid(int splits, int64_t row_blocks) {
   return int(std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t(1) << 31) / std::max<int64_t>(row_blocks, 1) - 1)));
 }
 
-size_t partial_bytes(int splits, const TensorView& q) {
+// The splits' partial O (out's head_dim_v columns) and LSE.
+size_t partial_out_bytes(int splits, const TensorView& q, int head_dim_v) {
+  const size_t rows = size_t(q.batch()) * size_t(q.heads()) * size_t(q.seq());
+  return aligned(size_t(splits) * rows * size_t(head_dim_v) * sizeof(float));
+}
+size_t partial_bytes(int splits, const TensorView& q, int head_dim_v) {
   if (splits <= 1) return 0;
   const size_t rows = size_t(q.batch()) * size_t(q.heads()) * size_t(q.seq());
-  return aligned(size_t(splits) * rows * size_t(q.head_dim()) * sizeof(float)) + aligned(size_t(splits) * rows * sizeof(float));
+  return partial_out_bytes(splits, q, head_dim_v) + aligned(size_t(splits) * rows * sizeof(float));
 }
 
 }  // namespace
@@ -105,12 +121,12 @@ std::optional<SplitKvPlan> plan_split_kv(const ContextState& state, const Tensor
                                          const char* function) {
   if (!use_split_kv(state, options.path, shape, function)) return std::nullopt;
   SplitKvPlan plan;
-  plan.kernel = split_kv_kernel_for(state, q, cache, shape.head_dim_qk);
+  plan.kernel = split_kv_kernel_for(state, q, cache, shape);
   const int64_t row_blocks = group_row_blocks(q, seq_q, shape, plan.kernel);
   plan.splits = fit_grid(choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
                                        shape.capacity, state.device->multiprocessor_count()),
                          row_blocks);
-  plan.workspace_bytes = partial_bytes(plan.splits, q);
+  plan.workspace_bytes = partial_bytes(plan.splits, q, shape.head_dim_v);
   return plan;
 }
 
@@ -134,12 +150,11 @@ void run_split_kv(ContextState& state, const SplitKvPlan& plan, const TensorView
   params.lse = lse;
   params.rows = q.batch() * q.heads() * q.seq();
   params.partial_out = splits > 1 ? reinterpret_cast<float*>(work) : nullptr;
-  params.partial_lse = splits > 1 ? reinterpret_cast<float*>(
-                                        work + aligned(size_t(splits) * size_t(params.rows) * size_t(q.head_dim()) * sizeof(float)))
-                                  : nullptr;
+  params.partial_lse =
+      splits > 1 ? reinterpret_cast<float*>(work + partial_out_bytes(splits, q, shape.head_dim_v)) : nullptr;
   params.q_rows = q_rows;
   params.heads = int(q.heads());
-  params.head_dim = shape.head_dim_qk;  // = head_dim_v (check_cache)
+  params.head_dim = shape.head_dim_qk;  // V's: params.cache.head_dim_v
   params.heads_per_kv = int(q.heads()) / shape.kv_heads;
   params.num_splits = splits;
   params.row_blocks = int(group_row_blocks(q, q_rows.seq, shape, kernel));
@@ -171,7 +186,7 @@ void run_split_kv(ContextState& state, const SplitKvPlan& plan, const TensorView
   merge.q_rows = q_rows;
   merge.batch = shape.batch;
   merge.heads = params.heads;
-  merge.head_dim = params.head_dim;
+  merge.head_dim = shape.head_dim_v;
   merge.num_splits = splits;
   kernels::LaunchShape combine_launch;
   // At most state.decode_combine_max_blocks (2^20) blocks: decode_combine strides over the rest.

@@ -249,13 +249,19 @@ int KvCacheImage::page_of(int b, int t) const {
 size_t KvCacheImage::offset(int page, int head, int t) const {
   return ((size_t(page) * kv_heads + head) * page_size + size_t(t % page_size)) * head_dim;
 }
+size_t KvCacheImage::v_offset(int page, int head, int t) const {
+  return ((size_t(page) * kv_heads + head) * page_size + size_t(t % page_size)) * v_dim();
+}
 
-void rotate_row(double* row, int head_dim, int position, const RotaryTable& rotary) {
-  if (rotary.rotary_dim % 2 != 0 || rotary.rotary_dim > head_dim || rotary.max_position < 1) {
-    throw InvalidArgument("reference::rotate_row: rotary_dim expected even and <= head_dim " + std::to_string(head_dim) +
-                          " with max_position >= 1, got rotary_dim " + std::to_string(rotary.rotary_dim) +
+void rotate_row(double* whole_row, int head_dim, int position, const RotaryTable& rotary) {
+  if (rotary.rotary_dim % 2 != 0 || rotary.first_dim < 0 || rotary.first_dim + rotary.rotary_dim > head_dim ||
+      rotary.max_position < 1) {
+    throw InvalidArgument("reference::rotate_row: rotary_dim expected even and first_dim + rotary_dim <= head_dim " +
+                          std::to_string(head_dim) + " with max_position >= 1, got rotary_dim " +
+                          std::to_string(rotary.rotary_dim) + ", first_dim " + std::to_string(rotary.first_dim) +
                           ", max_position " + std::to_string(rotary.max_position));
   }
+  double* row = whole_row + rotary.first_dim;  // pairs count from first_dim
   const int half = rotary.rotary_dim / 2;
   const int table_row = std::clamp(position, 0, rotary.max_position - 1);
   for (int pair = 0; pair < half; ++pair) {
@@ -331,7 +337,7 @@ void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std:
     const float quotient = float(x) / float(scale);
     return fp8_value(fp8->format, fp8_code(fp8->format, quotient)) * scale;
   };
-  const size_t d = size_t(cache.head_dim);
+  const size_t d = size_t(cache.head_dim), dv = size_t(cache.v_dim());
   std::vector<double> row(d);
   for (int b = 0; b < cache.batch; ++b) {
     const int start = cache.length(b);
@@ -339,17 +345,17 @@ void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std:
       for (int t = 0; t < seq_new; ++t) {
         const int page = cache.page_of(b, start + t);
         if (page < 0) continue;  // past the capacity or a page outside the pool: dropped
-        const size_t source = ((size_t(b) * cache.kv_heads + h) * seq_new + t) * d;
-        std::copy(k_new.begin() + long(source), k_new.begin() + long(source + d), row.begin());
+        const size_t token = (size_t(b) * cache.kv_heads + h) * seq_new + t;
+        std::copy(k_new.begin() + long(token * d), k_new.begin() + long(token * d + d), row.begin());
         if (rotary) rotate_row(row.data(), cache.head_dim, int(rotary->position(b, start, t)), *rotary);
-        const size_t target = cache.offset(page, h, start + t);
+        const size_t target = cache.offset(page, h, start + t), v_target = cache.v_offset(page, h, start + t);
         std::copy(row.begin(), row.end(), cache.k.begin() + long(target));
-        std::copy(v_new.begin() + long(source), v_new.begin() + long(source + d), cache.v.begin() + long(target));
+        std::copy(v_new.begin() + long(token * dv), v_new.begin() + long(token * dv + dv),
+                  cache.v.begin() + long(v_target));
         if (fp8) {
-          for (size_t e = 0; e < d; ++e) {
-            cache.k[target + e] = quantized(cache.k[target + e], fp8->k_scale[size_t(h)]);
-            cache.v[target + e] = quantized(cache.v[target + e], fp8->v_scale[size_t(h)]);
-          }
+          for (size_t e = 0; e < d; ++e) cache.k[target + e] = quantized(cache.k[target + e], fp8->k_scale[size_t(h)]);
+          for (size_t e = 0; e < dv; ++e)
+            cache.v[v_target + e] = quantized(cache.v[v_target + e], fp8->v_scale[size_t(h)]);
         }
       }
     }
@@ -358,16 +364,17 @@ void append_kv(KvCacheImage& cache, const std::vector<double>& k_new, const std:
 
 void gather_kv(const KvCacheImage& cache, int b, std::vector<double>& k, std::vector<double>& v) {
   const int length = cache.length(b);
-  const size_t d = size_t(cache.head_dim);
+  const size_t d = size_t(cache.head_dim), dv = size_t(cache.v_dim());
   k.assign(size_t(cache.kv_heads) * length * d, 0.0);
-  v.assign(k.size(), 0.0);
+  v.assign(size_t(cache.kv_heads) * length * dv, 0.0);
   for (int h = 0; h < cache.kv_heads; ++h) {
     for (int t = 0; t < length; ++t) {
       const int page = cache.page_of(b, t);
       if (page < 0) continue;
-      const size_t source = cache.offset(page, h, t), target = (size_t(h) * length + t) * d;
-      std::copy(cache.k.begin() + long(source), cache.k.begin() + long(source + d), k.begin() + long(target));
-      std::copy(cache.v.begin() + long(source), cache.v.begin() + long(source + d), v.begin() + long(target));
+      const size_t source = cache.offset(page, h, t), v_source = cache.v_offset(page, h, t);
+      const size_t row = size_t(h) * length + t;
+      std::copy(cache.k.begin() + long(source), cache.k.begin() + long(source + d), k.begin() + long(row * d));
+      std::copy(cache.v.begin() + long(v_source), cache.v.begin() + long(v_source + dv), v.begin() + long(row * dv));
     }
   }
 }
@@ -400,13 +407,14 @@ Problem kv_sequence_problem(const Problem& problem, int b, int length) {
 
 Result attention_with_kv_cache(const Problem& problem, const std::vector<double>& q, const KvCacheImage& cache,
                                const RotaryTable* rotary) {
-  const size_t d = size_t(problem.head_dim);
+  const size_t d = size_t(problem.head_dim), dv = size_t(cache.v_dim());
   const size_t rows_per_sequence = size_t(problem.heads) * problem.seq_q;
   Result result;
-  result.out.assign(size_t(problem.batch) * rows_per_sequence * d, 0.0);
+  result.out.assign(size_t(problem.batch) * rows_per_sequence * dv, 0.0);
   result.lse.assign(size_t(problem.batch) * rows_per_sequence, 0.0);
   for (int b = 0; b < problem.batch; ++b) {
-    const Problem one = kv_sequence_problem(problem, b, cache.length(b));
+    Problem one = kv_sequence_problem(problem, b, cache.length(b));
+    one.head_dim_v = int(dv);
     std::vector<double> q_b(q.begin() + long(b * rows_per_sequence * d), q.begin() + long((b + 1) * rows_per_sequence * d));
     if (rotary) {
       for (size_t row = 0; row < rows_per_sequence; ++row) {
@@ -418,7 +426,7 @@ Result attention_with_kv_cache(const Problem& problem, const std::vector<double>
     std::vector<double> k, v;
     gather_kv(cache, b, k, v);
     const Result part = attention(one, q_b, k, v);
-    std::copy(part.out.begin(), part.out.end(), result.out.begin() + long(b * rows_per_sequence * d));
+    std::copy(part.out.begin(), part.out.end(), result.out.begin() + long(b * rows_per_sequence * dv));
     std::copy(part.lse.begin(), part.lse.end(), result.lse.begin() + long(b * rows_per_sequence));
   }
   return result;

@@ -90,6 +90,15 @@ void expect_scales_apart(const char* function, const KvCache& cache, const char*
   expect_disjoint(function, "cache.v_scale", scale_range(cache.v_scale, cache), written_name, written);
 }
 
+// Whether `columns` is a view of `rows`' leading columns: the same data and strides (head_dim's is 1
+// in both), the same extents but the head dim, no more columns. A latent cache's V (kv_cache.h).
+bool view_of_leading_columns(const TensorView& columns, const TensorView& rows) {
+  if (columns.data != rows.data || columns.data == nullptr || columns.head_dim() > rows.head_dim()) return false;
+  for (int i = 0; i < 3; ++i)
+    if (columns.shape[i] != rows.shape[i] || columns.strides[i] != rows.strides[i]) return false;
+  return true;
+}
+
 // The cache alone: views, dtypes, layout, sizes, metadata pointers, and its parts not overlapping.
 // `written`: the call writes the cache (append_kv), so its elements need addresses of their own.
 CacheShape check_cache(const char* function, const KvCache& cache, bool written) {
@@ -103,10 +112,10 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
     expect_equal(function, "cache.v.shape[" + str(i) + "]", cache.k.shape[i], "cache.k.shape[" + str(i) + "]",
                  cache.v.shape[i]);
   }
-  if (cache.v.head_dim() != cache.k.head_dim()) {
-    fail(function, "cache.v.shape[3] (head_dim_v) expected " + str(cache.k.head_dim()) +
-                       " (cache.k.shape[3]: the KV-cache kernels take one head dim for K and V), got " +
-                       str(cache.v.head_dim()));
+  const bool v_in_k = view_of_leading_columns(cache.v, cache.k);
+  if (v_in_k && is_fp8(cache.k.dtype) && cache.v_scale != cache.k_scale) {
+    fail(function, "cache.v_scale expected cache.k_scale (cache.v is a view of cache.k's values, so one scale "
+                   "dequantizes both), got another pointer");
   }
   if (written) {
     expect_distinct_addresses(function, "cache.k", cache.k);
@@ -121,6 +130,7 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
   shape.kv_heads = int(cache.k.heads());
   shape.head_dim_qk = int(cache.k.head_dim());
   shape.head_dim_v = int(cache.v.head_dim());
+  shape.v_in_k = v_in_k;
   shape.num_pages = int(cache.k.batch());
   shape.page_size = int(cache.k.seq());
   if (cache.paged()) {
@@ -156,7 +166,11 @@ CacheShape check_cache(const char* function, const KvCache& cache, bool written)
     expect_disjoint(function, "cache.batch_index", index, "cache.v", byte_range(cache.v));
   }
   const ByteRange k = byte_range(cache.k), v = byte_range(cache.v);
-  expect_disjoint(function, "cache.v", v, "cache.k", k);
+  if (!v_in_k && v.overlaps(k)) {
+    fail(function, "cache.v expected not to overlap cache.k, or to be a view of its leading columns (cache.k's data "
+                   "and strides, shape[3] <= cache.k.shape[3] = " + str(cache.k.head_dim()) + "), got a view that "
+                   "overlaps it otherwise");
+  }
   const ByteRange lengths = int_range(cache.lengths, shape.batch);
   expect_disjoint(function, "cache.lengths", lengths, "cache.k", k);
   expect_disjoint(function, "cache.lengths", lengths, "cache.v", v);
@@ -183,8 +197,13 @@ void check_rotary(const char* function, const char* name, const std::optional<Ro
   expect_aligned(function, (prefix + ".cos").c_str(), rotary->cos, dtype_size(rotary->table_dtype));
   expect_aligned(function, (prefix + ".sin").c_str(), rotary->sin, dtype_size(rotary->table_dtype));
   if (rotary->max_position < 1) fail(function, prefix + ".max_position expected >= 1, got " + str(rotary->max_position));
-  if (rotary->rotary_dim < 2 || rotary->rotary_dim % 2 != 0 || rotary->rotary_dim > head_dim) {
-    fail(function, prefix + ".rotary_dim expected an even number in [2, head_dim = " + str(head_dim) + "], got " +
+  if (rotary->first_dim < 0 || rotary->first_dim > head_dim) {
+    fail(function, prefix + ".first_dim expected 0 to head_dim = " + str(head_dim) + ", got " + str(rotary->first_dim));
+  }
+  const int room = head_dim - rotary->first_dim;  // the elements from first_dim on
+  if (rotary->rotary_dim < 2 || rotary->rotary_dim % 2 != 0 || rotary->rotary_dim > room) {
+    const std::string bound = rotary->first_dim == 0 ? "head_dim = " : "head_dim - first_dim = ";
+    fail(function, prefix + ".rotary_dim expected an even number in [2, " + bound + str(room) + "], got " +
                        str(rotary->rotary_dim));
   }
 }
@@ -242,6 +261,10 @@ CacheShape validate_append_kv(const KvCache& cache, const TensorView& k_new, con
     expect_equal(function, "v_new.shape[" + str(i) + "]", k_new.shape[i], "k_new.shape[" + str(i) + "]", v_new.shape[i]);
   }
   expect_equal(function, "v_new.shape[3] (head_dim)", shape.head_dim_v, "cache.v.shape[3]", v_new.head_dim());
+  if (shape.v_in_k && !view_of_leading_columns(v_new, k_new)) {
+    fail(function, "v_new expected a view of k_new's leading columns (k_new's data and strides), as cache.v is of "
+                   "cache.k (K's rows are written whole and V's are among them), got another view");
+  }
   const int64_t seq_new = packed ? packed->max_seqlen : k_new.seq();
   if (int64_t(shape.capacity) + seq_new > kMaxExtent) {
     fail(function, std::string("capacity + ") + (packed ? "max_seqlen_new" : "k_new.shape[2] (seq_new)") +

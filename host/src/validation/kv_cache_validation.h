@@ -14,10 +14,11 @@
 namespace selfattn::detail {
 
 // The cache's shape as validated: kv_heads, head dims, page size and count, capacity per sequence.
-// K's rows are head_dim_qk long (q's), V's head_dim_v (out's); today's caches have them equal
-// (check_cache refuses others: the decode and append kernels take one head dim).
+// K's rows are head_dim_qk long (q's), V's head_dim_v (out's); v_in_k: V is a view of K's leading
+// columns (a latent cache, kv_cache.h), written with K.
 struct CacheShape {
   int batch = 0, kv_heads = 0, head_dim_qk = 0, head_dim_v = 0;
+  bool v_in_k = false;
   int num_pages = 0, page_size = 0, max_pages_per_seq = 0;
   int capacity = 0;
 };

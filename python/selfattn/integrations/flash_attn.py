@@ -285,9 +285,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     padding, never read; selfattn's key_start).
     cache_batch_idx: int32 [batch]: sequence b's row of a contiguous k_cache and v_cache, which may
     have more rows than q's batch (selfattn's batch_index).
-    Returns out shaped like q, and with return_softmax_lse=True (out, softmax_lse float32 [batch,
-    nheads, seqlen_q], +inf for a row without keys). No backward: inputs may require grad, but a
-    gradient asked through the output raises. See the module's doc."""
+    v_cache's headdim may differ from k_cache's and q's (MLA's caches; a latent cache passes
+    v_cache=k_cache[..., :512], a view, and v=k[..., :512]).
+    Returns out shaped like q with v_cache's headdim, and with return_softmax_lse=True (out,
+    softmax_lse float32 [batch, nheads, seqlen_q], +inf for a row without keys). No backward:
+    inputs may require grad, but a gradient asked through the output raises. See the module's doc."""
     name = "flash_attn_with_kvcache"
     if cache_batch_idx is not None and block_table is not None:
         arguments.refuse(name, "cache_batch_idx with block_table is not supported: the block table maps sequences "

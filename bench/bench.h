@@ -51,6 +51,9 @@ struct DecodeShape {
   // The cache's dtype: Case::dtype (q's and out's), or an FP8 format (--kv-dtype: K/V stored in
   // e4m3/e5m2 with fp32 scales per tensor, kv_cache.h), whose bytes are what the cache reads count.
   DType kv_dtype = DType::bf16;
+  // A latent cache (MLA's absorbed decode, --mla): V is the first v_dim columns of K's rows, one
+  // pool read once (its bytes count K's alone).
+  bool latent = false;
 };
 
 // What a case times: the forward (attention()), the backward alone (attention_backward() on the
@@ -238,12 +241,17 @@ struct DecodeSweep {
   std::vector<int> new_tokens{1};
   std::vector<int> prefill_rows{0};  // DecodeShape::prefill_rows; 0: the dense call
   int heads = 32, kv_heads = 8, head_dim = 128;
+  int head_dim_v = 0;   // V's rows where they differ from K's (--head-dim-v); 0: head_dim
+  bool latent = false;  // V a view of K's leading head_dim_v columns (--mla; DecodeShape::latent)
   DType dtype = DType::bf16;
   std::optional<DType> kv_dtype;  // --kv-dtype: an FP8 cache (e4m3, e5m2) beside q/out of `dtype`; unset: `dtype`
   int splits = 0;  // 0: the library's heuristic
   std::vector<Path> paths{Path::fused, Path::cublas, Path::naive};
 };
 DecodeSweep default_decode_sweep(Backend backend);
+// --mla: DeepSeek's absorbed decode (issue 48): a latent cache 576 / 512, one kv head, 128 query
+// heads, page 64; cuda sweeps batch 1-128 and cache 1k-32k, the sim one small case.
+void apply_mla_preset(DecodeSweep& sweep, Backend backend);
 // Runs every case (with --check first: the output against the double reference), printing one line
 // per case; the results go to the JSON/CSV like the attention mode's (report.cpp).
 std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sweep, const RunSettings& settings,

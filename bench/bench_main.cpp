@@ -150,6 +150,12 @@ int main(int argc, char** argv) {
       ->group("Decode (--mode decode)");
   app.add_option("--splits", splits, "decode: key splits on the fused path (default 0: the library's heuristic)")
       ->check(CLI::NonNegativeNumber)->group("Decode (--mode decode)");
+  bool mla = false;
+  app.add_flag("--mla", mla,
+               "decode: DeepSeek's absorbed MLA: a latent cache of 576-value rows whose first 512 are V (one pool, "
+               "read once), one kv head, 128 query heads (--heads 16: a tensor-parallel shard), page 64; "
+               "--heads, --batch, --cache-len, --page-size, --kv-dtype e4m3 still apply")
+      ->group("Decode (--mode decode)");
   std::string kv_dtype_word;
   app.add_option("--kv-dtype", kv_dtype_word,
                  "decode: the cache's dtype: e4m3 or e5m2 (an FP8 cache with fp32 scales per tensor; q and out stay "
@@ -173,10 +179,12 @@ int main(int argc, char** argv) {
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
 
-  // Decode's cache has one head dim (kv_cache.h) until the latent cache of issue 48.
-  if (mode == "decode" && !head_dim_v.empty()) {
-    std::fprintf(stderr, "selfattn-bench: --head-dim-v is for --mode attention; the decode cache's K and V share "
-                 "--head-dim\n");
+  if (mla && mode != "decode") {
+    std::fprintf(stderr, "selfattn-bench: --mla is a decode preset (--mode decode)\n");
+    return 2;
+  }
+  if (mla && (!head_dim.empty() || !head_dim_v.empty() || !kv_heads.empty())) {
+    std::fprintf(stderr, "selfattn-bench: --mla sets the head dims (576/512) and one kv head itself\n");
     return 2;
   }
   // Decode's q is 16- or 32-bit (an FP8 cache is --kv-dtype).
@@ -259,10 +267,12 @@ int main(int argc, char** argv) {
   std::vector<sb::CaseResult> results;
   if (mode == "decode") {
     sb::DecodeSweep decode = sb::default_decode_sweep(backend);
+    if (mla) sb::apply_mla_preset(decode, backend);  // the lists given below still replace its own
     if (!batch.empty()) decode.batches = batch;
     if (!heads.empty()) decode.heads = heads.front();
     if (!kv_heads.empty()) decode.kv_heads = kv_heads.front();
     if (!head_dim.empty()) decode.head_dim = head_dim.front();
+    if (!head_dim_v.empty()) decode.head_dim_v = head_dim_v.front();
     if (!dtype_words.empty()) decode.dtype = kDTypes.at(dtype_words.front());
     if (!cache_len.empty()) decode.cache_lengths = cache_len;
     if (!page_size.empty()) decode.page_sizes = page_size;

@@ -8,6 +8,8 @@
 // scales per tensor (kv_cache.h), q and out stay --dtype: K/V bytes count one byte an element, the
 // saving decode is after. With --check the first call of each case is compared with the double
 // reference (accuracy.h), over the cache as the library reads it (each code's value x its scale).
+// K and V rows may differ (--head-dim-v); --mla's latent cache keeps V as K's leading columns, one
+// pool read once (DeepSeek's absorbed decode: 576 / 512, one kv head).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -78,11 +80,13 @@ std::vector<int> checked_sequences(const Case& c, double whole_macs) {
   return sequences;
 }
 
-// The decode inputs as the device holds them: q, out [total rows, heads, d] (sequence b's new rows
-// from first_row[b]: BSHD [batch, new_tokens, heads, d] when every sequence has new_tokens), the
-// K/V pools [num_pages, page_size, kv_heads, d] with each buffer's fill chunk, and the block table.
+// The decode inputs as the device holds them: q [total rows, heads, d], out with dv (sequence b's
+// new rows from first_row[b]: BSHD [batch, new_tokens, heads, d] when every sequence has
+// new_tokens), the K/V pools [num_pages, page_size, kv_heads, d or dv] with each buffer's fill
+// chunk (a latent cache's V: K's pool, its rows d long), and the block table.
 struct DecodeHost {
   std::vector<float> q, k, v;
+  int v_row = 0;  // elements between V rows' starts in v's pool: dv, or d for a latent cache
   std::vector<int32_t> table;
   std::vector<int32_t> first_row;  // [batch + 1]: the packed offsets
   int pages_per_seq = 0;
@@ -95,7 +99,7 @@ struct DecodeHost {
 AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::vector<float>& out, double tolerance,
                             double whole_macs) {
   const DecodeShape& shape = *c.decode;
-  const int d = c.head_dim;
+  const int d = c.head_dim, dv = v_dim(c);
   const size_t total_rows = size_t(host.first_row.back());
   AccuracyResult total;
   total.passed = true;
@@ -106,25 +110,24 @@ AccuracyResult check_decode(const Case& c, const DecodeHost& host, const std::ve
   for (int b : sequences) {
     one.seq_q = shape.rows_of(b);
     const size_t first = size_t(host.first_row[size_t(b)]);
-    std::vector<float> q(size_t(c.heads) * one.seq_q * d), o(q.size());
-    std::vector<float> k(size_t(c.kv_heads) * c.seq_k * d), v(k.size());
+    std::vector<float> q(size_t(c.heads) * one.seq_q * d), o(size_t(c.heads) * one.seq_q * dv);
+    std::vector<float> k(size_t(c.kv_heads) * c.seq_k * d), v(size_t(c.kv_heads) * c.seq_k * dv);
     for (int h = 0; h < c.heads; ++h)
-      for (int i = 0; i < one.seq_q; ++i)
-        for (int e = 0; e < d; ++e) {
-          const size_t device = ((first + size_t(i)) * c.heads + size_t(h)) * d + size_t(e);
-          const size_t bhsd = (size_t(h) * one.seq_q + size_t(i)) * d + size_t(e);
-          q[bhsd] = element_of(host.q, device);
-          o[bhsd] = out[(size_t(h) * total_rows + first + size_t(i)) * d + size_t(e)];
-        }
+      for (int i = 0; i < one.seq_q; ++i) {
+        const size_t row = (first + size_t(i)) * c.heads + size_t(h), bhsd = size_t(h) * one.seq_q + size_t(i);
+        for (int e = 0; e < d; ++e) q[bhsd * d + size_t(e)] = element_of(host.q, row * d + size_t(e));
+        for (int e = 0; e < dv; ++e)
+          o[bhsd * dv + size_t(e)] = out[(size_t(h) * total_rows + first + size_t(i)) * dv + size_t(e)];
+      }
     for (int t = 0; t < c.seq_k; ++t) {
       const size_t page = size_t(host.table[size_t(b) * host.pages_per_seq + size_t(t / shape.page_size)]);
-      for (int h = 0; h < c.kv_heads; ++h)
-        for (int e = 0; e < d; ++e) {
-          const size_t device = ((page * shape.page_size + size_t(t % shape.page_size)) * c.kv_heads + size_t(h)) * d + size_t(e);
-          const size_t bhsd = (size_t(h) * c.seq_k + size_t(t)) * d + size_t(e);
-          k[bhsd] = element_of(host.k, device);
-          v[bhsd] = element_of(host.v, device);
-        }
+      for (int h = 0; h < c.kv_heads; ++h) {
+        const size_t slot = (page * shape.page_size + size_t(t % shape.page_size)) * c.kv_heads + size_t(h);
+        const size_t bhsd = size_t(h) * c.seq_k + size_t(t);
+        for (int e = 0; e < d; ++e) k[bhsd * d + size_t(e)] = element_of(host.k, slot * d + size_t(e));
+        for (int e = 0; e < dv; ++e)
+          v[bhsd * dv + size_t(e)] = element_of(host.v, slot * size_t(host.v_row) + size_t(e));
+      }
     }
     const AccuracyResult part = check_against_reference(one, q, k, v, o, tolerance, whole_macs);
     total.max_abs_err = std::max(total.max_abs_err, part.max_abs_err);
@@ -184,8 +187,10 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
     std::snprintf(scales, sizeof scales, " (scales per tensor: k %g, v %g)", double(k_scale), double(v_scale));
     cache_text += scales;
   }
-  std::printf("decode: %s, cache %s, %d query heads over %d kv heads, head_dim %d, copy ceiling %s\n", name(dtype),
-              cache_text.c_str(), sweep.heads, sweep.kv_heads, sweep.head_dim,
+  const int head_dim_v = sweep.head_dim_v > 0 ? sweep.head_dim_v : sweep.head_dim;
+  if (sweep.latent) cache_text += ", latent (V: K's first " + std::to_string(head_dim_v) + " columns)";
+  std::printf("decode: %s, cache %s, %d query heads over %d kv heads, head_dim %d/%d, copy ceiling %s\n", name(dtype),
+              cache_text.c_str(), sweep.heads, sweep.kv_heads, sweep.head_dim, head_dim_v,
               ceilings.copy_gbps > 0 ? (std::to_string(int(ceilings.copy_gbps)) + " GB/s").c_str() : "not measured");
   std::optional<DeviceBuffer<float>> scales;
   if (fp8) {
@@ -208,9 +213,10 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           c.seq_q = new_tokens;
           c.seq_k = cache_len;
           c.head_dim = sweep.head_dim;
+          c.head_dim_v = sweep.head_dim_v;
           c.causal = Causal::bottom_right;
           c.layout = Layout::bshd;
-          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits, prefill_rows, kv_dtype};
+          c.decode = DecodeShape{cache_len, page_size, new_tokens, sweep.splits, prefill_rows, kv_dtype, sweep.latent};
           // The cache holds cache_len tokens per sequence (the new ones among them, appended before).
           DecodeHost host;
           host.first_row.assign(1, 0);
@@ -219,11 +225,11 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           const bool packed = prefill_rows > 0;
           host.pages_per_seq = (cache_len + page_size - 1) / page_size;
           const int num_pages = batch * host.pages_per_seq;
-          const size_t pool_elements = size_t(num_pages) * page_size * sweep.kv_heads * sweep.head_dim;
+          const size_t pool_slots = size_t(num_pages) * page_size * sweep.kv_heads;
           std::optional<DeviceBuffer<unsigned char>> k_pool, v_pool;
           try {
-            k_pool.emplace(ctx, pool_elements * kv_element, "decode k pool");
-            v_pool.emplace(ctx, pool_elements * kv_element, "decode v pool");
+            k_pool.emplace(ctx, pool_slots * sweep.head_dim * kv_element, "decode k pool");
+            if (!sweep.latent) v_pool.emplace(ctx, pool_slots * head_dim_v * kv_element, "decode v pool");
           } catch (const std::exception& e) {
             for (Path path : sweep.paths) {
               CaseResult r;
@@ -237,7 +243,8 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
             continue;
           }
           host.k = fill_random(*k_pool, kv_dtype, rng, k_scale);
-          host.v = fill_random(*v_pool, kv_dtype, rng, v_scale);
+          host.v = sweep.latent ? host.k : fill_random(*v_pool, kv_dtype, rng, v_scale);
+          host.v_row = sweep.latent ? sweep.head_dim : head_dim_v;
           host.table.resize(size_t(num_pages));
           std::iota(host.table.begin(), host.table.end(), 0);
           std::shuffle(host.table.begin(), host.table.end(), rng);  // pages in any order, as an engine's allocator leaves them
@@ -246,16 +253,19 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           lengths.copy_from_host(std::vector<int32_t>(size_t(batch), cache_len));
           const TensorView k =
               TensorView::bshd(k_pool->data(), kv_dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
-          const TensorView v =
-              TensorView::bshd(v_pool->data(), kv_dtype, num_pages, sweep.kv_heads, page_size, sweep.head_dim);
+          TensorView v = k;  // latent: K's view with its first head_dim_v columns
+          v.shape[3] = head_dim_v;
+          if (!sweep.latent)
+            v = TensorView::bshd(v_pool->data(), kv_dtype, num_pages, sweep.kv_heads, page_size, head_dim_v);
           KvCache cache = KvCache::paged_pool(k, v, block_table.data(), batch, host.pages_per_seq, lengths.data());
-          if (fp8) {
+          if (fp8) {  // a latent cache's V is K's values: K's scale
             cache.k_scale = scales->data();
-            cache.v_scale = scales->data() + 1;
+            cache.v_scale = sweep.latent ? scales->data() : scales->data() + 1;
             cache.scale_count = 1;
           }
           const size_t q_elements = size_t(total_rows) * sweep.heads * sweep.head_dim;
-          DeviceBuffer<unsigned char> q(ctx, q_elements * element, "q"), out(ctx, q_elements * element, "out");
+          const size_t out_elements = size_t(total_rows) * sweep.heads * head_dim_v;
+          DeviceBuffer<unsigned char> q(ctx, q_elements * element, "q"), out(ctx, out_elements * element, "out");
           host.q = fill_random(q, dtype, rng);
           // Dense: [batch, new_tokens, heads, d]; packed: [1, total_rows, heads, d], the same bytes
           // when every sequence has new_tokens rows.
@@ -263,7 +273,7 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
           const TensorView q_view =
               TensorView::bshd(q.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
           const TensorView out_view =
-              TensorView::bshd(out.data(), dtype, view_batch, sweep.heads, view_rows, sweep.head_dim);
+              TensorView::bshd(out.data(), dtype, view_batch, sweep.heads, view_rows, head_dim_v);
           DeviceBuffer<int32_t> cu_seqlens(ctx, host.first_row.size(), "cu_seqlens_q");
           cu_seqlens.copy_from_host(host.first_row);
           const int max_rows = std::max(prefill_rows, new_tokens);
@@ -293,7 +303,7 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
                 Case rows = r.c;  // out as [1, total rows, heads, d]: read back as [heads, total rows, d]
                 rows.batch = 1;
                 rows.seq_q = total_rows;
-                const std::vector<float> values = from_device_bytes(out.to_host(), rows, rows.head_dim);
+                const std::vector<float> values = from_device_bytes(out.to_host(), rows, v_dim(rows));
                 record_check(check_decode(r.c, host, values, settings.tolerance.value_or(default_tolerance(dtype)),
                                           settings.whole_check_macs),
                              r);
@@ -339,6 +349,23 @@ std::vector<CaseResult> run_decode(selfattn::Context& ctx, const DecodeSweep& sw
   }
   std::printf("%d of %zu decode cases ran, %d errors, %d failed the check\n", ran, results.size(), errors, failed);
   return results;
+}
+
+void apply_mla_preset(DecodeSweep& sweep, Backend backend) {
+  sweep.heads = 128;
+  sweep.kv_heads = 1;
+  sweep.head_dim = 576;
+  sweep.head_dim_v = 512;
+  sweep.latent = true;
+  sweep.page_sizes = {64};
+  if (backend == Backend::cuda) {
+    sweep.batches = {1, 8, 32, 128};
+    sweep.cache_lengths = {1024, 4096, 16384, 32768};
+  } else {
+    sweep.heads = 16;
+    sweep.batches = {2};
+    sweep.cache_lengths = {97};
+  }
 }
 
 DecodeSweep default_decode_sweep(Backend backend) {

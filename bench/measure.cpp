@@ -247,7 +247,8 @@ double attention_flops(const Case& c) {
 double attention_bytes(const Case& c) {
   const double q_elems = query_rows(c) * c.heads * c.head_dim, out_elems = query_rows(c) * c.heads * v_dim(c);
   const double k_elems = double(c.batch) * c.kv_heads * c.seq_k * c.head_dim;
-  const double v_elems = double(c.batch) * c.kv_heads * c.seq_k * v_dim(c);
+  // A latent cache's V is K's leading columns: read with K, no bytes of its own.
+  const double v_elems = c.decode && c.decode->latent ? 0.0 : double(c.batch) * c.kv_heads * c.seq_k * v_dim(c);
   const double in = double(selfattn::dtype_size(c.dtype)), out = double(selfattn::dtype_size(out_dtype(c)));
   const double kv = double(selfattn::dtype_size(c.decode ? c.decode->kv_dtype : c.dtype));
   const double forward = q_elems * in + out_elems * out + (k_elems + v_elems) * kv;  // q, k, v read, out written

@@ -23,7 +23,8 @@ const char* check_word(const CaseResult& r) {
 bool same_decode(const Case& a, const Case& b) {
   if (a.decode.has_value() != b.decode.has_value()) return false;
   return !a.decode || (a.decode->page_size == b.decode->page_size && a.decode->splits == b.decode->splits &&
-                       a.decode->prefill_rows == b.decode->prefill_rows && a.decode->kv_dtype == b.decode->kv_dtype);
+                       a.decode->prefill_rows == b.decode->prefill_rows && a.decode->kv_dtype == b.decode->kv_dtype &&
+                       a.decode->latent == b.decode->latent);
 }
 
 bool same_problem(const Case& a, const Case& b) {
@@ -165,6 +166,7 @@ void write_json(const std::string& file, const std::vector<CaseResult>& results,
         {"splits", c.decode ? json(c.decode->splits) : json(nullptr)},
         {"prefill_rows", c.decode ? json(c.decode->prefill_rows) : json(nullptr)},
         {"kv_dtype", c.decode ? json(name(c.decode->kv_dtype)) : json(nullptr)},
+        {"latent", c.decode ? json(c.decode->latent) : json(nullptr)},
         {"profile", profile_json(r)},
     });
   }

@@ -89,7 +89,8 @@ std::string describe(const Case& c) {
   if (c.decode)
     described += " decode cache=" + std::to_string(c.decode->cache_len) + " page=" + std::to_string(c.decode->page_size) +
                  " splits=" + (c.decode->splits ? std::to_string(c.decode->splits) : std::string("auto")) +
-                 (c.decode->kv_dtype != c.dtype ? std::string(" kv=") + name(c.decode->kv_dtype) : std::string());
+                 (c.decode->kv_dtype != c.dtype ? std::string(" kv=") + name(c.decode->kv_dtype) : std::string()) +
+                 (c.decode->latent ? " latent" : "");
   return c.mods.any() ? described + " " + describe_mods(c.mods) : described;
 }
 

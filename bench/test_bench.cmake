@@ -21,7 +21,11 @@
 #   head_dims: --head-dim 48 --head-dim-v 24 (v and out of another head dim, as MLA's prefill),
 #            --direction fwd,bwd, every path, --check; exit 0; the naive and cublas cases ran and passed
 #            with head_dim_v 24 and FLOPs 2 * heads * pairs * (48 + 24) forward, (3 * 48 + 2 * 24)
-#            backward; the fused ones are skipped naming head_dim_v. --head-dim-v with --mode decode exits 2.
+#            backward; the fused ones are skipped naming head_dim_v. --mla outside --mode decode exits 2.
+#   mla_decode: --mode decode --mla (DeepSeek's latent cache 576/512, one kv head, 16 heads on the
+#            sim), 1 and 2 new rows, every path, --check, bf16 and an e4m3 cache; exit 0; every case
+#            ran and passed with latent true, head dims 576/512, and bytes counting the cache's rows
+#            once (V is K's first 512 columns) + q read + out written.
 #   fused_kernels: --fused-kernel auto,mma.sync on fused and cublas, --check; exit 0; every case ran and
 #            passed, the pinned lines are "fused/mma.sync", and each auto fused line has its vs_mma_sync.
 #   profile: --profile on the fused path (bf16, d64, seq 64, forward and backward), then a small decode
@@ -77,12 +81,17 @@ elseif(MODE STREQUAL "fused_kernels")
   set(args --backend sim --path fused,cublas --fused-kernel auto,mma.sync --check --json ${json} --csv ${csv}
            --warmup 0 --iters 1 --batch 1 --heads 2 --kv-heads 1 --seq-q 7,113 --seq-k 200 --head-dim 64
            --causal none,bottom_right --dtype bf16)
+elseif(MODE STREQUAL "mla_decode")
+  set(decode_batch 2)
+  set(mla_common --backend sim --mode decode --mla --path all --check --warmup 0 --iters 1 --batch ${decode_batch}
+                 --cache-len 97 --page-size 64 --new-tokens 1,2 --dtype bf16)
+  set(args ${mla_common} --json ${json} --csv ${csv})
 elseif(MODE STREQUAL "profile")
   set(args --backend sim --path fused --profile --gpu h200 --json ${json} --warmup 0 --iters 1 --batch 1 --heads 2
            --seq-q 64 --head-dim 64 --dtype bf16 --direction fwd,bwd)
 else()
   message(FATAL_ERROR "MODE must be sweep, sweep_fp8, fail, default, decode, decode_fail, decode_fp8, backward, "
-                      "head_dims, fused_kernels or profile")
+                      "head_dims, mla_decode, fused_kernels or profile")
 endif()
 
 # visible_pairs(SQ CAUSAL OUT): the (query, key) pairs one head sees at seq_k 40, the backward and
@@ -155,11 +164,12 @@ endif()
 set(fields backend gpu path resolved_path fused_kernel direction dtype batch heads kv_heads seq_q seq_k head_dim
            head_dim_v causal
            layout status ms_median ms_min ms_max tflops gbps pct_of_ceiling pct_of_copy_ceiling vs_cublas vs_mma_sync
-           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits prefill_rows kv_dtype profile)
+           max_abs_err rel_err check bytes mode cache_len page_size new_tokens splits prefill_rows kv_dtype latent
+           profile)
 set(checked_mode OFF)
 if(MODE STREQUAL "sweep" OR MODE STREQUAL "fail" OR MODE STREQUAL "decode" OR MODE STREQUAL "decode_fail" OR
    MODE STREQUAL "decode_fp8" OR MODE STREQUAL "sweep_fp8" OR MODE STREQUAL "backward" OR
-   MODE STREQUAL "head_dims" OR MODE STREQUAL "fused_kernels")
+   MODE STREQUAL "head_dims" OR MODE STREQUAL "mla_decode" OR MODE STREQUAL "fused_kernels")
   set(checked_mode ON)
 endif()
 set(decode_checks 0)
@@ -251,6 +261,23 @@ foreach(i RANGE ${last})
                        + ${kv_size} * 2 * ${decode_batch} * ${decode_kv_heads} * ${cache_len} * ${decode_head_dim}")
       if(bytes LESS wanted OR bytes GREATER wanted)
         message(FATAL_ERROR "cases[${i}].bytes = ${bytes}, expected ${wanted} (K/V read + q read + out written)")
+      endif()
+      if(NOT check STREQUAL "pass")
+        message(FATAL_ERROR "cases[${i}] (${path}) check is '${check}': ${case}")
+      endif()
+      math(EXPR decode_checks "${decode_checks} + 1")
+    endif()
+    # An MLA decode case: the latent cache's rows read once (bf16), q (576) read, out (512) written.
+    if(MODE STREQUAL "mla_decode")
+      string(JSON latent GET "${case}" latent)
+      string(JSON d GET "${case}" head_dim)
+      string(JSON dv GET "${case}" head_dim_v)
+      string(JSON new_tokens GET "${case}" new_tokens)
+      string(JSON bytes GET "${case}" bytes)
+      math(EXPR wanted "2 * ${decode_batch} * ${new_tokens} * 16 * (576 + 512) + 2 * ${decode_batch} * 97 * 576")
+      if(NOT latent OR NOT d EQUAL 576 OR NOT dv EQUAL 512 OR bytes LESS wanted OR bytes GREATER wanted)
+        message(FATAL_ERROR "cases[${i}]: latent ${latent}, head dims ${d}/${dv}, bytes ${bytes}: expected true, "
+                            "576/512, ${wanted}")
       endif()
       if(NOT check STREQUAL "pass")
         message(FATAL_ERROR "cases[${i}] (${path}) check is '${check}': ${case}")
@@ -425,10 +452,21 @@ elseif(MODE STREQUAL "head_dims")
                         "2 shapes x 2 masks x 2 directions x naive, cublas), ${head_dim_refusals} fused ones refused "
                         "(expected 8):\n${err}")
   endif()
-  execute_process(COMMAND ${BENCH} --backend sim --mode decode --head-dim-v 8 RESULT_VARIABLE decode_rc
-                  OUTPUT_QUIET ERROR_VARIABLE decode_err)
-  if(NOT decode_rc EQUAL 2 OR NOT decode_err MATCHES "--head-dim-v is for --mode attention")
-    message(FATAL_ERROR "--mode decode --head-dim-v: exit ${decode_rc}, '${decode_err}': expected 2 and the reason")
+  execute_process(COMMAND ${BENCH} --backend sim --mla RESULT_VARIABLE mla_rc OUTPUT_QUIET ERROR_VARIABLE mla_err)
+  if(NOT mla_rc EQUAL 2 OR NOT mla_err MATCHES "--mla is a decode preset")
+    message(FATAL_ERROR "--mla without --mode decode: exit ${mla_rc}, '${mla_err}': expected 2 and the reason")
+  endif()
+elseif(MODE STREQUAL "mla_decode")
+  if(NOT rc EQUAL 0 OR NOT decode_checks EQUAL 6 OR NOT count EQUAL 6)
+    message(FATAL_ERROR "the checked MLA decode sweep: exit ${rc}, ${decode_checks} of ${count} cases ran and passed, "
+                        "expected 6 (2 new-row counts x 3 paths):\n${err}")
+  endif()
+  # An e4m3 latent cache (bf16 q: the latent kernel's FP8 instance on the fused path), checked.
+  execute_process(COMMAND ${BENCH} ${mla_common} --kv-dtype e4m3 RESULT_VARIABLE fp8_rc OUTPUT_VARIABLE fp8_out
+                  ERROR_VARIABLE fp8_err)
+  if(NOT fp8_rc EQUAL 0 OR NOT fp8_out MATCHES "6 of 6 decode cases ran, 0 errors, 0 failed the check"
+     OR NOT fp8_out MATCHES "latent \\(V: K's first 512 columns\\)")
+    message(FATAL_ERROR "--mla --kv-dtype e4m3: exit ${fp8_rc}:\n${fp8_out}\n${fp8_err}")
   endif()
 elseif(MODE STREQUAL "fused_kernels")
   if(NOT rc EQUAL 0 OR NOT count EQUAL 12 OR NOT pinned_lines EQUAL 4 OR NOT speedups EQUAL 4)

@@ -452,3 +452,16 @@ mutant combine_at_k_width host/src/kv_cache/split_kv_runner.cpp 1 \
 mutant rotary_from_column_0 kernels/decode/rotary.cuh 1 \
   'const int e = e_in_row - r.first_dim;' 'const int e = e_in_row;' \
   'rotary ignores first_dim and rotates a row'"'"'s first columns'
+# Issue 48 item 3: the latent decode kernel (DeepSeek's absorbed MLA on mma.sync).
+mutant latent_s_one_depth_half kernels/decode/decode_latent_mma.cuh 1 \
+  'const float dots[2] = {low.x + high.x, low.y + high.y};' 'const float dots[2] = {low.x, low.y};' \
+  'the latent kernel'"'"'s scores leave out the second half of the depth'
+mutant latent_v_columns_of_warp0 kernels/decode/decode_latent_mma.cuh 1 \
+  'load_b_from_kn(vf, k_s, LD, column0 + n0, 16 * ks);' 'load_b_from_kn(vf, k_s, LD, n0, 16 * ks);' \
+  'every warp of the latent kernel multiplies P by V'"'"'s first columns'
+mutant latent_second_key_step_dropped kernels/decode/decode_latent_mma.cuh 1 \
+  'for (int ks = 0; ks < 2; ++ks) {' 'for (int ks = 0; ks < 1; ++ks) {' \
+  'the latent kernel'"'"'s P V leaves out the tile'"'"'s last 16 keys'
+mutant latent_rows_past_the_group kernels/decode/decode_latent_mma.cuh 1 \
+  '    if (row >= group_rows) continue;' '    (void)group_rows;' \
+  'the latent kernel writes the rows of its last block past the group'

@@ -13,6 +13,14 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+// Unrolls the loop that follows under nvcc, so that the register arrays its counter indexes stay in
+// registers (a loop nvcc keeps rolled puts them in local memory); the sim runs it as written.
+#if SELFATTN_SIM
+#define SELFATTN_UNROLL
+#else
+#define SELFATTN_UNROLL _Pragma("unroll")
+#endif
+
 #if SELFATTN_SIM
 #include <math.h>  // the C++ <math.h>: std::isnan, fmaf, exp2f... in the global namespace, as CUDA has them
 

@@ -26,7 +26,7 @@ SELFATTN_KERNELS_BEGIN
 
 struct DecodeCombineTraits {
   static constexpr int kThreads = 128;
-  static constexpr int kMaxColumnsPerThread = 2;  // head_dim up to 256, the split-KV kernels' largest
+  static constexpr int kMaxColumnsPerThread = 4;  // head_dim up to 512, the latent kernel's V (decode_latent_mma.cuh)
   static constexpr size_t kSmemBytes = kThreads * sizeof(float);  // one chunk of w_s
 };
 

@@ -21,8 +21,8 @@ DecodeKernel split_kv_mma(const char* name) {
   return {make_kernel_ref<DecodeSplitKvParams, decode_split_kv_mma_kernel<T, D>>(name), Traits::kThreads,
           Traits::kRows, Traits::kSmemBytes, D};
 }
-// decode_combine holds kMaxColumnsPerThread of a row's columns per thread: every head_dim a
-// split-KV kernel takes.
+// decode_combine holds kMaxColumnsPerThread of a row's columns per thread: every head_dim_v a
+// split-KV kernel takes (the latent kernel's 512: decode_latent_mma.cu).
 static_assert(DecodeCombineTraits::kThreads * DecodeCombineTraits::kMaxColumnsPerThread >= DecodeSplitKvTraits::kMaxHeadDim,
               "decode_combine covers the SIMT kernel's head dims");
 template <class T>

@@ -302,6 +302,27 @@ def test_latent_cache_reads_v_from_k(rng, rope_dim):
         assert relative_error(out.astype(np.float64).transpose(0, 2, 1, 3), want) <= TOLERANCE["bfloat16"], path
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_deepseek_latent_decode_every_path(rng, splits):
+    # DeepSeek's absorbed decode at its own sizes: rows [c_kv (512) | k_rope (64)] in 64-token pages,
+    # 16 query heads over one kv head, 2 new rows each (speculative decoding); the fused path runs
+    # the latent tensor-core kernel, the others gather.
+    batch, heads, page_size, latent = 2, 16, 64, 512
+    pool = random(rng, (5, page_size, 1, latent + 64), "bfloat16")
+    table = np.array([[3, 0], [1, 4]], np.int32)
+    lengths = np.array([70, 128], np.int32)
+    q = random(rng, (batch, 2, heads, latent + 64), "bfloat16")
+    gathered = np.stack([np.concatenate([pool[p] for p in table[b]]) for b in range(batch)]).transpose(0, 2, 1, 3)
+    want, want_lse = reference(q.astype(np.float64).transpose(0, 2, 1, 3), gathered, gathered[..., :latent],
+                               "bottom_right", key_lengths=lengths)
+    for path in paths():
+        out, lse = selfattn.attention_with_kv_cache(q, pool, pool[..., :latent], lengths, block_table=table,
+                                                    layout="bshd", path=path, num_splits=splits, return_lse=True)
+        assert out.shape == (batch, 2, heads, latent), path
+        assert relative_error(out.astype(np.float64).transpose(0, 2, 1, 3), want) <= TOLERANCE["bfloat16"], path
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-4, atol=1e-4)
+
+
 def test_merge_states_gives_attention_over_the_union(rng):
     batch, heads, seq_q, seq_k, dim = 2, 3, 5, 11, 8
     q = random(rng, (batch, heads, seq_q, dim), "float32")

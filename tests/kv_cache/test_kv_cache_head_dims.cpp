@@ -43,9 +43,9 @@ TEST(KvCacheHeadDims, SeparatePoolsEveryPath) {
 }
 
 // A latent cache, MQA (one kv head, 16 query heads as the tile's rows), 1 and 2 new rows
-// (speculative decoding): (96, 64) small enough for the split-KV kernels, with rotary on q's rope
-// columns (first_dim 64) and splits; an FP8 latent cache (one scale for K and its V view); and
-// DeepSeek's own (576, 512) on the naive and cublas paths, automatic choosing them.
+// (speculative decoding): (96, 64) on the SIMT split-KV kernel, with rotary on q's rope columns
+// (first_dim 64) and splits; an FP8 latent cache (one scale for K and its V view); and DeepSeek's
+// own (576, 512) on every path (fused: the latent kernel).
 TEST(KvCacheHeadDims, LatentCacheEveryPath) {
   Context ctx;
   for (int seq_q : {1, 2}) {
@@ -65,15 +65,60 @@ TEST(KvCacheHeadDims, LatentCacheEveryPath) {
     EXPECT_TRUE(check_attend(ctx, c, path));
   }
   const CacheSpec deepseek = with_v_dim(paged(DType::bf16, 2, 1, 576, 64, 2, {70, 128}), 512, true);
-  for (Path path : {Path::naive, Path::cublas, Path::automatic}) EXPECT_TRUE(check_attend(ctx, attend(deepseek, 16, 2), path));
+  for (Path path : {Path::naive, Path::cublas, Path::fused, Path::automatic})
+    EXPECT_TRUE(check_attend(ctx, attend(deepseek, 16, 2), path));
 }
 
-// The split-KV kernels hold up to 256 columns of K and of V: the fused path names both head dims
-// and where they run; nothing is written.
+// The latent kernel (decode_latent_mma.cuh, DeepSeek's (576, 512)) at the edges of its work
+// division: 16 rows per block (8 heads x 3 rows: a partial second block; 16 x 1: one whole),
+// 32-key tiles (lengths 0, 1, 31, 32, 33, 70, a page of 64 and past it), one split and several,
+// f16 and bf16, bf16 q over an e4m3 cache; then windows, softcap, ALiBi and a bias, and left
+// padding with placed rows, against the reference.
+TEST(KvCacheHeadDims, LatentKernelEdges) {
+  Context ctx;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    const CacheSpec spec = with_v_dim(paged(dtype, 4, 1, 576, 64, 2, {0, 33, 70, 1}), 512, true);
+    for (const auto& [heads, seq_q] : {std::pair<int, int>{16, 1}, {8, 3}}) {
+      AttendCase c = attend(spec, heads, seq_q);
+      for (int splits : {1, 3}) {
+        c.num_splits = splits;
+        EXPECT_TRUE(check_attend(ctx, c, Path::fused));
+      }
+    }
+  }
+  AttendCase edges = attend(with_v_dim(contiguous(DType::bf16, 3, 1, 576, 65, {31, 32, 65}, false), 512, true), 16, 2);
+  EXPECT_TRUE(check_attend(ctx, edges, Path::fused));
+  CacheSpec fp8 = with_v_dim(paged(DType::e4m3, 2, 1, 576, 64, 2, {40, 128}), 512, true);
+  fp8.k_scale = fp8.v_scale = {0.625f};
+  AttendCase quantized = attend(fp8, 16, 2);
+  quantized.query_dtype = DType::bf16;
+  for (int splits : {1, 2}) {
+    quantized.num_splits = splits;
+    EXPECT_TRUE(check_attend(ctx, quantized, Path::fused));
+  }
+  testing::ScoreModsCase mods;
+  mods.window_left = 20;
+  mods.softcap = 30.0f;
+  mods.alibi = testing::AlibiSlopes::heads;
+  mods.bias = testing::BiasLayout::full;
+  CacheSpec padded = with_v_dim(paged(DType::bf16, 2, 1, 576, 16, 6, {90, 47}), 512, true);
+  padded.key_start = {10, 0};
+  AttendCase modified = attend(padded, 16, 2);
+  modified.mods = mods;
+  modified.q_offset = {60, 40};
+  for (int splits : {1, 3}) {
+    modified.num_splits = splits;
+    EXPECT_TRUE(check_attend(ctx, modified, Path::fused));
+  }
+}
+
+// The split-KV kernels hold up to 256 columns of K and of V, the latent kernel (576, 512) with V a
+// view of K: with V in a pool of its own the fused path names both head dims and where they run;
+// nothing is written.
 TEST(KvCacheHeadDims, FusedNamesItsBound) {
   Context ctx;
   std::mt19937_64 rng = rng_for("fused bound");
-  const TestCache cache = make_cache(ctx, with_v_dim(paged(DType::bf16, 1, 1, 576, 16, 1, {9}), 512, true), rng);
+  const TestCache cache = make_cache(ctx, with_v_dim(paged(DType::bf16, 1, 1, 576, 16, 1, {9}), 512), rng);
   Tensor q = random_tensor(ctx, DType::bf16, 1, 16, 1, 576, rng, kQueryLayout);
   const Output out = poisoned_output(ctx, DType::bf16, 1, 16, 1, 512, kOutLayout);
   const std::vector<unsigned char> before = out.device.to_host();
@@ -84,7 +129,8 @@ TEST(KvCacheHeadDims, FusedNamesItsBound) {
     ADD_FAILURE() << "the fused path took head dims (576, 512)";
   } catch (const NotAvailable& e) {
     EXPECT_NE(std::string(e.what()).find("attention_with_kv_cache: path fused: the split-KV kernels take head_dim and "
-                                         "head_dim_v up to 256, got (576, 512); the naive and cublas paths take any"),
+                                         "head_dim_v up to 256, got (576, 512), and the latent kernel (576, 512) with "
+                                         "V a view of K's leading columns"),
               std::string::npos)
         << e.what();
   }

@@ -196,10 +196,14 @@ struct KvAttentionOptions : MaskOptions {
 // [batch, heads, seq_q, head_dim_v], the cache's dtype (an FP8 cache: f32, f16 or bf16, out of
 // q's); heads a multiple of the cache's kv_heads (GQA/MQA). A
 // sequence with length 0 gives rows of 0 and LSE -inf (with sinks, the head's sink logit). Paths:
-//   fused (and automatic, for head_dim and head_dim_v <= 256): the split-KV decode kernel reads the cache in
-//     place; the query heads sharing a kv head are processed together, so each K/V element is read
-//     once per kv head. Tensor cores (mma.sync) for f16/bf16 at head_dim = head_dim_v = 64 or 128 when every
-//     q, K and V row starts on 16 bytes; a SIMT kernel with fp32 arithmetic for everything else.
+//   fused (and automatic, for head_dim and head_dim_v <= 256, and DeepSeek's latent cache): the
+//     split-KV decode kernel reads the cache in place; the query heads sharing a kv head are
+//     processed together, so each K/V element is read once per kv head. Tensor cores (mma.sync)
+//     for f16/bf16 at head_dim = head_dim_v = 64 or 128 when every q, K and V row starts on 16
+//     bytes; a SIMT kernel with fp32 arithmetic for everything else up to 256. A latent cache (V a
+//     view of K's leading columns) at (576, 512) with f16/bf16 q has its own tensor-core kernel
+//     (each cached row staged once for both products, 16 query rows - heads x new rows - per
+//     block), also over an e4m3 cache with bf16 q; other shapes above 256 are refused by name.
 //     FP8 caches: the same choice with K/V rows on 8 bytes (8 FP8 values per load) instead of 16.
 //     Any page size works at the same cost per key (each key's page is looked up once per tile);
 //     K/V rows that start on 16 bytes and fill whole 16-byte chunks (e.g. f16/bf16 with head_dim a

@@ -62,8 +62,27 @@ DecodeKernel split_kv_kernel_for(const ContextState& state, const TensorView& q,
   return split_kv_kernel(state, q.dtype, shape);
 }
 
-// Whether this call runs the split-KV kernel: path fused, or automatic where the kernel takes the
-// head dims; an explicit fused path that cannot run throws NotAvailable before anything is written.
+// The latent kernel (decode_latent_mma.cuh) where it takes the call: V a view of K's leading
+// columns at head dims (576, 512), q f16/bf16 on 16 bytes, K's rows on 16 bytes (an FP8 cache: 8);
+// empty otherwise.
+DecodeKernel latent_kernel_for(const ContextState& state, const TensorView& q, const KvCache& cache,
+                               const CacheShape& shape) {
+  if (!shape.v_in_k || q.dtype == DType::f32 || !rows_on_16_bytes(q)) return {};
+  if (is_fp8(cache.k.dtype)) {
+    if (!rows_on_bytes(cache.k, 8)) return {};
+    return SELFATTN_KERNEL_FOR(state.device->backend(),
+                               decode_latent_mma_fp8_instance(detail::element_of(q.dtype),
+                                                              detail::cache_element_of(cache.k.dtype),
+                                                              shape.head_dim_qk, shape.head_dim_v));
+  }
+  if (!rows_on_16_bytes(cache.k)) return {};
+  return SELFATTN_KERNEL_FOR(state.device->backend(), decode_latent_mma_instance(detail::element_of(q.dtype),
+                                                                                 shape.head_dim_qk, shape.head_dim_v));
+}
+
+// Whether this call runs the SIMT or tensor-core split-KV kernel: path fused, or automatic where
+// the kernel takes the head dims; an explicit fused path that cannot run throws NotAvailable
+// before anything is written.
 bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape, const char* function) {
   if (path != Path::fused && path != Path::automatic) return false;
   const DecodeKernel kernel = split_kv_kernel(state, DType::f32, shape);
@@ -73,7 +92,8 @@ bool use_split_kv(const ContextState& state, Path path, const CacheShape& shape,
   } else if (shape.head_dim_qk > kernel.max_head_dim || shape.head_dim_v > kernel.max_head_dim) {
     reason = "the split-KV kernels take head_dim and head_dim_v up to " + std::to_string(kernel.max_head_dim) +
              ", got (" + std::to_string(shape.head_dim_qk) + ", " + std::to_string(shape.head_dim_v) +
-             "); the naive and cublas paths take any";
+             "), and the latent kernel (576, 512) with V a view of K's leading columns, q f16 or bf16 (over "
+             "an FP8 cache: bf16 q, e4m3) and rows on 16 bytes (FP8: 8); the naive and cublas paths take any";
   }
   if (reason.empty()) return true;
   if (path == Path::fused) throw NotAvailable(std::string(function) + ": path fused: " + reason);
@@ -119,9 +139,11 @@ int choose_splits(int requested, int64_t blocks, int64_t capacity, int multiproc
 std::optional<SplitKvPlan> plan_split_kv(const ContextState& state, const TensorView& q, int seq_q, const KvCache& cache,
                                          const CacheShape& shape, const KvAttentionOptions& options,
                                          const char* function) {
-  if (!use_split_kv(state, options.path, shape, function)) return std::nullopt;
+  if (options.path != Path::fused && options.path != Path::automatic) return std::nullopt;
+  const DecodeKernel latent = latent_kernel_for(state, q, cache, shape);
+  if (!latent.kernel && !use_split_kv(state, options.path, shape, function)) return std::nullopt;
   SplitKvPlan plan;
-  plan.kernel = split_kv_kernel_for(state, q, cache, shape);
+  plan.kernel = latent.kernel ? latent : split_kv_kernel_for(state, q, cache, shape);
   const int64_t row_blocks = group_row_blocks(q, seq_q, shape, plan.kernel);
   plan.splits = fit_grid(choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
                                        shape.capacity, state.device->multiprocessor_count()),

@@ -275,6 +275,15 @@ if [ $ON_GPU = 1 ]; then
   step mla-sweep 90 "$BENCH" --backend cuda --path fused,cublas --batch 2 --heads 16 --seq-q 4096,8192 \
     --head-dim 192 --head-dim-v 128 --dtype bf16 --causal none,bottom_right --direction fwd --check \
     --json "$LOGS/bench_mla.json"
+  # MLA's absorbed decode (issue 48; bench/NOTES.md, "MLA decode"): the latent kernel at 128 heads
+  # (tensor work) and at 16 (a tensor-parallel shard: bytes), bf16 and an e4m3 cache, checked,
+  # beside the copy ceiling of the same run.
+  step mla-decode-128 60 "$BENCH" --backend cuda --mode decode --mla --path fused --heads 128 --batch 8,64 \
+    --cache-len 4096 --check --json "$LOGS/bench_mla_decode_128.json"
+  step mla-decode-16 45 "$BENCH" --backend cuda --mode decode --mla --path fused --heads 16 --batch 64 \
+    --cache-len 16384 --check --json "$LOGS/bench_mla_decode_16.json"
+  step mla-decode-fp8 45 "$BENCH" --backend cuda --mode decode --mla --path fused --heads 16 --batch 64 \
+    --cache-len 16384 --kv-dtype e4m3 --check --json "$LOGS/bench_mla_decode_fp8.json"
 else
   step sim-sweep 300 "$BENCH" --backend sim --check --json "$OUTDIR/sim.json" --csv "$LOGS/sim.csv"
   TABLE_FROM=$LOGS/sim-sweep.log

@@ -73,6 +73,55 @@ def test_kvcache_v_head_dim_apart_from_k(latent):
     assert_lse(lse, want_lse)
 
 
+@pytest.mark.parametrize("one_pool", [True, False])
+def test_kvcache_qv_is_flash_attention_3s_absorbed_mla(one_pool):
+    # FlashAttention-3's qv=: scores q . k + qv . v over k_cache (the rope part, 16 here) and
+    # v_cache (the latent part, 32), appending k and v first; v_cache and k_cache adjacent columns
+    # of one pool (read in place) or two tensors (a copy). out has v's head dim, the scale
+    # 1 / sqrt(16 + 32) by default.
+    g = torch.Generator().manual_seed(41)
+    batch, capacity, heads, rope, latent = 3, 12, 8, 16, 32
+    if one_pool:
+        pool = torch.randn(batch, capacity, 1, latent + rope, generator=g)
+        v_cache, k_cache = pool[..., :latent], pool[..., latent:]
+    else:
+        k_cache = torch.randn(batch, capacity, 1, rope, generator=g)
+        v_cache = torch.randn(batch, capacity, 1, latent, generator=g)
+    q, qv = torch.randn(batch, 2, heads, rope, generator=g), torch.randn(batch, 2, heads, latent, generator=g)
+    k, v = torch.randn(batch, 2, 1, rope, generator=g), torch.randn(batch, 2, 1, latent, generator=g)
+    seqlens = torch.tensor([0, 4, 10], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True,
+                                       return_softmax_lse=True, qv=qv)
+    assert out.shape == (batch, 2, heads, latent)
+    for b, n in enumerate(seqlens.tolist()):  # appended in place, into the caller's tensors
+        assert torch.equal(k_cache[b, n:n + 2], k[b]) and torch.equal(v_cache[b, n:n + 2], v[b])
+    keys = torch.cat([v_cache, k_cache], dim=-1)
+    want, want_lse = reference(torch.cat([qv, q], dim=-1), keys, v_cache, causal=True, key_lengths=seqlens + 2)
+    assert_close(out, want, "float32")
+    assert_lse(lse, want_lse)
+    with pytest.raises(FlashAttnArgumentError, match="qv expected q's batch, seqlen and nheads with v_cache's headdim"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, qv=qv[..., :16])
+
+
+def test_kvcache_qv_rotary_in_one_pool_or_two():
+    # With rotary (q and k rotated at FlashAttention's positions), one pool read in place and two
+    # tensors read through a copy give the same caches and the same out.
+    g = torch.Generator().manual_seed(42)
+    pool = torch.randn(2, 10, 1, 48, generator=g)
+    q, qv = torch.randn(2, 1, 4, 16, generator=g), torch.randn(2, 1, 4, 32, generator=g)
+    k, v = torch.randn(2, 1, 1, 16, generator=g), torch.randn(2, 1, 1, 32, generator=g)
+    angles = torch.rand(12, 4, generator=g) * 6.28
+    seqlens = torch.tensor([3, 7], dtype=torch.int32)
+    two = (pool[..., 32:].clone(), pool[..., :32].clone())
+    outs = []
+    for k_cache, v_cache in ((pool[..., 32:], pool[..., :32]), two):
+        outs.append(flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=angles.cos(),
+                                            rotary_sin=angles.sin(), cache_seqlens=seqlens, causal=True, qv=qv))
+    assert torch.equal(pool[..., 32:], two[0]) and torch.equal(pool[..., :32], two[1])
+    torch.testing.assert_close(outs[0], outs[1])
+    assert not torch.equal(pool[0, 3, 0, 32:], k[0, 0, 0])  # k was rotated on the way in
+
+
 def test_kvcache_cache_batch_idx():
     # Sequence b appends to and reads row cache_batch_idx[b] of a cache with more rows than q's batch.
     k_cache, v_cache = cache(37, 4, 10)

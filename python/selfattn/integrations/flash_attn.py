@@ -266,12 +266,26 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   return_attn_probs)
 
 
+def _adjacent_columns(first, second):
+    """The view of rows [first | second] when second's columns follow first's in one allocation
+    (same strides, same extents but the last, second starting where first's columns end), else None."""
+    if first.stride() != second.stride() or first.shape[:3] != second.shape[:3] or first.dtype != second.dtype:
+        return None
+    if first.stride(-1) != 1 or second.data_ptr() != first.data_ptr() + first.shape[3] * first.element_size():
+        return None
+    columns = first.shape[3] + second.shape[3]
+    if first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr():
+        return None
+    return first.as_strided((*first.shape[:3], columns), first.stride())
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
                             cache_batch_idx: Optional[torch.Tensor] = None,
                             cache_leftpad: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            qv=None):
     """A decoding step: with k and v [batch, seqlen_new, nheads_k, headdim], writes them into
     k_cache and v_cache in place at positions cache_seqlens[b] + t (rotating k by rotary_cos and
     rotary_sin there), then attends q [batch, seqlen_q, nheads, headdim] to the cache's first
@@ -287,6 +301,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     have more rows than q's batch (selfattn's batch_index).
     v_cache's headdim may differ from k_cache's and q's (MLA's caches; a latent cache passes
     v_cache=k_cache[..., :512], a view, and v=k[..., :512]).
+    qv [batch, seqlen_q, nheads, headdim_v] (FlashAttention-3's form of absorbed MLA; keyword only
+    here, FlashAttention-2's positions kept): the scores are q . k + qv . v, q, k_cache and k the
+    rotary part (64), qv, v_cache and v the latent part (512), the default scale 1 / sqrt(headdim +
+    headdim_v). It runs as attention over a latent cache of rows [v | k] with query rows [qv | q]:
+    in place when v_cache and k_cache are adjacent columns of one pool (v_cache = pool[..., :512],
+    k_cache = pool[..., 512:], as engines keep it), else over a copy of both (correct, not fast).
+    Rotary rotates q and k, as without qv.
     Returns out shaped like q with v_cache's headdim, and with return_softmax_lse=True (out,
     softmax_lse float32 [batch, nheads, seqlen_q], +inf for a row without keys). No backward:
     inputs may require grad, but a gradient asked through the output raises. See the module's doc."""
@@ -296,6 +317,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                "to pages")
     q = arguments.tensor(name, "q", q, 4)
     k_cache, v_cache = arguments.tensor(name, "k_cache", k_cache, 4), arguments.tensor(name, "v_cache", v_cache, 4)
+    if qv is not None:
+        qv = arguments.tensor(name, "qv", qv, 4)
+        if qv.shape[:3] != q.shape[:3] or qv.shape[3] != v_cache.shape[3] or qv.dtype != q.dtype:
+            arguments.invalid(name, f"qv expected q's batch, seqlen and nheads with v_cache's headdim "
+                                    f"({tuple(q.shape[:3]) + (v_cache.shape[3],)}) and q's dtype, got "
+                                    f"{tuple(qv.shape)} {qv.dtype}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         arguments.invalid(name, "k_cache and v_cache expected a contiguous last dimension (they are written in place)")
     if (k is None) != (v is None):
@@ -336,7 +363,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if check_cache_capacity:
         arguments.check_capacity(name, lengths, seqlen_new, capacity, paged=block_table is not None)
     rotary = dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=bool(rotary_interleaved))
-    q_rotary = dict(rotary)
+    # With qv, q's rows are [qv | q]: q's rotary columns start past qv's.
+    q_rotary = dict(rotary, rotary_first_dim=0 if qv is None else qv.shape[3])
     if rotary_cos is not None:
         # FlashAttention's positions are the cache's slots, cache_leftpad or not (its kernel adds the
         # left padding back into the rotary offset): the new tokens at cache_seqlens + t; q's rows
@@ -348,18 +376,32 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     masks = dict(causal="bottom_right" if causal else None, scale=arguments.scale(name, softmax_scale), window=window,
                  softcap=arguments.softcap(name, softcap), alibi_slopes=alibi_slopes)
 
+    # FlashAttention-3's absorbed MLA (qv) runs as a latent cache of rows [v | k], in place where the
+    # two caches are adjacent columns of one pool; the new tokens then go in as rows [v | k] too.
+    latent = None if qv is None else _adjacent_columns(v_cache, k_cache)
+
     def step():
         with arguments.runtime_errors(name):
             seen = lengths
-            if k is not None:
+            if k is not None and latent is not None:
+                rows = torch.cat([v, k], dim=-1)
+                seen = selfattn.append_kv(latent, latent[..., :qv.shape[3]], lengths, rows, rows[..., :qv.shape[3]],
+                                          block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
+                                          return_lengths=True, **rotary, rotary_first_dim=qv.shape[3])
+            elif k is not None:
                 seen = selfattn.append_kv(k_cache, v_cache, lengths, k, v, block_table=block_table,
                                           batch_index=cache_batch_idx, layout="bshd", return_lengths=True, **rotary)
+            query, keys, values = q, k_cache, v_cache
+            if qv is not None:  # query rows [qv | q]
+                query = torch.cat([qv, q], dim=-1)
+                keys = latent if latent is not None else torch.cat([v_cache, k_cache], dim=-1)
+                values = keys[..., :v_cache.shape[3]]
             return selfattn.attention_with_kv_cache(
-                q, k_cache, v_cache, seen, block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
+                query, keys, values, seen, block_table=block_table, batch_index=cache_batch_idx, layout="bshd",
                 return_lse=bool(return_softmax_lse), num_splits=num_splits, key_start=cache_leftpad, **masks,
                 **q_rotary)
 
-    result = arguments.forward_only(name, step, (q, k, v, k_cache, v_cache))
+    result = arguments.forward_only(name, step, (q, k, v, k_cache, v_cache, qv))
     if not return_softmax_lse:
         return result
     out, lse = result

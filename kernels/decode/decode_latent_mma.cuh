@@ -9,7 +9,8 @@
 // Per tile of 32 keys the block stages K (16-bit; an FP8 cache dequantized while staging, stored x
 // scale rounded once to T) and, in four warps:
 //   S = Q K^T      warp w: keys [16 (w / 2), +16) over depth half w % 2 ([DQK/2 (w % 2), +DQK/2)),
-//                  mma m16n8k16 with Q and K from shared memory; the partial S to shared memory
+//                  mma m16n8k16, the warp's half of Q held in registers for the whole key range,
+//                  K from shared memory; the partial S to shared memory
 //   softmax        every warp sums the two depth halves of all 32 keys of its rows g, g + 8 and
 //                  keeps the same (max, sum) per row: the four warps agree without a merge
 //   O += P V       warp w: columns [DV/4 w, +DV/4) of O for all 16 rows, V from K's tile by
@@ -96,6 +97,13 @@ __global__ void __launch_bounds__(128) decode_latent_mma_kernel(const DecodeSpli
     }
     store_vector(reinterpret_cast<uint4*>(q_s + r * LD + c), chunk);
   }
+  __syncthreads();
+  // This warp's depth half of Q as A fragments, held for the whole key range (72 registers at
+  // 576): Q K^T then reads only K from shared memory.
+  constexpr int kDepthSteps = Traits::kDepthHalf / 16;
+  uint32_t q_frag[kDepthSteps][4];
+  SELFATTN_UNROLL
+  for (int step = 0; step < kDepthSteps; ++step) load_a(q_frag[step], q_s, LD, 0, depth0 + 16 * step);
 
   // Rows g and g + 8: their keys, query index, aligned position and head's modifiers.
   KeyRange visible[2];
@@ -140,13 +148,13 @@ __global__ void __launch_bounds__(128) decode_latent_mma_kernel(const DecodeSpli
 
     // This warp's partial S: rows 0-15 x keys [16 key_half, +16) over its depth half.
     float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-    for (int k0 = depth0; k0 < depth0 + Traits::kDepthHalf; k0 += 16) {
-      uint32_t qf[4], kf[4];
-      load_a(qf, q_s, LD, 0, k0);
-      load_b_from_nk(kf, k_s, LD, 16 * key_half, k0);
+    SELFATTN_UNROLL
+    for (int step = 0; step < kDepthSteps; ++step) {
+      uint32_t kf[4];
+      load_b_from_nk(kf, k_s, LD, 16 * key_half, depth0 + 16 * step);
       const uint32_t low[2] = {kf[0], kf[1]}, high[2] = {kf[2], kf[3]};
-      mma_m16n8k16<T>(s[0], qf, low, s[0]);
-      mma_m16n8k16<T>(s[1], qf, high, s[1]);
+      mma_m16n8k16<T>(s[0], q_frag[step], low, s[0]);
+      mma_m16n8k16<T>(s[1], q_frag[step], high, s[1]);
     }
     // Accumulator i of n8 tile j: row g + 8 (i / 2), key 16 key_half + 8 j + 2 t + i % 2.
     float* s_half = s_s + (warp % 2) * R * SLD;

@@ -459,9 +459,9 @@ mutant latent_s_one_depth_half kernels/decode/decode_latent_mma.cuh 1 \
 mutant latent_v_columns_of_warp0 kernels/decode/decode_latent_mma.cuh 1 \
   'load_b_from_kn(vf, k_s, LD, column0 + n0, 16 * ks);' 'load_b_from_kn(vf, k_s, LD, n0, 16 * ks);' \
   'every warp of the latent kernel multiplies P by V'"'"'s first columns'
-mutant latent_second_key_step_dropped kernels/decode/decode_latent_mma.cuh 1 \
-  'for (int ks = 0; ks < 2; ++ks) {' 'for (int ks = 0; ks < 1; ++ks) {' \
-  'the latent kernel'"'"'s P V leaves out the tile'"'"'s last 16 keys'
+mutant latent_second_key_step_reads_first kernels/decode/decode_latent_mma.cuh 1 \
+  'LD, column0 + n0, 16 * ks);' 'LD, column0 + n0, 0);' \
+  'the latent kernel'"'"'s P V multiplies the tile'"'"'s last 16 probabilities by its first 16 keys'"'"' V'
 mutant latent_rows_past_the_group kernels/decode/decode_latent_mma.cuh 1 \
   '    if (row >= group_rows) continue;' '    (void)group_rows;' \
   'the latent kernel writes the rows of its last block past the group'

@@ -27,6 +27,7 @@
 #include "../common/primitives_fragments.cuh"
 #include "../common/score_mods.cuh"
 #include "../common/simt_tile.cuh"
+#include "decode_mma_rows.cuh"
 #include "decode_split_keys.cuh"
 #include "decode_split_kv_mma.cuh"
 #include "kv_cache_params.h"
@@ -105,22 +106,9 @@ __global__ void __launch_bounds__(128) decode_latent_mma_kernel(const DecodeSpli
   SELFATTN_UNROLL
   for (int step = 0; step < kDepthSteps; ++step) load_a(q_frag[step], q_s, LD, 0, depth0 + 16 * step);
 
-  // Rows g and g + 8: their keys, query index, aligned position and head's modifiers.
-  KeyRange visible[2];
-  int query_row[2], aligned[2];
-  HeadScoreMods head_mods[2];
-  float row_max[2], row_sum[2], acc[CW / 8][4];
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + g + 8 * h;
-    query_row[h] = row % seq_q;
-    visible[h] = row < group_rows
-                     ? visible_key_range(query_row[h], sequence, p.causal, p.mods.window_left, p.mods.window_right)
-                     : KeyRange{0, 0};
-    aligned[h] = aligned_key(query_row[h], sequence);
-    head_mods[h] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (row < group_rows ? row / seq_q : 0));
-    row_max[h] = -INFINITY;
-    row_sum[h] = 0.0f;
-  }
+  // Rows g and g + 8: what scores their keys, and their online softmax.
+  const DecodeMmaRows row_keys = decode_mma_rows(p, sequence, b, kv_head, row0, group_rows, seq_q);
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, acc[CW / 8][4];
   SELFATTN_UNROLL
   for (int n = 0; n < CW / 8; ++n)
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
@@ -183,13 +171,8 @@ __global__ void __launch_bounds__(128) decode_latent_mma_kernel(const DecodeSpli
           const float dots[2] = {low.x + high.x, low.y + high.y};
           SELFATTN_UNROLL
           for (int odd = 0; odd < 2; ++odd) {
-            const int i = 2 * pair + odd, key = key0 + n + odd;
-            const bool seen = key < key_end && key >= visible[h].begin && key < visible[h].end;
-            const float dot = dots[odd];
-            score[ks][i] = !seen                  ? -INFINITY
-                           : p.mods.changes_values ? modified_score(p.mods, head_mods[h], dot * p.scale, query_row[h],
-                                                                    aligned[h], key) * kLog2e
-                                                   : dot * p.scale_log2;
+            const int i = 2 * pair + odd;
+            score[ks][i] = decode_mma_score(p, row_keys, h, key0 + n + odd, key_end, dots[odd]);
             tile_max = fmaxf(tile_max, score[ks][i]);
           }
         }

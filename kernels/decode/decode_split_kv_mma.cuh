@@ -27,6 +27,7 @@
 #include "../common/primitives_fragments.cuh"
 #include "../common/score_mods.cuh"
 #include "../common/simt_tile.cuh"
+#include "decode_mma_rows.cuh"
 #include "decode_split_keys.cuh"
 #include "kv_cache_params.h"
 #include "kv_pages.cuh"
@@ -119,22 +120,9 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   uint32_t q_frag[D / 16][4];
   for (int k0 = 0; k0 < D; k0 += 16) load_a(q_frag[k0 / 16], q_s, LD, 0, k0);
 
-  // Rows g and g + 8: their keys, query index, aligned position and head's modifiers.
-  KeyRange visible[2];
-  int query_row[2], aligned[2];
-  HeadScoreMods head_mods[2];
-  float row_max[2], row_sum[2], acc[D / 8][4];
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + g + 8 * h;
-    query_row[h] = row % seq_q;
-    visible[h] = row < group_rows
-                     ? visible_key_range(query_row[h], sequence, p.causal, p.mods.window_left, p.mods.window_right)
-                     : KeyRange{0, 0};
-    aligned[h] = aligned_key(query_row[h], sequence);
-    head_mods[h] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (row < group_rows ? row / seq_q : 0));
-    row_max[h] = -INFINITY;
-    row_sum[h] = 0.0f;
-  }
+  // Rows g and g + 8: what scores their keys, and their online softmax.
+  const DecodeMmaRows row_keys = decode_mma_rows(p, sequence, b, kv_head, row0, group_rows, seq_q);
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, acc[D / 8][4];
   for (int n = 0; n < D / 8; ++n)
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
 
@@ -181,12 +169,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
       float tile_max = -INFINITY;
       for (int j = 0; j < 2; ++j)
         for (int i = 2 * h; i < 2 * h + 2; ++i) {
-          const int key = key0 + kb + 8 * j + 2 * t + i % 2;
-          const bool seen = key < key_end && key >= visible[h].begin && key < visible[h].end;
-          s[j][i] = !seen                  ? -INFINITY
-                    : p.mods.changes_values ? modified_score(p.mods, head_mods[h], s[j][i] * p.scale, query_row[h],
-                                                             aligned[h], key) * kLog2e
-                                            : s[j][i] * p.scale_log2;
+          s[j][i] = decode_mma_score(p, row_keys, h, key0 + kb + 8 * j + 2 * t + i % 2, key_end, s[j][i]);
           tile_max = fmaxf(tile_max, s[j][i]);
         }
       tile_max = warp_reduce_max<4>(tile_max);

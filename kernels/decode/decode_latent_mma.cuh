@@ -86,18 +86,7 @@ __global__ void __launch_bounds__(128) decode_latent_mma_kernel(const DecodeSpli
   int64_t* k_rows = reinterpret_cast<int64_t*>(smem + Traits::kQBytes + Traits::kKBytes + Traits::kSBytes);
 
   // Q rows of the group (row r: head kv_head * heads_per_kv + r / seq_q, new row r % seq_q), zeros past it.
-  const T* q = static_cast<const T*>(p.q);
-  for (int i = threadIdx.x; i < R * kChunks; i += Traits::kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8, row = row0 + r;
-    uint4 chunk = make_uint4(0, 0, 0, 0);
-    if (row < group_rows) {
-      const int head = kv_head * p.heads_per_kv + row / seq_q;
-      chunk = load_vector(reinterpret_cast<const uint4*>(q + int64_t(rows.entry) * p.q_stride_batch +
-                                                         int64_t(head) * p.q_stride_head +
-                                                         int64_t(rows.first + row % seq_q) * p.q_stride_row + c));
-    }
-    store_vector(reinterpret_cast<uint4*>(q_s + r * LD + c), chunk);
-  }
+  decode_mma_stage_q<DQK, LD, Traits::kThreads>(p, rows, q_s, kv_head, row0, group_rows, seq_q);
   __syncthreads();
   // This warp's depth half of Q as A fragments, held for the whole key range (72 registers at
   // 576): Q K^T then reads only K from shared memory.

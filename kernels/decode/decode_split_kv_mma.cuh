@@ -104,18 +104,7 @@ __global__ void __launch_bounds__(128) decode_split_kv_mma_kernel(const DecodeSp
   int64_t* v_rows = k_rows + N;
 
   // Q rows of the group, zeros past it.
-  const T* q = static_cast<const T*>(p.q);
-  for (int i = threadIdx.x; i < R * kChunks; i += Traits::kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8, row = row0 + r;
-    uint4 chunk = make_uint4(0, 0, 0, 0);
-    if (row < group_rows) {
-      const int head = kv_head * p.heads_per_kv + row / seq_q;
-      chunk = load_vector(reinterpret_cast<const uint4*>(q + int64_t(rows.entry) * p.q_stride_batch +
-                                                         int64_t(head) * p.q_stride_head +
-                                                         int64_t(rows.first + row % seq_q) * p.q_stride_row + c));
-    }
-    store_vector(reinterpret_cast<uint4*>(q_s + r * LD + c), chunk);
-  }
+  decode_mma_stage_q<D, LD, Traits::kThreads>(p, rows, q_s, kv_head, row0, group_rows, seq_q);
   __syncthreads();
   uint32_t q_frag[D / 16][4];
   for (int k0 = 0; k0 < D; k0 += 16) load_a(q_frag[k0 / 16], q_s, LD, 0, k0);

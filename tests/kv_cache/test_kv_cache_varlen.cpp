@@ -208,7 +208,7 @@ TEST(KvCacheVarlen, MixedPrefillAndDecodeEveryPath) {
     for (Path path : kPaths) EXPECT_TRUE(check_packed(ctx, c, path));
 }
 
-// Packed calls over caches with two head dims: V in its own pool (192, 128) and a latent cache
+// Packed calls over caches with two head dims: V in its own pool (192, 128) and latent caches
 // (V a view of K's leading columns, MQA, 1-2 rows per sequence as speculative decoding has them).
 TEST(KvCacheVarlen, TwoHeadDimsEveryPath) {
   Context ctx;
@@ -217,7 +217,11 @@ TEST(KvCacheVarlen, TwoHeadDimsEveryPath) {
   CacheSpec latent = paged(DType::f16, 3, 1, 96, 16, 2, {20, 0, 32});
   latent.head_dim_v = 64;
   latent.v_in_k = true;
-  for (const PackedCase& c : {packed(mla, 4, {1, 5, 1}), packed(latent, 16, {2, 1, 0})})
+  // DeepSeek's (576, 512): the fused path's latent kernel, a sequence with no row among them.
+  CacheSpec deepseek = paged(DType::bf16, 3, 1, 576, 64, 2, {70, 128, 9});
+  deepseek.head_dim_v = 512;
+  deepseek.v_in_k = true;
+  for (const PackedCase& c : {packed(mla, 4, {1, 5, 1}), packed(latent, 16, {2, 1, 0}), packed(deepseek, 16, {2, 0, 1})})
     for (Path path : kPaths) EXPECT_TRUE(check_packed(ctx, c, path));
 }
 

@@ -15,6 +15,7 @@
 //      (flash_bwd_common.cuh), rounds dS to the input dtype into A fragments (the C -> A register
 //      reuse of flash_fwd.cuh), and accumulates dQ += dS K;
 //   4. dQ * scale is stored once; a row that sees no key stores exact zeros.
+// Two head dims as the dK/dV kernel: Q, K and dQ rows of head_dim_qk, dO and V rows of head_dim_v.
 #include <cstdint>
 
 #include "../common/compat.h"
@@ -26,44 +27,51 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template <int HeadDim, int Warps, int BlockKeys>
+template <int HeadDimQk, int HeadDimV, int Warps, int BlockKeys>
 struct FlashBwdDqTraits {
-  static_assert(HeadDim % 16 == 0, "head_dim is a whole number of mma k-steps");
+  static_assert(HeadDimQk % 16 == 0 && HeadDimV % 16 == 0, "both head dims are whole numbers of mma k-steps");
   static_assert(BlockKeys % 16 == 0, "keys per tile are a whole number of dS K k-steps");
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDimQk = HeadDimQk;       // rows of Q, K, dQ
+  static constexpr int kHeadDimV = HeadDimV;         // rows of dO, V
   static constexpr int kWarps = Warps;
   static constexpr int kThreads = Warps * 32;
   static constexpr int kBlockRows = Warps * 16;      // a warp owns one 16-row m-tile: its dQ never leaves its registers
   static constexpr int kBlockKeys = BlockKeys;
   static constexpr int kKeyTiles = BlockKeys / 8;    // n8 tiles of S and dP
-  static constexpr int kDimTiles = HeadDim / 8;      // n8 tiles of dQ
-  static constexpr int kRowElems = HeadDim + 8;      // +16 bytes: conflict-free ldmatrix
+  static constexpr int kDimTiles = HeadDimQk / 8;    // n8 tiles of dQ
+  static constexpr int kQkRowElems = HeadDimQk + 8;  // Q and K rows, +16 bytes: conflict-free ldmatrix
+  static constexpr int kVRowElems = HeadDimV + 8;    // dO and V rows, padded alike
   static constexpr int kStages = 2;                  // double buffering: load tile j+1 during tile j
 
-  static constexpr size_t kQElems = size_t(kBlockRows) * kRowElems;
-  static constexpr size_t kKVTileElems = size_t(kBlockKeys) * kRowElems;
+  static constexpr size_t kQElems = size_t(kBlockRows) * kQkRowElems;
+  static constexpr size_t kDoElems = size_t(kBlockRows) * kVRowElems;
+  static constexpr size_t kKTileElems = size_t(kBlockKeys) * kQkRowElems;
+  static constexpr size_t kVTileElems = size_t(kBlockKeys) * kVRowElems;
   // Q and dO once; K and V stages.
-  static constexpr size_t kSmemBytes = (2 * kQElems + 2 * kStages * kKVTileElems) * 2;
+  static constexpr size_t kSmemBytes = (kQElems + kDoElems + kStages * (kKTileElems + kVTileElems)) * 2;
 };
 
-// The configuration of each shipped head dim. A thread holds dQ of its 16 rows (HeadDim / 2 floats)
-// and S + dP of one key tile (kBlockKeys / 2 floats each): 64-key tiles keep that at most 128
-// floats up to D = 128; register counts: scripts/resource_report.sh.
-template <int HeadDim>
+// The configuration of each shipped head-dim pair. A thread holds dQ of its 16 rows (HeadDimQk / 2
+// floats) and S + dP of one key tile (kBlockKeys / 2 floats each): 64-key tiles keep that at most
+// 128 floats up to D = 128; register counts: scripts/resource_report.sh.
+template <int HeadDimQk, int HeadDimV>
 struct FlashBwdDqConfig;
-template <> struct FlashBwdDqConfig<32> { using Traits = FlashBwdDqTraits<32, 4, 64>; };
-template <> struct FlashBwdDqConfig<64> { using Traits = FlashBwdDqTraits<64, 4, 64>; };
-template <> struct FlashBwdDqConfig<96> { using Traits = FlashBwdDqTraits<96, 4, 64>; };
+template <> struct FlashBwdDqConfig<32, 32> { using Traits = FlashBwdDqTraits<32, 32, 4, 64>; };
+template <> struct FlashBwdDqConfig<64, 64> { using Traits = FlashBwdDqTraits<64, 64, 4, 64>; };
+template <> struct FlashBwdDqConfig<96, 96> { using Traits = FlashBwdDqTraits<96, 96, 4, 64>; };
 // D = 128: 32-key tiles. With 64 the staged Q, dO and two K/V stages take 102 KB of shared memory,
 // past the 99 KB a block may have on the 8.6 and 8.9 GPUs (RTX 30/40, A10, L40S) that run the
 // default build's sm_80 code; 32 take 68 KB (the sim's launch check holds sm_80 code to 99 KB).
-template <> struct FlashBwdDqConfig<128> { using Traits = FlashBwdDqTraits<128, 4, 32>; };
+template <> struct FlashBwdDqConfig<128, 128> { using Traits = FlashBwdDqTraits<128, 128, 4, 32>; };
+// MLA's prefill, (192, 128): dQ takes 96 registers; 32-key tiles keep shared memory at 84 KB (Q 64 x
+// 200, dO 64 x 136, two stages of K 32 x 200 and V 32 x 136).
+template <> struct FlashBwdDqConfig<192, 128> { using Traits = FlashBwdDqTraits<192, 128, 4, 32>; };
 
 template <class T, class Traits>
 __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const FlashBwdParams p) {
   constexpr int NT = Traits::kKeyTiles;
   constexpr int DT = Traits::kDimTiles;
-  constexpr int RE = Traits::kRowElems;
+  constexpr int QK_RE = Traits::kQkRowElems, V_RE = Traits::kVRowElems;
   const FlashFwdParams& f = p.fwd;
 
   const int batch = blockIdx.z, head = blockIdx.y;
@@ -92,17 +100,18 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
 
   T* q_tile = dynamic_smem<T>();
   T* do_tile = q_tile + Traits::kQElems;
-  T* k_stages = do_tile + Traits::kQElems;
-  T* v_stages = k_stages + Traits::kStages * Traits::kKVTileElems;
+  T* k_stages = do_tile + Traits::kDoElems;
+  T* v_stages = k_stages + Traits::kStages * Traits::kKTileElems;
 
   if (key_tiles > 0) {
-    flash_load_tile<Traits>(q_tile, q + block_row0 * f.q_stride_row, f.q_stride_row, Traits::kBlockRows, block_q_rows);
-    flash_load_tile<Traits>(do_tile, d_o + block_row0 * p.dout_stride_row, p.dout_stride_row, Traits::kBlockRows,
-                            block_q_rows);
-    flash_load_tile<Traits>(k_stages, k + first_key * f.k_stride_row, f.k_stride_row, Traits::kBlockKeys,
-                            seq.keys.begin - first_key, seq.k_len - first_key);
-    flash_load_tile<Traits>(v_stages, v + first_key * f.v_stride_row, f.v_stride_row, Traits::kBlockKeys,
-                            seq.keys.begin - first_key, seq.k_len - first_key);
+    flash_load_qk_rows<Traits>(q_tile, q + block_row0 * f.q_stride_row, f.q_stride_row, Traits::kBlockRows, 0,
+                               block_q_rows);
+    flash_load_v_rows<Traits>(do_tile, d_o + block_row0 * p.dout_stride_row, p.dout_stride_row, Traits::kBlockRows, 0,
+                              block_q_rows);
+    flash_load_qk_rows<Traits>(k_stages, k + first_key * f.k_stride_row, f.k_stride_row, Traits::kBlockKeys,
+                               seq.keys.begin - first_key, seq.k_len - first_key);
+    flash_load_v_rows<Traits>(v_stages, v + first_key * f.v_stride_row, f.v_stride_row, Traits::kBlockKeys,
+                              seq.keys.begin - first_key, seq.k_len - first_key);
     cp_async_commit();
   }
 
@@ -126,14 +135,14 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
 
   for (int tile = 0; tile < key_tiles; ++tile) {
     const int key0 = first_key + tile * Traits::kBlockKeys;
-    const T* k_tile = k_stages + (tile % 2) * Traits::kKVTileElems;
-    const T* v_tile = v_stages + (tile % 2) * Traits::kKVTileElems;
+    const T* k_tile = k_stages + (tile % 2) * Traits::kKTileElems;
+    const T* v_tile = v_stages + (tile % 2) * Traits::kVTileElems;
     if (tile + 1 < key_tiles) {
       const int next0 = key0 + Traits::kBlockKeys;
-      flash_load_tile<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKVTileElems, k + next0 * f.k_stride_row,
-                              f.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
-      flash_load_tile<Traits>(v_stages + ((tile + 1) % 2) * Traits::kKVTileElems, v + next0 * f.v_stride_row,
-                              f.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
+      flash_load_qk_rows<Traits>(k_stages + ((tile + 1) % 2) * Traits::kKTileElems, k + next0 * f.k_stride_row,
+                                 f.k_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
+      flash_load_v_rows<Traits>(v_stages + ((tile + 1) % 2) * Traits::kVTileElems, v + next0 * f.v_stride_row,
+                                f.v_stride_row, Traits::kBlockKeys, seq.keys.begin - next0, seq.k_len - next0);
       cp_async_commit();
       cp_async_wait<1>();  // this tile (and Q, dO) landed; the next one stays in flight
     } else {
@@ -147,21 +156,31 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
     for (int nt = 0; nt < NT; ++nt)
       SELFATTN_FLASH_UNROLL
       for (int i = 0; i < 4; ++i) s[nt][i] = dp[nt][i] = 0.0f;
+    // S over head_dim_qk, dP over head_dim_v. A = the warp's 16 Q (dO) rows (matrices rows 0-7 / 8-15
+    // x cols 0-7 / 8-15 = a0..a3); B = two key tiles x two k halves: {b0, b1} of key tile 2np, then
+    // of 2np + 1.
     SELFATTN_FLASH_UNROLL
-    for (int ks = 0; ks < Traits::kHeadDim / 16; ++ks) {
-      uint32_t q_frag[4], do_frag[4];  // matrices: rows 0-7 / 8-15 x cols 0-7 / 8-15 = a0..a3
-      ldmatrix<4>(q_frag, q_tile + (warp_row0 + lane % 16) * RE + ks * 16 + (lane / 16) * 8);
-      ldmatrix<4>(do_frag, do_tile + (warp_row0 + lane % 16) * RE + ks * 16 + (lane / 16) * 8);
+    for (int ks = 0; ks < Traits::kHeadDimQk / 16; ++ks) {
+      uint32_t q_frag[4];
+      ldmatrix<4>(q_frag, q_tile + (warp_row0 + lane % 16) * QK_RE + ks * 16 + (lane / 16) * 8);
       SELFATTN_FLASH_UNROLL
       for (int np = 0; np < NT / 2; ++np) {
-        // Two key tiles x two k halves: {b0, b1} of key tile 2np, then of 2np + 1.
-        uint32_t k_frag[4], v_frag[4];
-        ldmatrix<4>(k_frag, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * RE + ks * 16 + ((lane / 8) % 2) * 8);
-        ldmatrix<4>(v_frag, v_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * RE + ks * 16 + ((lane / 8) % 2) * 8);
+        uint32_t k_frag[4];
+        ldmatrix<4>(k_frag, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * QK_RE + ks * 16 + ((lane / 8) % 2) * 8);
         const uint32_t k_even[2] = {k_frag[0], k_frag[1]}, k_odd[2] = {k_frag[2], k_frag[3]};
-        const uint32_t v_even[2] = {v_frag[0], v_frag[1]}, v_odd[2] = {v_frag[2], v_frag[3]};
         mma_m16n8k16<T>(s[2 * np], q_frag, k_even, s[2 * np]);
         mma_m16n8k16<T>(s[2 * np + 1], q_frag, k_odd, s[2 * np + 1]);
+      }
+    }
+    SELFATTN_FLASH_UNROLL
+    for (int ks = 0; ks < Traits::kHeadDimV / 16; ++ks) {
+      uint32_t do_frag[4];
+      ldmatrix<4>(do_frag, do_tile + (warp_row0 + lane % 16) * V_RE + ks * 16 + (lane / 16) * 8);
+      SELFATTN_FLASH_UNROLL
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t v_frag[4];
+        ldmatrix<4>(v_frag, v_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * V_RE + ks * 16 + ((lane / 8) % 2) * 8);
+        const uint32_t v_even[2] = {v_frag[0], v_frag[1]}, v_odd[2] = {v_frag[2], v_frag[3]};
         mma_m16n8k16<T>(dp[2 * np], do_frag, v_even, dp[2 * np]);
         mma_m16n8k16<T>(dp[2 * np + 1], do_frag, v_odd, dp[2 * np + 1]);
       }
@@ -199,7 +218,7 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
       SELFATTN_FLASH_UNROLL
       for (int dq = 0; dq < DT / 2; ++dq) {
         uint32_t b[4];
-        ldmatrix_trans<4>(b, k_tile + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * RE + dq * 16 + (lane / 16) * 8);
+        ldmatrix_trans<4>(b, k_tile + (ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * QK_RE + dq * 16 + (lane / 16) * 8);
         const uint32_t k_even[2] = {b[0], b[1]}, k_odd[2] = {b[2], b[3]};
         mma_m16n8k16<T>(acc[2 * dq], ds_frag, k_even, acc[2 * dq]);
         mma_m16n8k16<T>(acc[2 * dq + 1], ds_frag, k_odd, acc[2 * dq + 1]);
@@ -221,9 +240,9 @@ __global__ void __launch_bounds__(Traits::kThreads) flash_bwd_dq_kernel(const Fl
   }
 }
 
-template <class T, int HeadDim>
+template <class T, int HeadDimQk, int HeadDimV>
 FlashBwdInstance flash_bwd_dq_instance_for() {
-  using Traits = typename FlashBwdDqConfig<HeadDim>::Traits;
+  using Traits = typename FlashBwdDqConfig<HeadDimQk, HeadDimV>::Traits;
   FlashBwdInstance instance;
   instance.kernel = make_kernel_ref<FlashBwdParams, flash_bwd_dq_kernel<T, Traits>>("flash_bwd_dq_kernel");
   instance.block_threads = Traits::kThreads;
@@ -234,9 +253,9 @@ FlashBwdInstance flash_bwd_dq_instance_for() {
 }
 
 // Declared in backward/registry_fused.inc; instances/flash_bwd_*.cu instantiate the shipped pairs.
-template <Element E, int HeadDim>
+template <Element E, int HeadDimQk, int HeadDimV>
 FlashBwdInstance flash_bwd_dq_instance() {
-  return flash_bwd_dq_instance_for<typename FlashElement<E>::Type, HeadDim>();
+  return flash_bwd_dq_instance_for<typename FlashElement<E>::Type, HeadDimQk, HeadDimV>();
 }
 
 SELFATTN_KERNELS_END

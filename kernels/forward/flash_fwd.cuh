@@ -93,7 +93,8 @@ __device__ __forceinline__ void flash_load_rows(T* tile, const T* src, int64_t s
     cp_async_cg(tile + row * RowElems + chunk * 8, from, valid ? 16u : 0u);
   }
 }
-// The forward's Q and K tiles (rows of head_dim_qk) and V tiles (head_dim_v).
+// The Q and K tiles (rows of head_dim_qk) and V tiles (head_dim_v) of the forward, and the backward's
+// (whose dO tiles have V's rows).
 template <class Traits, class T>
 __device__ __forceinline__ void flash_load_qk_rows(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
                                                    int valid_end) {
@@ -106,18 +107,6 @@ __device__ __forceinline__ void flash_load_v_rows(T* tile, const T* src, int64_t
   flash_load_rows<Traits::kHeadDimV, Traits::kVRowElems, Traits::kThreads>(tile, src, stride, rows, valid_begin,
                                                                            valid_end);
 }
-// The backward kernels' tiles: every row Traits::kHeadDim long in rows of Traits::kRowElems.
-template <class Traits, class T>
-__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_begin,
-                                                int valid_end) {
-  flash_load_rows<Traits::kHeadDim, Traits::kRowElems, Traits::kThreads>(tile, src, stride, rows, valid_begin,
-                                                                         valid_end);
-}
-template <class Traits, class T>
-__device__ __forceinline__ void flash_load_tile(T* tile, const T* src, int64_t stride, int rows, int valid_rows) {
-  flash_load_tile<Traits>(tile, src, stride, rows, 0, valid_rows);
-}
-
 template <class T, class Traits>
 __global__ void __launch_bounds__(Traits::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
   constexpr int MT = Traits::kMTiles;

@@ -6,9 +6,9 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template FlashBwdInstance flash_bwd_dkdv_instance<Element::bf16, 96>();
-template FlashBwdInstance flash_bwd_dq_instance<Element::bf16, 96>();
-template FlashBwdInstance flash_bwd_dkdv_instance<Element::bf16, 128>();
-template FlashBwdInstance flash_bwd_dq_instance<Element::bf16, 128>();
+template FlashBwdInstance flash_bwd_dkdv_instance<Element::bf16, 96, 96>();
+template FlashBwdInstance flash_bwd_dq_instance<Element::bf16, 96, 96>();
+template FlashBwdInstance flash_bwd_dkdv_instance<Element::bf16, 128, 128>();
+template FlashBwdInstance flash_bwd_dq_instance<Element::bf16, 128, 128>();
 
 SELFATTN_KERNELS_END

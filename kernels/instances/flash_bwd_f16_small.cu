@@ -6,9 +6,9 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template FlashBwdInstance flash_bwd_dkdv_instance<Element::f16, 32>();
-template FlashBwdInstance flash_bwd_dq_instance<Element::f16, 32>();
-template FlashBwdInstance flash_bwd_dkdv_instance<Element::f16, 64>();
-template FlashBwdInstance flash_bwd_dq_instance<Element::f16, 64>();
+template FlashBwdInstance flash_bwd_dkdv_instance<Element::f16, 32, 32>();
+template FlashBwdInstance flash_bwd_dq_instance<Element::f16, 32, 32>();
+template FlashBwdInstance flash_bwd_dkdv_instance<Element::f16, 64, 64>();
+template FlashBwdInstance flash_bwd_dq_instance<Element::f16, 64, 64>();
 
 SELFATTN_KERNELS_END

@@ -37,7 +37,8 @@ def test_paths_and_dtypes(rng, path, dtype):
 
 @pytest.mark.parametrize("path", ["naive", "cublas", "auto"])
 def test_v_head_dim_apart_from_q_and_k(rng, path):
-    # MLA's prefill shape in small: dq and dk take q's head dim, dv v's; the fused backward refuses.
+    # Two head dims in small: dq and dk take q's head dim, dv v's; the fused backward refuses a pair
+    # it has no kernel for.
     q, k = random(rng, (2, 4, 9, 48), "float16"), random(rng, (2, 2, 13, 48), "float16")
     v, dout = random(rng, (2, 2, 13, 24), "float16"), random(rng, (2, 4, 9, 24), "float16")
     out, lse = selfattn.attention(q, k, v, causal="bottom_right", return_lse=True)
@@ -47,6 +48,20 @@ def test_v_head_dim_apart_from_q_and_k(rng, path):
         assert relative_error(got, expected, per_row=False) <= 2 * TOLERANCE["float16"]
     with pytest.raises(selfattn.NotAvailable, match="head_dim_v != head_dim_qk"):
         selfattn.attention_backward(q, k, v, out, dout, lse, causal="bottom_right", path="fused")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mla_prefill_pair_on_the_fused_backward(rng, dtype, deterministic):
+    # q and k of 192 columns (128 + 64 rotary), v of 128: the fused backward's (192, 128) kernels.
+    q, k = random(rng, (2, 4, 21, 192), dtype), random(rng, (2, 2, 70, 192), dtype)
+    v, dout = random(rng, (2, 2, 70, 128), dtype), random(rng, (2, 4, 21, 128), dtype)
+    out, lse = selfattn.attention(q, k, v, causal="bottom_right", return_lse=True)
+    grads = selfattn.attention_backward(q, k, v, out, dout, lse, causal="bottom_right", path="fused",
+                                        deterministic=deterministic)
+    for got, like, expected in zip(grads, (q, k, v), reference_backward(q, k, v, dout, "bottom_right")):
+        assert got.shape == like.shape and got.dtype == like.dtype
+        assert relative_error(got, expected, per_row=False) <= 2 * TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("seq_q,seq_k,dim", [(1, 1, 1), (7, 113, 7), (113, 7, 16)])

@@ -40,10 +40,10 @@ BackwardTiles backward_tiles(int head_dim) {
   namespace sim = kernels::sim_target;
   kernels::FlashBwdInstance kv, dq;
   switch (head_dim) {
-    case 32: kv = sim::flash_bwd_dkdv_instance<Element::f16, 32>(), dq = sim::flash_bwd_dq_instance<Element::f16, 32>(); break;
-    case 64: kv = sim::flash_bwd_dkdv_instance<Element::f16, 64>(), dq = sim::flash_bwd_dq_instance<Element::f16, 64>(); break;
-    case 96: kv = sim::flash_bwd_dkdv_instance<Element::f16, 96>(), dq = sim::flash_bwd_dq_instance<Element::f16, 96>(); break;
-    default: kv = sim::flash_bwd_dkdv_instance<Element::f16, 128>(), dq = sim::flash_bwd_dq_instance<Element::f16, 128>(); break;
+    case 32: kv = sim::flash_bwd_dkdv_instance<Element::f16, 32, 32>(), dq = sim::flash_bwd_dq_instance<Element::f16, 32, 32>(); break;
+    case 64: kv = sim::flash_bwd_dkdv_instance<Element::f16, 64, 64>(), dq = sim::flash_bwd_dq_instance<Element::f16, 64, 64>(); break;
+    case 96: kv = sim::flash_bwd_dkdv_instance<Element::f16, 96, 96>(), dq = sim::flash_bwd_dq_instance<Element::f16, 96, 96>(); break;
+    default: kv = sim::flash_bwd_dkdv_instance<Element::f16, 128, 128>(), dq = sim::flash_bwd_dq_instance<Element::f16, 128, 128>(); break;
   }
   return {kv.block_tile, kv.block_tile / (kv.block_threads / 32), kv.loop_tile,
           dq.block_tile, dq.block_tile / (dq.block_threads / 32), dq.loop_tile};

@@ -2,7 +2,8 @@
 //   default:        dQ accumulator zeroed -> flash_bwd_dkdv.cuh (dK, dV; dQ by fp32 atomics)
 //                   -> store_gradient (dq = accumulator * scale)
 //   deterministic:  flash_bwd_dkdv.cuh without its dQ part -> flash_bwd_dq.cuh (dQ per query tile)
-// f16/bf16, head_dim 32, 64, 96, 128, every row of q, k, v, dout and the gradients on 16 bytes.
+// f16/bf16, head_dim 32, 64, 96, 128 and MLA's (192, 128), every row of q, k, v, dout and the
+// gradients on 16 bytes.
 #include <cstdint>
 #include <string>
 
@@ -34,10 +35,10 @@ struct BackwardEntry {
                 DQK,                                                                                        \
                 DV,                                                                                         \
                 KernelArch::arch,                                                                           \
-                &kernels::sim_target::flash_bwd_dkdv_instance<Element::E, DQK>,                              \
-                &kernels::sim_target::flash_bwd_dq_instance<Element::E, DQK>,                                \
-                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dkdv_instance<Element::E, DQK>), \
-                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dq_instance<Element::E, DQK>)},
+                &kernels::sim_target::flash_bwd_dkdv_instance<Element::E, DQK, DV>,                              \
+                &kernels::sim_target::flash_bwd_dq_instance<Element::E, DQK, DV>,                                \
+                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dkdv_instance<Element::E, DQK, DV>), \
+                SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_bwd_dq_instance<Element::E, DQK, DV>)},
 const BackwardEntry kInstances[] = {
 #include "kernels/backward/flash_bwd_kernels.inc"
 };
@@ -104,8 +105,9 @@ const char* fused_backward_unsupported(const ContextState& ctx, const BackwardCa
   const AttentionCall& f = call.forward;
   if (f.dtype == DType::f32)
     return "the fused backward runs on tensor cores (f16/bf16); fp32 needs the naive or cublas path";
-  if (!f.equal_head_dims())
-    return "no fused backward kernel takes head_dim_v != head_dim_qk (the naive and cublas paths do)";
+  if (entry_for(ctx, f) == nullptr && !f.equal_head_dims())
+    return "no fused backward kernel takes head_dim_v != head_dim_qk except MLA's (192, 128) (the naive and cublas "
+           "paths take any pair)";
   if (entry_for(ctx, f) == nullptr)
     return "the fused backward has head_dim 32, 64, 96 and 128 (256 would hold 256 fp32 accumulators of dK and dV "
            "per thread: spills); others need the naive or cublas path";

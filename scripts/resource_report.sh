@@ -35,9 +35,9 @@ cat > "$work/geometry.cpp" <<'CPP'
 #include "hopper/flash_fwd_hopper.cuh"
 #include "hopper/flash_fwd_hopper_fp8.cuh"
 using namespace selfattn::kernels;
-template <int D> void hopper() {
-  using T = typename FlashFwdHopperConfig<D>::Traits;
-  std::printf("flash_fwd_hopper_kernel %d %d %d %d %zu %d %d\n", D, T::kThreads, T::kBlockRows, T::kBlockKeys,
+template <int DQK, int DV> void hopper() {  // printed under q's and k's head dim, as tensor_core()
+  using T = typename FlashFwdHopperConfig<DQK, DV>::Traits;
+  std::printf("flash_fwd_hopper_kernel %d %d %d %d %zu %d %d\n", DQK, T::kThreads, T::kBlockRows, T::kBlockKeys,
               T::kSmemBytes, T::kProducerRegisters, T::kConsumerRegisters);
 }
 template <int D> void hopper_fp8() {
@@ -55,7 +55,7 @@ int main() {
   using S = FlashFwdSimtTraits;
   for (int d : {32, 64, 128, 256})
     std::printf("flash_fwd_simt_kernel %d %d %d %d %zu\n", d, S::kThreads, S::kBlockRows, S::kBlockKeys, S::smem_bytes(d));
-  hopper<64>(); hopper<128>(); hopper<256>();
+  hopper<64, 64>(); hopper<128, 128>(); hopper<192, 128>(); hopper<256, 256>();
   hopper_fp8<128>(); hopper_fp8<256>();
 }
 CPP

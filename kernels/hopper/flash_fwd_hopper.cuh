@@ -22,20 +22,24 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template <int HeadDim, int BlockKeys, int Stages>
-struct FlashFwdHopperTraits : FlashFwdHopperPipelineTraits<HeadDim, BlockKeys, Stages, /*ElementBytes=*/2> {
+template <int HeadDimQk, int HeadDimV, int BlockKeys, int Stages>
+struct FlashFwdHopperTraits
+    : FlashFwdHopperPipelineTraits<HeadDimQk, HeadDimV, BlockKeys, Stages, /*ElementBytes=*/2> {
   static_assert(BlockKeys % 16 == 0 && BlockKeys <= 256, "keys per tile: whole P V k-steps, one TMA box");
 };
 
-// The configuration of each shipped head dim (the only place tile sizes are chosen).
-template <int HeadDim>
+// The configuration of each shipped head-dim pair (the only place tile sizes are chosen).
+template <int HeadDimQk, int HeadDimV>
 struct FlashFwdHopperConfig;
 // D = 64, 128: 128-key tiles, two stages (80 KB / 160 KB). Per consumer thread S and O hold 64 + 32
 // or 64 + 64 floats.
-template <> struct FlashFwdHopperConfig<64> { using Traits = FlashFwdHopperTraits<64, 128, 2>; };
-template <> struct FlashFwdHopperConfig<128> { using Traits = FlashFwdHopperTraits<128, 128, 2>; };
+template <> struct FlashFwdHopperConfig<64, 64> { using Traits = FlashFwdHopperTraits<64, 64, 128, 2>; };
+template <> struct FlashFwdHopperConfig<128, 128> { using Traits = FlashFwdHopperTraits<128, 128, 128, 2>; };
+// MLA's prefill, (192, 128): S and O as at D = 128 (64 + 64 floats; the longer Q K^T costs k-steps,
+// not registers); 128-key tiles, two stages: Q 48 KB + K 2 x 48 KB + V 2 x 32 KB = 208 KB.
+template <> struct FlashFwdHopperConfig<192, 128> { using Traits = FlashFwdHopperTraits<192, 128, 128, 2>; };
 // D = 256: O alone is 128 floats per thread; 64-key tiles (S 32 floats), two stages (192 KB).
-template <> struct FlashFwdHopperConfig<256> { using Traits = FlashFwdHopperTraits<256, 64, 2>; };
+template <> struct FlashFwdHopperConfig<256, 256> { using Traits = FlashFwdHopperTraits<256, 256, 64, 2>; };
 
 // The pipeline's operand policy for f16 / bf16 (flash_fwd_hopper_pipeline.cuh lists the contract).
 template <class T, class TraitsT>
@@ -43,16 +47,17 @@ struct FlashFwdHopper16BitOperands {
   using Traits = TraitsT;
   using Params = FlashFwdHopperParams;
   using Out = T;
-  static constexpr int D = Traits::kHeadDim;
+  static constexpr int DQK = Traits::kHeadDimQk;  // S = Q K^T's k
+  static constexpr int DV = Traits::kHeadDimV;    // O += P V's n
   static constexpr int BN = Traits::kBlockKeys;
   static constexpr int kPvSteps = BN / 16;  // k16 steps
   static constexpr bool kVarlen = true;
   static constexpr bool kZeroesVTail = true;
 
-  // V as stored: head_dim / 64 boxes of (64 columns, BN keys), like K.
+  // V as stored: head_dim_v / 64 boxes of (64 columns, BN keys), like K.
   static __device__ __forceinline__ void load_v(unsigned char* v_stage, const Params& hp, int key_row, int kv_head,
                                                 int batch_coord, uint64_t* v_full) {
-    for (int c = 0; c < Traits::kColumnBlocks; ++c)
+    for (int c = 0; c < Traits::kVColumnBlocks; ++c)
       tma_load_4d(v_stage + c * BN * 128, &hp.v_map, Traits::kBoxColumns * c, key_row, kv_head, batch_coord, v_full);
   }
 
@@ -67,7 +72,7 @@ struct FlashFwdHopper16BitOperands {
   // rows: the swizzle only permutes 16-byte chunks inside a row.
   static __device__ __forceinline__ void zero_v_tail(unsigned char* v_stage, int zero_from, int lane) {
     const int rows = BN - zero_from;
-    for (int i = lane; i < Traits::kColumnBlocks * rows * 8; i += 32) {
+    for (int i = lane; i < Traits::kVColumnBlocks * rows * 8; i += 32) {
       const int c = i / (rows * 8), row = zero_from + i / 8 % rows, chunk = i % 8;
       store_vector(reinterpret_cast<uint4*>(v_stage + c * BN * 128 + row * 128 + chunk * 16), uint4{0, 0, 0, 0});
     }
@@ -77,7 +82,7 @@ struct FlashFwdHopper16BitOperands {
   static __device__ __forceinline__ void issue_scores(float (&score)[BN / 2], uint32_t q_address, int group_row0,
                                                       uint32_t k_address) {
     SELFATTN_FLASH_UNROLL
-    for (int ks = 0; ks < D / 16; ++ks) {
+    for (int ks = 0; ks < DQK / 16; ++ks) {
       wgmma_ss<T, BN>(score, k_major_desc(q_address, Traits::kBlockRows, group_row0, 16 * ks),
                       k_major_desc(k_address, BN, 0, 16 * ks), ks > 0);
     }
@@ -85,11 +90,11 @@ struct FlashFwdHopper16BitOperands {
   }
 
   // O += P V, V MN-major: k-step kk covers keys 16kk..16kk+15.
-  static __device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const uint32_t (&p_frag)[kPvSteps][4],
+  static __device__ __forceinline__ void issue_pv(float (&acc)[DV / 2], const uint32_t (&p_frag)[kPvSteps][4],
                                                   uint32_t v_address) {
     SELFATTN_FLASH_UNROLL
     for (int kk = 0; kk < kPvSteps; ++kk)
-      wgmma_rs<T, D, /*TransposeB=*/1>(acc, p_frag[kk], mn_major_desc(v_address, BN, 16 * kk), true);
+      wgmma_rs<T, DV, /*TransposeB=*/1>(acc, p_frag[kk], mn_major_desc(v_address, BN, 16 * kk), true);
     wgmma_commit();
   }
 
@@ -112,7 +117,7 @@ struct FlashFwdHopper16BitOperands {
   struct Descales {};
   static __device__ __forceinline__ Descales load_descales(const Params&, int, int) { return {}; }
   static __device__ __forceinline__ void descale_scores(const Descales&, float (&)[BN / 2]) {}
-  static __device__ __forceinline__ void descale_out(const Params&, const Descales&, float (&)[D / 2]) {}
+  static __device__ __forceinline__ void descale_out(const Params&, const Descales&, float (&)[DV / 2]) {}
 };
 
 template <class T, class Traits>
@@ -123,9 +128,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
 // Declared in registry.inc (hopper/flash_fwd_hopper_kernels.inc lists them); instances/sm90a/flash_fwd_hopper_*.cu
 // instantiate them.
-template <Element E, int HeadDim>
+template <Element E, int HeadDimQk, int HeadDimV>
 FlashFwdHopperInstance flash_fwd_hopper_instance() {
-  using Traits = typename FlashFwdHopperConfig<HeadDim>::Traits;
+  using Traits = typename FlashFwdHopperConfig<HeadDimQk, HeadDimV>::Traits;
   return flash_fwd_hopper_instance_of<Traits, FlashFwdHopperParams,
                                       flash_fwd_hopper_kernel<typename FlashElement<E>::Type, Traits>>(
       "flash_fwd_hopper_kernel");

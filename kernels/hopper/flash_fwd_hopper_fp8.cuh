@@ -32,7 +32,9 @@
 SELFATTN_KERNELS_BEGIN
 
 template <int HeadDim, int BlockKeys, int Stages>
-struct FlashFwdHopperFp8Traits : FlashFwdHopperPipelineTraits<HeadDim, BlockKeys, Stages, /*ElementBytes=*/1> {
+struct FlashFwdHopperFp8Traits
+    : FlashFwdHopperPipelineTraits<HeadDim, HeadDim, BlockKeys, Stages, /*ElementBytes=*/1> {
+  static constexpr int kHeadDim = HeadDim;  // one head dim: q, k, v and V^T alike
   static_assert(BlockKeys == 64 || BlockKeys % 128 == 0, "keys per tile: whole V^T swizzle rows (64 or 128 bytes)");
   // V^T's rows are the tile's keys: 128 bytes (128-byte swizzle) from 128 keys on, else 64 (64-byte).
   static constexpr int kVtRowBytes = BlockKeys < 128 ? BlockKeys : 128;

@@ -66,11 +66,13 @@
 
 SELFATTN_KERNELS_BEGIN
 
-// The block's shape and shared memory, for ElementBytes-byte q, k and v. Each kernel's traits
-// derive from this and add their own constraints; their Config picks BlockKeys and Stages per head dim.
-template <int HeadDim, int BlockKeys, int Stages, int ElementBytes>
+// The block's shape and shared memory, for ElementBytes-byte q, k and v: Q and K rows of HeadDimQk
+// elements, V and O rows of HeadDimV (MLA's prefill: 192 and 128). Each kernel's traits derive from
+// this and add their own constraints; their Config picks BlockKeys and Stages per head-dim pair.
+template <int HeadDimQk, int HeadDimV, int BlockKeys, int Stages, int ElementBytes>
 struct FlashFwdHopperPipelineTraits {
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDimQk = HeadDimQk;  // the k of S = Q K^T
+  static constexpr int kHeadDimV = HeadDimV;    // the n of O += P V
   static constexpr int kBlockKeys = BlockKeys;  // keys per K/V tile: S is kBlockKeys / 2 floats per consumer thread
   static constexpr int kStages = Stages;        // K/V tiles in flight: the producer runs this far ahead
   static constexpr int kElementBytes = ElementBytes;
@@ -79,9 +81,11 @@ struct FlashFwdHopperPipelineTraits {
   static constexpr int kBlockRows = kConsumerGroups * kGroupRows;
   static constexpr int kThreads = 128 * (1 + kConsumerGroups);  // the producer warpgroup, then the consumers
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
-  static constexpr int kBoxColumns = 128 / ElementBytes;  // a Q or K TMA box's width: one 128-byte swizzle row
-  static_assert(HeadDim % kBoxColumns == 0, "head_dim is a whole number of 128-byte swizzle rows");
-  static constexpr int kColumnBlocks = HeadDim / kBoxColumns;  // TMA boxes per Q or K tile
+  static constexpr int kBoxColumns = 128 / ElementBytes;  // a Q, K or V TMA box's width: one 128-byte swizzle row
+  static_assert(HeadDimQk % kBoxColumns == 0 && HeadDimV % kBoxColumns == 0,
+                "both head dims are whole numbers of 128-byte swizzle rows");
+  static constexpr int kQkColumnBlocks = HeadDimQk / kBoxColumns;  // TMA boxes per Q or K tile
+  static constexpr int kVColumnBlocks = HeadDimV / kBoxColumns;    // TMA boxes per V tile (16-bit)
   // setmaxnreg moves registers within the block's pool, which is what the launch gave it: ptxas
   // allocates kLaunchRegisters per thread under __launch_bounds__(kThreads, 1). An inc that the
   // pool cannot meet waits forever (PTX ISA, setmaxnreg), so the counts must fit it exactly or less.
@@ -91,13 +95,15 @@ struct FlashFwdHopperPipelineTraits {
   static constexpr int kConsumerRegisters = 240;
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= kLaunchRegisters * kThreads,
                 "setmaxnreg asks for more registers than the launch gives the block: the consumers' inc would hang");
-  static constexpr uint32_t kQBytes = uint32_t(kBlockRows) * HeadDim * ElementBytes;
-  static constexpr uint32_t kKVTileBytes = uint32_t(BlockKeys) * HeadDim * ElementBytes;  // a K, V or V^T tile
+  static constexpr uint32_t kQBytes = uint32_t(kBlockRows) * HeadDimQk * ElementBytes;
+  static constexpr uint32_t kKTileBytes = uint32_t(BlockKeys) * HeadDimQk * ElementBytes;
+  static constexpr uint32_t kVTileBytes = uint32_t(BlockKeys) * HeadDimV * ElementBytes;  // a V or V^T tile
   // Every tile starts on 1024 bytes, the 128-byte swizzle's period (its sizes are multiples of it).
-  static_assert(kQBytes % 1024 == 0 && kKVTileBytes % 1024 == 0, "tiles keep 1024-byte alignment");
+  static_assert(kQBytes % 1024 == 0 && kKTileBytes % 1024 == 0 && kVTileBytes % 1024 == 0,
+                "tiles keep 1024-byte alignment");
   static constexpr uint32_t kKOffset = kQBytes;
-  static constexpr uint32_t kVOffset = kKOffset + kStages * kKVTileBytes;
-  static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVTileBytes;
+  static constexpr uint32_t kVOffset = kKOffset + kStages * kKTileBytes;
+  static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kVTileBytes;
   static constexpr int kBarriers = 4 + 4 * kStages;  // q_full, v_ready, turn[2], {k,v}_full[s], {k,v}_empty[s]
   static constexpr size_t kSmemBytes = kBarrierOffset + 8 * kBarriers;
   static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory per block");
@@ -108,7 +114,7 @@ template <class Policy>
 __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy::Params& hp) {
   using Traits = typename Policy::Traits;
   using Out = typename Policy::Out;
-  constexpr int D = Traits::kHeadDim;
+  constexpr int DV = Traits::kHeadDimV;  // O's columns
   constexpr int BN = Traits::kBlockKeys;
   constexpr int S = Traits::kStages;
   const FlashFwdParams& p = hp.base;
@@ -167,7 +173,7 @@ __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy:
     const int lane = int(threadIdx.x);
     if (lane == 0) {
       mbarrier_arrive_expect_tx(q_full, Traits::kQBytes);
-      for (int c = 0; c < Traits::kColumnBlocks; ++c)
+      for (int c = 0; c < Traits::kQkColumnBlocks; ++c)
         tma_load_4d(smem + c * Traits::kBlockRows * 128, &hp.q_map, Traits::kBoxColumns * c,
                     int32_t(seq.q_row_start + block_row0), head, batch_coord, q_full);
     }
@@ -175,18 +181,18 @@ __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy:
       const int s = tile % S, round = tile / S;
       const int key = first_key + tile * BN;
       const int key_row = Policy::kVarlen ? int32_t(seq.k_row_start + key) : key;  // the key's row in k's map
-      unsigned char* k_stage = smem + Traits::kKOffset + s * Traits::kKVTileBytes;
-      unsigned char* v_stage = smem + Traits::kVOffset + s * Traits::kKVTileBytes;
+      unsigned char* k_stage = smem + Traits::kKOffset + s * Traits::kKTileBytes;
+      unsigned char* v_stage = smem + Traits::kVOffset + s * Traits::kVTileBytes;
       if (lane == 0) {
         // K first: the consumers need K(j) one P V earlier than V(j). Round 0 waits on the phase
         // "before" the first, which passes at once.
         mbarrier_wait(&k_empty[s], (round & 1) ^ 1);
-        mbarrier_arrive_expect_tx(&k_full[s], Traits::kKVTileBytes);
-        for (int c = 0; c < Traits::kColumnBlocks; ++c)
+        mbarrier_arrive_expect_tx(&k_full[s], Traits::kKTileBytes);
+        for (int c = 0; c < Traits::kQkColumnBlocks; ++c)
           tma_load_4d(k_stage + c * BN * 128, &hp.k_map, Traits::kBoxColumns * c, key_row, kv_head, batch_coord,
                       &k_full[s]);
         mbarrier_wait(&v_empty[s], (round & 1) ^ 1);
-        mbarrier_arrive_expect_tx(&v_full[s], Traits::kKVTileBytes);
+        mbarrier_arrive_expect_tx(&v_full[s], Traits::kVTileBytes);
         Policy::load_v(v_stage, hp, key_row, kv_head, batch_coord, &v_full[s]);
       }
       if constexpr (Policy::kZeroesVTail) {
@@ -214,8 +220,8 @@ __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy:
   const HeadScoreMods mods = head_score_mods(p.mods, batch, head);
   const typename Policy::Descales descales = Policy::load_descales(hp, batch, kv_head);
   const uint32_t q_address = smem_address(smem);
-  auto k_address = [&](int tile) { return q_address + Traits::kKOffset + (tile % S) * Traits::kKVTileBytes; };
-  auto v_address = [&](int tile) { return q_address + Traits::kVOffset + (tile % S) * Traits::kKVTileBytes; };
+  auto k_address = [&](int tile) { return q_address + Traits::kKOffset + (tile % S) * Traits::kKTileBytes; };
+  auto v_address = [&](int tile) { return q_address + Traits::kVOffset + (tile % S) * Traits::kVTileBytes; };
   // Batches of GEMM issue alternate between the consumers: consumer 0 issues its batch b once
   // consumer 1 has issued b - 1 (its first at once), consumer 1 its batch b once consumer 0 has
   // issued b. Both issue key_tiles + 1 batches, so the last turn passed is never waited for.
@@ -227,9 +233,9 @@ __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy:
   };
 
   FlashRowState row_state[2] = {flash_row_start(), flash_row_start()};
-  float acc[D / 2];  // O, the accumulator fragment (D / 8 column tiles)
+  float acc[DV / 2];  // O, the accumulator fragment (DV / 8 column tiles)
   SELFATTN_FLASH_UNROLL
-  for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < DV / 2; ++i) acc[i] = 0.0f;
   float score[BN / 2];                     // S of the newest tile, then its probabilities
   uint32_t p_frag[Policy::kPvSteps][4];    // P of the previous tile, the A operand of its P V
 
@@ -279,7 +285,7 @@ __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy:
     wgmma_fence_operands(p_frag);
     mbarrier_arrive(&v_empty[previous % S]);  // V(previous) read: its stage may be refilled
     SELFATTN_FLASH_UNROLL
-    for (int half = 0; half < 2; ++half) flash_rescale_row<D / 8>(acc + 2 * half, rescale[half]);
+    for (int half = 0; half < 2; ++half) flash_rescale_row<DV / 8>(acc + 2 * half, rescale[half]);
     // P(tile) is packed only now, straight into p_frag. Packing it earlier, into registers of its
     // own while P(previous) V(previous) still ran, and copying it over here saved registers, but
     // ptxas then gave the packed P the registers of the P V in flight and serialized every wgmma
@@ -307,7 +313,7 @@ __device__ __forceinline__ void flash_fwd_hopper_pipeline(const typename Policy:
              seq.q_row_start * p.out_stride_row;
   SELFATTN_FLASH_UNROLL
   for (int half = 0; half < 2; ++half)
-    flash_store_row<Out, D / 8>(p, batch, head, seq, out, row0 + 8 * half, in_group, acc + 2 * half, row_state[half]);
+    flash_store_row<Out, DV / 8>(p, batch, head, seq, out, row0 + 8 * half, in_group, acc + 2 * half, row_state[half]);
 }
 
 // The launch facts of one kernel instance (registry.inc's flash_fwd_hopper*_instance).

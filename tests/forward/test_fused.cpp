@@ -77,9 +77,9 @@ FusedTiles fused_tiles(Context& ctx, DType dtype, int head_dim) {
   const bool half = dtype != f32;
   if (half && ctx.uses_hopper_kernels() && (head_dim == 64 || head_dim == 128 || head_dim == 256)) {
     const kernels::FlashFwdHopperInstance i =
-        head_dim == 64    ? sim::flash_fwd_hopper_instance<Element::f16, 64>()
-        : head_dim == 128 ? sim::flash_fwd_hopper_instance<Element::f16, 128>()
-                          : sim::flash_fwd_hopper_instance<Element::f16, 256>();
+        head_dim == 64    ? sim::flash_fwd_hopper_instance<Element::f16, 64, 64>()
+        : head_dim == 128 ? sim::flash_fwd_hopper_instance<Element::f16, 128, 128>()
+                          : sim::flash_fwd_hopper_instance<Element::f16, 256, 256>();
     const int consumer_groups = i.block_threads / 128 - 1;  // one producer warpgroup
     return {i.block_rows, i.block_rows / consumer_groups, i.block_keys};
   }

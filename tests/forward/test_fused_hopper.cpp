@@ -1,9 +1,10 @@
 // The Hopper fused forward (kernels/hopper/flash_fwd_hopper.cuh) on the sim, which reports
 // compute capability 9.0: which kernel a call runs, sizes around its tiles (128 query rows per
 // block, 128- or 64-key tiles, the head_dim / 64 TMA boxes of a tile), the last key tile whose V
-// rows past the keys must be zeroed (key lengths and varlen), and agreement with the mma.sync
-// kernel on the same inputs. The shared fused sweeps (test_fused*.cpp) run on this kernel too, and
-// once more with SELFATTN_HOPPER_KERNELS=0 on the mma.sync kernel (tests/forward/CMakeLists.txt).
+// rows past the keys must be zeroed (key lengths and varlen), MLA's prefill pair (q and k of 192,
+// v of 128: three Q/K boxes, two V boxes), and agreement with the mma.sync kernel on the same
+// inputs. The shared fused sweeps (test_fused*.cpp) run on this kernel too, and once more with
+// SELFATTN_HOPPER_KERNELS=0 on the mma.sync kernel (tests/forward/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,6 +39,14 @@ AttentionCase hopper_case(DType dtype, int batch, int heads, int kv_heads, int s
   return make_case(dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, layout, lse, std::move(key_lengths),
                    Path::fused);
 }
+// MLA's prefill pair: q and k of 192 columns, v and out of 128.
+AttentionCase mla_case(DType dtype, int batch, int heads, int kv_heads, int seq_q, int seq_k, Causal causal,
+                       Layout layout, bool lse, std::vector<int32_t> key_lengths = {}) {
+  AttentionCase c = hopper_case(dtype, batch, heads, kv_heads, seq_q, seq_k, 192, causal, layout, lse,
+                                std::move(key_lengths));
+  c.head_dim_v = 128;
+  return c;
+}
 
 // The kernel the last attention() call launched on this thread's sim.
 std::string kernel_of(Context& ctx, const AttentionCase& c) {
@@ -53,6 +62,8 @@ TEST(FusedHopper, RunsWhereItTakesTheCallAndOnlyThere) {
     EXPECT_EQ(kernel_of(hopper, hopper_case(f16, 1, 1, 1, 7, 9, head_dim, none, bhsd, true)), "flash_fwd_hopper_kernel");
     EXPECT_EQ(kernel_of(mma_sync, hopper_case(bf16, 1, 1, 1, 7, 9, head_dim, none, bhsd, true)), "flash_fwd_kernel");
   }
+  EXPECT_EQ(kernel_of(hopper, mla_case(bf16, 1, 1, 1, 7, 9, none, bhsd, true)), "flash_fwd_hopper_kernel");
+  EXPECT_EQ(kernel_of(mma_sync, mla_case(f16, 1, 1, 1, 7, 9, none, bhsd, true)), "flash_fwd_kernel");
   // Head dims it does not take, fp32, and rows off 16 bytes stay on the other kernels.
   EXPECT_EQ(kernel_of(hopper, hopper_case(f16, 1, 1, 1, 7, 9, 32, none, bhsd, true)), "flash_fwd_kernel");
   EXPECT_EQ(kernel_of(hopper, hopper_case(f16, 1, 1, 1, 7, 9, 96, none, bhsd, true)), "flash_fwd_kernel");
@@ -76,6 +87,10 @@ TEST(FusedHopper, SizesAroundTheTiles) {
                hopper_case(bf16, 1, 1, 1, 1000, 7, 128, bottom_right, bhsd, true),
                hopper_case(f16, 1, 1, 1, 65, 1000, 256, top_left, bhsd, true),
                hopper_case(bf16, 1, 4, 2, 130, 65, 256, none, bshd, true),
+               mla_case(f16, 1, 1, 1, 1, 1, bottom_right, bhsd, true),
+               mla_case(bf16, 1, 2, 1, 129, 129, top_left, bshd, true),
+               mla_case(f16, 2, 2, 2, 127, 1000, bottom_right, bhsd, false),
+               mla_case(bf16, 1, 1, 1, 1000, 128, none, bhsd, true),
            });
 }
 
@@ -89,6 +104,7 @@ TEST(FusedHopper, KeyLengthsWithNaNPaddingAndGqa) {
                hopper_case(bf16, 2, 2, 1, 200, 256, 128, bottom_right, bshd, true, {1, 255}),
                hopper_case(f16, 2, 3, 1, 64, 130, 256, top_left, bhsd, true, {65, 64}),
                hopper_case(bf16, 2, 1, 1, 128, 128, 128, none, bhsd, true, {127, 128}),
+               mla_case(f16, 3, 4, 2, 70, 300, bottom_right, bshd, true, {1, 0, 257}),
            });
 }
 
@@ -100,6 +116,10 @@ TEST(FusedHopper, VarlenPackedSequences) {
       {f16, 2, 2, 256, {17, 140}, {150, 8}, top_left, bhsd, true, Path::fused},
   };
   for (const testing::VarlenCase& c : cases) EXPECT_TRUE(testing::check_attention_varlen(ctx, c)) << c.name();
+  testing::VarlenCase mla = {bf16, 4, 1, 192, {5, 0, 130, 1}, {129, 3, 40, 0}, bottom_right, bshd, true, Path::fused};
+  mla.head_dim_v = 128;
+  mla.unowned_q_rows = 2, mla.unowned_k_rows = 3;
+  EXPECT_TRUE(testing::check_attention_varlen(ctx, mla)) << mla.name();
 }
 
 struct Outputs {

@@ -101,10 +101,10 @@ TEST_P(TwoHeadDims, Varlen) {
 INSTANTIATE_TEST_SUITE_P(Paths, TwoHeadDims, ::testing::Values(Path::naive, Path::cublas, Path::automatic),
                          [](const ::testing::TestParamInfo<Path>& info) { return to_string(info.param); });
 
-// MLA's prefill pair on the fused path: the mma.sync kernel's (192, 128) instance (the only fused
-// kernel that takes two head dims; the harness's rounding rule knows it from the kernel list), with
-// sizes on each edge of its work division (query rows per block, keys per tile, from the
-// instance), every causal mode, GQA, both layouts with row gaps, key lengths, left padding and
+// MLA's prefill pair on the fused path: the mma.sync kernel's (192, 128) instance (run alone by the
+// ".mma_sync" copy of this test, tests/forward/CMakeLists.txt; here the sim's Hopper kernel takes the
+// calls it can, test_fused_hopper.cpp sizes those around its own tiles), with sizes on each edge of
+// its work division (query rows per block, keys per tile, from the instance), every causal mode, GQA, both layouts with row gaps, key lengths, left padding and
 // query offsets, every modifier, sinks, dropout, and varlen with empty sequences.
 TEST(TwoHeadDims, FusedMlaPrefillPair) {
   Context ctx;

@@ -60,7 +60,7 @@ TEST(SimRuntime, ShippedKernelsFindWhatPtxasGaveTheirCudaBuild) {
       {"sink_gradient", k::sink_gradient_instance().kernel},
   };
   if (SELFATTN_TEST_HOPPER_KERNELS) {
-    refs.push_back({"flash_fwd_hopper bf16 128", k::flash_fwd_hopper_instance<Element::bf16, 128>().kernel});
+    refs.push_back({"flash_fwd_hopper bf16 128", k::flash_fwd_hopper_instance<Element::bf16, 128, 128>().kernel});
   }
   for (const auto& [what, ref] : refs) {
     ASSERT_TRUE(ref) << what;

@@ -25,8 +25,8 @@ struct HopperEntry {
 
 #define SELFATTN_FLASH_FWD_HOPPER(arch, E, DQK, DV)                                                 \
   HopperEntry{DType::E, DQK, DV, KernelArch::arch,                                                  \
-              &kernels::sim_target::flash_fwd_hopper_instance<Element::E, DQK>,                     \
-              SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_hopper_instance<Element::E, DQK>)},
+              &kernels::sim_target::flash_fwd_hopper_instance<Element::E, DQK, DV>,                 \
+              SELFATTN_IF_BUILT_##arch(&kernels::cuda_target::flash_fwd_hopper_instance<Element::E, DQK, DV>)},
 #define SELFATTN_FLASH_FWD_HOPPER_FP8(arch, E, DQK, DV)
 const HopperEntry kHopperInstances[] = {
 #include "kernels/hopper/flash_fwd_hopper_kernels.inc"

@@ -4,8 +4,8 @@
 
 SELFATTN_KERNELS_BEGIN
 
-template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 64>();
-template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 128>();
-template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 256>();
+template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 64, 64>();
+template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 128, 128>();
+template FlashFwdHopperInstance flash_fwd_hopper_instance<Element::bf16, 256, 256>();
 
 SELFATTN_KERNELS_END

@@ -15,6 +15,11 @@ namespace {
 constexpr int kKeysPerSplitTile = 32;   // decode_split_kv's key tile
 constexpr int kMinTilesPerSplit = 4;    // a split below 128 keys costs more in combine than it saves
 constexpr int kMaxAutomaticSplits = 64;
+// Partials may add at most 1 / kPartialShare to the cache's bytes (one wave permitting): the
+// decode is DRAM-bound, and extra bytes are extra time. Wide V and many rows per block make them
+// count: DeepSeek's latent cache at 16 heads writes and reads 16 x 513 fp32 per split against 1152
+// bytes per key, 23% of 4096 keys' bytes at the two waves' 17 splits.
+constexpr int kPartialShare = 8;
 
 // Whether every row of the view starts on `bytes` bytes and holds whole chunks of that size (the
 // split-KV kernels then stage K/V with 16-byte loads, or the tensor-core kernel an FP8 cache's
@@ -128,11 +133,18 @@ size_t partial_bytes(int splits, const TensorView& q, int head_dim_v) {
 // Device reads the count once, so a call never touches the driver; the override is
 // options.num_splits), each split at least kMinTilesPerSplit key tiles of the capacity (the
 // lengths are device data, not read here).
-int choose_splits(int requested, int64_t blocks, int64_t capacity, int multiprocessors) {
+int choose_splits(int requested, int64_t blocks, int64_t capacity, int multiprocessors, SplitBytes bytes) {
   if (requested > 0) return requested;
-  const int64_t wanted = (2 * int64_t(std::max(multiprocessors, 1)) + blocks - 1) / std::max<int64_t>(blocks, 1);
+  const int64_t sms = std::max(multiprocessors, 1);
+  blocks = std::max<int64_t>(blocks, 1);
+  const int64_t wanted = (2 * sms + blocks - 1) / blocks;
   const int64_t tiles = (capacity + kKeysPerSplitTile - 1) / kKeysPerSplitTile;
-  const int64_t most = std::max<int64_t>(1, tiles / kMinTilesPerSplit);
+  int64_t most = std::max<int64_t>(1, tiles / kMinTilesPerSplit);
+  if (bytes.cache > 0 && bytes.partials_per_split > 0) {
+    const int64_t within_share = bytes.cache / (kPartialShare * bytes.partials_per_split);
+    const int64_t one_wave = (sms + blocks - 1) / blocks;
+    most = std::min(most, std::max(within_share, one_wave));
+  }
   return int(std::clamp<int64_t>(std::min(wanted, most), 1, kMaxAutomaticSplits));
 }
 
@@ -145,8 +157,16 @@ std::optional<SplitKvPlan> plan_split_kv(const ContextState& state, const Tensor
   SplitKvPlan plan;
   plan.kernel = latent.kernel ? latent : split_kv_kernel_for(state, q, cache, shape);
   const int64_t row_blocks = group_row_blocks(q, seq_q, shape, plan.kernel);
+  // Per block: the cache's K and V bytes (a latent cache's V is read with K) and one split's
+  // partials, written and read back, for the block's rows.
+  SplitBytes bytes;
+  const int64_t row_bytes = int64_t(shape.head_dim_qk) * int64_t(dtype_size(cache.k.dtype)) +
+                            (shape.v_in_k ? 0 : int64_t(shape.head_dim_v) * int64_t(dtype_size(cache.v.dtype)));
+  bytes.cache = int64_t(shape.capacity) * row_bytes;
+  const int64_t block_rows = std::min<int64_t>(plan.kernel.rows_per_block, int64_t(q.heads() / shape.kv_heads) * seq_q);
+  bytes.partials_per_split = 2 * block_rows * (shape.head_dim_v + 1) * int64_t(sizeof(float));
   plan.splits = fit_grid(choose_splits(options.num_splits, int64_t(shape.batch) * shape.kv_heads * row_blocks,
-                                       shape.capacity, state.device->multiprocessor_count()),
+                                       shape.capacity, state.device->multiprocessor_count(), bytes),
                          row_blocks);
   plan.workspace_bytes = partial_bytes(plan.splits, q, shape.head_dim_v);
   return plan;

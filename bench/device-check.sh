@@ -270,11 +270,12 @@ if [ $ON_GPU = 1 ]; then
   step fp8-sweep 120 "$BENCH" --backend cuda --path fused --batch 2 --heads 16 --seq-q 4096,8192 \
     --head-dim 128,256 --dtype e4m3,bf16 --causal none,bottom_right --direction fwd --json "$OUTDIR/bench_fp8.json"
   # MLA's prefill pair (issue 48; bench/NOTES.md, "MLA prefill"): q, k of 192 and v of 128 on the
-  # fused path (the mma.sync kernel on every GPU) beside cublas, checked; the NOTES' prediction
-  # counts 2 b h (192 + 128) FLOPs per visible pair, as the bench does.
-  step mla-sweep 90 "$BENCH" --backend cuda --path fused,cublas --batch 2 --heads 16 --seq-q 4096,8192 \
-    --head-dim 192 --head-dim-v 128 --dtype bf16 --causal none,bottom_right --direction fwd --check \
-    --json "$LOGS/bench_mla.json"
+  # fused path (the Hopper kernel, and the mma.sync kernel every other GPU runs) beside cublas, and
+  # the fused backward, checked; the NOTES' prediction counts 2 b h (192 + 128) FLOPs per visible
+  # pair in the forward, as the bench does.
+  step mla-sweep 120 "$BENCH" --backend cuda --path fused,cublas --batch 2 --heads 16 --seq-q 4096,8192 \
+    --head-dim 192 --head-dim-v 128 --dtype bf16 --causal none,bottom_right --direction fwd,bwd \
+    --fused-kernel auto,mma.sync --check --json "$LOGS/bench_mla.json"
   # MLA's absorbed decode (issue 48; bench/NOTES.md, "MLA decode"): the latent kernel at 128 heads
   # (tensor work) and at 16 (a tensor-parallel shard: bytes), bf16 and an e4m3 cache, checked,
   # beside the copy ceiling of the same run.

@@ -242,6 +242,21 @@ mutant sink_gradient_rows_past_cu_seqlens kernels/backward/sink_gradient.cuh 1 \
 mutant fused_v_rows_at_qk_length kernels/forward/flash_fwd.cuh 1 \
   '(ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * V_RE' '(ks * 16 + ((lane / 8) % 2) * 8 + lane % 8) * QK_RE' \
   'P V reads the V tile in rows of q'"'"'s head dim (only where head_dim_v != head_dim_qk)'
+mutant fused_bwd_dv_rows_at_qk_length kernels/backward/flash_bwd_dkdv.cuh 1 \
+  '* V_RE + dp * 16 + (lane / 16) * 8' '* QK_RE + dp * 16 + (lane / 16) * 8' \
+  'the dK/dV kernel'"'"'s dV += P^T dO reads the dO tile in rows of q'"'"'s head dim (only where head_dim_v != head_dim_qk)'
+mutant fused_bwd_dq_v_rows_at_qk_length kernels/backward/flash_bwd_dq.cuh 1 \
+  'v_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * V_RE' 'v_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * QK_RE' \
+  'the deterministic dQ kernel'"'"'s dP = dO V^T reads the V tile in rows of q'"'"'s head dim (only where the head dims differ)'
+mutant fused_bwd_dq_accum_rows_at_v_length kernels/backward/flash_bwd_dkdv.cuh 1 \
+  '* Traits::kHeadDimQk + dim0;' '* Traits::kHeadDimV + dim0;' \
+  'the atomic dQ accumulator steps its rows by v'"'"'s head dim (only where the head dims differ)'
+mutant hopper_scores_over_v_dim kernels/hopper/flash_fwd_hopper.cuh 1 \
+  'for (int ks = 0; ks < DQK / 16; ++ks) {' 'for (int ks = 0; ks < DV / 16; ++ks) {' \
+  'the Hopper kernel'"'"'s S = Q K^T runs over v'"'"'s head dim (only where head_dim_v != head_dim_qk)'
+mutant hopper_v_boxes_at_qk_width kernels/hopper/flash_fwd_hopper.cuh 1 \
+  'for (int c = 0; c < Traits::kVColumnBlocks; ++c)' 'for (int c = 0; c < Traits::kQkColumnBlocks; ++c)' \
+  'the Hopper kernel loads V tiles as wide as K'"'"'s (one TMA box too many at (192, 128))'
 mutant fused_left_padding_loaded kernels/forward/flash_fwd.cuh 1 \
   'const bool valid = row >= valid_begin && row < valid_end;' 'const bool valid = row < valid_end;' \
   'the mma.sync kernels load the padding rows before key_start (P V meets their NaN)'
@@ -409,7 +424,7 @@ mutant fused_tile_load_strided kernels/forward/flash_fwd.cuh 1 \
   'const int row = i / kChunks, chunk = i % kChunks;' 'const int row = i % rows, chunk = i / rows;' \
   'Q/K/V (and the backward'"'"'s Q/dO/K/V) tiles loaded down the rows: 32 sectors per request, not 16'
 mutant fused_bwd_rows_unpadded kernels/backward/flash_bwd_dkdv.cuh 1 \
-  'static constexpr int kRowElems = HeadDim + 8;' 'static constexpr int kRowElems = HeadDim;' \
+  'static constexpr int kQkRowElems = HeadDimQk + 8;' 'static constexpr int kQkRowElems = HeadDimQk;' \
   'the dK/dV kernel'"'"'s rows unpadded: its ldmatrix 8-way bank-conflicted'
 mutant decode_rows_unpadded kernels/decode/decode_split_kv_mma.cuh 1 \
   'static constexpr int kLd = D + 8;' 'static constexpr int kLd = D;' \
@@ -426,9 +441,9 @@ mutant naive_pv_over_qk_dim host/src/forward/path_naive.cpp 1 \
 mutant cublas_pv_over_qk_dim host/src/forward/path_cublas.cpp 1 \
   '      pv.m = call.head_dim_v;' '      pv.m = call.head_dim_qk;' \
   'the cublas path'"'"'s P V GEMM has q'"'"'s head dim as its rows'
-mutant fused_backward_takes_two_head_dims host/src/backward/backward_fused.cpp 1 \
-  '  if (!f.equal_head_dims())' '  if (false)' \
-  'the fused backward does not name head_dim_v != head_dim_qk as its reason to refuse'
+mutant fused_backward_names_no_pair host/src/backward/backward_fused.cpp 1 \
+  '  if (entry_for(ctx, f) == nullptr && !f.equal_head_dims())' '  if (false)' \
+  'the fused backward refuses an unequal pair it has no kernel for without naming head_dim_v != head_dim_qk'
 mutant naive_backward_dv_accumulator_at_qk_width host/src/backward/backward_naive.cpp 1 \
   ': planned.call.forward.head_dim_v;' ': planned.call.forward.head_dim_qk;' \
   'the score backward'"'"'s dV accumulator laid out in rows of q'"'"'s head dim'

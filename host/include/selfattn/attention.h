@@ -71,8 +71,8 @@ struct AttentionOptions : MaskOptions {
 //   out: [batch, heads,    seq_q, head_dim_v]  same dtype as q (FP8 q: f16, bf16 or f32)
 // head_dim_v is v's own head dim, head_dim (q's and k's) in most models; MLA's prefill has 192 and
 // 128. The naive and cublas paths take any head_dim_v, forward and backward; the fused forward
-// takes (192, 128) beside equal pairs, the fused backward equal ones only (it throws NotAvailable
-// saying so); KV caches take two head dims too (kv_cache.h). The default scale is 1/sqrt(head_dim).
+// and backward take (192, 128) beside equal pairs (other pairs throw NotAvailable saying so); KV
+// caches take two head dims too (kv_cache.h). The default scale is 1/sqrt(head_dim).
 // q, k, v, out share one dtype (or q, k, v one FP8 format: AttentionOptions::q_descale); the last
 // dimension's stride must be 1; out must not overlap an input.
 // Runs on the context's stream (asynchronously on cuda). Throws InvalidArgument / NotAvailable /

@@ -208,6 +208,72 @@ TEST(DecodeSpeedOfLight, Batch8SplitKv) {
   for (int page_size : {16, 64}) expect_memory_bound(ctx, SolShape{8, 1024, page_size});
 }
 
+// DeepSeek's absorbed decode over a latent cache (issue 48 item 6): rows [c_kv 512 | k_rope 64] in
+// one bf16 pool of 64-token pages, V the view of their first 512 columns (read with K), one kv
+// head, 16 query heads (a tensor-parallel shard) of one new token, 16 sequences of 4096 tokens; the
+// heuristic's split count, on the latent kernel. The criterion as above, and the traffic: the
+// ideal counts the pool's attended rows once, q and out once; beyond it, only the partials of the
+// heuristic's 9 splits (1.12 x the ideal in all) and the metadata. Planted: the two waves' 17
+// splits the heuristic gave before it weighed the partials (1.23 x) fail it.
+TEST(DecodeSpeedOfLight, LatentCacheAtSixteenHeads) {
+  constexpr int kBatch = 16, kLength = 4096, kPage = 64, kLatentHeads = 16, kQk = 576, kV = 512;
+  Context ctx(Backend::sim);
+  std::mt19937_64 rng(testing::input_seed("latent sixteen heads"));
+  const int pages_per_seq = kLength / kPage, num_pages = kBatch * pages_per_seq;
+  DeviceBuffer<unsigned char> pool(ctx, size_t(num_pages) * kPage * kQk * dtype_size(kDtype), "latent_pages");
+  pool.fill_bytes(0x3c);
+  std::vector<int32_t> table(static_cast<size_t>(num_pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  DeviceBuffer<int32_t> block_table(ctx, table.size(), "block_table");
+  block_table.copy_from_host(table);
+  DeviceBuffer<int32_t> lengths(ctx, size_t(kBatch), "lengths");
+  lengths.copy_from_host(std::vector<int32_t>(size_t(kBatch), kLength));
+  const size_t q_elems = size_t(kBatch) * kLatentHeads * kQk, out_elems = size_t(kBatch) * kLatentHeads * kV;
+  DeviceBuffer<unsigned char> q = testing::random_device_values(ctx, kDtype, q_elems, rng, "q");
+  DeviceBuffer<unsigned char> out(ctx, out_elems * dtype_size(kDtype), "out");
+  const TensorView k = TensorView::bhsd(pool.data(), kDtype, num_pages, 1, kPage, kQk);
+  TensorView v = k;
+  v.shape[3] = kV;  // the view of K's leading columns
+  const KvCache cache = KvCache::paged_pool(k, v, block_table.data(), kBatch, pages_per_seq, lengths.data());
+  KvAttentionOptions options;
+  options.path = Path::fused;
+  const std::vector<sim::LaunchProfile> profiles = testing::profile_launches([&] {
+    attention_with_kv_cache(ctx, TensorView::bhsd(q.data(), kDtype, kBatch, kLatentHeads, 1, kQk), cache,
+                            TensorView::bhsd(out.data(), kDtype, kBatch, kLatentHeads, 1, kV), options);
+    ctx.synchronize();
+  });
+  double total = 0.0, dram = 0.0;
+  uint64_t bytes = 0;
+  unsigned splits = 0;
+  for (const sim::LaunchProfile& p : profiles) {
+    const sim::SpeedOfLight sol = sim::estimate(p, sim::gpu_h200());
+    total += sol.lower_bound_seconds;
+    dram += seconds_of(sol, "dram");
+    bytes += p.dram_bytes_lower_bound();
+    if (p.kernel.rfind("decode_latent_mma", 0) == 0) splits = p.grid.x;
+  }
+  const uint64_t element = dtype_size(kDtype);
+  const uint64_t ideal = uint64_t(kBatch) * kLength * kQk * element + (q_elems + out_elems) * element;
+  const std::string summary = std::to_string(profiles.size()) + " launches, " + std::to_string(splits) +
+                              " splits, DRAM bytes " + std::to_string(bytes) + " (" +
+                              std::to_string(double(bytes) / double(ideal)) + " x ideal " + std::to_string(ideal) +
+                              "), DRAM " + std::to_string(dram * 1e6) + " of " + std::to_string(total * 1e6) + " us";
+  // An eighth of the cache allows 8 splits (its 1152 bytes a key against 16 x 513 fp32 partials
+  // written and read per split); one wave of 132 SMs needs 9 (16 sequences x 9 >= 132).
+  EXPECT_EQ(splits, 9u) << summary;
+  EXPECT_GE(dram, kMemoryBound * total) << summary;
+  EXPECT_GE(bytes, ideal) << summary;
+  // Beyond the ideal: the partial O and LSE rows (written, then read by decode_combine), the block
+  // table and lengths, each in whole sectors.
+  const auto sectors = [](uint64_t n) { return (n + 31) / 32 * 32; };
+  const uint64_t rows = uint64_t(kBatch) * kLatentHeads;
+  const uint64_t partials = sectors(uint64_t(splits) * rows * kV * 4) + sectors(uint64_t(splits) * rows * 4);
+  const uint64_t metadata = sectors(uint64_t(num_pages) * 4) + sectors(uint64_t(kBatch) * 4);
+  EXPECT_LE(bytes, ideal + 2 * partials + metadata + 1024) << summary;
+  if (testing::print_profiles()) std::printf("latent 16 heads: %s\n", summary.c_str());
+}
+
 // What the issue names, on demand (all six: 605 s and 1.1 GB of host memory on the shared 2-core
 // machine; every one at ratio 1.000, DRAM bytes 1.0000-1.0081 x the ideal):
 // batch 1 at 32k tokens, and batch x length = 256k tokens at batch 8 (5 splits) and at batch 64

@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
   int aligned[RW];
   HeadScoreMods head_mods[RW];
   float row_max[RW], row_sum[RW], acc[RW][C];
+  SELFATTN_UNROLL
   for (int j = 0; j < RW; ++j) {
     const int g = row0 + j * Traits::kWarps + warp, i = g % seq_q;
     visible[j] = g < group_rows ? visible_key_range(i, sequence, p.causal, p.mods.window_left, p.mods.window_right)
@@ -157,6 +158,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     head_mods[j] = head_score_mods(p.mods, b, kv_head * p.heads_per_kv + (g < group_rows ? g / seq_q : 0));
     row_max[j] = -INFINITY;
     row_sum[j] = 0.0f;
+    SELFATTN_UNROLL
     for (int c = 0; c < C; ++c) acc[j][c] = 0.0f;
   }
 
@@ -178,6 +180,7 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     decode_stage_tile(k_cache, v_cache, k_rows, v_rows, d, dv, p.vector_loads, scales.k, scales.v, k_s, v_s);
     __syncthreads();
 
+    SELFATTN_UNROLL
     for (int j = 0; j < RW; ++j) {
       const int r = j * Traits::kWarps + warp;
       const int key = key0 + lane;
@@ -198,17 +201,20 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
       row_max[j] = new_max;
       p_s[r * N + lane] = weight;
       __syncwarp();
+      SELFATTN_UNROLL
       for (int c = 0; c < C; ++c) {
         const int col = lane + 32 * c;
-        if (col >= dv) break;
-        float o = acc[j][c] * rescale;
-        for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * dv + col], o);
-        acc[j][c] = o;
+        if (col < dv) {
+          float o = acc[j][c] * rescale;
+          for (int n = 0; n < N; ++n) o = fmaf(p_s[r * N + n], v_s[n * dv + col], o);
+          acc[j][c] = o;
+        }
       }
       __syncwarp();  // P of row r is read by every lane before the next tile rewrites it
     }
   }
 
+  SELFATTN_UNROLL
   for (int j = 0; j < RW; ++j) {
     const int g = row0 + j * Traits::kWarps + warp;
     if (g >= group_rows) continue;
@@ -221,11 +227,13 @@ __global__ void __launch_bounds__(DecodeSplitKvTraits::kThreads) decode_split_kv
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out) + int64_t(rows.entry) * p.out_stride_batch + int64_t(head) * p.out_stride_head +
                int64_t(rows.first + i) * p.out_stride_row;
+      SELFATTN_UNROLL
       for (int c = 0; c < C; ++c)
         if (lane + 32 * c < dv) out[lane + 32 * c] = from_float<T>(acc[j][c] * end.inverse);
       if (lane == 0 && p.lse != nullptr) p.lse[row] = end.lse;
     } else {
       float* out = p.partial_out + (int64_t(split) * p.rows + row) * dv;
+      SELFATTN_UNROLL
       for (int c = 0; c < C; ++c)
         if (lane + 32 * c < dv) out[lane + 32 * c] = acc[j][c] * end.inverse;
       if (lane == 0) p.partial_lse[int64_t(split) * p.rows + row] = end.lse;

@@ -191,6 +191,35 @@ def test_v_head_dim_apart_from_q_and_k(varlen):
         assert_close(got, expected, "float32", per_row=False, factor=2)
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["func", "varlen_func"])
+def test_mla_prefill_pair_on_the_fused_kernels(varlen):
+    # MLA's prefill at its own head dims and dtype (q and k of 192, v of 128, bf16): the fused
+    # path's (192, 128) forward (the Hopper kernel where the sim's 9.0 takes it) and backward,
+    # against float64, with GQA and a causal mask.
+    g = torch.Generator().manual_seed(32)
+    lengths = [21, 0, 40]
+    shapes = [(61, 4, 192), (61, 2, 192), (61, 2, 128)] if varlen else [(2, 21, 4, 192), (2, 40, 2, 192),
+                                                                         (2, 40, 2, 128)]
+    q, k, v = (torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_() for shape in shapes)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]  # the reference's own leaves
+    if varlen:
+        cu = torch.tensor(np.cumsum([0] + lengths), dtype=torch.int32)
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, causal=True)
+        qd, kd, vd = exact
+        want = torch.cat([reference(qd[None, a:b], kd[None, a:b], vd[None, a:b], causal=True)[0][0]
+                          for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    else:
+        out = flash_attn_func(q, k, v, causal=True)
+        want = reference(*exact, causal=True)[0]
+    assert out.shape == (*q.shape[:-1], 128) and out.dtype == torch.bfloat16
+    assert_close(out, want, "bfloat16")
+    dout = torch.randn(out.shape, generator=g).to(torch.bfloat16)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for got, expected, like in zip(grads, torch.autograd.grad(want, exact, dout.double()), (q, k, v)):
+        assert got.shape == like.shape and got.dtype == torch.bfloat16
+        assert_close(got, expected, "bfloat16", per_row=False, factor=2)
+
+
 # --- refusals and errors: every one a RuntimeError ---
 
 
